@@ -1,0 +1,30 @@
+"""tutorial_lib: launch real torchrun jobs from a notebook, watch them live, and read back what they measured.
+
+The handful of names the notebooks use::
+
+    import tutorial_lib as tl
+    run_dir = tl.new_run_dir("ddp")
+    script = tl.write_script("ddp_train", run_dir)
+    result = tl.launch(tl.LaunchSpec(script, args=["--max-steps", 30]))
+    tl.plot_run(result.metrics(), result.memory_samples())
+"""
+
+from .devices import DevicePlan, resolve_device
+from .env import EnvironmentReport, environment_report
+from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
+from .launcher import LaunchResult, LaunchSpec, launch
+from .live import enable_inline_figures
+from .metrics import read_collectives, read_memory_samples, read_metrics
+from .plots import plot_bandwidth, plot_compare, plot_loss, plot_memory, plot_run, plot_tensor_bytes
+from .scripts import available_scripts, new_run_dir, show_script, write_script
+
+__all__ = [
+    "ConfigError", "DevicePlan", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
+    "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
+    "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_loss",
+    "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",
+    "read_metrics", "resolve_device", "show_script", "write_script",
+]
+__version__ = "0.1.0"
+
+enable_inline_figures()

@@ -1,0 +1,101 @@
+"""Device selection: which device, backend and number of ranks a launch uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+CPU_DEFAULT_NPROC = 2
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Resolved placement of a job.
+
+    Attributes:
+        device: ``"cuda"`` or ``"cpu"``.
+        backend: process-group backend the scripts will pick: ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
+        nproc_per_node: number of ranks to start on this machine.
+        gpu_count: CUDA devices visible to this process (0 on CPU-only machines).
+    """
+
+    device: str
+    backend: str
+    nproc_per_node: int
+    gpu_count: int
+
+
+def cuda_device_count() -> int:
+    """Number of visible CUDA devices (0 without CUDA). Creates no CUDA context in this process."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver means no usable GPU here
+        return 0
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive ``int`` (not a bool or a float), else raise ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__}); "
+            f"with papermill pass it as a number: -p {name.upper()} 2"
+        )
+    if value <= 0:
+        raise ConfigError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def resolve_device(
+    device: str = "auto",
+    nproc_per_node: int | None = None,
+    *,
+    max_gpus: int | None = None,
+    backend: str | None = None,
+    gpu_count: int | None = None,
+) -> DevicePlan:
+    """Decide device, backend and rank count, or explain why the request cannot run here.
+
+    Args:
+        device: ``"auto"`` (CUDA when GPUs exist, else CPU), ``"cpu"`` or ``"cuda"``.
+        nproc_per_node: ranks on this machine. ``None``: one per GPU (capped by ``max_gpus``) on CUDA,
+            2 on CPU. On CPU any positive number works (ranks share the cores).
+        max_gpus: upper bound on the default number of GPU ranks.
+        backend: ``None`` (pick from the device), ``"gloo"`` or ``"nccl"``; nccl needs CUDA.
+        gpu_count: override the detected number of GPUs (for tests and planning).
+
+    Returns:
+        A ``DevicePlan``.
+
+    Raises:
+        ConfigError: unknown device or backend, a non-positive or non-integer count, more GPU ranks
+            than GPUs, CUDA or nccl asked for on a machine without CUDA.
+    """
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
+    if nproc_per_node is not None:
+        check_positive_int("nproc_per_node", nproc_per_node)
+    if max_gpus is not None:
+        check_positive_int("max_gpus", max_gpus)
+    if backend not in (None, "gloo", "nccl"):
+        raise ConfigError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+    gpus = cuda_device_count() if gpu_count is None else gpu_count
+    if device == "auto":
+        device = "cuda" if gpus > 0 else "cpu"
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("device='cuda' but this machine has no usable CUDA GPU; use device='cpu' or 'auto'")
+    if backend == "nccl" and device != "cuda":
+        raise ConfigError("backend='nccl' needs CUDA GPUs; on CPU use backend='gloo' (or leave backend=None)")
+    if device == "cuda":
+        if nproc_per_node is None:
+            nproc_per_node = min(gpus, max_gpus) if max_gpus else gpus
+        if nproc_per_node > gpus:
+            raise ConfigError(
+                f"nproc_per_node={nproc_per_node} but only {gpus} GPU(s) are visible: each rank needs its "
+                f"own GPU (device from LOCAL_RANK); use nproc_per_node<={gpus} or device='cpu'"
+            )
+        return DevicePlan("cuda", backend or "nccl", nproc_per_node, gpus)
+    return DevicePlan("cpu", backend or "gloo", nproc_per_node or CPU_DEFAULT_NPROC, gpus)

@@ -1,0 +1,113 @@
+"""Every exception the library raises, under one base class.
+
+Modelled on papermill's ``exceptions.py``: structured attributes for programs, a readable
+``__str__`` for people. ``ConfigError`` is raised *before* anything is launched;
+``LaunchError`` and its subclasses describe a job that ran and failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class TutorialError(Exception):
+    """Base class of every error raised by ``tutorial_lib``."""
+
+
+class ConfigError(TutorialError, ValueError):
+    """Bad input, detected before any process is started.
+
+    The message names the parameter, the bad value and what to do instead.
+    """
+
+
+class MetricsError(TutorialError):
+    """Metrics or memory samples that a run should have written are missing or unreadable."""
+
+
+@dataclass
+class RankFailure:
+    """What one failed rank left behind.
+
+    Attributes:
+        rank: global rank of the failed worker (``RANK``), or ``None`` when it is unknown.
+        exit_code: the worker's exit code as torchrun reported it (negative: killed by that signal),
+            or ``None`` when unknown.
+        traceback: the root-cause Python traceback from torchrun's error file (written by ``@record``),
+            or ``""`` when the worker left none (e.g. it was killed by a signal).
+        log_tail: the last lines this rank printed (stdout and stderr).
+    """
+
+    rank: int | None
+    exit_code: int | None
+    traceback: str = ""
+    log_tail: list[str] = field(default_factory=list)
+
+
+class LaunchError(TutorialError):
+    """A launched job failed: a rank raised, crashed, or torchrun itself failed.
+
+    Attributes:
+        run_dir: the run directory with the logs (``logs/``), metrics and ``command.txt``.
+        command: the argv that was run.
+        returncode: torchrun's exit code.
+        failure: the root-cause ``RankFailure`` (first rank that failed), if one could be found.
+        output_tail: the last lines of the combined output, for when no rank is to blame.
+    """
+
+    def __init__(
+        self,
+        summary: str,
+        *,
+        run_dir: Path,
+        command: list[str],
+        returncode: int | None,
+        failure: RankFailure | None = None,
+        output_tail: list[str] | None = None,
+    ) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.run_dir = Path(run_dir)
+        self.command = list(command)
+        self.returncode = returncode
+        self.failure = failure
+        self.output_tail = list(output_tail or [])
+
+    @property
+    def rank(self) -> int | None:
+        """Global rank of the root-cause failure, or ``None``."""
+        return self.failure.rank if self.failure else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """Exit code of the root-cause rank, or ``None``."""
+        return self.failure.exit_code if self.failure else None
+
+    def __str__(self) -> str:
+        lines = [self.summary]
+        if self.failure is not None:
+            if self.failure.traceback:
+                lines += ["", f"Root-cause traceback (rank {self.failure.rank}):", self.failure.traceback.rstrip()]
+            if self.failure.log_tail:
+                lines += ["", f"Last lines of rank {self.failure.rank}'s log:"]
+                lines += ["  " + line for line in self.failure.log_tail]
+        elif self.output_tail:
+            lines += ["", "Last lines of output:"] + ["  " + line for line in self.output_tail]
+        lines += ["", f"Run directory (full logs in logs/, rerun with command.txt): {self.run_dir}"]
+        return "\n".join(lines)
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past its wall-clock ``timeout_s`` and was stopped.
+
+    Attributes (besides ``LaunchError``'s):
+        timeout_s: the limit that was exceeded, in seconds.
+        last_steps: the last metric step each rank reported, ``{rank: step}`` (ranks that reported
+            nothing are absent), which shows which rank stopped making progress.
+    """
+
+    def __init__(self, summary: str, *, timeout_s: float, last_steps: dict[int, int], **kwargs) -> None:
+        super().__init__(summary, **kwargs)
+        self.timeout_s = timeout_s
+        self.last_steps = dict(last_steps)

@@ -1,0 +1,385 @@
+"""Launch a training script with torchrun, stream its output, watch it, and always clean up.
+
+``launch(LaunchSpec(...))`` runs ``python -m torch.distributed.run`` (torchrun) as a subprocess
+in its own process group, never forking the kernel and never through a shell, on a free
+loopback port. Every rank's output is streamed into the cell prefixed by rank; memory is
+sampled; the live view shows progress and the loss/memory plot. On error, timeout or
+KeyboardInterrupt (a kernel interrupt) the whole process tree is stopped and reaped.
+
+Pure helpers (``build_command``, ``build_env``) are unit-tested without launching anything,
+as accelerate does for its launchers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .devices import DevicePlan, check_positive_int, resolve_device
+from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure
+from .live import LIVE_MODES, make_view
+from .memory import MemorySampler
+from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
+from .output import ThrottledPrinter, split_rank_prefix
+from .processes import ProcessTree, set_parent_death_signal
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch and how.
+
+    Attributes:
+        script: path of the training script (normally from ``write_script``).
+        args: the script's own arguments, e.g. ``["--max-steps", 20]`` (converted with ``str``).
+        nproc_per_node: ranks to start (``None``: the default of ``device``: 2 on CPU, one per GPU).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (see ``resolve_device``). With ``"cpu"`` on a GPU
+            machine the workers see no GPU (``CUDA_VISIBLE_DEVICES=""``).
+        run_dir: where logs, metrics and ``command.txt`` go; defaults to the script's folder.
+            It must not already hold a launch (nothing is overwritten).
+        timeout_s: wall-clock limit for the whole job (seconds, > 0); past it the job is stopped
+            and ``LaunchTimeout`` is raised.
+        env: extra environment variables for torchrun and the workers (the kernel's ``os.environ``
+            is never modified).
+        max_restarts: torchrun ``--max-restarts`` (elastic restarts of the whole group on failure).
+        master_port: rendezvous port on 127.0.0.1 (1024-65535); ``None`` picks a free one.
+        live: live view mode: ``"auto"``, ``"widgets"``, ``"text"`` or ``"off"`` (see ``tutorial_lib.live``).
+        sample_memory_hz: memory samples per second (> 0).
+        max_output_lines_per_s: lines per second shown in the cell; the rest go to ``output.log`` only.
+        shutdown_grace_s: how long torchrun gets to stop its workers after SIGTERM before SIGKILL (s).
+    """
+
+    script: str | os.PathLike
+    args: Sequence[object] = ()
+    nproc_per_node: int | None = None
+    device: str = "auto"
+    run_dir: str | os.PathLike | None = None
+    timeout_s: float = 300.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    master_port: int | None = None
+    live: str = "auto"
+    sample_memory_hz: float = 5.0
+    max_output_lines_per_s: float = 20.0
+    shutdown_grace_s: float = 5.0
+
+    def validate(self, gpu_count: int | None = None) -> DevicePlan:
+        """Check every field; return the device plan. Raises ``ConfigError`` naming the bad value."""
+        script = Path(self.script)
+        if not script.is_file():
+            raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir)")
+        for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be an integer >= 0, got {self.max_restarts!r}")
+        if self.master_port is not None and (
+            isinstance(self.master_port, bool) or not isinstance(self.master_port, int)
+            or not 1024 <= self.master_port <= 65535
+        ):
+            raise ConfigError(f"master_port must be an integer in 1024..65535 or None (free port), got {self.master_port!r}")
+        if self.live not in LIVE_MODES:
+            raise ConfigError(f"live must be one of {LIVE_MODES}, got {self.live!r}")
+        if isinstance(self.args, (str, bytes)):
+            raise ConfigError(f"args must be a list of arguments, not one string: got {self.args!r}; "
+                              f"use shlex.split({self.args!r})")
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ConfigError(f"env must map str to str, got {key!r}: {value!r}")
+        run_dir = Path(self.run_dir) if self.run_dir is not None else script.parent
+        if not run_dir.is_dir() or not os.access(run_dir, os.W_OK):
+            raise ConfigError(f"run_dir {str(run_dir)!r} is not a writable directory")
+        if (run_dir / "command.txt").exists():
+            raise ConfigError(f"run_dir {str(run_dir)!r} already holds a launch (command.txt); "
+                              "use a new run directory (new_run_dir) so nothing is overwritten")
+        if self.nproc_per_node is not None:
+            check_positive_int("nproc_per_node", self.nproc_per_node)
+        return resolve_device(self.device, self.nproc_per_node, gpu_count=gpu_count)
+
+
+@dataclass
+class LaunchResult:
+    """A finished, successful launch.
+
+    Attributes:
+        run_dir: the run directory (``metrics/``, ``samples/``, ``logs/``, ``output.log``, ``command.txt``).
+        command: the argv that ran.
+        returncode: torchrun's exit code (0).
+        wall_time_s: from start to exit, seconds.
+        plan: device, backend and rank count used.
+    """
+
+    run_dir: Path
+    command: list[str]
+    returncode: int
+    wall_time_s: float
+    plan: DevicePlan
+
+    def metrics(self) -> pd.DataFrame:
+        """The per-rank step metrics (``read_metrics``), every rank required."""
+        return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node)
+
+    def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
+        """Memory sampled during the run (``read_memory_samples``)."""
+        return read_memory_samples(self.run_dir, kind)
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_command(script: str | os.PathLike, args: Sequence[object], plan: DevicePlan, *, master_port: int,
+                  log_dir: str | os.PathLike, max_restarts: int = 0, python: str | None = None) -> list[str]:
+    """The torchrun argv for one node on loopback; pure (launches nothing).
+
+    ``--tee 3`` copies each worker's stdout and stderr to ``log_dir`` and to torchrun's stdout with a
+    ``[default<local_rank>]:`` prefix, written a whole line at a time.
+    """
+    return [
+        python or sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc-per-node", str(plan.nproc_per_node),
+        "--master-addr", LOOPBACK,
+        "--master-port", str(master_port),
+        "--max-restarts", str(max_restarts),
+        "--log-dir", str(log_dir),
+        "--tee", "3",
+        str(script), *map(str, args),
+    ]
+
+
+def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[str, str] | None = None,
+              shutdown_grace_s: float = 5.0, max_restarts: int = 0) -> dict[str, str]:
+    """The environment of torchrun and its workers: a copy of ``base`` (``os.environ``) plus settings.
+
+    Never modifies ``os.environ``. Adds, unless already set:
+    ``OMP_NUM_THREADS=1`` (ranks share the cores; also silences torchrun's banner),
+    ``PYTHONUNBUFFERED=1`` (lines arrive as they are printed),
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
+    ``GLOO_SOCKET_IFNAME=lo`` on CPU (gloo talks over loopback only), and with restarts
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it gloo reconnects to the previous
+    attempt's port and half of elastic restarts failed on this kind of machine).
+    On CPU with GPUs present, ``CUDA_VISIBLE_DEVICES=""`` hides them from the workers.
+    ``extra`` is applied last and wins.
+    """
+    env = dict(os.environ if base is None else base)
+    defaults = {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{shutdown_grace_s:g}",
+    }
+    if plan.device == "cpu":
+        defaults["GLOO_SOCKET_IFNAME"] = "lo"
+        if plan.gpu_count > 0:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+    if max_restarts > 0:
+        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    env.update(extra)
+    return env
+
+
+def command_text(command: Sequence[str], env: Mapping[str, str], run_dir: Path, base: Mapping[str, str]) -> str:
+    """A shell line that reruns the launch by hand: ``cd`` + the variables the launcher set + argv."""
+    changed = {k: v for k, v in env.items() if base.get(k) != v}
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))
+    return f"cd {shlex.quote(str(run_dir))} && {assignments} {shlex.join(command)}\n"
+
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local_rank>\d+)\)"
+    r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)", re.S)
+
+
+def _read_error_file(path: Path) -> str:
+    """The traceback (or message) in a torchrun error file written by ``@record``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return ""
+    message = data.get("message", data)
+    if isinstance(message, dict):
+        extra = message.get("extraInfo", {})
+        return extra.get("py_callstack") or message.get("message", "")
+    return str(message)
+
+
+def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> RankFailure | None:
+    """The first rank that failed: from torchrun's failure summary, its error file and its log tail."""
+    matches = list(_ROOT_CAUSE.finditer(output))
+    if matches:
+        m = matches[-1]  # the last attempt's summary
+        rank, local_rank, exit_code = int(m["rank"]), int(m["local_rank"]), int(m["exitcode"])
+    else:
+        rank = local_rank = exit_code = None
+    error_files = sorted(log_dir.glob("*/attempt_*/*/error.json"), key=lambda p: p.stat().st_mtime)
+    if local_rank is not None:
+        error_files = [p for p in error_files if p.parent.name == str(local_rank)] or error_files
+    traceback = ""
+    if error_files:
+        path = error_files[-1] if local_rank is not None else error_files[0]
+        traceback = _read_error_file(path)
+        if rank is None and path.parent.name.isdigit():
+            rank = int(path.parent.name)
+    if rank is None and not traceback:
+        return None
+    return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
+
+
+def _reader(stream, out: queue.Queue) -> None:
+    for raw in iter(stream.readline, b""):
+        out.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+    out.put(None)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def launch(spec: LaunchSpec) -> LaunchResult:
+    """Run ``spec.script`` under torchrun and wait for it, streaming output and a live view.
+
+    Args:
+        spec: the ``LaunchSpec``.
+
+    Returns:
+        ``LaunchResult`` of the successful run.
+
+    Raises:
+        ConfigError: bad spec, before anything is started.
+        LaunchError: a rank failed (``.rank``, ``.exit_code``, ``.failure.traceback`` from torchrun's
+            error file, ``.failure.log_tail``) or torchrun failed.
+        LaunchTimeout: the job exceeded ``spec.timeout_s``; it names the last step of every rank.
+        KeyboardInterrupt: re-raised after the job was stopped (a kernel interrupt).
+        In every case no process of the job survives.
+    """
+    plan = spec.validate()
+    script = Path(spec.script).resolve()
+    run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
+    port = spec.master_port or free_port()
+    log_dir = run_dir / "logs"
+    command = build_command(script, spec.args, plan, master_port=port, log_dir=log_dir,
+                            max_restarts=spec.max_restarts)
+    env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
+    (run_dir / "command.txt").write_text(command_text(command, env, run_dir, os.environ))
+
+    view = make_view(spec.live)
+    printer = ThrottledPrinter(max_lines_per_s=spec.max_output_lines_per_s)
+    metrics_tail = JsonlTail(run_dir / METRICS_SUBDIR, "rank*.jsonl")
+    lines: queue.Queue = queue.Queue()
+    output_log = open(run_dir / "output.log", "w")
+    transcript: list[str] = []
+    start = time.monotonic()
+    view.start()
+    proc = subprocess.Popen(
+        command, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
+    )
+    tree = ProcessTree(proc.pid)
+    sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda")
+    sampler.start()
+    reader = threading.Thread(target=_reader, args=(proc.stdout, lines), name="tutorial_lib-reader", daemon=True)
+    reader.start()
+    log.info("launched %s (pid %d) in %s", shlex.join(command), proc.pid, run_dir)
+
+    eof = False
+    last_view = 0.0
+    exited_at = None
+    torchrun_traceback = False
+    try:
+        while not (eof and proc.poll() is not None):
+            try:
+                line = lines.get(timeout=0.1)
+                while line is not None:
+                    output_log.write(line + "\n")
+                    transcript.append(line)
+                    rank, text = split_rank_prefix(line)
+                    # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError
+                    # says; it stays in output.log and the error's output_tail, not on screen.
+                    torchrun_traceback = torchrun_traceback or (rank is None and text.startswith("Traceback"))
+                    printer.emit(rank, text, show=not (rank is None and torchrun_traceback))
+                    line = lines.get_nowait()
+                eof = True
+            except queue.Empty:
+                pass
+            elapsed = time.monotonic() - start
+            if elapsed - last_view >= 0.25:
+                last_view = elapsed
+                view.add(metrics_tail.read_new())
+                view.update(elapsed, sampler.rss_samples)
+            if elapsed > spec.timeout_s:
+                raise _Timeout
+            if not eof and proc.poll() is not None:
+                exited_at = exited_at or elapsed
+                if elapsed - exited_at > 2.0:  # torchrun is gone but orphans still hold the pipe open
+                    tree.kill_leftovers()
+        returncode = proc.wait()
+    except BaseException as exc:
+        ranks_running = tree.ranks_alive()
+        killed = tree.stop(proc, spec.shutdown_grace_s)
+        elapsed = time.monotonic() - start
+        view.add(metrics_tail.read_new())
+        if isinstance(exc, _Timeout):
+            last_steps = {rank: r["step"] for rank, r in view.latest.items()}
+            summary = (f"{script.name} timed out after {spec.timeout_s:g} s (limit timeout_s) and was stopped; "
+                       f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
+            view.finish(elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
+            raise LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, run_dir=run_dir,
+                                command=command, returncode=proc.returncode, output_tail=transcript[-30:]) from None
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
+        view.finish(elapsed, sampler.rss_samples, f"failed: {what}")
+        sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
+                         f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
+        raise
+    finally:
+        sampler.stop()
+        tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
+        reader.join(timeout=5)
+        while True:  # lines that arrived after the loop ended
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                output_log.write(line + "\n")
+                transcript.append(line)
+        output_log.close()
+        if proc.stdout:
+            proc.stdout.close()
+        printer.flush_suppressed(str(run_dir / "output.log"))
+
+    wall_time_s = time.monotonic() - start
+    view.add(metrics_tail.read_new())
+    if returncode != 0:
+        failure = find_root_cause("\n".join(transcript), log_dir, printer)
+        if failure is not None and failure.rank is not None:
+            summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
+        else:
+            summary = f"{script.name} failed: torchrun exited with code {returncode}"
+        view.finish(wall_time_s, sampler.rss_samples, "failed: " + summary)
+        raise LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
+                          output_tail=transcript[-30:])
+    view.finish(wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
+    return LaunchResult(run_dir=run_dir, command=command, returncode=returncode, wall_time_s=wall_time_s, plan=plan)

@@ -1,0 +1,130 @@
+"""Read what a run wrote: per-rank step metrics, memory samples, collectives results.
+
+The contract with the scripts is one JSON object per line per step per rank in
+``<run_dir>/metrics/rank<R>.jsonl`` (nanoGPT's "one plain line per step", in JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import MetricsError
+
+METRICS_SUBDIR = "metrics"
+SAMPLES_SUBDIR = "samples"
+
+
+class JsonlTail:
+    """Incrementally read JSON lines appended to the files matching ``pattern`` in ``folder``.
+
+    Each ``read_new()`` returns only complete lines written since the previous call, so the
+    live view can poll files that the ranks are still appending to.
+    """
+
+    def __init__(self, folder: str | os.PathLike, pattern: str) -> None:
+        self.folder = Path(folder)
+        self.pattern = pattern
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> list[dict]:
+        records: list[dict] = []
+        if not self.folder.is_dir():
+            return records
+        for path in sorted(self.folder.glob(self.pattern)):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1  # a half-written last line waits for the next call
+            for line in chunk[:end].splitlines():
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
+            self._offsets[path] = offset + end
+        return records
+
+
+def _metrics_dir(run_dir: str | os.PathLike) -> Path:
+    run_dir = Path(run_dir)
+    return run_dir if run_dir.name == METRICS_SUBDIR else run_dir / METRICS_SUBDIR
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise MetricsError(f"{path}:{n} is not a JSON line ({e.msg}): {line[:80]!r}") from e
+    return rows
+
+
+def read_metrics(run_dir: str | os.PathLike, ranks: int | None = None) -> pd.DataFrame:
+    """All ranks' step metrics as one table, sorted by rank then step.
+
+    Args:
+        run_dir: a run directory (or its ``metrics/`` folder).
+        ranks: if given, the number of ranks expected; a missing ``rank<R>.jsonl`` is an error.
+
+    Returns:
+        A DataFrame with one row per (rank, step): the JSON fields (``step``, ``rank``,
+        ``loss_local``, ``loss_global``, ``step_time_s``, ``samples_per_s``, memory bytes, ...).
+
+    Raises:
+        MetricsError: the folder or an expected rank's file is missing, empty, or not JSON lines.
+    """
+    folder = _metrics_dir(run_dir)
+    if not folder.is_dir():
+        raise MetricsError(f"no metrics folder {str(folder)!r}: did the run start (see its output.log)?")
+    files = sorted(folder.glob("rank*.jsonl"))
+    if ranks is not None:
+        missing = [f"rank{r}.jsonl" for r in range(ranks) if not (folder / f"rank{r}.jsonl").exists()]
+        if missing:
+            raise MetricsError(f"missing metrics file(s) {missing} in {str(folder)!r}")
+    rows = [row for f in files for row in _read_jsonl(f)]
+    if not rows:
+        raise MetricsError(f"no metrics lines in {str(folder)!r} (files: {[f.name for f in files]})")
+    return pd.DataFrame(rows).sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+
+
+def read_memory_samples(run_dir: str | os.PathLike, kind: str = "rss") -> pd.DataFrame:
+    """Memory sampled from outside the workers while the job ran.
+
+    Args:
+        run_dir: the run directory.
+        kind: ``"rss"`` (per-rank resident set size, columns ``time_s, rank, pid, rss_bytes``) or
+            ``"gpu"`` (per GPU, columns ``time_s, gpu, used_bytes, total_bytes``).
+
+    Raises:
+        MetricsError: unknown kind, or the samples file is missing.
+    """
+    if kind not in ("rss", "gpu"):
+        raise MetricsError(f"kind must be 'rss' or 'gpu', got {kind!r}")
+    path = Path(run_dir) / SAMPLES_SUBDIR / f"{kind}.jsonl"
+    if not path.exists():
+        raise MetricsError(f"no memory samples {str(path)!r} (gpu samples exist only on NVIDIA machines)")
+    return pd.DataFrame(_read_jsonl(path))
+
+
+def read_collectives(run_dir: str | os.PathLike) -> list[dict]:
+    """The per-rank results of ``collectives_check.py``, sorted by rank.
+
+    Raises:
+        MetricsError: no ``collectives_rank<R>.json`` in the run's metrics folder.
+    """
+    folder = _metrics_dir(run_dir)
+    files = sorted(folder.glob("collectives_rank*.json"))
+    if not files:
+        raise MetricsError(f"no collectives_rank*.json in {str(folder)!r}: did collectives_check.py run?")
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["rank"])

@@ -1,0 +1,75 @@
+"""Rank-prefixed, throttled streaming of torchrun's output into a cell or a terminal.
+
+torchrun's ``--tee 3`` prefixes every worker line with ``[<role><local_rank>]:``; the launcher
+rewrites that to ``[rank N]`` and marks torchrun's own lines ``[torchrun]``. All lines go to
+``output.log`` in the run directory; the screen gets at most ``max_lines_per_s`` lines a second
+(a token bucket), so a chatty script cannot flood the notebook or hit papermill's IOPub limits.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import deque
+from typing import TextIO
+
+_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*)$")
+
+
+def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]:
+    """Split a torchrun ``--tee`` line into ``(rank, text)``; ``rank`` is ``None`` for torchrun's own lines.
+
+    ``rank_offset`` is added to the local rank (the node's first global rank; 0 on one node).
+    """
+    m = _PREFIX.match(line)
+    if m is None:
+        return None, line
+    return int(m.group("local_rank")) + rank_offset, m.group("text")
+
+
+class ThrottledPrinter:
+    """Print lines with a rank prefix, at most ``max_lines_per_s`` per second (burst ``2 * max``).
+
+    Keeps the last ``tail_lines`` lines of every rank for error reports, whether printed or not.
+    """
+
+    def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30) -> None:
+        self.stream = stream
+        self.rate = float(max_lines_per_s)
+        self.capacity = max(1.0, 2 * self.rate)
+        self.tokens = self.capacity
+        self.last_refill = time.monotonic()
+        self.suppressed = 0
+        self.tails: dict[int | None, deque[str]] = {}
+        self.tail_lines = tail_lines
+
+    def _stream(self) -> TextIO:
+        return self.stream if self.stream is not None else sys.stdout  # resolved late: ipykernel swaps it
+
+    def emit(self, rank: int | None, text: str, show: bool = True) -> None:
+        """Record ``text`` from ``rank`` and, if ``show``, print it when the budget allows."""
+        self.tails.setdefault(rank, deque(maxlen=self.tail_lines)).append(text)
+        if not show:
+            return
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last_refill) * self.rate)
+        self.last_refill = now
+        if self.tokens < 1:
+            self.suppressed += 1
+            return
+        self.tokens -= 1
+        self.flush_suppressed()
+        label = "torchrun" if rank is None else f"rank {rank}"
+        self._stream().write(f"[{label}] {text}\n")
+
+    def flush_suppressed(self, where: str = "output.log") -> None:
+        """Say how many lines were not shown, if any, and reset the count."""
+        if self.suppressed:
+            self._stream().write(f"[launcher] {self.suppressed} line(s) not shown to keep the output small; "
+                                 f"all lines are in {where}\n")
+            self.suppressed = 0
+
+    def tail(self, rank: int | None, n: int = 20) -> list[str]:
+        """The last ``n`` lines of ``rank`` (``None``: torchrun's own lines)."""
+        return list(self.tails.get(rank, ()))[-n:]

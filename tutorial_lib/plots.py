@@ -1,0 +1,126 @@
+"""Figures from run data. Every function takes data and returns a ``matplotlib.figure.Figure``.
+
+No I/O and no pyplot state: figures are built with ``Figure()`` directly, so they work with the
+Agg backend, in tests, and in a notebook (where IPython renders a returned Figure inline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+MIB = 2**20
+
+
+def _figure(ncols: int = 1, width_in: float = 5.0, height_in: float = 3.4) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width_in * ncols, height_in), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def draw_loss(ax, metrics: pd.DataFrame) -> None:
+    """Draw each rank's local loss (solid) and the global mean (dashed black) against step."""
+    for rank, df in metrics.groupby("rank"):
+        ax.plot(df["step"], df["loss_local"], lw=1.2, label=f"rank {rank} (local)")
+    if "loss_global" in metrics:
+        g = metrics.groupby("step")["loss_global"].first()
+        ax.plot(g.index, g.values, "k--", lw=1.5, label="global mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss per rank")
+    ax.legend(fontsize=8)
+
+
+def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None) -> None:
+    """Draw memory per rank against time: GPU memory per process when sampled, else RSS.
+
+    Without samples, the per-step memory in ``metrics`` (``peak_allocated_bytes`` on CUDA,
+    ``rss_bytes`` on CPU) is drawn against step instead.
+    """
+    if samples is not None and len(samples):
+        column = "gpu_used_bytes" if "gpu_used_bytes" in samples and samples["gpu_used_bytes"].notna().any() else "rss_bytes"
+        for rank, df in samples.groupby("rank"):
+            ax.plot(df["time_s"], df[column] / MIB, lw=1.2, label=f"rank {rank}")
+        ax.set_xlabel("time since launch (s)")
+        ax.set_ylabel(("GPU memory" if column == "gpu_used_bytes" else "RSS") + " (MiB)")
+        ax.set_title("memory per " + ("GPU process" if column == "gpu_used_bytes" else "rank (process RSS)"))
+    elif metrics is not None and len(metrics):
+        column = "peak_allocated_bytes" if "peak_allocated_bytes" in metrics else "rss_bytes"
+        for rank, df in metrics.groupby("rank"):
+            ax.plot(df["step"], df[column] / MIB, lw=1.2, label=f"rank {rank}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{column.removesuffix('_bytes')} (MiB)")
+        ax.set_title("memory per rank")
+    else:
+        ax.set_title("memory per rank (no data yet)")
+        return
+    ax.legend(fontsize=8)
+
+
+def plot_loss(metrics: pd.DataFrame) -> Figure:
+    """Loss per rank vs step, with the global mean. ``metrics`` as from ``read_metrics``."""
+    fig, (ax,) = _figure()
+    draw_loss(ax, metrics)
+    return fig
+
+
+def plot_memory(samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None) -> Figure:
+    """Memory per rank (per GPU process on CUDA) vs time; see ``draw_memory``."""
+    fig, (ax,) = _figure()
+    draw_memory(ax, samples, metrics)
+    return fig
+
+
+def plot_run(metrics: pd.DataFrame, samples: pd.DataFrame | None = None) -> Figure:
+    """Loss (left) and memory (right) of one run side by side: the figure the live view redraws."""
+    fig, (ax_loss, ax_mem) = _figure(ncols=2)
+    if len(metrics):
+        draw_loss(ax_loss, metrics)
+    else:
+        ax_loss.set_title("loss per rank (no data yet)")
+    draw_memory(ax_mem, samples, metrics)
+    return fig
+
+
+def plot_tensor_bytes(metrics: pd.DataFrame) -> Figure:
+    """Stacked bars per rank of the bytes held by parameters, gradients and optimizer state (last step)."""
+    last = metrics.sort_values("step").groupby("rank").last()
+    fig, (ax,) = _figure()
+    bottom = pd.Series(0.0, index=last.index)
+    for column, label in [("param_bytes", "parameters"), ("grad_bytes", "gradients"),
+                          ("optimizer_state_bytes", "optimizer state")]:
+        values = last[column] / MIB
+        ax.bar([f"rank {r}" for r in last.index], values, bottom=bottom, label=label)
+        bottom += values
+    ax.set_ylabel("MiB")
+    ax.set_title("tensor memory per rank (exact bytes)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_compare(runs: Mapping[str, pd.DataFrame], y: str = "loss_global", x: str = "step") -> Figure:
+    """Overlay one column of several runs: ``runs`` maps a label to that run's metrics table.
+
+    Rank 0's rows are used (``loss_global`` is the same on every rank).
+    """
+    fig, (ax,) = _figure()
+    for label, df in runs.items():
+        d = df[df["rank"] == df["rank"].min()]
+        ax.plot(d[x], d[y], lw=1.4, label=label)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_bandwidth(bandwidth: pd.DataFrame) -> Figure:
+    """all_reduce bus bandwidth (GB/s) against message size, log-log; columns as collectives_check writes."""
+    fig, (ax,) = _figure()
+    ax.loglog(bandwidth["size_bytes"], bandwidth["busbw_GBps"], "o-")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("all_reduce bandwidth")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig

@@ -1,0 +1,134 @@
+"""Find, watch and stop the process tree of one torchrun job, leaving nothing behind.
+
+torchrun starts each worker in a new session, so signalling torchrun's process group does not
+reach the workers, and a SIGKILLed torchrun orphans them (they keep running and keep the output
+pipe open). So the tree is recorded while it runs, and stopping it is done in three moves:
+SIGTERM to torchrun (it forwards the signal to its workers), a grace period, then SIGKILL to
+torchrun's group and to every worker recorded. See FACTS in the project notes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    """In a child before ``exec``: ask Linux to send ``sig`` when the launching thread dies.
+
+    The safety net for a kernel that is killed outright: torchrun then gets SIGTERM and stops its
+    workers. A no-op where ``prctl`` is unavailable (not Linux).
+    """
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """True if ``proc`` runs; a zombie (dead, not yet reaped: PID 1 here does not reap) counts as dead."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@dataclass
+class Worker:
+    """A process of the job: ``rank`` from its ``RANK`` variable (``None`` if it has none)."""
+
+    process: psutil.Process
+    rank: int | None
+
+
+class ProcessTree:
+    """The processes below one root (torchrun), recorded as they appear so they can all be stopped.
+
+    Thread-safe: a sampler thread calls ``refresh`` while the launcher reads ``workers``.
+    """
+
+    def __init__(self, root_pid: int) -> None:
+        self.root = psutil.Process(root_pid)
+        self._lock = threading.Lock()
+        self._seen: dict[int, Worker] = {}
+
+    def refresh(self) -> dict[int, Worker]:
+        """Record any new descendants of the root; return ``{pid: Worker}`` of all ever seen."""
+        try:
+            children = self.root.children(recursive=True)
+        except psutil.Error:
+            children = []
+        with self._lock:
+            for child in children:
+                if child.pid in self._seen:
+                    continue
+                rank = None
+                try:
+                    value = child.environ().get("RANK")
+                    rank = int(value) if value is not None else None
+                except (psutil.Error, ValueError):
+                    pass
+                self._seen[child.pid] = Worker(child, rank)
+            return dict(self._seen)
+
+    def alive(self) -> list[Worker]:
+        """Recorded descendants that still run (zombies excluded)."""
+        with self._lock:
+            workers = list(self._seen.values())
+        return [w for w in workers if is_alive(w.process)]
+
+    def ranks_alive(self) -> list[int]:
+        """Sorted ranks of worker processes (those with a ``RANK``) that still run."""
+        return sorted({w.rank for w in self.alive() if w.rank is not None})
+
+    def stop(self, popen, grace_s: float) -> int:
+        """Stop the whole tree and reap torchrun; return how many processes had to be killed.
+
+        SIGTERM to torchrun, wait up to ``grace_s`` for it to stop its workers and exit, then
+        SIGKILL torchrun's group and every recorded descendant still alive.
+        """
+        self.refresh()
+        if popen.poll() is None:
+            try:
+                popen.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + grace_s
+            while popen.poll() is None and time.monotonic() < deadline:
+                self.refresh()
+                time.sleep(0.05)
+        killed = 0
+        if popen.poll() is None:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)  # torchrun runs in its own group (start_new_session)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed += self.kill_leftovers()
+        try:
+            popen.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - never let cleanup raise over the real error
+            log.warning("torchrun (pid %s) did not exit after SIGKILL", popen.pid)
+        return killed
+
+    def kill_leftovers(self) -> int:
+        """SIGKILL every recorded descendant still alive (e.g. orphaned workers); return the count."""
+        leftovers = self.alive()
+        for w in leftovers:
+            try:
+                w.process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs([w.process for w in leftovers], timeout=5)
+        return len(leftovers)

@@ -1,0 +1,152 @@
+"""Training scripts on disk and run directories.
+
+The scripts are real files shipped in ``tutorial_lib/scripts/``. ``write_script`` copies one,
+unchanged, into a run directory, so what a learner reads is exactly what ran and can be copied
+to a cluster. Each run gets its own directory; nothing existing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import os
+import re
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+from .errors import ConfigError
+
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
+RUNS_DIR_ENV = "TUTORIAL_LIB_RUNS_DIR"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+
+
+def available_scripts() -> list[str]:
+    """Names (without ``.py``) of the training scripts shipped with the package."""
+    return sorted(p.stem for p in SCRIPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def default_runs_root() -> Path:
+    """Where run directories go: ``$TUTORIAL_LIB_RUNS_DIR`` if set, else ``./runs``."""
+    return Path(os.environ.get(RUNS_DIR_ENV) or "runs")
+
+
+def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
+    """Create a fresh, uniquely named run directory ``<root>/<YYYYmmdd-HHMMSS>-<name>[-N]``.
+
+    Args:
+        name: a short label (letters, digits, ``.``, ``_``, ``-``); it cannot contain a path separator,
+            so the run directory cannot escape ``root``.
+        root: parent folder (created if missing); ``None`` means ``default_runs_root()``.
+
+    Returns:
+        The new, empty directory (absolute path).
+
+    Raises:
+        ConfigError: ``name`` is not a plain label, or ``root`` exists but is not a writable directory.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+        raise ConfigError(
+            f"run name {name!r} must be 1-81 letters, digits, '.', '_' or '-' starting with a letter or digit "
+            "(no '/' or '..': a run directory stays inside its root)"
+        )
+    root = Path(root) if root is not None else default_runs_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the runs folder {str(root)!r}: {e}; pass another root") from e
+    if not root.is_dir() or not os.access(root, os.W_OK):
+        raise ConfigError(f"runs folder {str(root)!r} is not a writable directory; pass another root")
+    stem = f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+    for n in range(1000):
+        candidate = root / (stem if n == 0 else f"{stem}-{n}")
+        try:
+            candidate.mkdir()  # exist_ok=False: an existing run is never reused
+        except FileExistsError:
+            continue
+        return candidate.resolve()
+    raise ConfigError(f"could not find a free run directory name under {str(root)!r}")
+
+
+def write_script(name: str, run_dir: str | os.PathLike) -> Path:
+    """Copy the shipped training script ``name`` unchanged into ``run_dir``.
+
+    Args:
+        name: a script name from ``available_scripts()``, e.g. ``"ddp_train"`` (``.py`` optional).
+        run_dir: an existing directory, normally from ``new_run_dir``.
+
+    Returns:
+        Path of the copy, ``run_dir/<name>.py``.
+
+    Raises:
+        ConfigError: unknown script name, ``run_dir`` missing, or a file of that name already
+            exists there (it is never overwritten).
+    """
+    stem = name[:-3] if name.endswith(".py") else name
+    if stem not in available_scripts():
+        raise ConfigError(f"unknown script {name!r}; available: {', '.join(available_scripts())}")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; create one with new_run_dir(...)")
+    target = run_dir / f"{stem}.py"
+    if target.exists():
+        raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
+    shutil.copyfile(SCRIPTS_DIR / f"{stem}.py", target)
+    return target.resolve()
+
+
+class ScriptListing:
+    """Parts of a source file shown with line numbers (text in a terminal, highlighted HTML in Jupyter).
+
+    Args:
+        path: the file.
+        spans: ``(first_line, last_line)`` pairs, 1-based and inclusive; ``last_line`` ``None`` means the end.
+    """
+
+    def __init__(self, path: str | os.PathLike, spans: list[tuple[int, int | None]]) -> None:
+        self.path = Path(path)
+        lines = self.path.read_text().splitlines()
+        self.parts = [(max(1, a), lines[max(1, a) - 1: b]) for a, b in spans]
+
+    def __str__(self) -> str:
+        width = len(str(max(a + len(body) for a, body in self.parts)))
+        chunks = ["\n".join(f"{i:>{width}}  {line}" for i, line in enumerate(body, a)) for a, body in self.parts]
+        return f"# {self.path.name}\n" + "\n...\n".join(chunks)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        try:
+            from pygments import highlight
+            from pygments.formatters import HtmlFormatter
+            from pygments.lexers import PythonLexer
+        except ImportError:
+            return f"<pre>{html.escape(str(self))}</pre>"
+        chunks = [highlight("\n".join(body), PythonLexer(), HtmlFormatter(linenos="inline", linenostart=a, noclasses=True))
+                  for a, body in self.parts]
+        return f"<b>{html.escape(self.path.name)}</b>" + "<div>...</div>".join(chunks)
+
+
+def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
+                last_line: int | None = None) -> ScriptListing:
+    """A displayable listing of ``path`` with line numbers.
+
+    Args:
+        path: the script.
+        names: top-level functions or classes to show (each with its decorators), in this order;
+            none: the lines ``first_line``..``last_line`` (1-based, inclusive; default the whole file).
+
+    Raises:
+        ConfigError: a name that is not a top-level function or class of the script.
+    """
+    if not names:
+        return ScriptListing(path, [(first_line, last_line)])
+    tree = ast.parse(Path(path).read_text())
+    spans = {node.name: (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno)
+             for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    for name in names:
+        if name not in spans:
+            raise ConfigError(f"{Path(path).name} has no top-level function or class {name!r}; has {sorted(spans)}")
+    return ScriptListing(path, [spans[name] for name in names])

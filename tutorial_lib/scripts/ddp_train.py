@@ -1,0 +1,245 @@
+"""DDP training on synthetic regression data, one JSON line of metrics per step per rank.
+
+Run card
+    python ddp_train.py --max-steps 20                       # one process, no process group
+    torchrun --nproc-per-node 2 ddp_train.py --max-steps 20  # 2 ranks (gloo on CPU, nccl on CUDA)
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 \
+        --master-addr HOST --master-port 29500 ddp_train.py   # node 0 of 2 (run node 1 with --node-rank 1)
+
+What it shows
+    * device from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
+    * every rank trains on its own slice of one global batch, so a DDP step equals one
+      single-process step on the concatenated batch (DDP averages gradients across ranks);
+    * the loss a rank computes is its *local* loss; the global loss needs an all_reduce.
+
+Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl``.
+Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--max-steps", type=int, default=50, help="optimizer steps to run (count)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (count)")
+    p.add_argument("--input-dim", type=int, default=64, help="features per sample (count)")
+    p.add_argument("--hidden-dim", type=int, default=256, help="width of the hidden layers (count)")
+    p.add_argument("--output-dim", type=int, default=8, help="targets per sample (count)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (unitless)")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="optimizer")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and the synthetic data")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl (created if missing)")
+    p.add_argument("--save-grads-dir", type=str, default="",
+                   help="if set, save each rank's gradients after the first backward to "
+                        "<dir>/grads_rank<RANK>.pt (to compare DDP with one process)")
+    p.add_argument("--log-every", type=int, default=10, help="print a line every N steps (count)")
+    p.add_argument("--pg-timeout-s", type=float, default=60.0,
+                   help="collective timeout of the process group (seconds); the default of "
+                        "torch is 30 minutes, far too long to notice a hang in a lesson")
+    p.add_argument("--step-delay-s", type=float, default=0.0,
+                   help="extra sleep per step (seconds), to slow a demo down")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="inject a failure on this global rank (-1: none)")
+    p.add_argument("--fail-step", type=int, default=0, help="step at which the failure happens")
+    p.add_argument("--fail-mode", choices=["raise", "hang"], default="raise",
+                   help="raise: RuntimeError on that rank; hang: that rank sleeps forever "
+                        "while the others wait in the next collective")
+    args = p.parse_args(argv)
+    for name in ("max_steps", "batch_size", "input_dim", "hidden_dim", "output_dim", "log_every"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    return args
+
+
+def setup(args):
+    """Join the process group when launched by torchrun; return (rank, local_rank, world_size, device)."""
+    distributed = "RANK" in os.environ  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        # LOCAL_RANK, not RANK: on node 1 of a 4-GPU-per-node job, RANK is 4..7 but the GPUs are 0..3.
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if distributed:
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=timedelta(seconds=args.pg_timeout_s),
+            device_id=device if use_cuda else None,
+        )
+    return rank, local_rank, world_size, device
+
+
+def cleanup():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class MLP(nn.Module):
+    def __init__(self, input_dim, hidden_dim, output_dim):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(input_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(hidden_dim, output_dim),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def global_batch(step, args, world_size):
+    """The whole step's batch, identical on every rank: (world_size * batch_size) samples.
+
+    A fixed teacher network (seeded by --seed) makes the targets learnable; the inputs of
+    each step come from their own seed, so any rank (or a single process) can rebuild them.
+    """
+    teacher = torch.Generator().manual_seed(args.seed + 1_000_003)
+    w1 = torch.randn(args.input_dim, 32, generator=teacher) / args.input_dim ** 0.5
+    w2 = torch.randn(32, args.output_dim, generator=teacher) / 32 ** 0.5
+    g = torch.Generator().manual_seed(args.seed * 100_003 + step)
+    x = torch.randn(world_size * args.batch_size, args.input_dim, generator=g)
+    y = torch.tanh(x @ w1) @ w2 + 0.01 * torch.randn(x.shape[0], args.output_dim, generator=g)
+    return x, y
+
+
+def tensor_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def memory_fields(model, optimizer, device):
+    """Memory of this rank: exact tensor bytes, plus allocator peaks (CUDA) or process RSS (CPU)."""
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    fields = {
+        "param_bytes": tensor_bytes(params),
+        "grad_bytes": tensor_bytes(p.grad for p in params),
+        "optimizer_state_bytes": tensor_bytes(state),
+    }
+    if device.type == "cuda":
+        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    else:
+        with open("/proc/self/statm") as f:  # Linux; fields are in pages
+            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return fields
+
+
+def inject_failure(args, rank, step):
+    if rank != args.fail_rank or step != args.fail_step:
+        return
+    if args.fail_mode == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
+    sys.stdout.write(f"rank {rank}: hanging at step {step} (--fail-mode hang)\n")
+    sys.stdout.flush()
+    while True:  # the other ranks now block in the next all_reduce until --pg-timeout-s
+        time.sleep(1)
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    rank, local_rank, world_size, device = setup(args)
+    try:
+        train(args, rank, local_rank, world_size, device)
+    finally:
+        cleanup()
+
+
+def train(args, rank, local_rank, world_size, device):
+    # Same seed on every rank: DDP would broadcast rank 0's weights anyway, but FSDP does not,
+    # and a single-process reference run must start from the same weights.
+    torch.manual_seed(args.seed)
+    model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)
+    if dist.is_initialized():
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    if args.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loss_fn = nn.MSELoss()
+
+    metrics_dir = Path(args.metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+    start = time.perf_counter()
+    for step in range(1, args.max_steps + 1):
+        inject_failure(args, rank, step)
+        t0 = time.perf_counter()
+        x, y = global_batch(step, args, world_size)
+        # This rank's slice of the global batch: ranks never see the same sample in a step.
+        x = x[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
+        y = y[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()  # DDP all-reduces (averages) gradient buckets while backward runs
+        if args.save_grads_dir and step == 1:
+            save_grads(model, args.save_grads_dir, rank)
+        optimizer.step()
+        # loss is this rank's *local* loss; the global mean needs one more collective.
+        loss_global = loss.detach().clone()
+        if dist.is_initialized():
+            dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
+            loss_global /= world_size
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_time_s = time.perf_counter() - t0
+        record_ = {
+            "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
+            "world_size": world_size, "device": str(device),
+            "loss_local": loss.item(), "loss_global": loss_global.item(),
+            "step_time_s": step_time_s, "samples_per_s": args.batch_size / step_time_s,
+            "global_samples_per_s": world_size * args.batch_size / step_time_s,
+            "elapsed_s": time.perf_counter() - start,
+            **memory_fields(model, optimizer, device),
+        }
+        metrics_file.write(json.dumps(record_) + "\n")
+        if step % args.log_every == 0 or step == args.max_steps:
+            # One write per line: two ranks printing at once then never interleave mid-line.
+            sys.stdout.write(f"step {step}/{args.max_steps} loss_local {loss.item():.5f} "
+                             f"loss_global {loss_global.item():.5f} step_time_s {step_time_s:.4f}\n")
+        if args.step_delay_s:
+            time.sleep(args.step_delay_s)
+    metrics_file.close()
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears the process group down while a peer still uses it
+
+
+def save_grads(model, out_dir, rank):
+    inner = model.module if isinstance(model, DDP) else model  # no "module." prefix in the names
+    grads = {name: p.grad.detach().cpu().clone() for name, p in inner.named_parameters()}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    torch.save(grads, Path(out_dir) / f"grads_rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()
+    # Leave without the interpreter's teardown: a gloo background thread can otherwise abort the
+    # process at exit ("terminate called without an active exception", SIGABRT) even after
+    # destroy_process_group(), and torchrun would report a finished run as failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
