@@ -1,0 +1,59 @@
+"""Shared fixtures: isolated run folders, text live view, and a check that no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def pytest_configure(config):
+    # Inherited by the kernels nbval and papermill start: runs go to a temporary folder, live view as text.
+    runs = Path(os.environ.get("TMPDIR", "/tmp")) / f"tutorial_lib-test-runs-{os.getpid()}"
+    os.environ["TUTORIAL_LIB_RUNS_DIR"] = str(runs)
+    os.environ["TUTORIAL_LIB_LIVE"] = "text"
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def job_processes(marker: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose command line mentions ``marker`` (a run folder: torchrun and workers)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        cmdline = " ".join(p.info["cmdline"] or [])
+        if marker in cmdline:
+            found.append(p)
+    return found
+
+
+def wait_no_job_processes(marker: str, within_s: float = 5.0) -> list[psutil.Process]:
+    """Poll until no job process remains (returns []) or ``within_s`` passes (returns the survivors)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = job_processes(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def run_root(tmp_path):
+    """A private runs folder; after the test, assert that no process of its jobs survives."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    yield root
+    left = wait_no_job_processes(str(tmp_path))
+    assert not left, f"processes left behind: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable

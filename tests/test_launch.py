@@ -1,0 +1,159 @@
+"""Real torchrun jobs on 2 CPU ranks: success, a raising rank, a killed rank, hangs, interrupts, floods.
+
+Every test uses the ``run_root`` fixture, which fails the test if any process of its jobs survives.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import tutorial_lib as tl
+
+pytestmark = pytest.mark.integration
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def ddp(run_root, name="ddp"):
+    run_dir = tl.new_run_dir(name, run_root)
+    return run_dir, tl.write_script("ddp_train", run_dir)
+
+
+def fixture_script(run_root, name):
+    run_dir = tl.new_run_dir(name.removesuffix(".py"), run_root)
+    return Path(shutil.copy(FIXTURES / name, run_dir))
+
+
+def test_two_rank_ddp_run_streams_by_rank_and_writes_metrics(run_root, capsys):
+    environ_before = dict(os.environ)
+    run_dir, script = ddp(run_root)
+    result = tl.launch(tl.LaunchSpec(script, args=["--max-steps", 6, "--log-every", 3], device="cpu", timeout_s=120))
+    assert dict(os.environ) == environ_before, "the caller's environment is never modified"
+    assert result.returncode == 0 and result.run_dir == run_dir and result.plan.nproc_per_node == 2
+    shown = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank {rank}] step 6/6" in shown
+    m = result.metrics()
+    assert sorted(m["rank"].unique()) == [0, 1] and m.groupby("rank")["step"].max().tolist() == [6, 6]
+    assert (m.groupby("step")["loss_global"].nunique() == 1).all(), "every rank logs the same global loss"
+    assert (m.groupby("step")["loss_local"].nunique() == 2).all(), "local losses differ: different samples"
+    assert set(result.memory_samples()["rank"]) == {0, 1}
+    command = (run_dir / "command.txt").read_text()
+    assert command.startswith(f"cd {run_dir} && ") and "--nproc-per-node 2" in command and "--max-steps 6" in command
+    assert "[default1]:step 6/6" in (run_dir / "output.log").read_text()
+
+
+def test_a_rank_that_raises_surfaces_as_launch_error_with_its_traceback(run_root):
+    _, script = ddp(run_root)
+    with pytest.raises(tl.LaunchError) as info:
+        tl.launch(tl.LaunchSpec(script, args=["--max-steps", 20, "--fail-rank", 1, "--fail-step", 2], device="cpu"))
+    e = info.value
+    assert type(e) is tl.LaunchError and e.rank == 1 and e.exit_code == 1
+    assert "RuntimeError: injected failure on rank 1 at step 2" in e.failure.traceback
+    assert "inject_failure" in e.failure.traceback, "the root-cause traceback comes from @record's error file"
+    assert any("injected failure" in line for line in e.failure.log_tail)
+    text = str(e)
+    assert text.startswith("ddp_train.py failed on rank 1 (exit code 1)") and "Root-cause traceback (rank 1)" in text
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_its_exit_code(run_root):
+    script = fixture_script(run_root, "sigkill_rank1.py")
+    with pytest.raises(tl.LaunchError) as info:
+        tl.launch(tl.LaunchSpec(script, device="cpu", timeout_s=60))
+    assert info.value.rank == 1 and info.value.exit_code == -9
+    assert info.value.failure.traceback == "" or "Signal 9" in info.value.failure.traceback
+
+
+def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
+    _, script = ddp(run_root)
+    start = time.monotonic()
+    with pytest.raises(tl.LaunchTimeout) as info:
+        tl.launch(tl.LaunchSpec(script, device="cpu", timeout_s=8, shutdown_grace_s=2,
+                                args=["--max-steps", 50, "--fail-rank", 1, "--fail-step", 3, "--fail-mode", "hang",
+                                      "--pg-timeout-s", 600]))
+    elapsed = time.monotonic() - start
+    assert 8 <= elapsed < 8 + 2 + 6, elapsed
+    e = info.value
+    assert e.timeout_s == 8 and e.last_steps == {0: 2, 1: 2}
+    assert "timed out after 8 s" in str(e) and "last step per rank: {0: 2, 1: 2}" in str(e)
+
+
+def test_a_collective_timeout_turns_a_hang_into_an_error_on_the_waiting_rank(run_root):
+    _, script = ddp(run_root)
+    with pytest.raises(tl.LaunchError) as info:
+        tl.launch(tl.LaunchSpec(script, device="cpu", timeout_s=90,
+                                args=["--max-steps", 50, "--fail-rank", 1, "--fail-step", 3, "--fail-mode", "hang",
+                                      "--pg-timeout-s", 3]))
+    assert not isinstance(info.value, tl.LaunchTimeout)
+    assert info.value.rank == 0, "rank 0 waited in the all_reduce that rank 1 never joined"
+
+
+def test_output_flood_is_throttled_on_screen_but_complete_in_the_log(run_root, capsys):
+    script = fixture_script(run_root, "chatty.py")
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", max_output_lines_per_s=20, live="off"))
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) < 200, len(shown)
+    assert any("not shown to keep the output small" in line for line in shown)
+    log = (result.run_dir / "output.log").read_text()
+    assert log.count("[default0]:rank 0 line") == 3000 and log.count("[default1]:rank 1 line") == 3000
+
+
+def test_sigint_to_the_launching_process_stops_the_job(run_root):
+    """A terminal Ctrl-C: KeyboardInterrupt in the launcher, which stops torchrun and every worker."""
+    run_dir, script = ddp(run_root)
+    code = textwrap.dedent(f"""
+        import tutorial_lib as tl
+        tl.launch(tl.LaunchSpec({str(script)!r}, device="cpu", timeout_s=300,
+                                args=["--max-steps", 1000, "--step-delay-s", 0.2]))
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    wait_for_steps(run_dir, child)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=20)
+    assert child.returncode != 0 and b"KeyboardInterrupt" in out
+    assert b"interrupted: stopped torchrun and its workers" in out
+
+
+def test_interrupting_a_jupyter_kernel_stops_the_job(run_root):
+    """The kernel-interrupt button: SIGINT to the kernel while a cell runs launch()."""
+    from jupyter_client.manager import start_new_kernel
+
+    run_dir, script = ddp(run_root)
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        msg_id = kc.execute(textwrap.dedent(f"""
+            import tutorial_lib as tl
+            tl.launch(tl.LaunchSpec({str(script)!r}, device="cpu", timeout_s=300,
+                                    args=["--max-steps", 1000, "--step-delay-s", 0.2]))
+        """))
+        wait_for_steps(run_dir)
+        interrupted_at = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - interrupted_at < 10
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def wait_for_steps(run_dir, child=None, timeout_s=60):
+    """Block until both ranks have logged a step (the job is really training)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = list((run_dir / "metrics").glob("rank*.jsonl"))
+        if len(files) == 2 and all(f.stat().st_size > 0 for f in files):
+            return
+        if child is not None and child.poll() is not None:
+            raise AssertionError(f"launcher exited early: {child.stdout.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no steps in {run_dir} after {timeout_s} s")

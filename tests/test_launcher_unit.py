@@ -1,0 +1,149 @@
+"""The launcher's pure parts: command, environment, validation, output parsing. Nothing is launched."""
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tutorial_lib import ConfigError, LaunchSpec, write_script
+from tutorial_lib.devices import DevicePlan
+from tutorial_lib.launcher import build_command, build_env, command_text, find_root_cause, free_port
+from tutorial_lib.output import ThrottledPrinter, split_rank_prefix
+
+CPU2 = DevicePlan("cpu", "gloo", 2, 0)
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_command_runs_torchrun_module_on_loopback_with_tee_and_script_args(tmp_path):
+    cmd = build_command(tmp_path / "x.py", ["--max-steps", 5, "--lr", 0.1], CPU2, master_port=29555,
+                        log_dir=tmp_path / "logs", max_restarts=1)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    joined = shlex.join(cmd)
+    for part in ["--nproc-per-node 2", "--master-addr 127.0.0.1", "--master-port 29555", "--max-restarts 1",
+                 "--tee 3", f"--log-dir {tmp_path / 'logs'}", "--nnodes 1"]:
+        assert part in joined
+    assert cmd[-5:] == [str(tmp_path / "x.py"), "--max-steps", "5", "--lr", "0.1"]
+
+
+def test_env_is_a_copy_with_defaults_and_never_touches_os_environ(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    before = dict(os.environ)
+    env = build_env(CPU2, {"EXTRA": "1"}, max_restarts=2, shutdown_grace_s=4)
+    assert dict(os.environ) == before
+    assert env["OMP_NUM_THREADS"] == "3", "a user's own setting wins over the default"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["EXTRA"] == "1"
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "4"
+
+
+def test_cpu_run_on_a_gpu_machine_hides_the_gpus():
+    env = build_env(DevicePlan("cpu", "gloo", 2, gpu_count=4), base={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    env = build_env(DevicePlan("cuda", "nccl", 2, gpu_count=4), base={})
+    assert "CUDA_VISIBLE_DEVICES" not in env and "GLOO_SOCKET_IFNAME" not in env
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+
+
+def test_command_text_is_a_rerunnable_shell_line(tmp_path):
+    base = {"PATH": "/bin"}
+    env = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    text = command_text(["python", "-m", "torch.distributed.run", "my script.py"], env, tmp_path, base)
+    assert text == f"cd {shlex.quote(str(tmp_path))} && OMP_NUM_THREADS=1 python -m torch.distributed.run 'my script.py'\n"
+
+
+def test_free_port_is_bindable_on_loopback():
+    import socket
+
+    port = free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+@pytest.fixture
+def script(tmp_path):
+    return write_script("ddp_train", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"timeout_s": 0}, "timeout_s must be a number > 0, got 0"),
+        ({"timeout_s": -5}, "timeout_s must be a number > 0, got -5"),
+        ({"timeout_s": "60"}, "timeout_s must be a number > 0, got '60'"),
+        ({"nproc_per_node": 0}, "nproc_per_node must be >= 1, got 0"),
+        ({"nproc_per_node": "2"}, "nproc_per_node must be a positive integer, got '2'"),
+        ({"master_port": 80}, "master_port must be an integer in 1024..65535"),
+        ({"master_port": 70000}, "got 70000"),
+        ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
+        ({"live": "fancy"}, "live must be one of"),
+        ({"args": "--max-steps 5"}, "not one string"),
+        ({"env": {"A": 1}}, "env must map str to str"),
+        ({"device": "cuda"}, "no usable CUDA GPU"),
+        ({"sample_memory_hz": 0}, "sample_memory_hz must be a number > 0"),
+    ],
+)
+def test_bad_spec_is_refused_before_launch(script, changes, match):
+    spec = LaunchSpec(script, **changes)
+    with pytest.raises(ConfigError, match=match):
+        spec.validate(gpu_count=0)
+    assert not (script.parent / "command.txt").exists(), "nothing was launched"
+
+
+def test_missing_script_and_reused_run_dir_are_refused(tmp_path, script):
+    with pytest.raises(ConfigError, match="does not exist"):
+        LaunchSpec(tmp_path / "nope.py").validate(gpu_count=0)
+    (script.parent / "command.txt").write_text("earlier launch")
+    with pytest.raises(ConfigError, match="already holds a launch"):
+        LaunchSpec(script).validate(gpu_count=0)
+    assert (script.parent / "command.txt").read_text() == "earlier launch", "nothing a user made is overwritten"
+    with pytest.raises(ConfigError, match="not a writable directory"):
+        LaunchSpec(script, run_dir=tmp_path / "missing").validate(gpu_count=0)
+
+
+def test_rank_prefix_is_split_and_torchrun_lines_have_no_rank():
+    assert split_rank_prefix("[default1]:step 3/5 loss 0.1") == (1, "step 3/5 loss 0.1")
+    assert split_rank_prefix("[trainer12]:x", rank_offset=4) == (16, "x")
+    assert split_rank_prefix("[1]:") == (None, "[1]:"), "torchrun's failure summary is not a rank's line"
+    assert split_rank_prefix("W1130 12:00 api.py:1] Sending process 7 closing signal SIGTERM")[0] is None
+
+
+def test_printer_throttles_a_flood_but_keeps_every_rank_tail(monkeypatch):
+    import io
+
+    import tutorial_lib.output as output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    printer = ThrottledPrinter(out, max_lines_per_s=10, tail_lines=5)
+    for i in range(1000):
+        printer.emit(i % 2, f"line {i}")
+    shown = out.getvalue().splitlines()
+    assert len(shown) == 20, "burst of 2 x 10 lines, then nothing until time passes"
+    assert shown[0] == "[rank 0] line 0" and shown[1] == "[rank 1] line 1"
+    clock[0] += 1.0  # one second later: 10 more lines may pass, preceded by the suppressed count
+    printer.emit(None, "torchrun says hi")
+    lines = out.getvalue().splitlines()
+    assert "980 line(s) not shown" in lines[-2] and lines[-1] == "[torchrun] torchrun says hi"
+    assert printer.tail(1) == [f"line {i}" for i in range(991, 1000, 2)]
+
+
+def test_root_cause_is_read_from_the_summary_and_the_error_file(tmp_path):
+    summary = (FIXTURES / "torchrun_failure_summary.txt").read_text()
+    error_dir = tmp_path / "logs" / "none_abc" / "attempt_0" / "1"
+    error_dir.mkdir(parents=True)
+    (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    printer.emit(1, "last words of rank 1")
+    failure = find_root_cause(summary, tmp_path / "logs", printer)
+    assert failure.rank == 1 and failure.exit_code == 1
+    assert "ValueError: boom on rank 1" in failure.traceback
+    assert failure.log_tail == ["last words of rank 1"]
+
+
+def test_root_cause_without_summary_or_error_file_is_unknown(tmp_path):
+    assert find_root_cause("torchrun: killed", tmp_path, ThrottledPrinter(open(os.devnull, "w"))) is None

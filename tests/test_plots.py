@@ -1,0 +1,57 @@
+"""Plots take data and return a Figure (Agg backend, no pyplot state)."""
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+import tutorial_lib as tl
+
+
+@pytest.fixture
+def metrics():
+    rows = []
+    for rank in (0, 1):
+        for step in range(1, 6):
+            rows.append({"step": step, "rank": rank, "loss_local": 1 / step + 0.1 * rank, "loss_global": 1 / step + 0.05,
+                         "rss_bytes": 300 * 2**20, "param_bytes": 4 * 2**20, "grad_bytes": 4 * 2**20,
+                         "optimizer_state_bytes": 8 * 2**20})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def samples():
+    return pd.DataFrame([{"time_s": t / 5, "rank": r, "pid": 10 + r, "rss_bytes": (250 + t) * 2**20}
+                         for t in range(10) for r in (0, 1)])
+
+
+def test_loss_plot_has_one_line_per_rank_and_the_global_mean(metrics):
+    fig = tl.plot_loss(metrics)
+    assert isinstance(fig, Figure)
+    (ax,) = fig.axes
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["rank 0 (local)", "rank 1 (local)", "global mean"]
+    assert list(ax.get_lines()[2].get_ydata()) == list(metrics.groupby("step")["loss_global"].first())
+
+
+def test_memory_plot_uses_samples_in_mib_or_falls_back_to_metrics(metrics, samples):
+    ax = tl.plot_memory(samples).axes[0]
+    assert len(ax.get_lines()) == 2 and "RSS" in ax.get_ylabel()
+    assert ax.get_lines()[0].get_ydata()[0] == 250
+    ax = tl.plot_memory(None, metrics).axes[0]
+    assert ax.get_xlabel() == "step" and ax.get_lines()[0].get_ydata()[0] == 300
+
+
+def test_gpu_memory_per_process_is_preferred_when_sampled(samples):
+    ax = tl.plot_memory(samples.assign(gpu_used_bytes=2**30)).axes[0]
+    assert "GPU" in ax.get_ylabel() and ax.get_lines()[0].get_ydata()[0] == 1024
+
+
+def test_run_tensor_bytes_compare_and_bandwidth_figures(metrics, samples):
+    assert len(tl.plot_run(metrics, samples).axes) == 2
+    assert len(tl.plot_run(metrics.iloc[0:0], None).axes) == 2, "an empty run (no step yet) still draws"
+    bars = tl.plot_tensor_bytes(metrics).axes[0].patches
+    assert [round(b.get_height()) for b in bars] == [4, 4, 4, 4, 8, 8]
+    fig = tl.plot_compare({"a": metrics, "b": metrics.assign(loss_global=0.0)})
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["a", "b"]
+    bw = pd.DataFrame({"size_bytes": [4096, 1 << 20], "busbw_GBps": [0.01, 1.0]})
+    assert tl.plot_bandwidth(bw).axes[0].get_xscale() == "log"

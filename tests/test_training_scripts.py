@@ -1,0 +1,69 @@
+"""The shipped training scripts on their own: `python x.py` works, flags are checked, imports are torch + stdlib."""
+
+import ast
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tutorial_lib.scripts import SCRIPTS_DIR, available_scripts
+
+SCRIPTS = available_scripts()
+
+
+def run(args, cwd, **kw):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_imports_only_torch_and_the_standard_library(name):
+    tree = ast.parse((SCRIPTS_DIR / f"{name}.py").read_text())
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert modules - set(sys.stdlib_module_names) == {"torch"}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_follows_the_conventions(name):
+    source = (SCRIPTS_DIR / f"{name}.py").read_text()
+    tree = ast.parse(source)
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert any(isinstance(d, ast.Name) and d.id == "record" for d in main.decorator_list), "@record on main"
+    assert "torchrun" in ast.get_docstring(tree) and "python " in ast.get_docstring(tree), "run card"
+    assert "destroy_process_group()" in source and "finally:" in source
+    assert 'if __name__ == "__main__":' in source and "timeout=" in source
+
+
+def test_ddp_train_runs_as_a_single_process_and_writes_one_json_line_per_step(tmp_path):
+    out = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 3, "--log-every", 1, "--metrics-dir", "m"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("loss_global") == 3
+    rows = [json.loads(line) for line in (tmp_path / "m" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("rank", "local_rank", "world_size", "loss_local", "loss_global", "step_time_s", "samples_per_s",
+                "param_bytes", "grad_bytes", "optimizer_state_bytes", "rss_bytes", "peak_rss_bytes"):
+        assert key in rows[0], key
+    assert rows[0]["world_size"] == 1 and rows[0]["loss_local"] == rows[0]["loss_global"]
+    assert rows[-1]["grad_bytes"] == rows[-1]["param_bytes"] > 0
+    assert rows[-1]["rss_bytes"] > 50 * 2**20, "RSS includes the torch import"
+
+
+def test_collectives_check_runs_as_a_world_of_one(tmp_path):
+    out = run([SCRIPTS_DIR / "collectives_check.py", "--metrics-dir", "m", "--sizes-bytes", 4096, "--iters", 2], tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "m" / "collectives_rank0.json").read_text())
+    assert result["world_size"] == 1 and all(c["ok"] for c in result["checks"])
+    assert result["bandwidth"][0]["size_bytes"] == 4096 and result["bandwidth"][0]["time_s"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-steps", "-1"], "--max-steps must be > 0, got -1"),
+    (["--max-steps", "two"], "invalid int value: 'two'"),
+    (["--pg-timeout-s", "0"], "--pg-timeout-s must be > 0"),
+    (["--optimizer", "lion"], "invalid choice: 'lion'"),
+])
+def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
+    out = run([SCRIPTS_DIR / "ddp_train.py", *args], tmp_path)
+    assert out.returncode == 2 and message in out.stderr
+    assert not (tmp_path / "metrics").exists()
