@@ -13,6 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
+# Fixture notebooks are meant to fail; tests run them with papermill, nbval must not collect them.
+collect_ignore_glob = ["notebooks/*.ipynb"]
+
 
 def pytest_configure(config):
     # Inherited by the kernels nbval and papermill start: runs go to a temporary folder, live view as text.

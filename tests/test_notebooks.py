@@ -1,0 +1,67 @@
+"""Notebooks as a user runs them: papermill with parameters, and a failing rank failing the cell."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_thin_and_parameterised(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and code.index(tagged[0]) == 1, "second code cell is the papermill parameters cell"
+    for name in ("NPROC", "DEVICE", "RUNS_DIR", "TIMEOUT_S"):
+        assert f"{name} = " in tagged[0].source
+    assert all(len(c.source.splitlines()) <= 15 for c in code), "cells stay short: the logic is in tutorial_lib"
+    checked = [c for c in code if "NBVAL_CHECK_OUTPUT" in c.source]
+    assert checked, "claims are checked by nbval"
+    for cell in checked:
+        assert "assert" in cell.source and cell.execution_count and cell.outputs, \
+            "checked cells carry reference outputs (run scripts/store_nbval_outputs.py)"
+
+
+def test_a_raising_rank_fails_the_cell_with_the_library_error(tmp_path):
+    out = tmp_path / "crash_rank1.ipynb"
+    with pytest.raises(pm.PapermillExecutionError) as info:
+        pm.execute_notebook(ROOT / "tests" / "notebooks" / "crash_rank1.ipynb", out,
+                            parameters={"RUNS_DIR": str(tmp_path / "runs")}, kernel_name="python3",
+                            progress_bar=False, cwd=str(tmp_path))
+    e = info.value
+    assert e.ename == "LaunchError"
+    assert e.evalue.startswith("ddp_train.py failed on rank 1 (exit code 1)")
+    assert "RuntimeError: injected failure on rank 1 at step 2" in e.evalue
+    cell = nbformat.read(out, as_version=4).cells[-1]
+    assert any(o.get("ename") == "LaunchError" for o in cell.outputs), "the failing cell shows the error"
+
+
+def test_run_workbook_passes_parameters_down_to_the_training_processes(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--output-dir", str(tmp_path),
+                           "--only", "00_environment_check", "-p", "NPROC", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 passed, 0 failed" in proc.stdout
+    results = list((tmp_path / "runs").glob("*-collectives/metrics/collectives_rank*.json"))
+    assert len(results) == 3, "NPROC=3 reached torchrun: three ranks ran"
+    assert {json.loads(p.read_text())["world_size"] for p in results} == {3}
+    assert (tmp_path / "00_environment_check.ipynb").exists()
+
+
+def test_run_workbook_reports_a_failing_notebook_and_exits_non_zero(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--output-dir", str(tmp_path),
+                           "--only", "00_environment_check", "-p", "NPROC", "two"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "ConfigError" in proc.stdout and "nproc_per_node must be a positive integer, got 'two'" in proc.stdout
+    assert "0 passed, 1 failed" in proc.stdout
+    assert not list((tmp_path / "runs").glob("*/command.txt")), "nothing was launched"

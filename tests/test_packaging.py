@@ -1,0 +1,34 @@
+"""pyproject.toml and environment.yml list the same dependencies; CI keeps torch on the CPU pin."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
+
+
+def split(requirement: str) -> tuple[str, str]:
+    name, spec = re.match(r"^([A-Za-z0-9_.-]+)\s*(.*)$", requirement).groups()
+    return name.lower().replace("_", "-"), spec.replace(" ", "")
+
+
+def test_environment_yml_mirrors_pyproject_dependencies():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    have = dict(split(d) for d in conda if isinstance(d, str))
+    for requirement in wanted:
+        name, spec = split(requirement)
+        assert have.get(CONDA_NAMES.get(name, name)) == spec, f"{requirement} differs in environment.yml"
+    assert project["requires-python"] == ">=3.10" and have["python"] == ">=3.10"
+
+
+def test_torch_is_a_floor_in_the_project_and_the_cpu_pin_in_ci():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "torch>=2.6" in project["dependencies"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install --quiet "torch==2.13.0"' in ci and ci.index("torch==2.13.0") < ci.index("make test")
+    assert "TORCH_SPEC ?= torch==2.13.0" in (ROOT / "Makefile").read_text()
