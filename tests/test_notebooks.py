@@ -65,3 +65,33 @@ def test_run_workbook_reports_a_failing_notebook_and_exits_non_zero(tmp_path):
     assert "ConfigError" in proc.stdout and "nproc_per_node must be a positive integer, got 'two'" in proc.stdout
     assert "0 passed, 1 failed" in proc.stdout
     assert not list((tmp_path / "runs").glob("*/command.txt")), "nothing was launched"
+
+
+@pytest.mark.parametrize("live", ["widgets", "text"])
+def test_live_view_in_a_kernel_updates_in_place_and_ends_with_the_plot(tmp_path, live):
+    """What a notebook user gets: one progress output and one figure, both updated in place."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import tutorial_lib as tl\n"
+        f"run_dir = tl.new_run_dir('live', {str(tmp_path)!r})\n"
+        "script = tl.write_script('ddp_train', run_dir)\n"
+        f"tl.launch(tl.LaunchSpec(script, device='cpu', live={live!r}, args=['--max-steps', 30, '--step-delay-s', 0.05]))"
+    )]
+    NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=True).execute()
+    outputs = nb.cells[0].outputs
+    displays = [o for o in outputs if o.output_type == "display_data"]
+    pngs = [o for o in displays if "image/png" in o.get("data", {})]
+    assert len(pngs) == 1, "the figure is redrawn in place, not appended"
+    assert "2 Axes" in pngs[0].data["text/plain"]
+    if live == "widgets":
+        assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in displays)
+        states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+        bars = [s["state"] for s in states.values() if s["model_name"] == "IntProgressModel"]
+        assert sorted((b["description"], b["value"], b["max"]) for b in bars) == [("rank 0", 30, 30), ("rank 1", 30, 30)]
+    else:
+        progress = [o.data["text/plain"] for o in displays if "image/png" not in o.get("data", {})]
+        assert progress[0].startswith("rank 0: step 30/30") and "finished in" in progress[0]
+    assert sum(o.output_type == "stream" for o in outputs) >= 1
+    assert all(o.output_type != "error" for o in outputs)

@@ -56,7 +56,7 @@ class LiveView:
             lines.append(f"rank {rank}: step {r.get('step')}/{r.get('max_steps', '?')}  "
                          f"loss {r.get('loss_local', float('nan')):.4f}  "
                          f"samples/s {r.get('samples_per_s', float('nan')):.0f}")
-        return lines or [f"waiting for the first step ... {elapsed_s:.0f} s"]
+        return lines or [f"running, no step reported yet ({elapsed_s:.0f} s)"]
 
     def start(self) -> None: ...
 

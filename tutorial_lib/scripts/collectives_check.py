@@ -58,11 +58,14 @@ def setup(args):
         torch.cuda.set_device(device)
     backend = "nccl" if use_cuda else "gloo"
     timeout = timedelta(seconds=args.pg_timeout_s)
+    # device_id binds the group to this rank's GPU (nccl then needs no guess for barrier()).
+    device_id = device if use_cuda else None
     if "RANK" in os.environ:  # launched by torchrun: it set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-        dist.init_process_group(backend=backend, timeout=timeout)
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device_id)
     else:
-        store = dist.FileStore(tempfile.mktemp(prefix="collectives_check_"), 1)
-        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
+        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="collectives_check_"), "store"), 1)
+        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout,
+                                device_id=device_id)
     return device, backend
 
 
