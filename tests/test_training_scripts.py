@@ -67,3 +67,17 @@ def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
     out = run([SCRIPTS_DIR / "ddp_train.py", *args], tmp_path)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "metrics").exists()
+
+
+SMALL_ARGS = {
+    "ddp_train": ["--max-steps", 2], "collectives_check": ["--sizes-bytes", 4096, "--iters", 1],
+    "sampler_demo": [], "dataloader_bench": ["--dataset-size", 8, "--epochs", 1, "--num-workers", 0],
+    "grad_accum": ["--max-steps", 1], "uneven_inputs": [], "unused_params": ["--loss-uses", "both", "--max-steps", 2],
+}
+
+
+@pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "sync_batchnorm"])
+def test_every_script_runs_as_plain_python(tmp_path, name):
+    out = run([SCRIPTS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list((tmp_path / "m").iterdir()), "it wrote its results"

@@ -12,18 +12,19 @@ The handful of names the notebooks use::
 from .devices import DevicePlan, resolve_device
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
-from .launcher import LaunchResult, LaunchSpec, launch
+from .launcher import LaunchResult, LaunchSpec, launch, run_script
 from .live import enable_inline_figures
-from .metrics import read_collectives, read_memory_samples, read_metrics
-from .plots import plot_bandwidth, plot_compare, plot_loss, plot_memory, plot_run, plot_tensor_bytes
+from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json
+from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_memory, plot_run,
+                    plot_tensor_bytes)
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
     "ConfigError", "DevicePlan", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
     "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
-    "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_loss",
+    "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
     "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",
-    "read_metrics", "resolve_device", "show_script", "write_script",
+    "read_metrics", "read_rank_json", "resolve_device", "run_script", "show_script", "write_script",
 ]
 __version__ = "0.1.0"
 

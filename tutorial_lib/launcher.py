@@ -36,6 +36,7 @@ from .memory import MemorySampler
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
+from .scripts import new_run_dir, write_script
 
 log = logging.getLogger(__name__)
 
@@ -383,3 +384,21 @@ def launch(spec: LaunchSpec) -> LaunchResult:
                           output_tail=transcript[-30:])
     view.finish(wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
     return LaunchResult(run_dir=run_dir, command=command, returncode=returncode, wall_time_s=wall_time_s, plan=plan)
+
+
+def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
+               label: str | None = None, **spec: object) -> LaunchResult:
+    """Write the shipped script ``name`` into a fresh run directory and launch it: the notebooks' one-liner.
+
+    Args:
+        name: a script from ``available_scripts()``.
+        args: the script's arguments.
+        runs_dir: parent of the run directory (``None``: ``default_runs_root()``).
+        label: run directory label (default: ``name``).
+        **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ...).
+
+    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before the run directory is used.
+    """
+    run_dir = new_run_dir(label or name, runs_dir)
+    script = write_script(name, run_dir)
+    return launch(LaunchSpec(script, args=args, **spec))

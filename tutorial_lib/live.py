@@ -36,6 +36,16 @@ def in_jupyter_kernel() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
+def progress_fields(record: dict) -> list[str]:
+    """``step i/n``, and ``loss`` and ``samples/s`` when the script reports them, from one metrics record."""
+    fields = [f"step {record.get('step')}/{record.get('max_steps', '?')}"]
+    if "loss_local" in record:
+        fields.append(f"loss {record['loss_local']:.4f}")
+    if "samples_per_s" in record:
+        fields.append(f"samples/s {record['samples_per_s']:.0f}")
+    return fields
+
+
 class LiveView:
     """Base view: collects records; subclasses draw them. ``update`` is called a few times a second."""
 
@@ -52,10 +62,7 @@ class LiveView:
     def progress_lines(self, elapsed_s: float) -> list[str]:
         lines = []
         for rank in sorted(self.latest):
-            r = self.latest[rank]
-            lines.append(f"rank {rank}: step {r.get('step')}/{r.get('max_steps', '?')}  "
-                         f"loss {r.get('loss_local', float('nan')):.4f}  "
-                         f"samples/s {r.get('samples_per_s', float('nan')):.0f}")
+            lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
         return lines or [f"running, no step reported yet ({elapsed_s:.0f} s)"]
 
     def start(self) -> None: ...
@@ -122,8 +129,7 @@ class NotebookView(LiveView):
                 self._bars[rank] = (bar, label)
             bar, label = self._bars[rank]
             bar.value = int(r.get("step", 0))
-            label.value = (f"step {r.get('step')}/{r.get('max_steps', '?')} &nbsp; loss {r.get('loss_local', 0):.4f}"
-                           f" &nbsp; {r.get('samples_per_s', 0):.0f} samples/s &nbsp; {elapsed_s:.1f} s")
+            label.value = " &nbsp; ".join(progress_fields(r) + [f"{elapsed_s:.1f} s"])
         header = w.HTML(f"<b>{status or 'running'}</b> ({elapsed_s:.1f} s)")
         self._box.children = [header] + [w.HBox(self._bars[k]) for k in sorted(self._bars)]
         if status and status.startswith("failed"):
@@ -133,8 +139,10 @@ class NotebookView(LiveView):
             for bar, _ in self._bars.values():
                 bar.bar_style = "success"
 
-    def _draw_plot(self, rss_samples):
+    def _draw_plot(self, rss_samples, final=False):
         if not self.records:
+            if final:
+                self._plot.update(_Text("(no per-step metrics: this script writes none)"))
             return
         fig = plot_run(pd.DataFrame(self.records), pd.DataFrame(rss_samples) if rss_samples else None)
         self._plot.update(fig)
@@ -149,7 +157,7 @@ class NotebookView(LiveView):
     def finish(self, elapsed_s, rss_samples, status):
         self._draw_progress(elapsed_s, status)
         self._plotted_records = -1
-        self._draw_plot(rss_samples)
+        self._draw_plot(rss_samples, final=True)
 
 
 class _Text:

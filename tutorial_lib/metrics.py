@@ -117,14 +117,19 @@ def read_memory_samples(run_dir: str | os.PathLike, kind: str = "rss") -> pd.Dat
     return pd.DataFrame(_read_jsonl(path))
 
 
-def read_collectives(run_dir: str | os.PathLike) -> list[dict]:
-    """The per-rank results of ``collectives_check.py``, sorted by rank.
+def read_rank_json(run_dir: str | os.PathLike, prefix: str) -> list[dict]:
+    """The per-rank result files ``<prefix>_rank<R>.json`` a script wrote into ``metrics/``, sorted by rank.
 
     Raises:
-        MetricsError: no ``collectives_rank<R>.json`` in the run's metrics folder.
+        MetricsError: no such file in the run's metrics folder.
     """
     folder = _metrics_dir(run_dir)
-    files = sorted(folder.glob("collectives_rank*.json"))
+    files = sorted(folder.glob(f"{prefix}_rank*.json"))
     if not files:
-        raise MetricsError(f"no collectives_rank*.json in {str(folder)!r}: did collectives_check.py run?")
+        raise MetricsError(f"no {prefix}_rank*.json in {str(folder)!r}: did the script run to the end?")
     return sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["rank"])
+
+
+def read_collectives(run_dir: str | os.PathLike) -> list[dict]:
+    """The per-rank results of ``collectives_check.py``, sorted by rank (see ``read_rank_json``)."""
+    return read_rank_json(run_dir, "collectives")

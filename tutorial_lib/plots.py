@@ -124,3 +124,34 @@ def plot_bandwidth(bandwidth: pd.DataFrame) -> Figure:
     ax.set_title("all_reduce bandwidth")
     ax.grid(True, which="both", alpha=0.3)
     return fig
+
+
+def plot_index_assignment(assignment: pd.DataFrame, title: str = "") -> Figure:
+    """Which rank received which sample, one panel per epoch.
+
+    Args:
+        assignment: one row per (epoch, rank, position) with the sample ``index`` that rank got at that
+            position (columns ``epoch, rank, position, index``).
+        title: figure title.
+
+    A sample index on two ranks in one epoch (padding) shows as two markers in one column; a missing
+    column is a sample nobody saw that epoch (``drop_last``).
+    """
+    epochs = sorted(assignment["epoch"].unique())
+    fig, axes = _figure(ncols=len(epochs), width_in=4.0, height_in=2.4)
+    n = int(assignment["index"].max()) + 1
+    for ax, epoch in zip(axes, epochs):
+        df = assignment[assignment["epoch"] == epoch]
+        for rank, d in df.groupby("rank"):
+            ax.scatter(d["index"], d["rank"], s=60, label=f"rank {rank}")
+            for _, row in d.iterrows():  # the order in which the rank sees its samples
+                ax.annotate(str(int(row["position"])), (row["index"], row["rank"]), fontsize=6, ha="center",
+                            va="center", color="white")
+        ax.set_xticks(range(n))
+        ax.set_yticks(sorted(df["rank"].unique()))
+        ax.set_xlabel("sample index")
+        ax.set_ylabel("rank")
+        ax.set_title(f"epoch {epoch}")
+    if title:
+        fig.suptitle(title)
+    return fig

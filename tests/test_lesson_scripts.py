@@ -1,0 +1,83 @@
+"""The lesson scripts of notebook 02 on 2 CPU ranks: what each shows, and its intended failures.
+
+Every test uses ``run_root``, which fails the test if any process of its jobs survives.
+"""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import tutorial_lib as tl
+from tutorial_lib.scripts import SCRIPTS_DIR
+
+pytestmark = pytest.mark.integration
+
+
+def run(name, args, run_root, **spec):
+    return tl.run_script(name, args, runs_dir=run_root, device="cpu", nproc_per_node=2, timeout_s=120, **spec)
+
+
+def test_sampler_shards_pads_and_reshuffles_only_with_set_epoch(run_root):
+    good = tl.read_rank_json(run(name := "sampler_demo", ["--dataset-size", 7], run_root).run_dir, "sampler")
+    bad = tl.read_rank_json(run(name, ["--dataset-size", 7, "--no-set-epoch"], run_root).run_dir, "sampler")
+    for records in (good, bad):
+        for epoch in (0, 1):
+            padded = [i for r in records for i in r["padded"]["epochs"][epoch]]
+            assert sorted(set(padded)) == list(range(7)) and len(padded) == 8, "one index repeated as padding"
+            dropped = [i for r in records for i in r["drop_last"]["epochs"][epoch]]
+            assert len(dropped) == len(set(dropped)) == 6, "drop_last: 3 per rank, no overlap"
+    assert all(r["padded"]["epochs"][0] == r["padded"]["epochs"][1] for r in bad)
+    assert any(r["padded"]["epochs"][0] != r["padded"]["epochs"][1] for r in good)
+
+
+def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
+    result = run("dataloader_bench", ["--dataset-size", 32, "--epochs", 1, "--num-workers", 0, 1,
+                                      "--sample-delay-ms", 0], run_root)
+    ranks = tl.read_rank_json(result.run_dir, "loader")
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert [(row["num_workers"], row["persistent_workers"]) for row in r["rows"]] == [(0, False), (1, False), (1, True)]
+        assert all(row["samples"] == 16 and row["samples_per_s"] > 0 for row in r["rows"])
+        assert not any(row["pin_memory"] for row in r["rows"]), "pin_memory only with CUDA"
+
+
+@pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])
+def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, mode, per_step):
+    result = run("grad_accum", ["--accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
+    calls = result.metrics().groupby(["rank", "step"])["allreduce_calls"].first()
+    assert (calls == per_step).all(), calls  # this small model fits one gradient bucket
+    p0, p1 = (torch.load(result.run_dir / "metrics" / f"params_rank{r}.pt") for r in (0, 1))
+    assert all(torch.equal(p0[k], p1[k]) for k in p0), "replicas stay identical"
+
+
+def test_uneven_inputs_hang_becomes_an_error_within_the_group_timeout_and_join_fixes_it(run_root):
+    start = time.monotonic()
+    with pytest.raises(tl.LaunchError) as info:
+        run("uneven_inputs", ["--pg-timeout-s", 3], run_root)
+    assert not isinstance(info.value, tl.LaunchTimeout), "the process group's timeout fired, not the launcher's"
+    assert info.value.rank in (0, 1) and info.value.exit_code == 1
+    assert "Timed out" in info.value.failure.traceback
+    assert time.monotonic() - start < 3 + 20
+    steps = run("uneven_inputs", ["--join", "--pg-timeout-s", 3], run_root).metrics().groupby("rank")["step"].max()
+    assert steps.to_dict() == {0: 4, 1: 6}
+
+
+def test_unused_parameter_fails_with_ddp_reduction_error_and_the_flag_fixes_it(run_root):
+    with pytest.raises(tl.LaunchError) as info:
+        run("unused_params", ["--loss-uses", "a", "--max-steps", 3], run_root)
+    assert info.value.rank in (0, 1)
+    assert "Expected to have finished reduction in the prior iteration" in info.value.failure.traceback
+    assert "rank" in str(info.value) and "unused_params.py failed on rank" in str(info.value)
+    ok = run("unused_params", ["--loss-uses", "a", "--max-steps", 3, "--find-unused-parameters"], run_root)
+    assert ok.metrics()["step"].max() == 3
+
+
+def test_sync_batchnorm_refuses_cpu_with_a_clear_message(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the notebook runs SyncBatchNorm for real")
+    out = subprocess.run([sys.executable, str(SCRIPTS_DIR / "sync_batchnorm.py")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "needs CUDA GPUs: SyncBatchNorm does not run on CPU" in out.stderr

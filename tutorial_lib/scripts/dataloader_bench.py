@@ -1,0 +1,125 @@
+"""DataLoader knobs measured: num_workers, persistent_workers, prefetch_factor, pin_memory, per rank.
+
+Run card
+    python dataloader_bench.py
+    torchrun --nproc-per-node 2 dataloader_bench.py --sample-delay-ms 2
+
+The dataset sleeps ``--sample-delay-ms`` per sample, standing in for decoding or reading from disk.
+With ``num_workers=0`` the training process loads every batch itself and waits; with workers the
+batches are loaded in parallel, ahead of time (``prefetch_factor`` batches per worker). Workers are
+started again every epoch unless ``persistent_workers=True``. ``pin_memory=True`` copies batches into
+page-locked host memory so the host-to-GPU copy can run asynchronously (``non_blocking=True``): it
+only helps with CUDA, so it is measured only there. Every rank reads its own shard
+(DistributedSampler). Writes ``<metrics-dir>/loader_rank<RANK>.json``. Only torch and the standard library.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset-size", type=int, default=384, help="samples in the dataset (count)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per batch per rank (count)")
+    p.add_argument("--features", type=int, default=1024, help="float32 values per sample (count)")
+    p.add_argument("--sample-delay-ms", type=float, default=2.0, help="simulated load time per sample (ms)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per configuration (count)")
+    p.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="worker counts to try (count)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for loader_rank<RANK>.json")
+    args = p.parse_args(argv)
+    for name in ("dataset_size", "batch_size", "features", "epochs"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.sample_delay_ms < 0 or any(n < 0 for n in args.num_workers):
+        p.error(f"--sample-delay-ms and --num-workers must be >= 0, got {args.sample_delay_ms}, {args.num_workers}")
+    return args
+
+
+class SlowDataset(Dataset):
+    def __init__(self, size, features, delay_s):
+        self.size, self.features, self.delay_s = size, features, delay_s
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        time.sleep(self.delay_s)  # stands in for reading and decoding one sample
+        return torch.full((self.features,), float(i))
+
+
+def configurations(num_workers, cuda):
+    configs = []
+    for n in num_workers:
+        configs.append({"num_workers": n, "persistent_workers": False, "prefetch_factor": None, "pin_memory": False})
+        if n > 0:
+            configs.append({"num_workers": n, "persistent_workers": True, "prefetch_factor": 4, "pin_memory": False})
+            if cuda:
+                configs.append({"num_workers": n, "persistent_workers": True, "prefetch_factor": 4, "pin_memory": True})
+    return configs
+
+
+def measure(config, dataset, sampler, args, device):
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, **config)
+    samples = 0
+    start = time.perf_counter()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            batch = batch.to(device, non_blocking=config["pin_memory"])
+            samples += batch.shape[0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    return {**config, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds}
+
+
+@record
+def main():
+    args = parse_args()
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")  # LOCAL_RANK picks the GPU
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=120),
+                                device_id=device if use_cuda else None)
+    rank = dist.get_rank() if distributed else 0
+    world_size = dist.get_world_size() if distributed else 1
+    try:
+        dataset = SlowDataset(args.dataset_size, args.features, args.sample_delay_ms / 1000)
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
+        rows = []
+        for config in configurations(args.num_workers, use_cuda):
+            if distributed:
+                dist.barrier()  # ranks measure each configuration at the same time, as in training
+            rows.append(measure(config, dataset, sampler, args, device))
+            sys.stdout.write(f"{config} -> {rows[-1]['samples_per_s']:.0f} samples/s\n")
+        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.metrics_dir) / f"loader_rank{rank}.json").write_text(
+            json.dumps({"rank": rank, "world_size": world_size, "device": str(device), "rows": rows}))
+        if distributed:
+            dist.barrier()
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    # Skip the interpreter's teardown: a gloo thread can abort the process at exit (SIGABRT)
+    # even after destroy_process_group(), and torchrun would report a finished run as failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

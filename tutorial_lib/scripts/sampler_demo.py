@@ -1,0 +1,101 @@
+"""Which samples does each rank get? DistributedSampler over two epochs, with and without set_epoch.
+
+Run card
+    python sampler_demo.py --dataset-size 11                     # one process: it gets every index
+    torchrun --nproc-per-node 2 sampler_demo.py --dataset-size 11
+    torchrun --nproc-per-node 2 sampler_demo.py --dataset-size 11 --no-set-epoch   # the mistake
+
+For every epoch each rank records the indices its DistributedSampler yields, twice: with the
+default padding (``drop_last=False``: the index list is extended by repeating its first indices
+until it divides evenly, so some samples are seen twice per epoch) and with ``drop_last=True``
+(the tail is dropped, so some samples are not seen in that epoch). ``sampler.set_epoch(epoch)``
+reseeds the shuffle each epoch; without it every epoch repeats the first epoch's order.
+Writes ``<metrics-dir>/sampler_rank<RANK>.json``. Only torch and the standard library are used.
+"""
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset-size", type=int, default=11, help="samples in the dataset (count)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs to record (count)")
+    p.add_argument("--batch-size", type=int, default=2, help="DataLoader batch size per rank (samples)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed, the same on every rank")
+    p.add_argument("--no-set-epoch", action="store_true",
+                   help="the mistake: never call sampler.set_epoch, so every epoch has the same order")
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for sampler_rank<RANK>.json")
+    args = p.parse_args(argv)
+    for name in ("dataset_size", "epochs", "batch_size"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    return args
+
+
+class IndexDataset(Dataset):
+    """Sample i is just the number i, so what a rank receives shows which samples it got."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        return i
+
+
+def epoch_indices(dataset, args, rank, world_size, drop_last):
+    # rank/num_replicas default to the process group's; passed explicitly here for clarity.
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=drop_last)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    epochs = []
+    for epoch in range(args.epochs):
+        if not args.no_set_epoch:
+            sampler.set_epoch(epoch)  # reshuffle: the permutation is seeded with seed + epoch
+        epochs.append([int(i) for batch in loader for i in batch])
+    return {"num_samples": len(sampler), "total_size": sampler.total_size, "epochs": epochs}
+
+
+@record
+def main():
+    args = parse_args()
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # no tensors move: gloo everywhere
+    rank = dist.get_rank() if distributed else 0
+    world_size = dist.get_world_size() if distributed else 1
+    try:
+        dataset = IndexDataset(args.dataset_size)
+        out = {"rank": rank, "world_size": world_size, "dataset_size": args.dataset_size,
+               "set_epoch": not args.no_set_epoch,
+               "padded": epoch_indices(dataset, args, rank, world_size, drop_last=False),
+               "drop_last": epoch_indices(dataset, args, rank, world_size, drop_last=True)}
+        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.metrics_dir) / f"sampler_rank{rank}.json").write_text(json.dumps(out))
+        for epoch, indices in enumerate(out["padded"]["epochs"]):
+            sys.stdout.write(f"epoch {epoch}: indices {indices}\n")
+        if distributed:
+            dist.barrier()
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    # Skip the interpreter's teardown: a gloo thread can abort the process at exit (SIGABRT)
+    # even after destroy_process_group(), and torchrun would report a finished run as failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

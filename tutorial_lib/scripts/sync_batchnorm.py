@@ -1,0 +1,81 @@
+"""SyncBatchNorm: batch statistics over the *global* batch instead of each rank's slice (CUDA only).
+
+Run card
+    torchrun --nproc-per-node 2 sync_batchnorm.py        # on 2 GPUs (nccl)
+    python sync_batchnorm.py                             # one GPU, world of one
+
+Plain BatchNorm under DDP normalises with each rank's own mean and variance, so a small per-rank
+batch gives noisy statistics and ranks' running stats drift apart. ``nn.SyncBatchNorm`` all-reduces
+the statistics so every rank normalises with those of the global batch. It runs only on GPUs (CUDA,
+XPU, ...): on CPU its forward raises ``ValueError: SyncBatchNorm expected input tensor to be on GPU``.
+The script checks that after one forward every rank's running mean equals that of one BatchNorm on
+the concatenated global batch, and writes ``<metrics-dir>/syncbn_rank<RANK>.json``.
+Only torch and the standard library are used.
+"""
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch-size", type=int, default=4, help="samples per rank (count)")
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for syncbn_rank<RANK>.json")
+    args = p.parse_args(argv)
+    if args.batch_size <= 1:
+        p.error(f"--batch-size must be > 1 (BatchNorm needs a variance), got {args.batch_size}")
+    return args
+
+
+@record
+def main():
+    args = parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("sync_batchnorm.py needs CUDA GPUs: SyncBatchNorm does not run on CPU")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank)  # LOCAL_RANK picks this node's GPU
+    torch.cuda.set_device(device)
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl", timeout=timedelta(seconds=60), device_id=device)
+    else:
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29511", rank=0, world_size=1,
+                                timeout=timedelta(seconds=60), device_id=device)
+    try:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(world_size * args.batch_size, 8, generator=g) * 3 + 1  # the global batch, on every rank
+        mine = x[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
+        bn = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(8))).to(device)
+        bn.train()(mine)
+        reference = nn.BatchNorm1d(8).train()
+        reference(x)  # one BatchNorm over the whole global batch, on CPU
+        running_mean = bn[0].running_mean.cpu()
+        max_diff = (running_mean - reference.running_mean).abs().max().item()
+        local = nn.BatchNorm1d(8).train()
+        local(mine.cpu())  # what plain BatchNorm would have seen on this rank
+        out = {"rank": rank, "world_size": world_size, "max_abs_diff_vs_global": max_diff,
+               "max_abs_diff_local_vs_global": (local.running_mean - reference.running_mean).abs().max().item()}
+        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.metrics_dir) / f"syncbn_rank{rank}.json").write_text(json.dumps(out))
+        sys.stdout.write(f"rank {rank}: SyncBatchNorm running_mean vs global batch: max |diff| {max_diff:.2e}\n")
+        if max_diff > 1e-5:
+            raise AssertionError(f"SyncBatchNorm statistics differ from the global batch's by {max_diff}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
