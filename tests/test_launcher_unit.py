@@ -147,3 +147,17 @@ def test_root_cause_is_read_from_the_summary_and_the_error_file(tmp_path):
 
 def test_root_cause_without_summary_or_error_file_is_unknown(tmp_path):
     assert find_root_cause("torchrun: killed", tmp_path, ThrottledPrinter(open(os.devnull, "w"))) is None
+
+
+def test_sigint_during_cleanup_is_held_back_then_raised():
+    import signal
+
+    from tutorial_lib.launcher import sigint_deferred
+
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            finished.append("cleanup ran to the end")
+    assert finished == ["cleanup ran to the end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -12,12 +12,14 @@ as accelerate does for its launchers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import queue
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -259,6 +261,33 @@ class _Timeout(Exception):
     pass
 
 
+@contextlib.contextmanager
+def sigint_deferred():
+    """Hold back SIGINT (a kernel interrupt) while the job is being stopped; re-deliver it afterwards.
+
+    Only the main thread can set signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+def finish_view(view, elapsed_s: float, rss_samples: list[dict], status: str) -> None:
+    """Draw the view's final state on an error path; a drawing problem must not hide the real error."""
+    try:
+        view.finish(elapsed_s, rss_samples, status)
+    except Exception:  # noqa: BLE001
+        log.warning("live view could not draw the final state", exc_info=True)
+
+
 def launch(spec: LaunchSpec) -> LaunchResult:
     """Run ``spec.script`` under torchrun and wait for it, streaming output and a live view.
 
@@ -339,18 +368,19 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         returncode = proc.wait()
     except BaseException as exc:
         ranks_running = tree.ranks_alive()
-        killed = tree.stop(proc, spec.shutdown_grace_s)
+        with sigint_deferred():  # a second interrupt must not cut the cleanup short
+            killed = tree.stop(proc, spec.shutdown_grace_s)
         elapsed = time.monotonic() - start
         view.add(metrics_tail.read_new())
         if isinstance(exc, _Timeout):
             last_steps = {rank: r["step"] for rank, r in view.latest.items()}
             summary = (f"{script.name} timed out after {spec.timeout_s:g} s (limit timeout_s) and was stopped; "
                        f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
-            view.finish(elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
+            finish_view(view, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
             raise LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, run_dir=run_dir,
                                 command=command, returncode=proc.returncode, output_tail=transcript[-30:]) from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-        view.finish(elapsed, sampler.rss_samples, f"failed: {what}")
+        finish_view(view, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                          f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
         raise
