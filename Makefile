@@ -27,7 +27,7 @@ test: $(STAMP)  ## unit tests, real 2-rank launches, papermill and nbval over no
 
 lab: $(STAMP)  ## open JupyterLab on the notebooks with the project's environment
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -e ".[lab]"
-	cd notebooks && ../$(BIN)/jupyter lab
+	cd notebooks && ../$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 env: $(STAMP)  ## print the environment report
 	$(BIN)/python -m tutorial_lib env
