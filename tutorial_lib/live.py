@@ -54,22 +54,27 @@ class LiveView:
         self.records: list[dict] = []
 
     def add(self, records: list[dict]) -> None:
+        """Take new metrics records (one dict per rank per step, as the scripts write them)."""
         for r in records:
             self.records.append(r)
             if r.get("step", -1) >= self.latest.get(r.get("rank"), {}).get("step", -1):
                 self.latest[r.get("rank")] = r
 
     def progress_lines(self, elapsed_s: float) -> list[str]:
+        """One line per rank with its newest step, loss and samples/s."""
         lines = []
         for rank in sorted(self.latest):
             lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
         return lines or [f"running, no step reported yet ({elapsed_s:.0f} s)"]
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Show the (empty) view, before the job starts."""
 
-    def update(self, elapsed_s: float, rss_samples: list[dict], final: bool = False) -> None: ...
+    def update(self, elapsed_s: float, rss_samples: list[dict], final: bool = False) -> None:
+        """Redraw with the records so far; ``rss_samples`` are the memory sampler's rows; throttled by the view."""
 
-    def finish(self, elapsed_s: float, rss_samples: list[dict], status: str) -> None: ...
+    def finish(self, elapsed_s: float, rss_samples: list[dict], status: str) -> None:
+        """Draw the final state with a one-line ``status`` ("finished in 4.2 s", "failed: ...")."""
 
 
 class TerminalView(LiveView):

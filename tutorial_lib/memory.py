@@ -77,6 +77,7 @@ class MemorySampler(threading.Thread):
         self._t0 = time.monotonic()
 
     def stop(self) -> None:
+        """Stop sampling and wait (up to 5 s) for the thread to close its files."""
         self._stop_event.set()
         if self.is_alive():
             self.join(timeout=5)

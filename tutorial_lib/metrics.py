@@ -31,6 +31,7 @@ class JsonlTail:
         self._offsets: dict[Path, int] = {}
 
     def read_new(self) -> list[dict]:
+        """Records appended since the last call (a line still being written waits for the next call)."""
         records: list[dict] = []
         if not self.folder.is_dir():
             return records
