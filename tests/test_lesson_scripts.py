@@ -73,6 +73,9 @@ def test_unused_parameter_fails_with_ddp_reduction_error_and_the_flag_fixes_it(r
     assert "rank" in str(info.value) and "unused_params.py failed on rank" in str(info.value)
     ok = run("unused_params", ["--loss-uses", "a", "--max-steps", 3, "--find-unused-parameters"], run_root)
     assert ok.metrics()["step"].max() == 3
+    assert "did not find any unused parameters" not in (ok.run_dir / "output.log").read_text(), \
+        "head b is really unused in the forward, so DDP's search finds it"
+    assert "ResourceWarning" not in (ok.run_dir / "output.log").read_text()
 
 
 def test_sync_batchnorm_refuses_cpu_with_a_clear_message(tmp_path):

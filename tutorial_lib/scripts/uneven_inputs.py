@@ -89,6 +89,7 @@ def train(args, device):
             optimizer.zero_grad()
             log.write(json.dumps({"step": step, "max_steps": n_batches, "rank": rank, "loss_local": loss.item(),
                                   "step_time_s": time.perf_counter() - t0}) + "\n")
+    log.close()
     sys.stdout.write(f"rank {rank}: trained on {n_batches} batches, waiting for the others\n")
     sys.stdout.flush()
     dist.barrier()  # without Join, the ranks that finished early wait here, the busy rank in its all-reduce

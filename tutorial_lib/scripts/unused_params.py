@@ -6,13 +6,13 @@ Run card
     torchrun --nproc-per-node 2 unused_params.py --loss-uses a --find-unused-parameters  # fix 1 (costs time)
     torchrun --nproc-per-node 2 unused_params.py --loss-uses both                        # fix 2: use every output
 
-The model has a shared trunk and two heads; the loss may use only head ``a``. DDP waits during
-backward for a gradient of *every* parameter before it all-reduces a bucket, so head ``b``'s
-parameters keep their bucket from ever completing, and the next forward raises "Expected to have
-finished reduction in the prior iteration before starting a new one". ``find_unused_parameters=True``
-makes DDP walk the autograd graph after every forward to mark parameters that will get no gradient
-(extra work every step); making every output feed the loss (or not creating the unused module)
-needs no flag. Writes ``<metrics-dir>/rank<RANK>.jsonl``. Only torch and the standard library.
+The model has a shared trunk and two heads; with ``--loss-uses a`` its forward skips head ``b``, as a
+conditionally used branch would. DDP waits during backward for a gradient of *every* parameter before
+it all-reduces a bucket, so head ``b``'s parameters keep their bucket from ever completing, and the
+next forward raises "Expected to have finished reduction in the prior iteration before starting a new
+one". ``find_unused_parameters=True`` makes DDP walk the autograd graph from the outputs after every
+forward to mark parameters that will get no gradient (extra work every step); using every module in
+the loss (or not creating the unused one) needs no flag. Writes ``<metrics-dir>/rank<RANK>.jsonl``. Only torch and the standard library.
 """
 
 import argparse
@@ -34,7 +34,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-steps", type=int, default=30, help="optimizer steps (count)")
-    p.add_argument("--loss-uses", choices=["a", "both"], default="a", help="which heads feed the loss")
+    p.add_argument("--loss-uses", choices=["a", "both"], default="a",
+                   help="a: the forward skips head b (the mistake); both: both heads feed the loss")
     p.add_argument("--find-unused-parameters", action="store_true", help="DDP(find_unused_parameters=True)")
     p.add_argument("--hidden-dim", type=int, default=256, help="width of trunk and heads (count)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -48,15 +49,17 @@ def parse_args(argv=None):
 
 
 class TwoHeads(nn.Module):
-    def __init__(self, hidden):
+    def __init__(self, hidden, use_b):
         super().__init__()
         self.trunk = nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
         self.head_a = nn.Linear(hidden, 1)
         self.head_b = nn.Linear(hidden, 1)
+        self.use_b = use_b
 
     def forward(self, x):
         h = self.trunk(x)
-        return self.head_a(h), self.head_b(h)
+        # head_b exists (and is registered with DDP) but is skipped: its parameters get no gradient.
+        return self.head_a(h), (self.head_b(h) if self.use_b else None)
 
 
 @record
@@ -82,7 +85,7 @@ def main():
 def train(args, device):
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(TwoHeads(args.hidden_dim).to(device), device_ids=[device.index] if device.type == "cuda" else None,
+    model = DDP(TwoHeads(args.hidden_dim, use_b=args.loss_uses == "both").to(device), device_ids=[device.index] if device.type == "cuda" else None,
                 find_unused_parameters=args.find_unused_parameters)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
@@ -93,8 +96,8 @@ def train(args, device):
         x = torch.randn(64, 32, generator=g).to(device)
         a, b = model(x)
         loss = (a - 1).pow(2).mean()
-        if args.loss_uses == "both":
-            loss = loss + (b + 1).pow(2).mean()  # every output feeds the loss: every parameter gets a gradient
+        if b is not None:
+            loss = loss + (b + 1).pow(2).mean()  # every module feeds the loss: every parameter gets a gradient
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -102,6 +105,7 @@ def train(args, device):
             torch.cuda.synchronize(device)
         log.write(json.dumps({"step": step, "max_steps": args.max_steps, "rank": rank, "loss_local": loss.item(),
                               "step_time_s": time.perf_counter() - t0}) + "\n")
+    log.close()
     sys.stdout.write(f"rank {rank}: {args.max_steps} steps done\n")
     dist.barrier()
 
