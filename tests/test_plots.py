@@ -55,3 +55,12 @@ def test_run_tensor_bytes_compare_and_bandwidth_figures(metrics, samples):
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["a", "b"]
     bw = pd.DataFrame({"size_bytes": [4096, 1 << 20], "busbw_GBps": [0.01, 1.0]})
     assert tl.plot_bandwidth(bw).axes[0].get_xscale() == "log"
+
+
+def test_a_run_without_memory_columns_or_samples_still_draws_with_visible_points():
+    """Scripts like grad_accum log no memory; a 1-step run must still show its point (regression)."""
+    one_step = pd.DataFrame([{"step": 1, "rank": r, "loss_local": 0.4 + r / 10, "loss_global": 0.45} for r in (0, 1)])
+    fig = tl.plot_run(one_step)
+    loss_ax, mem_ax = fig.axes
+    assert all(line.get_marker() == "o" for line in loss_ax.get_lines())
+    assert mem_ax.get_title() == "memory per rank (no memory data)"

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 MIB = 2**20
 
@@ -22,11 +23,15 @@ def _figure(ncols: int = 1, width_in: float = 5.0, height_in: float = 3.4) -> tu
 
 def draw_loss(ax, metrics: pd.DataFrame) -> None:
     """Draw each rank's local loss (solid) and the global mean (dashed black) against step."""
+    marker = "o" if metrics["step"].nunique() < 10 else None  # a short run's few points stay visible
     for rank, df in metrics.groupby("rank"):
-        ax.plot(df["step"], df["loss_local"], lw=1.2, label=f"rank {rank} (local)")
+        ax.plot(df["step"], df["loss_local"], lw=1.2, marker=marker, label=f"rank {rank} (local)")
     if "loss_global" in metrics:
         g = metrics.groupby("step")["loss_global"].first()
-        ax.plot(g.index, g.values, "k--", lw=1.5, label="global mean")
+        ax.plot(g.index, g.values, "k--", lw=1.5, marker=marker, label="global mean")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    if metrics["step"].nunique() == 1:
+        ax.set_xticks(metrics["step"].unique())
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("loss per rank")
@@ -46,7 +51,7 @@ def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame |
         ax.set_xlabel("time since launch (s)")
         ax.set_ylabel(("GPU memory" if column == "gpu_used_bytes" else "RSS") + " (MiB)")
         ax.set_title("memory per " + ("GPU process" if column == "gpu_used_bytes" else "rank (process RSS)"))
-    elif metrics is not None and len(metrics):
+    elif metrics is not None and len(metrics) and ({"peak_allocated_bytes", "rss_bytes"} & set(metrics.columns)):
         column = "peak_allocated_bytes" if "peak_allocated_bytes" in metrics else "rss_bytes"
         for rank, df in metrics.groupby("rank"):
             ax.plot(df["step"], df[column] / MIB, lw=1.2, label=f"rank {rank}")
@@ -54,7 +59,7 @@ def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame |
         ax.set_ylabel(f"{column.removesuffix('_bytes')} (MiB)")
         ax.set_title("memory per rank")
     else:
-        ax.set_title("memory per rank (no data yet)")
+        ax.set_title("memory per rank (no memory data)")
         return
     ax.legend(fontsize=8)
 
