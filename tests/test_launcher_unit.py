@@ -1,5 +1,6 @@
 """The launcher's pure parts: command, environment, validation, output parsing. Nothing is launched."""
 
+import json
 import os
 import shlex
 import sys
@@ -161,3 +162,32 @@ def test_sigint_during_cleanup_is_held_back_then_raised():
             finished.append("cleanup ran to the end")
     assert finished == ["cleanup ran to the end"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _summary(root_rank, root_exit, other_rank, other_exit):
+    block = "  time      : 2026-11-30_00:28:30\n  host      : localhost\n  rank      : {r} (local_rank: {r})\n  exitcode  : {e} (pid: 1)\n"
+    return ("Failures:\n[1]:\n" + block.format(r=other_rank, e=other_exit)
+            + "------\nRoot Cause (first observed failure):\n[0]:\n" + block.format(r=root_rank, e=root_exit))
+
+
+def _error_file(log_dir, local_rank, message, mtime_ns):
+    path = log_dir / "none_x" / "attempt_0" / str(local_rank) / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": message}}}))
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def test_a_same_second_tie_in_torchruns_summary_is_broken_by_error_file_times(tmp_path):
+    """torchrun's timestamps have 1 s resolution: the peer that failed second can be named root cause."""
+    _error_file(tmp_path, 1, "RuntimeError: injected failure on rank 1", 1_000_000_000_000)
+    _error_file(tmp_path, 0, "RuntimeError: Connection closed by peer", 1_000_000_000_500)
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=1), tmp_path, printer)
+    assert failure.rank == 1 and failure.exit_code == 1 and "injected failure" in failure.traceback
+
+
+def test_a_rank_killed_by_a_signal_stays_root_cause_though_a_peer_wrote_an_error_file(tmp_path):
+    _error_file(tmp_path, 0, "RuntimeError: Connection closed by peer", 1_000_000_000_500)
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    failure = find_root_cause(_summary(root_rank=1, root_exit=-9, other_rank=0, other_exit=1), tmp_path, printer)
+    assert failure.rank == 1 and failure.exit_code == -9 and failure.traceback == ""

@@ -211,9 +211,9 @@ def command_text(command: Sequence[str], env: Mapping[str, str], run_dir: Path, 
     return f"cd {shlex.quote(str(run_dir))} && {assignments} {shlex.join(command)}\n"
 
 
-_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local_rank>\d+)\)"
-    r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)", re.S)
+_FAILURE = re.compile(r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local_rank>\d+)\)"
+                      r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)")
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?" + _FAILURE.pattern, re.S)
 
 
 def _read_error_file(path: Path) -> str:
@@ -229,25 +229,36 @@ def _read_error_file(path: Path) -> str:
     return str(message)
 
 
+def _last_attempt_error_files(log_dir: Path) -> dict[int, Path]:
+    """``{local_rank: error.json}`` of torchrun's last attempt (``<log_dir>/<run>/attempt_<N>/<local_rank>/``)."""
+    attempts = [p for p in log_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
+    if not attempts:
+        return {}
+    last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
+    return {int(p.parent.name): p for p in last.glob("*/error.json") if p.parent.name.isdigit()}
+
+
 def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> RankFailure | None:
-    """The first rank that failed: from torchrun's failure summary, its error file and its log tail."""
-    matches = list(_ROOT_CAUSE.finditer(output))
-    if matches:
-        m = matches[-1]  # the last attempt's summary
-        rank, local_rank, exit_code = int(m["rank"]), int(m["local_rank"]), int(m["exitcode"])
+    """The first rank that failed, with its exit code, traceback and log tail.
+
+    torchrun's summary names a "Root Cause", but it orders failures by the error files' timestamps,
+    which have whole-second resolution: a rank that raises and a peer that fails on the broken
+    connection within the same second tie, and the peer can be named. The error files' modification
+    times (nanoseconds) give the true order, so the earliest error file wins; the summary decides only
+    when its root cause left no error file (a rank killed by a signal). Exit codes come from the summary.
+    """
+    exit_codes = {int(m["local_rank"]): (int(m["rank"]), int(m["exitcode"])) for m in _FAILURE.finditer(output)}
+    roots = list(_ROOT_CAUSE.finditer(output))
+    root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
+    error_files = _last_attempt_error_files(log_dir)
+    if error_files and (root_local_rank is None or root_local_rank in error_files):
+        local_rank = min(error_files, key=lambda r: error_files[r].stat().st_mtime_ns)
+    elif root_local_rank is not None:
+        local_rank = root_local_rank
     else:
-        rank = local_rank = exit_code = None
-    error_files = sorted(log_dir.glob("*/attempt_*/*/error.json"), key=lambda p: p.stat().st_mtime)
-    if local_rank is not None:
-        error_files = [p for p in error_files if p.parent.name == str(local_rank)] or error_files
-    traceback = ""
-    if error_files:
-        path = error_files[-1] if local_rank is not None else error_files[0]
-        traceback = _read_error_file(path)
-        if rank is None and path.parent.name.isdigit():
-            rank = int(path.parent.name)
-    if rank is None and not traceback:
         return None
+    rank, exit_code = exit_codes.get(local_rank, (local_rank, None))
+    traceback = _read_error_file(error_files[local_rank]) if local_rank in error_files else ""
     return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
 
 
@@ -280,12 +291,12 @@ def sigint_deferred():
             raise KeyboardInterrupt
 
 
-def finish_view(view, elapsed_s: float, rss_samples: list[dict], status: str) -> None:
-    """Draw the view's final state on an error path; a drawing problem must not hide the real error."""
+def safe_draw(draw, *args) -> None:
+    """Call a live-view method; a drawing problem is logged, never allowed to fail or hide the job's outcome."""
     try:
-        view.finish(elapsed_s, rss_samples, status)
+        draw(*args)
     except Exception:  # noqa: BLE001
-        log.warning("live view could not draw the final state", exc_info=True)
+        log.warning("the live view could not draw", exc_info=True)
 
 
 def launch(spec: LaunchSpec) -> LaunchResult:
@@ -316,13 +327,13 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     (run_dir / "command.txt").write_text(command_text(command, env, run_dir, os.environ))
 
     view = make_view(spec.live)
-    printer = ThrottledPrinter(max_lines_per_s=spec.max_output_lines_per_s)
+    printer = ThrottledPrinter(max_lines_per_s=spec.max_output_lines_per_s, log_name=str(run_dir / "output.log"))
     metrics_tail = JsonlTail(run_dir / METRICS_SUBDIR, "rank*.jsonl")
     lines: queue.Queue = queue.Queue()
     output_log = open(run_dir / "output.log", "w")
     transcript: list[str] = []
     start = time.monotonic()
-    view.start()
+    safe_draw(view.start)
     proc = subprocess.Popen(
         command, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
@@ -338,18 +349,24 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     last_view = 0.0
     exited_at = None
     torchrun_traceback = False
+
+    def take(line: str) -> None:
+        """Log, keep and (throttled) show one output line."""
+        nonlocal torchrun_traceback
+        output_log.write(line + "\n")
+        transcript.append(line)
+        rank, text = split_rank_prefix(line)
+        # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
+        # it stays in output.log and the error's output_tail, not on screen.
+        torchrun_traceback = torchrun_traceback or (rank is None and text.startswith("Traceback"))
+        printer.emit(rank, text, show=not (rank is None and torchrun_traceback))
+
     try:
         while not (eof and proc.poll() is not None):
             try:
                 line = lines.get(timeout=0.1)
                 while line is not None:
-                    output_log.write(line + "\n")
-                    transcript.append(line)
-                    rank, text = split_rank_prefix(line)
-                    # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError
-                    # says; it stays in output.log and the error's output_tail, not on screen.
-                    torchrun_traceback = torchrun_traceback or (rank is None and text.startswith("Traceback"))
-                    printer.emit(rank, text, show=not (rank is None and torchrun_traceback))
+                    take(line)
                     line = lines.get_nowait()
                 eof = True
             except queue.Empty:
@@ -358,7 +375,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             if elapsed - last_view >= 0.25:
                 last_view = elapsed
                 view.add(metrics_tail.read_new())
-                view.update(elapsed, sampler.rss_samples)
+                safe_draw(view.update, elapsed, sampler.rss_samples)
             if elapsed > spec.timeout_s:
                 raise _Timeout
             if not eof and proc.poll() is not None:
@@ -376,11 +393,11 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             last_steps = {rank: r["step"] for rank, r in view.latest.items()}
             summary = (f"{script.name} timed out after {spec.timeout_s:g} s (limit timeout_s) and was stopped; "
                        f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
-            finish_view(view, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
+            safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
             raise LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, run_dir=run_dir,
                                 command=command, returncode=proc.returncode, output_tail=transcript[-30:]) from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-        finish_view(view, elapsed, sampler.rss_samples, f"failed: {what}")
+        safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                          f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
         raise
@@ -394,12 +411,11 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             except queue.Empty:
                 break
             if line is not None:
-                output_log.write(line + "\n")
-                transcript.append(line)
+                take(line)
         output_log.close()
         if proc.stdout:
             proc.stdout.close()
-        printer.flush_suppressed(str(run_dir / "output.log"))
+        printer.flush_suppressed()
 
     wall_time_s = time.monotonic() - start
     view.add(metrics_tail.read_new())
@@ -409,10 +425,10 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
         else:
             summary = f"{script.name} failed: torchrun exited with code {returncode}"
-        view.finish(wall_time_s, sampler.rss_samples, "failed: " + summary)
+        safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
         raise LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
                           output_tail=transcript[-30:])
-    view.finish(wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
+    safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
     return LaunchResult(run_dir=run_dir, command=command, returncode=returncode, wall_time_s=wall_time_s, plan=plan)
 
 
@@ -427,7 +443,8 @@ def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.Pat
         label: run directory label (default: ``name``).
         **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ...).
 
-    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before the run directory is used.
+    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before anything is started (the new
+    run directory then holds only the script).
     """
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)

@@ -34,8 +34,10 @@ class ThrottledPrinter:
     Keeps the last ``tail_lines`` lines of every rank for error reports, whether printed or not.
     """
 
-    def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30) -> None:
+    def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30,
+                 log_name: str = "output.log") -> None:
         self.stream = stream
+        self.log_name = log_name  # where the suppressed lines can be read in full
         self.rate = float(max_lines_per_s)
         self.capacity = max(1.0, 2 * self.rate)
         self.tokens = self.capacity
@@ -63,11 +65,11 @@ class ThrottledPrinter:
         label = "torchrun" if rank is None else f"rank {rank}"
         self._stream().write(f"[{label}] {text}\n")
 
-    def flush_suppressed(self, where: str = "output.log") -> None:
+    def flush_suppressed(self) -> None:
         """Say how many lines were not shown, if any, and reset the count."""
         if self.suppressed:
             self._stream().write(f"[launcher] {self.suppressed} line(s) not shown to keep the output small; "
-                                 f"all lines are in {where}\n")
+                                 f"all lines are in {self.log_name}\n")
             self.suppressed = 0
 
     def tail(self, rank: int | None, n: int = 20) -> list[str]:
