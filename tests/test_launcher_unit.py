@@ -191,3 +191,12 @@ def test_a_rank_killed_by_a_signal_stays_root_cause_though_a_peer_wrote_an_error
     printer = ThrottledPrinter(open(os.devnull, "w"))
     failure = find_root_cause(_summary(root_rank=1, root_exit=-9, other_rank=0, other_exit=1), tmp_path, printer)
     assert failure.rank == 1 and failure.exit_code == -9 and failure.traceback == ""
+
+
+def test_a_rank_sigtermed_while_failing_is_not_preferred_over_one_that_exited_itself(tmp_path):
+    """Both ranks hit the collective timeout; torchrun SIGTERMs the slower one, which already wrote its error file."""
+    _error_file(tmp_path, 1, "RuntimeError: Timed out (rank 1)", 1_000_000_000_000)
+    _error_file(tmp_path, 0, "RuntimeError: Timed out (rank 0)", 1_000_000_000_500)
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-15), tmp_path, printer)
+    assert failure.rank == 0 and failure.exit_code == 1 and "rank 0" in failure.traceback

@@ -244,15 +244,18 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> Rank
     torchrun's summary names a "Root Cause", but it orders failures by the error files' timestamps,
     which have whole-second resolution: a rank that raises and a peer that fails on the broken
     connection within the same second tie, and the peer can be named. The error files' modification
-    times (nanoseconds) give the true order, so the earliest error file wins; the summary decides only
-    when its root cause left no error file (a rank killed by a signal). Exit codes come from the summary.
+    times (nanoseconds) give the true order, so the earliest error file wins, among the ranks that exited
+    on their own if there are any (a rank torchrun SIGTERMed while it was already failing wrote its file
+    but reports the signal); the summary decides only when its root cause left no error file (a rank
+    killed by a signal). Exit codes come from the summary.
     """
     exit_codes = {int(m["local_rank"]): (int(m["rank"]), int(m["exitcode"])) for m in _FAILURE.finditer(output)}
     roots = list(_ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
     error_files = _last_attempt_error_files(log_dir)
     if error_files and (root_local_rank is None or root_local_rank in error_files):
-        local_rank = min(error_files, key=lambda r: error_files[r].stat().st_mtime_ns)
+        exited = [r for r in error_files if exit_codes.get(r, (r, 1))[1] > 0] or list(error_files)
+        local_rank = min(exited, key=lambda r: error_files[r].stat().st_mtime_ns)
     elif root_local_rank is not None:
         local_rank = root_local_rank
     else:
