@@ -23,6 +23,9 @@ def pytest_configure(config):
     os.environ["TUTORIAL_LIB_RUNS_DIR"] = str(runs)
     os.environ["TUTORIAL_LIB_LIVE"] = "text"
     os.environ.setdefault("MPLBACKEND", "Agg")
+    # Deprecated torch APIs (torch.cuda.amp, FSDP1's state_dict_type, ...) warn with FutureWarning or
+    # DeprecationWarning: in the scripts the tests launch and the kernels nbval starts they are errors.
+    os.environ["PYTHONWARNINGS"] = "error::FutureWarning,error::DeprecationWarning"
 
 
 def job_processes(marker: str) -> list[psutil.Process]:

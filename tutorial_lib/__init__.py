@@ -14,13 +14,15 @@ from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_script
 from .live import enable_inline_figures
-from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json
-from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_memory, plot_run,
-                    plot_tensor_bytes)
+from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json, summarize_runs
+from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
+                    plot_run, plot_tensor_bytes)
+from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
-    "ConfigError", "DevicePlan", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
+    "ConfigError", "DevicePlan", "autocast_op_dtypes", "autocast_supported", "cpu_low_precision_flags",
+    "float_formats", "plot_loss_scale", "summarize_runs", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
     "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
     "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
     "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -134,3 +135,46 @@ def read_rank_json(run_dir: str | os.PathLike, prefix: str) -> list[dict]:
 def read_collectives(run_dir: str | os.PathLike) -> list[dict]:
     """The per-rank results of ``collectives_check.py``, sorted by rank (see ``read_rank_json``)."""
     return read_rank_json(run_dir, "collectives")
+
+
+def summarize_runs(runs: Mapping[str, pd.DataFrame], baseline: str | None = None) -> pd.DataFrame:
+    """One row per run: final loss, its distance to a baseline run, speed, peak memory and scaler counts.
+
+    Args:
+        runs: label -> that run's metrics table (``read_metrics`` / ``LaunchResult.metrics()``).
+        baseline: label of the reference run for ``loss_diff_vs_baseline`` (``None``: no such column).
+
+    Returns:
+        Index: the labels. Columns: ``final_loss`` (rank 0's last ``loss_global``),
+        ``loss_diff_vs_baseline`` (absolute), ``median_step_time_s`` and ``median_global_samples_per_s``
+        (rank 0, steps after the first, which pays one-off costs), ``peak_memory_mib`` (largest over
+        ranks of ``peak_allocated_bytes`` on CUDA, else ``peak_rss_bytes``; MiB = 2**20 bytes),
+        ``skipped_steps`` and ``final_loss_scale`` where the script logs a gradient scaler.
+
+    Raises:
+        MetricsError: ``baseline`` is not one of the labels, or a run has no rows.
+    """
+    if baseline is not None and baseline not in runs:
+        raise MetricsError(f"baseline={baseline!r} is not one of the runs {list(runs)}")
+    rows = {}
+    for label, df in runs.items():
+        if df.empty:
+            raise MetricsError(f"run {label!r} has no metrics rows")
+        rank0 = df[df["rank"] == df["rank"].min()].sort_values("step")
+        steady = rank0.iloc[1:] if len(rank0) > 1 else rank0
+        memory_col = "peak_allocated_bytes" if df.get("peak_allocated_bytes", pd.Series([0])).max() > 0 else "peak_rss_bytes"
+        row = {
+            "final_loss": rank0["loss_global"].iloc[-1],
+            "median_step_time_s": steady["step_time_s"].median(),
+            "median_global_samples_per_s": steady["global_samples_per_s"].median()
+            if "global_samples_per_s" in steady else float("nan"),
+            "peak_memory_mib": df[memory_col].max() / 2**20 if memory_col in df else float("nan"),
+        }
+        if "step_skipped" in rank0:
+            row["skipped_steps"] = int(rank0["step_skipped"].sum())
+            row["final_loss_scale"] = rank0["loss_scale"].iloc[-1]
+        rows[label] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    if baseline is not None:
+        table.insert(1, "loss_diff_vs_baseline", (table["final_loss"] - table.loc[baseline, "final_loss"]).abs())
+    return table

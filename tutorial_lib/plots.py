@@ -160,3 +160,22 @@ def plot_index_assignment(assignment: pd.DataFrame, title: str = "") -> Figure:
     if title:
         fig.suptitle(title)
     return fig
+
+
+def plot_loss_scale(metrics: pd.DataFrame, title: str = "") -> Figure:
+    """The gradient scaler's loss scale per step (log scale) with skipped steps marked.
+
+    ``metrics`` needs ``step``, ``loss_scale`` and ``step_skipped`` (``ddp_train.py`` writes them);
+    rank 0's rows are drawn (the scaler decides the same on every rank: DDP's gradients are identical).
+    """
+    fig, (ax,) = _figure()
+    d = metrics[metrics["rank"] == metrics["rank"].min()].sort_values("step")
+    ax.semilogy(d["step"], d["loss_scale"], lw=1.4, marker=".", base=2, label="loss scale")
+    skipped = d[d["step_skipped"].astype(bool)]
+    ax.scatter(skipped["step"], skipped["loss_scale"], color="tab:red", marker="x", zorder=3,
+               label=f"skipped (inf/NaN gradients): {len(skipped)}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss scale")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return fig

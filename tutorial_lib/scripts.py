@@ -130,17 +130,31 @@ class ScriptListing:
 
 
 def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
-                last_line: int | None = None) -> ScriptListing:
+                last_line: int | None = None, between: tuple[str, str] | None = None) -> ScriptListing:
     """A displayable listing of ``path`` with line numbers.
 
     Args:
         path: the script.
         names: top-level functions or classes to show (each with its decorators), in this order;
             none: the lines ``first_line``..``last_line`` (1-based, inclusive; default the whole file).
+        between: ``(start_text, end_text)``: instead, the lines from the first one containing
+            ``start_text`` to the next one containing ``end_text`` (inclusive), so an excerpt
+            survives edits that move line numbers.
 
     Raises:
-        ConfigError: a name that is not a top-level function or class of the script.
+        ConfigError: a name that is not a top-level function or class of the script, or a
+            ``between`` text that is not in the script.
     """
+    if between is not None:
+        start_text, end_text = between
+        lines = Path(path).read_text().splitlines()
+        start = next((i for i, line in enumerate(lines, 1) if start_text in line), None)
+        end = next((i for i, line in enumerate(lines, 1) if start and i >= start and end_text in line), None)
+        if start is None or end is None:
+            missing = start_text if start is None else end_text
+            raise ConfigError(f"{Path(path).name} has no line containing {missing!r}"
+                              + ("" if start is None else f" after line {start}"))
+        return ScriptListing(path, [(start, end)])
     if not names:
         return ScriptListing(path, [(first_line, last_line)])
     tree = ast.parse(Path(path).read_text())

@@ -6,11 +6,19 @@ Run card
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 \
         --master-addr HOST --master-port 29500 ddp_train.py   # node 0 of 2 (run node 1 with --node-rank 1)
 
+    python ddp_train.py --precision bf16                     # bf16 autocast (no scaler needed)
+    torchrun --nproc-per-node 2 ddp_train.py --precision fp16 --clip-grad-norm 1.0  # fp16 + GradScaler
+
 What it shows
     * device from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
     * every rank trains on its own slice of one global batch, so a DDP step equals one
       single-process step on the concatenated batch (DDP averages gradients across ranks);
-    * the loss a rank computes is its *local* loss; the global loss needs an all_reduce.
+    * the loss a rank computes is its *local* loss; the global loss needs an all_reduce;
+    * mixed precision with the current API (``torch.autocast(device_type, dtype)`` and
+      ``torch.amp.GradScaler(device_type)``, not the deprecated ``torch.cuda.amp``): the forward and the
+      loss run inside autocast, the scaler multiplies the loss before backward so small fp16 gradients do
+      not underflow to zero, gradients are unscaled before anyone reads them (clipping), and a step whose
+      gradients hold inf/NaN is skipped, not applied.
 
 Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl``.
 Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
@@ -22,6 +30,7 @@ import os
 import resource
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -55,6 +64,24 @@ def parse_args(argv=None):
                         "torch is 30 minutes, far too long to notice a hang in a lesson")
     p.add_argument("--step-delay-s", type=float, default=0.0,
                    help="extra sleep per step (seconds), to slow a demo down")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="compute dtype of the forward pass under torch.autocast; parameters, gradients "
+                        "and optimizer state stay fp32")
+    p.add_argument("--grad-scaler", choices=["auto", "on", "off"], default="auto",
+                   help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range "
+                        "and needs none); off with fp16 shows gradients underflowing")
+    p.add_argument("--init-scale", type=float, default=2.0 ** 16,
+                   help="the scaler's first loss scale (unitless, > 0); too large a value overflows "
+                        "and the first steps are skipped while the scale halves")
+    p.add_argument("--clip-grad-norm", type=float, default=0.0,
+                   help="clip the global gradient L2 norm to this value (0: no clipping)")
+    p.add_argument("--clip-before-unscale", action="store_true",
+                   help="the mistake: clip the still-scaled gradients (their norm is scale times too "
+                        "large, so clipping shrinks every step far too much)")
+    p.add_argument("--loss-weight", type=float, default=1.0,
+                   help="multiply the loss by this weight (unitless, > 0), as a weighted auxiliary loss "
+                        "does; small weights make every gradient small, which is how fp16 gradients "
+                        "underflow (AdamW itself is almost insensitive to the gradients' scale)")
     p.add_argument("--fail-rank", type=int, default=-1,
                    help="inject a failure on this global rank (-1: none)")
     p.add_argument("--fail-step", type=int, default=0, help="step at which the failure happens")
@@ -67,6 +94,13 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.pg_timeout_s <= 0:
         p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    for name in ("init_scale", "loss_weight"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.clip_grad_norm < 0:
+        p.error(f"--clip-grad-norm must be >= 0 (0: off), got {args.clip_grad_norm}")
+    if args.clip_before_unscale and not args.clip_grad_norm:
+        p.error("--clip-before-unscale needs --clip-grad-norm > 0")
     return args
 
 
@@ -170,17 +204,25 @@ def main():
 
 
 def train(args, rank, local_rank, world_size, device):
+    amp_dtype = autocast_dtype(args.precision, device)
     # Same seed on every rank: DDP would broadcast rank 0's weights anyway, but FSDP does not,
     # and a single-process reference run must start from the same weights.
     torch.manual_seed(args.seed)
-    model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)
+    model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)  # fp32 weights in every precision
     if dist.is_initialized():
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
     if args.optimizer == "adamw":
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    applied_steps = []  # one entry per optimizer.step() that really ran (the scaler skips inf/NaN steps)
+    optimizer.register_step_post_hook(lambda *_: applied_steps.append(1))
+    use_scaler = args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16")
+    # enabled=False turns every scaler call into a pass-through, so one loop serves all precisions.
+    scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale, enabled=use_scaler)
     loss_fn = nn.MSELoss()
+    if rank == 0 and args.precision == "fp16" and device.type == "cpu":
+        sys.stdout.write("note: fp16 on CPU has no fast kernels; this run shows fp16 numerics, not speed\n")
 
     metrics_dir = Path(args.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -194,13 +236,25 @@ def train(args, rank, local_rank, world_size, device):
         x = x[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
         y = y[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()  # DDP all-reduces (averages) gradient buckets while backward runs
+        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            # The loss belongs inside autocast as well: autocast runs mse_loss in fp32 on its own.
+            loss = loss_fn(model(x), y)
+        # DDP all-reduces (averages) the fp32 gradient buckets while backward runs. The scaler first
+        # multiplies the loss by its scale, so fp16 gradients stay above fp16's smallest value (6e-8).
+        scaler.scale(loss * args.loss_weight).backward()
+        if not args.clip_before_unscale:
+            scaler.unscale_(optimizer)  # divide by the scale now: clipping must see the true gradients
         if args.save_grads_dir and step == 1:
             save_grads(model, args.save_grads_dir, rank)
-        optimizer.step()
+        grad_norm, grad_zero_fraction = grad_stats(model)
+        if args.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        loss_scale = scaler.get_scale()
+        steps_before = len(applied_steps)
+        scaler.step(optimizer)  # calls optimizer.step() only if every gradient is finite
+        scaler.update()  # halves the scale after a skipped step, doubles it after 2000 good ones
         # loss is this rank's *local* loss; the global mean needs one more collective.
-        loss_global = loss.detach().clone()
+        loss_global = loss.detach().float().clone()  # a copy: all_reduce works in place
         if dist.is_initialized():
             dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
             loss_global /= world_size
@@ -209,23 +263,54 @@ def train(args, rank, local_rank, world_size, device):
         step_time_s = time.perf_counter() - t0
         record_ = {
             "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
-            "world_size": world_size, "device": str(device),
+            "world_size": world_size, "device": str(device), "precision": args.precision,
             "loss_local": loss.item(), "loss_global": loss_global.item(),
             "step_time_s": step_time_s, "samples_per_s": args.batch_size / step_time_s,
             "global_samples_per_s": world_size * args.batch_size / step_time_s,
             "elapsed_s": time.perf_counter() - start,
+            "grad_scaler": use_scaler, "loss_scale": loss_scale,
+            "step_skipped": len(applied_steps) == steps_before, "optimizer_steps": len(applied_steps),
+            "grad_norm": grad_norm, "grad_zero_fraction": grad_zero_fraction,
             **memory_fields(model, optimizer, device),
         }
         metrics_file.write(json.dumps(record_) + "\n")
         if step % args.log_every == 0 or step == args.max_steps:
             # One write per line: two ranks printing at once then never interleave mid-line.
+            scale_text = f" loss_scale {loss_scale:g}" if use_scaler else ""
             sys.stdout.write(f"step {step}/{args.max_steps} loss_local {loss.item():.5f} "
-                             f"loss_global {loss_global.item():.5f} step_time_s {step_time_s:.4f}\n")
+                             f"loss_global {loss_global.item():.5f} step_time_s {step_time_s:.4f}{scale_text}\n")
         if args.step_delay_s:
             time.sleep(args.step_delay_s)
     metrics_file.close()
     if dist.is_initialized():
         dist.barrier()  # nobody tears the process group down while a peer still uses it
+
+
+def autocast_dtype(precision, device):
+    """The autocast dtype for --precision (None for fp32); SystemExit if this torch lacks it on device."""
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if dtype is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unsupported dtype only warns and disables autocast
+        with torch.autocast(device.type, dtype=dtype):
+            supported = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == dtype
+    if not supported:
+        raise SystemExit(f"--precision {precision}: torch {torch.__version__} has no {dtype} autocast on "
+                         f"{device.type}; use --precision fp32 or bf16, or run on a GPU")
+    return dtype
+
+
+def grad_stats(model):
+    """(L2 norm of all gradients, fraction of gradient entries exactly zero) as floats.
+
+    A fraction near 1 means the gradients underflowed: fp16's smallest value is about 6e-8, so a
+    gradient below it becomes 0 and that weight never learns. With fp32 almost no entry is exactly 0.
+    """
+    grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    zeros = sum(int((g == 0).sum()) for g in grads)
+    return norm.item(), zeros / sum(g.numel() for g in grads)
 
 
 def save_grads(model, out_dir, rank):
