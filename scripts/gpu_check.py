@@ -79,6 +79,24 @@ def check_script(name: str, plan: tl.DevicePlan, root: Path) -> str:
     return "; ".join(notes)
 
 
+def check_precisions(plan: tl.DevicePlan, root: Path) -> str:
+    """ddp_train.py in fp32, bf16 and fp16 (+ GradScaler) on CUDA: tensor-core speedup and final loss vs fp32."""
+    args = ["--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 20, "--clip-grad-norm", 1.0]
+    metrics = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        if tl.autocast_supported(precision, "cuda"):
+            metrics[precision] = tl.run_script("ddp_train", args + ["--precision", precision], runs_dir=root,
+                                               label=f"gpu-amp-{precision}", device="cuda",
+                                               nproc_per_node=plan.nproc_per_node, timeout_s=240, live="text").metrics()
+    table = tl.summarize_runs(metrics, baseline="fp32")
+    for precision in metrics:
+        assert table.loc[precision, "loss_diff_vs_baseline"] < 0.05 * table.loc["fp32", "final_loss"], table
+    return "; ".join(f"{p}: step {table.loc[p, 'median_step_time_s'] * 1e3:.2f} ms "
+                     f"(x{table.loc['fp32', 'median_step_time_s'] / table.loc[p, 'median_step_time_s']:.2f} vs fp32), "
+                     f"peak {table.loc[p, 'peak_memory_mib']:.0f} MiB, final loss {table.loc[p, 'final_loss']:.4f}"
+                     for p in metrics)
+
+
 def check_cpu_on_gpu_machine(root: Path) -> str:
     run_dir = tl.new_run_dir("gpu-cpu-ranks", root)
     script = tl.write_script("collectives_check", run_dir)
@@ -143,6 +161,7 @@ def main() -> int:
     print(plan, flush=True)
     rows = []
     checks = [(f"script {name}", lambda n=name: check_script(n, plan, root)) for name in tl.available_scripts()]
+    checks.append(("precisions fp32/bf16/fp16", lambda: check_precisions(plan, root)))
     checks.append(("device=cpu on a GPU machine", lambda: check_cpu_on_gpu_machine(root)))
     for label, fn in checks:
         start = time.monotonic()

@@ -33,6 +33,16 @@ def test_script_follows_the_conventions(name):
     assert "torchrun" in ast.get_docstring(tree) and "python " in ast.get_docstring(tree), "run card"
     assert "destroy_process_group()" in source and "finally:" in source
     assert 'if __name__ == "__main__":' in source and "timeout=" in source
+    epilogue = source.split('if __name__ == "__main__":')[1]
+    assert "os._exit(exit_code)" in epilogue and "traceback.print_exc()" in epilogue, "errors leave via os._exit too"
+
+
+def test_a_failing_script_exits_with_1_and_its_traceback(tmp_path):
+    out = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 3, "--fail-rank", 0, "--fail-step", 2, "--metrics-dir", "m"],
+              tmp_path)
+    assert out.returncode == 1
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "RuntimeError: injected failure on rank 0 at step 2" in out.stderr
 
 
 def test_ddp_train_runs_as_a_single_process_and_writes_one_json_line_per_step(tmp_path):

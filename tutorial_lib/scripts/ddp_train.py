@@ -30,6 +30,7 @@ import os
 import resource
 import sys
 import time
+import traceback
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -321,10 +322,21 @@ def save_grads(model, out_dir, rank):
 
 
 if __name__ == "__main__":
-    main()
-    # Leave without the interpreter's teardown: a gloo background thread can otherwise abort the
-    # process at exit ("terminate called without an active exception", SIGABRT) even after
-    # destroy_process_group(), and torchrun would report a finished run as failed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
+    # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
+    # for a run that finished (0) or failed with a Python error (1).
+    exit_code = 1
+    try:
+        main()
+        exit_code = 0
+    except SystemExit as e:  # argparse's usage errors (2) and messages passed to SystemExit
+        if isinstance(e.code, int) or e.code is None:
+            exit_code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()  # what the interpreter would print; @record already wrote the error file
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)

@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -97,9 +98,21 @@ def train(args, device):
 
 
 if __name__ == "__main__":
-    main()
-    # Skip the interpreter's teardown: a gloo thread can abort the process at exit (SIGABRT)
-    # even after destroy_process_group(), and torchrun would report a finished run as failed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
+    # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
+    # for a run that finished (0) or failed with a Python error (1).
+    exit_code = 1
+    try:
+        main()
+        exit_code = 0
+    except SystemExit as e:  # argparse's usage errors (2) and messages passed to SystemExit
+        if isinstance(e.code, int) or e.code is None:
+            exit_code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()  # what the interpreter would print; @record already wrote the error file
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
