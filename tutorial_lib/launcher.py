@@ -40,7 +40,7 @@ from .memory import MemorySampler
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
-from .scripts import new_run_dir, write_script
+from .scripts import check_script_args, new_run_dir, write_script
 
 log = logging.getLogger(__name__)
 
@@ -608,9 +608,12 @@ def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.Pat
         label: run directory label (default: ``name``).
         **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ...).
 
-    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before anything is started (the new
-    run directory then holds only the script).
+    Returns and raises as ``launch``; a bad spec, or arguments the script's own ``parse_args`` rejects,
+    raise ``ConfigError`` before anything is started (the new run directory then holds only the script).
     """
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)
-    return launch(LaunchSpec(script, args=args, **spec))
+    launch_spec = LaunchSpec(script, args=args, **spec)
+    launch_spec.validate()
+    check_script_args(script, launch_spec.args)
+    return launch(launch_spec)
