@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -121,7 +122,7 @@ class LaunchSpec:
             if not isinstance(key, str) or not isinstance(value, str):
                 raise ConfigError(f"env must map str to str, got {key!r}: {value!r}")
         run_dir = Path(self.run_dir) if self.run_dir is not None else script.parent
-        if not run_dir.is_dir() or not os.access(run_dir, os.W_OK):
+        if not run_dir.is_dir() or not _can_write_in(run_dir):
             raise ConfigError(f"run_dir {str(run_dir)!r} is not a writable directory")
         if (run_dir / "command.txt").exists():
             raise ConfigError(f"run_dir {str(run_dir)!r} already holds a launch (command.txt); "
@@ -167,6 +168,15 @@ class LaunchResult:
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
         """Memory sampled during the run (``read_memory_samples``)."""
         return read_memory_samples(self.run_dir, kind)
+
+
+def _can_write_in(folder: Path) -> bool:
+    """True if a file can really be created in ``folder`` (``os.access`` says yes to root even for /proc)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -395,10 +405,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     if spec.nnodes > 1:
         # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
         # while the other agents still wait at torchrun's exit barrier (an error with a C++ trace).
+        # It listens on a socket bound to 127.0.0.1 (TCPStore alone would listen on every interface).
         from torch.distributed import TCPStore
-        store = TCPStore(LOOPBACK, spec.master_port or 0, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=spec.rendezvous_timeout_s))
-        port = store.port
+        listener = socket.create_server((LOOPBACK, spec.master_port or 0))
+        port = listener.getsockname()[1]
+        store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach(),
+                         timeout=timedelta(seconds=spec.rendezvous_timeout_s))  # the store now owns the socket
     else:
         port = spec.master_port or free_port()
 
@@ -565,7 +577,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             if proc.stdout:
                 proc.stdout.close()
         printer.flush_suppressed()
-        del store  # closes the rendezvous store once every agent is gone
+        del store  # closes the rendezvous store (and its socket) once every agent is gone
 
     wall_time_s = time.monotonic() - start
     view.add(metrics_tail.read_new())
