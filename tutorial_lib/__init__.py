@@ -14,9 +14,11 @@ from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_script
 from .live import enable_inline_figures
+from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_memory, plot_run,
                     plot_tensor_bytes)
+from .plots import plot_memory_prediction, plot_tradeoff
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
     "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",
     "read_metrics", "read_rank_json", "resolve_device", "run_script", "show_script", "write_script",
+    "StateBytes", "block_units", "bytes_per_parameter", "predict_state_bytes", "plot_memory_prediction", "plot_tradeoff",
 ]
 __version__ = "0.1.0"
 
