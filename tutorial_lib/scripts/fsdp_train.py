@@ -25,6 +25,7 @@ shapes (for the analytic memory model) and the FSDP units. Only torch and the Py
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -157,17 +158,19 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def global_batch(step, micro, args, world_size):
-    """Token sequences of one micro-step for *all* ranks (identical on every rank; each rank slices its part).
+def global_batch(step, args, world_size):
+    """Token sequences of one optimizer step for *all* ranks and micro-steps (identical on every rank).
 
+    ``grad_accum_steps * world_size * batch_size`` samples; micro-step m of rank r takes rows
+    ``[(m * world_size + r) * batch_size, ... + batch_size)``, so any split of the same global batch (more ranks,
+    more micro-steps, smaller micro-batches) sees the same samples and computes the same mean loss.
     The target of each position is its token mapped by a fixed permutation: synthetic and quickly learnable.
     """
-    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + micro)
-    n = world_size * args.batch_size
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    n = args.grad_accum_steps * world_size * args.batch_size
     x = torch.randint(0, args.vocab_size, (n, args.seq_len), generator=g)
     perm = torch.randperm(args.vocab_size, generator=torch.Generator().manual_seed(args.seed + 17))
-    y = perm[x]
-    return x, y
+    return x, perm[x]
 
 
 def apply_checkpointing(model):
@@ -350,16 +353,21 @@ def train(args, rank, world_size, device):
         loss_sum = torch.zeros((), device=device)
         saved_bytes = 0
         zero_grads = None
+        xs, ys = global_batch(step, args, world_size)
         for micro in range(args.grad_accum_steps):
-            x, y = global_batch(step, micro, args, world_size)
-            x = x[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
-            y = y[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), \
-                    torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):
-                logits = model(x)
-                loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
-            saved_bytes = max(saved_bytes, counter.take())
-            (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
+            first = (micro * world_size + rank) * args.batch_size  # this rank's rows of this micro-step
+            x, y = xs[first:first + args.batch_size].to(device), ys[first:first + args.batch_size].to(device)
+            # DDP: all-reduce only on the last micro-step (no_sync). FSDP reduce-scatters on every micro-step on
+            # purpose: skipping it (FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync) would keep unsharded
+            # gradients between micro-steps, the memory that sharding saves.
+            skip_sync = args.strategy == "ddp" and dist.is_initialized() and micro < args.grad_accum_steps - 1
+            with model.no_sync() if skip_sync else contextlib.nullcontext():
+                with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), \
+                        torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):
+                    logits = model(x)
+                    loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
+                saved_bytes = max(saved_bytes, counter.take())  # what this forward kept for backward
+                (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
             loss_sum += loss.detach()
         if scaler:
             scaler.step(optimizer)  # skips the step if any rank's gradients hold inf/nan
