@@ -74,6 +74,7 @@ def test_activation_checkpointing_saves_activation_bytes_without_changing_the_lo
     plain, _ = runs("fsdp2")
     ac, _ = runs("fsdp2_ac")
     assert (ac["activation_bytes"] < 0.5 * plain["activation_bytes"]).all()
+    assert (plain["block_forwards"] == 2).all() and (ac["block_forwards"] == 4).all(), "recomputed in backward"
     assert (ac["loss_global"] - plain["loss_global"]).abs().max() < 1e-5
     assert (state(ac) == state(plain)).all(), "checkpointing touches activations only"
 

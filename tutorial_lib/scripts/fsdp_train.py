@@ -21,7 +21,7 @@ What it shows
 Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` with exact tensor bytes of
 its parameters, gradients and optimizer state (local shards), the bytes saved for backward (activations),
 RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
-shapes (for the analytic memory model) and the FSDP units. Only torch and the Python standard library.
+shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers). Only torch and the Python standard library.
 """
 
 import argparse
@@ -192,6 +192,7 @@ def wrap_fsdp2(model, args, device):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype_of(args.precision), reduce_dtype=torch.float32)
     if args.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")  # pinning needs CUDA
+    names = {m: n for n, m in model.named_modules()}
     units = []
     if args.wrap == "fine":
         units = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -201,7 +202,15 @@ def wrap_fsdp2(model, args, device):
     for module in units:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)  # the root: embedding, norm, head and everything not in a unit above
-    return model, len(units) + 1
+    # Which parameters each unit all-gathers (names as before checkpoint wrapping): a parameter belongs to the
+    # innermost unit that contains it.
+    prefixes = sorted((names[m] + "." for m in units), key=len, reverse=True)
+    membership = {}
+    for name, _ in model.named_parameters():
+        plain = name.replace("_checkpoint_wrapped_module.", "")
+        unit = next((p[:-1] for p in prefixes if name.startswith(p)), "root").replace("._checkpoint_wrapped_module", "")
+        membership.setdefault(unit.replace("_checkpoint_wrapped_module.", ""), []).append(plain)
+    return model, membership
 
 
 def wrap_fsdp1(model, args, device):
@@ -227,7 +236,7 @@ def wrap_fsdp1(model, args, device):
                             buffer_dtype=dtype_of(args.precision))
     # device_id is required on CPU too ("FSDP needs a non-CPU accelerator device" without it).
     model = FSDP(model, auto_wrap_policy=policy, mixed_precision=mp, device_id=device)
-    return model, sum(isinstance(m, FSDP) for m in model.modules())
+    return model, {f"unit{i}": [] for i in range(sum(isinstance(m, FSDP) for m in model.modules()))}  # count only
 
 
 def dtype_of(precision):
@@ -310,7 +319,7 @@ def build(args, device):
         if dist.is_initialized():
             from torch.nn.parallel import DistributedDataParallel as DDP
             model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        units = 0
+        units = {}
     elif args.strategy == "fsdp2":
         model, units = wrap_fsdp2(model, args, device)
     else:
@@ -335,6 +344,10 @@ def train(args, rank, world_size, device):
     # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
     autocast = args.strategy == "ddp" and args.precision != "fp32"
     counter = SavedActivations()
+    block_forwards = [0]  # forward calls of the blocks per step: checkpointing recomputes each one in backward
+    for m in model.modules():
+        if isinstance(m, Block):
+            m.register_forward_pre_hook(lambda module, inputs: block_forwards.__setitem__(0, block_forwards[0] + 1))
     if args.activation_checkpointing:
         for m in model.modules():
             if type(m).__name__ == "CheckpointWrapper":
@@ -344,7 +357,7 @@ def train(args, rank, world_size, device):
     metrics_dir.mkdir(parents=True, exist_ok=True)
     (metrics_dir / f"model_rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world_size": world_size, "strategy": args.strategy, "shapes": shapes,
-        "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": units,
+        "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(units), "unit_params": units,
         "args": vars(args)}))
     metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
     for step in range(1, args.max_steps + 1):
@@ -353,6 +366,7 @@ def train(args, rank, world_size, device):
         loss_sum = torch.zeros((), device=device)
         saved_bytes = 0
         zero_grads = None
+        block_forwards[0] = 0
         xs, ys = global_batch(step, args, world_size)
         for micro in range(args.grad_accum_steps):
             first = (micro * world_size + rank) * args.batch_size  # this rank's rows of this micro-step
@@ -387,7 +401,7 @@ def train(args, rank, world_size, device):
                "device": str(device), "strategy": args.strategy, "precision": args.precision,
                "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
                "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
-               "fsdp_units": units, "activation_bytes": saved_bytes,
+               "fsdp_units": len(units), "activation_bytes": saved_bytes, "block_forwards": block_forwards[0],
                **memory_fields(model, optimizer, device)}
         if scaler:
             row["grad_scale"] = scaler.get_scale()
