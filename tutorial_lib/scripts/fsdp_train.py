@@ -109,10 +109,14 @@ def setup(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    backend = "nccl" if use_cuda else "gloo"
     if "RANK" in os.environ:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
-                                timeout=timedelta(seconds=args.pg_timeout_s),
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout_s),
                                 device_id=device if use_cuda else None)
+    elif args.strategy != "ddp":
+        # FSDP needs a process group even alone: a world of one over an in-memory store (no network, no torchrun).
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=args.pg_timeout_s))
     return rank, local_rank, world_size, device
 
 
