@@ -26,7 +26,7 @@ CONFIGS = {
     "fsdp2_ac": ["--strategy", "fsdp2", "--activation-checkpointing"],
     "fsdp2_bf16_fine": ["--strategy", "fsdp2", "--precision", "bf16", "--wrap", "fine"],
     "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2],
-    "fsdp1_fine_ac": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing"],
+    "fsdp1_fine_ac_bf16": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing", "--precision", "bf16"],
 }
 
 
@@ -97,13 +97,32 @@ def test_cpu_offload_and_accumulation_keep_the_state_and_the_loss(runs):
     assert (offload["loss_global"] - plain["loss_global"]).abs().max() < 1e-4
 
 
-def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial(runs):
+def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial_and_its_mixed_precision(runs):
     ddp, _ = runs("ddp")
-    fsdp1, model = runs("fsdp1_fine_ac")
-    assert model[0]["fsdp_units"] > 2 * 4, "min_num_params=100 wraps nearly every layer"
+    fsdp1, model = runs("fsdp1_fine_ac_bf16")
+    # >= 100 parameters each: the 8 Linears, the embedding, the head, then each block (its two LayerNorms, 2 x 96
+    # parameters, are what remains unwrapped in it); plus the root
+    assert model[0]["fsdp_units"] == 8 + 1 + 1 + 2 + 1, "min_num_params=100 wraps nearly every layer"
+    for rank in (0, 1):
+        predicted = tl.predict_state_bytes(model[0]["shapes"], strategy="fsdp1", world_size=2, rank=rank,
+                                           fsdp1_units=model[0]["fsdp_units"]).state_bytes
+        assert abs(predicted / state(fsdp1)[rank] - 1) < 0.10
     ratio = state(fsdp1) / state(ddp)
     assert ((ratio > 0.45) & (ratio < 0.55)).all(), ratio
-    assert (fsdp1["loss_global"] - ddp["loss_global"]).abs().max() < 1e-4
+    assert (fsdp1["loss_global"] - ddp["loss_global"]).abs().max() < 0.05, "bf16 MixedPrecision, close to fp32"
+
+
+def test_ddp_with_bf16_autocast_keeps_fp32_state_in_a_world_of_one(runs, tmp_path):
+    ddp, _ = runs("ddp")
+    args = [*SMALL, "--strategy", "ddp", "--precision", "bf16", "--max-steps", 1, "--metrics-dir", "metrics"]
+    out = subprocess.run([sys.executable, SCRIPTS_DIR / "fsdp_train.py", *map(str, args)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = tl.read_metrics(tmp_path).to_dict("records")
+    assert row["world_size"] == 1 and row["param_bytes"] == ddp["param_bytes"].iloc[0], "a full fp32 replica"
+    # Same batch per rank as the DDP run. Less, not half: autocast keeps fp32 where it must (layer norm, the loss),
+    # and the bf16 weight copies it saves for backward count as saved tensors (they are not parameters).
+    assert row["activation_bytes"] < ddp["activation_bytes"].iloc[0]
 
 
 def test_the_seeds_direct_policy_call_raises_type_error():

@@ -279,7 +279,8 @@ class SavedActivations:
     Every tensor saved for backward passes the pack hook; parameters (leaves that require grad, or views of
     them) are not activations and are skipped; storages are counted once. Inside a non-reentrant checkpoint
     the checkpoint's own hooks take over and nothing is saved, but each checkpointed block keeps its input
-    for the recomputation: a forward pre-hook on the wrapper adds those bytes.
+    for the recomputation: a forward pre-hook on the wrapper adds those bytes. Under DDP's autocast the bf16
+    copies of the weights that matmuls save are counted too: they are memory held for backward.
     """
 
     def __init__(self):
