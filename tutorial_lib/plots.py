@@ -199,4 +199,6 @@ def plot_tradeoff(table: pd.DataFrame, x: str, y: str, label: str = "label", xla
     ax.set_ylabel(ylabel or (f"{y.removesuffix('_bytes')} (MiB)" if y.endswith("_bytes") else y))
     ax.set_title(title)
     ax.margins(0.25)
+    ax.set_xlim(left=min(0, ax.get_xlim()[0]))
+    ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))  # from zero: a small difference is not drawn as a large one
     return fig

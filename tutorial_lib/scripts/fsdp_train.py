@@ -388,12 +388,12 @@ def train(args, rank, world_size, device):
                 saved_bytes = max(saved_bytes, counter.take())  # what this forward kept for backward
                 (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
             loss_sum += loss.detach()
+        if args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
+            zero_grads = sum(int((local(p.grad) == 0).sum()) for p in model.parameters() if p.grad is not None)
         if scaler:
-            scaler.step(optimizer)  # skips the step if any rank's gradients hold inf/nan
+            scaler.step(optimizer)  # unscales, and skips the step if any rank's gradients hold inf/nan
             scaler.update()
         else:
-            if args.precision == "fp16":
-                zero_grads = sum(int((local(p.grad) == 0).sum()) for p in model.parameters() if p.grad is not None)
             optimizer.step()
         loss_global = loss_sum.clone()
         if dist.is_initialized():
