@@ -187,7 +187,8 @@ def plot_tradeoff(table: pd.DataFrame, x: str, y: str, label: str = "label", xla
                   title: str = "") -> Figure:
     """One labelled point per row of ``table``: e.g. activation memory (``x``) against step time (``y``).
 
-    Columns ending in ``_bytes`` are drawn in MiB. ``label`` names the column that labels each point.
+    Columns ending in ``_bytes`` are drawn in MiB; both axes start at zero (for non-negative quantities).
+    ``label`` names the column that labels each point.
     """
     fig, (ax,) = _figure()
     xs = table[x] / MIB if x.endswith("_bytes") else table[x]
@@ -199,6 +200,6 @@ def plot_tradeoff(table: pd.DataFrame, x: str, y: str, label: str = "label", xla
     ax.set_ylabel(ylabel or (f"{y.removesuffix('_bytes')} (MiB)" if y.endswith("_bytes") else y))
     ax.set_title(title)
     ax.margins(0.25)
-    ax.set_xlim(left=min(0, ax.get_xlim()[0]))
-    ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))  # from zero: a small difference is not drawn as a large one
+    ax.set_xlim(left=0)  # both axes from zero (bytes and seconds): a small difference is not drawn as a large one
+    ax.set_ylim(bottom=0)
     return fig
