@@ -74,6 +74,12 @@ def test_bad_arguments_name_the_value(kwargs, message):
         predict_state_bytes(TINY, **kwargs)
 
 
+def test_a_scalar_parameter_is_replicated_by_ddp_and_refused_under_sharding():
+    assert predict_state_bytes([[]], strategy="ddp", world_size=2).param_bytes == 4
+    with pytest.raises(tl.ConfigError, match="0-dimensional"):
+        predict_state_bytes([[]], strategy="fsdp2", world_size=2)
+
+
 def test_prediction_and_tradeoff_plots_draw_one_bar_pair_per_row_and_start_at_zero():
     import pandas as pd
     table = pd.DataFrame({"label": ["DDP rank 0", "FSDP2 rank 0"], "predicted_bytes": [2**21, 2**20],

@@ -109,9 +109,14 @@ def shard_rows(dim0: int, world_size: int, rank: int, *, padded: bool = False) -
 
 
 def local_numel(shape: Sequence[int], strategy: str, world_size: int, rank: int, *, padded: bool = False) -> int:
-    """Elements of one parameter of ``shape`` held by ``rank`` under ``strategy`` (``fsdp1`` as ``fsdp2``)."""
-    if strategy == "ddp" or world_size == 1 or len(shape) == 0:
-        return math.prod(shape) if strategy == "ddp" or world_size == 1 else (1 if rank == 0 else 0)
+    """Elements of one parameter of ``shape`` held by ``rank`` under ``strategy`` (``fsdp1`` as ``fsdp2``).
+
+    Raises ``ConfigError`` for a 0-dimensional parameter under sharding (it has no dim 0 to split; not modelled).
+    """
+    if strategy == "ddp" or world_size == 1:
+        return math.prod(shape)
+    if len(shape) == 0:
+        raise ConfigError("a 0-dimensional parameter has no dim 0 to shard; the model covers parameters with >= 1 dim")
     return shard_rows(shape[0], world_size, rank, padded=padded) * math.prod(shape[1:])
 
 
