@@ -26,7 +26,8 @@ CONFIGS = {
     "fsdp2_ac": ["--strategy", "fsdp2", "--activation-checkpointing"],
     "fsdp2_bf16_fine": ["--strategy", "fsdp2", "--precision", "bf16", "--wrap", "fine"],
     "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2],
-    "fsdp1_fine_ac_bf16": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing", "--precision", "bf16"],
+    "fsdp1_fine_ac_bf16": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing",
+                           "--precision", "bf16"],
 }
 
 

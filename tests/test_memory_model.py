@@ -50,14 +50,16 @@ def test_sgd_keeps_no_state_and_precision_does_not_change_persistent_state():
 
 
 def test_world_of_one_equals_ddp_and_bytes_per_parameter():
-    assert predict_state_bytes(TINY, strategy="fsdp2").state_bytes == predict_state_bytes(TINY, strategy="ddp").state_bytes
+    one = predict_state_bytes(TINY, strategy="fsdp2")
+    assert one.state_bytes == predict_state_bytes(TINY, strategy="ddp").state_bytes
     assert bytes_per_parameter("ddp") == {"params": 4, "grads": 4, "optimizer_state": 8, "total": 16}
     assert bytes_per_parameter("fsdp2", world_size=2)["total"] == 8
     assert bytes_per_parameter("fsdp2", world_size=4, optimizer="sgd")["total"] == 2
 
 
 def test_block_units_groups_blocks_and_root():
-    units = block_units(["embed.weight", "blocks.0.qkv.weight", "blocks.0.qkv.bias", "blocks.1.fc1.weight", "head.weight"])
+    units = block_units(["embed.weight", "blocks.0.qkv.weight", "blocks.0.qkv.bias", "blocks.1.fc1.weight",
+                         "head.weight"])
     assert units == {"root": ["embed.weight", "head.weight"], "blocks.0": ["blocks.0.qkv.weight", "blocks.0.qkv.bias"],
                      "blocks.1": ["blocks.1.fc1.weight"]}
 

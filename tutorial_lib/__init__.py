@@ -27,7 +27,8 @@ __all__ = [
     "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
     "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",
     "read_metrics", "read_rank_json", "resolve_device", "run_script", "show_script", "write_script",
-    "StateBytes", "block_units", "bytes_per_parameter", "predict_state_bytes", "plot_memory_prediction", "plot_tradeoff",
+    "StateBytes", "block_units", "bytes_per_parameter", "predict_state_bytes", "plot_memory_prediction",
+    "plot_tradeoff",
 ]
 __version__ = "0.1.0"
 

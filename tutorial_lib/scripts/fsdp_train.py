@@ -21,7 +21,8 @@ What it shows
 Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` with exact tensor bytes of
 its parameters, gradients and optimizer state (local shards), the bytes saved for backward (activations),
 RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
-shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers). Only torch and the Python standard library.
+shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers).
+Only torch and the Python standard library.
 """
 
 import argparse
@@ -345,7 +346,7 @@ def train(args, rank, world_size, device):
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
             scaler = ShardedGradScaler()  # unscales and checks inf/nan across all ranks' shards
         else:
-            scaler = torch.amp.GradScaler("cuda")  # not torch.cuda.amp.GradScaler (deprecated); FSDP2 grads are DTensors
+            scaler = torch.amp.GradScaler("cuda")  # not the deprecated torch.cuda.amp.GradScaler of seed 000
     # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
     autocast = args.strategy == "ddp" and args.precision != "fp32"
     counter = SavedActivations()

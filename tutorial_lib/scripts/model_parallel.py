@@ -3,7 +3,7 @@
 Run card
     python model_parallel.py --max-steps 5                        # one process; halves on cuda:0 and cuda:1 if present
     torchrun --nproc-per-node 1 model_parallel.py --max-steps 5   # the same, launched by torchrun
-    torchrun --nproc-per-node 2 model_parallel.py                 # 2 ranks x 2 GPUs each: rank r uses cuda:2r, cuda:2r+1
+    torchrun --nproc-per-node 2 model_parallel.py                 # 2 ranks x 2 GPUs: rank r on cuda:2r, cuda:2r+1
 
 What it shows
     * ``part1`` (Linear 1000 -> 2000) lives on one device and ``part2`` (Linear 2000 -> 1000) on another; the
