@@ -158,13 +158,22 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
 
     ``--tee 3`` copies each worker's stdout and stderr to ``log_dir`` and to torchrun's stdout with a
     ``[default<local_rank>]:`` prefix, written a whole line at a time.
+
+    With ``max_restarts > 0`` the rendezvous is ``c10d`` on ``127.0.0.1:master_port`` instead of the static
+    ``--master-addr/--master-port`` one: the static rendezvous hands every attempt the same store keys,
+    so a restarted group read the dead attempt's gloo addresses ("Gloo connectFullMesh failed ...
+    Connection refused") or hung; c10d starts each attempt in a fresh round (torch 2.13, measured).
     """
+    if max_restarts > 0:
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{master_port}",
+                      "--rdzv-id", "tutorial_lib"]
+    else:
+        rendezvous = ["--master-addr", LOOPBACK, "--master-port", str(master_port)]
     return [
         python or sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1",
         "--nproc-per-node", str(plan.nproc_per_node),
-        "--master-addr", LOOPBACK,
-        "--master-port", str(master_port),
+        *rendezvous,
         "--max-restarts", str(max_restarts),
         "--log-dir", str(log_dir),
         "--tee", "3",
@@ -182,7 +191,8 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
     ``GLOO_SOCKET_IFNAME=lo`` on CPU (gloo talks over loopback only), and with restarts
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it gloo reconnects to the previous
-    attempt's port and half of elastic restarts failed on this kind of machine).
+    attempt's port and half of elastic restarts failed on this kind of machine; it acts on the c10d
+    rendezvous ``build_command`` uses with restarts: the workers then host their own store).
     On CPU with GPUs present, ``CUDA_VISIBLE_DEVICES=""`` hides them from the workers.
     ``extra`` is applied last and wins.
     """
