@@ -36,6 +36,7 @@ SCRIPT_ARGS = {
     "dataloader_bench": ["--num-workers", 0, 4],
     "uneven_inputs": ["--join"],
     "unused_params": ["--loss-uses", "both"],
+    "checkpoint_train": ["--strategy", "fsdp2", "--format", "dcp", "--save-every", 6, "--fp16"],
 }
 
 
@@ -69,6 +70,10 @@ def check_script(name: str, plan: tl.DevicePlan, root: Path) -> str:
     elif name == "sync_batchnorm":
         ranks = tl.read_rank_json(run_dir, "syncbn")
         notes.append(f"max |running_mean - global| {max(r['max_abs_diff_vs_global'] for r in ranks):.1e}")
+    elif name == "checkpoint_train":
+        listing = tl.list_checkpoints(run_dir / "checkpoints")
+        assert listing["complete"].all() and list(listing["step"]) == [6, 12], listing
+        notes.append(f"saved {list(listing['name'])} (dcp, fp16 autocast + GradScaler) on nccl")
     elif name in ("grad_accum", "uneven_inputs", "unused_params", "sampler_demo"):
         pass  # success is the check; the notebook asserts the details
     else:

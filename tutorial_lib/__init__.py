@@ -9,17 +9,21 @@ The handful of names the notebooks use::
     tl.plot_run(result.metrics(), result.memory_samples())
 """
 
+from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
+                          load_checkpoint_state)
 from .devices import DevicePlan, resolve_device
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_script
 from .live import enable_inline_figures
 from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json
-from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_memory, plot_run,
-                    plot_tensor_bytes)
+from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_memory, plot_resume,
+                    plot_run, plot_tensor_bytes)
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
+    "checkpoint_costs", "checkpoint_files", "diff_state_dicts", "latest_checkpoint", "list_checkpoints",
+    "load_checkpoint_state", "plot_resume",
     "ConfigError", "DevicePlan", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
     "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
     "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
