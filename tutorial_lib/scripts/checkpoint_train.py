@@ -87,8 +87,6 @@ def parse_args(argv=None):
                    help="dropout probability (0..1); its random masks make the RNG state part of the checkpoint")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (unitless)")
     p.add_argument("--warmup-steps", type=int, default=3, help="linear warmup, then cosine decay (count)")
-    p.add_argument("--fp16", action="store_true",
-                   help="fp16 autocast with a GradScaler (CUDA only; its state is checkpointed too)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the data and the sampler")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
@@ -131,8 +129,6 @@ def setup(args):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if args.fp16 and not use_cuda:
-        raise SystemExit("--fp16 needs CUDA: fp16 matmuls on CPU are unusably slow (use fp32 on CPU)")
     if use_cuda:
         device = torch.device("cuda", local_rank)  # LOCAL_RANK: the GPU index on this node
         torch.cuda.set_device(device)
@@ -431,7 +427,9 @@ def train(args, rank, local_rank, world_size, device):
     model = build_model(args, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
-    scaler = torch.amp.GradScaler(device.type, enabled=args.fp16)
+    # A GradScaler matters only for fp16 training (the mixed-precision lesson); in fp32 it is disabled and
+    # passes everything through. Its state (scale, growth tracker) belongs in a checkpoint all the same.
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
     batches = ResumableBatches(args.dataset_size, args.batch_size, rank, world_size, args.seed)
     data_x, data_y = synthetic_dataset(args)
     torch.manual_seed(args.seed + 7919 * (rank + 1))  # each rank its own dropout masks
@@ -467,8 +465,7 @@ def train(args, rank, local_rank, world_size, device):
         idx = batches.next_indices()
         x, y = data_x[idx].to(device), data_y[idx].to(device)
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.float16, enabled=args.fp16):
-            loss = loss_fn(model(x), y)
+        loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()  # DDP all-reduces / FSDP2 reduce-scatters gradients here
         scaler.step(optimizer)
         scaler.update()
