@@ -61,7 +61,8 @@ def list_checkpoints(folder: str | os.PathLike) -> pd.DataFrame:
                      "world_size": info.get("world_size"), "files": len(files),
                      "bytes": sum(p.stat().st_size for p in files)})
     columns = ["name", "step", "complete", "format", "world_size", "files", "bytes"]
-    return pd.DataFrame(rows, columns=columns).sort_values(["step", "name"], ignore_index=True)
+    table = pd.DataFrame(rows, columns=columns).astype({"world_size": "Int64"})  # None stays <NA>, not NaN
+    return table.sort_values(["step", "name"], ignore_index=True)
 
 
 def latest_checkpoint(folder: str | os.PathLike) -> Path | None:

@@ -39,6 +39,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -134,6 +135,8 @@ def setup(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if not distributed:  # DCP works without a process group (one process); it warns that it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     if distributed:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo",
                                 timeout=timedelta(seconds=args.pg_timeout_s),
@@ -349,7 +352,8 @@ def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, ra
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        read = sum(p.stat().st_size for p in path.glob("*.distcp")) + (path / ".metadata").stat().st_size
+        # Bytes this rank needed: its own shards (FSDP2) or whole tensors (DDP), plus the metadata.
+        read = state_bytes(state) + (path / ".metadata").stat().st_size
     else:
         # Seed 001 loads on rank 0 only into a sharded model. Instead: rank 0 reads the file and
         # broadcast_from_rank0 sends every rank its part (its shards under FSDP, everything under DDP).
@@ -397,6 +401,15 @@ def tensor_bytes(tensors):
         local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard only
         total += local.numel() * local.element_size()
     return total
+
+
+def state_bytes(state):
+    """Tensor bytes held by this rank in a (nested) state dict; a DTensor counts its local shard."""
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return tensor_bytes([state]) if torch.is_tensor(state) else 0
 
 
 def memory_fields(model, optimizer, device):
