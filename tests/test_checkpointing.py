@@ -106,16 +106,21 @@ def test_a_resume_path_without_its_marker_is_refused(tmp_path):
     assert out.returncode == 1 and "is not a complete checkpoint folder (no checkpoint.json)" in out.stderr
 
 
-def test_one_process_resume_is_bitwise_exact(tmp_path):
-    straight, resumed = tmp_path / "a", tmp_path / "b"
-    straight.mkdir(), resumed.mkdir()
-    assert run_plain(["--max-steps", 6, "--save-every", 3, "--format", "full"], straight).returncode == 0
-    out = run_plain(["--max-steps", 6, "--resume", straight / "checkpoints" / "step-3"], resumed)
+def test_one_process_stopped_at_half_and_resumed_is_bitwise_exact(tmp_path):
+    straight, stopped, resumed = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (straight, stopped, resumed):
+        d.mkdir()
+    assert run_plain(["--max-steps", 6], straight).returncode == 0
+    assert run_plain(["--max-steps", 6, "--stop-at-step", 3, "--save-every", 10, "--format", "full"],
+                     stopped).returncode == 0
+    assert [c["name"] for _, c in tl.list_checkpoints(stopped / "checkpoints").iterrows()] == ["step-3"], \
+        "a stopped job saves at its last step"
+    out = run_plain(["--max-steps", 6, "--resume", stopped / "checkpoints" / "step-3"], resumed)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "resumed from step-3 (step 3)" in out.stdout
-    a, b = (tl.read_metrics(d) for d in (straight, resumed))
-    assert list(b["step"]) == [4, 5, 6] and (b["resumed_from_step"] == 3).all()
-    assert losses(b) == losses(a, after_step=3)
+    a, b, c = (tl.read_metrics(d) for d in (straight, stopped, resumed))
+    assert list(b["step"]) == [1, 2, 3] and list(c["step"]) == [4, 5, 6] and (c["resumed_from_step"] == 3).all()
+    assert {**losses(b), **losses(c)} == losses(a)
 
 
 # --- real 2-rank jobs ----------------------------------------------------------------------------------
