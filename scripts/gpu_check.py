@@ -37,6 +37,7 @@ SCRIPT_ARGS = {
     "uneven_inputs": ["--join"],
     "unused_params": ["--loss-uses", "both"],
     "fsdp_train": ["--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5],  # fp16 + GradScaler: CUDA only
+    "checkpoint_train": ["--strategy", "fsdp2", "--format", "dcp", "--save-every", 6],
 }
 
 
@@ -77,6 +78,10 @@ def check_script(name: str, plan: tl.DevicePlan, root: Path) -> str:
                      f"peak_allocated {m['peak_allocated_bytes'].max() / 2**20:.0f} MiB")
     elif name == "model_parallel":
         notes.append(tl.read_rank_json(run_dir, "mp")[0]["note"])
+    elif name == "checkpoint_train":
+        listing = tl.list_checkpoints(run_dir / "checkpoints")
+        assert listing["complete"].all() and list(listing["step"]) == [6, 12], listing
+        notes.append(f"saved {list(listing['name'])} (dcp) on nccl")
     elif name in ("grad_accum", "uneven_inputs", "unused_params", "sampler_demo"):
         pass  # success is the check; the notebook asserts the details
     else:

@@ -188,27 +188,34 @@ def free_port(host: str = LOOPBACK) -> int:
 
 def build_command(script: str | os.PathLike, args: Sequence[object], plan: DevicePlan, *, master_port: int,
                   log_dir: str | os.PathLike, max_restarts: int = 0, python: str | None = None,
-                  nnodes: int = 1, rendezvous_id: str = "tutorial", rendezvous_timeout_s: float = 60.0) -> list[str]:
+                  nnodes: int = 1, rendezvous_id: str = "tutorial_lib", rendezvous_timeout_s: float = 60.0) -> list[str]:
     """The torchrun argv of one node on loopback; pure (launches nothing).
 
     ``--tee 3`` copies each worker's stdout and stderr to ``log_dir`` and to torchrun's stdout with a
-    ``[default<local_rank>]:`` prefix, written a whole line at a time. One node uses the static
-    rendezvous (``--master-addr``/``--master-port``). With ``nnodes > 1`` every agent joins the c10d
-    rendezvous at ``127.0.0.1:master_port`` as a client (``is_host=false``: the launcher hosts that
-    store, so it outlives every agent) and waits at most ``rendezvous_timeout_s`` for the others
-    (``join_timeout``); the rendezvous assigns node ranks in order of arrival.
+    ``[default<local_rank>]:`` prefix, written a whole line at a time. The rendezvous:
+
+    * one node, no restarts: static (``--master-addr``/``--master-port``);
+    * one node with ``max_restarts > 0``: ``c10d`` on ``127.0.0.1:master_port``. The static rendezvous
+      hands every attempt the same store keys, so a restarted group read the dead attempt's gloo
+      addresses ("Gloo connectFullMesh failed ... Connection refused") or hung; c10d starts each
+      attempt in a fresh round (torch 2.13, measured);
+    * ``nnodes > 1``: every agent joins the ``c10d`` rendezvous at ``127.0.0.1:master_port`` as a client
+      (``is_host=false``: the launcher hosts that store, so it outlives every agent) and waits at most
+      ``rendezvous_timeout_s`` for the others (``join_timeout``); node ranks follow arrival order.
     """
     if nnodes > 1:
         rendezvous = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d",
                       "--rdzv-endpoint", f"{LOOPBACK}:{master_port}", "--rdzv-id", rendezvous_id,
                       "--rdzv-conf", f"is_host=false,join_timeout={rendezvous_timeout_s:g}"]
+    elif max_restarts > 0:
+        rendezvous = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{master_port}",
+                      "--rdzv-id", rendezvous_id]
     else:
-        rendezvous = ["--nnodes", "1"]
+        rendezvous = ["--nnodes", "1", "--master-addr", LOOPBACK, "--master-port", str(master_port)]
     return [
         python or sys.executable, "-m", "torch.distributed.run",
         *rendezvous,
         "--nproc-per-node", str(plan.nproc_per_node),
-        *(["--master-addr", LOOPBACK, "--master-port", str(master_port)] if nnodes == 1 else []),
         "--max-restarts", str(max_restarts),
         "--log-dir", str(log_dir),
         "--tee", "3",
@@ -226,7 +233,8 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
     ``GLOO_SOCKET_IFNAME=lo`` on CPU (gloo talks over loopback only), and with restarts
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it gloo reconnects to the previous
-    attempt's port and half of elastic restarts failed on this kind of machine).
+    attempt's port and half of elastic restarts failed on this kind of machine; it acts on the c10d
+    rendezvous ``build_command`` uses with restarts: the workers then host their own store).
     On CPU with GPUs present, ``CUDA_VISIBLE_DEVICES=""`` hides them from the workers.
     ``extra`` is applied last and wins.
     """

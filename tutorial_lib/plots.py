@@ -222,3 +222,33 @@ def plot_tradeoff(table: pd.DataFrame, x: str, y: str, label: str = "label", xla
     ax.set_xlim(left=0)  # both axes from zero (bytes and seconds): a small difference is not drawn as a large one
     ax.set_ylim(bottom=0)
     return fig
+
+
+def plot_resume(metrics: pd.DataFrame, reference: pd.DataFrame | None = None, title: str = "") -> Figure:
+    """Global loss of a run that resumed or restarted, one segment per attempt, over an uninterrupted run.
+
+    Args:
+        metrics: ``read_metrics`` of the run, with ``attempt`` and ``resumed_from_step`` columns (as
+            ``checkpoint_train.py`` writes); rank 0's rows are drawn.
+        reference: optional metrics of the uninterrupted run, drawn as a thick grey line underneath.
+        title: axes title.
+
+    Each (attempt, resumed_from_step) segment gets its own colour and marker; a dotted vertical line marks
+    the step a segment resumed from, so steps replayed after a crash show up as two markers on one step.
+    """
+    fig, (ax,) = _figure(width_in=6.0)
+    if reference is not None:
+        r = reference[reference["rank"] == reference["rank"].min()]
+        ax.plot(r["step"], r["loss_global"], color="0.75", lw=5, label="uninterrupted run", zorder=1)
+    d = metrics[metrics["rank"] == metrics["rank"].min()]
+    for n, ((attempt, resumed), seg) in enumerate(d.groupby(["attempt", "resumed_from_step"], sort=True)):
+        label = f"attempt {attempt}" + (f", resumed from step {resumed}" if resumed else "")
+        ax.plot(seg["step"], seg["loss_global"], marker="ox^s"[n % 4], ms=6, lw=1.2, label=label, zorder=2 + n)
+        if resumed:
+            ax.axvline(resumed, color=ax.lines[-1].get_color(), ls=":", lw=1.2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("global loss")
+    ax.set_title(title or "loss across attempts")
+    ax.legend(fontsize=8)
+    return fig
