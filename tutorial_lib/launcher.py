@@ -611,9 +611,14 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             reason = explain_agent_failure("\n".join(transcript), spec, nodes)
             summary += f": {reason}" if reason else ""
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
+        (run_dir / "run.json").write_text(json.dumps({"status": "failed", "returncode": returncode,
+                                                       "wall_time_s": wall_time_s, "summary": summary}))
         raise LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
                           output_tail=transcript[-30:])
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
+    (run_dir / "run.json").write_text(json.dumps({"status": "finished", "returncode": 0, "wall_time_s": wall_time_s,
+                                                   "nnodes": spec.nnodes, "nproc_per_node": nproc,
+                                                   "device": plan.device}))
     return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
 
 
