@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 import tutorial_lib as tl
 from tutorial_lib.devices import DevicePlan
@@ -202,3 +203,26 @@ def test_the_launchers_rendezvous_store_listens_on_loopback_only(run_root):
                   nproc_per_node=1, nnodes=2, live="off", timeout_s=120)
     watcher.join()
     assert listening == {"127.0.0.1"}, listening
+
+
+# --- 5. a worker SIGKILLed during a checkpoint save, ten times: the newest complete one loads and resume goes on ---
+
+@pytest.mark.integration
+@pytest.mark.parametrize("trial", range(10))
+def test_a_kill_during_a_save_never_costs_the_previous_checkpoint(run_root, trial):
+    fail_step, fail_rank, fmt = 2 + trial % 3, trial % 2, ("dcp", "full")[trial // 5]
+    common = ["--strategy", "ddp", "--max-steps", 4, "--save-every", 1, "--format", fmt]
+    spec = dict(runs_dir=run_root, device="cpu", nproc_per_node=2, timeout_s=150, live="off")
+    with pytest.raises(tl.LaunchError) as info:
+        tl.run_script("checkpoint_train", [*common, "--fail-rank", fail_rank, "--fail-step", fail_step,
+                                           "--fail-mode", "kill-during-save"], **spec)
+    assert (info.value.rank, info.value.exit_code) == (fail_rank, -9)
+    folder = info.value.run_dir / "checkpoints"
+    newest = tl.latest_checkpoint(folder)
+    assert newest is not None and newest.name == f"step-{fail_step - 1}"
+    state = tl.load_checkpoint_state(newest)
+    assert state["model"] and all(torch.isfinite(t).all() for t in state["model"].values())
+    resumed = tl.run_script("checkpoint_train", [*common, "--checkpoint-dir", folder, "--resume", "latest"], **spec)
+    assert (resumed.metrics()["resumed_from_step"] == fail_step - 1).all()
+    assert tl.latest_checkpoint(folder).name == "step-4"
+    assert not wait_no_job_processes(str(run_root))
