@@ -329,8 +329,9 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
     (run_dir / "command.txt").write_text(command_text(command, env, run_dir, os.environ))
 
-    view = make_view(spec.live)
-    printer = ThrottledPrinter(max_lines_per_s=spec.max_output_lines_per_s, log_name=str(run_dir / "output.log"))
+    view = make_view(spec.live, run_dir=run_dir)
+    printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=spec.max_output_lines_per_s,
+                               log_name=str(run_dir / "output.log"))
     metrics_tail = JsonlTail(run_dir / METRICS_SUBDIR, "rank*.jsonl")
     lines: queue.Queue = queue.Queue()
     output_log = open(run_dir / "output.log", "w")
@@ -429,8 +430,10 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         else:
             summary = f"{script.name} failed: torchrun exited with code {returncode}"
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
-        raise LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
-                          output_tail=transcript[-30:])
+        error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
+                            output_tail=transcript[-30:])
+        safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
+        raise error
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
     return LaunchResult(run_dir=run_dir, command=command, returncode=returncode, wall_time_s=wall_time_s, plan=plan)
 
