@@ -1,9 +1,10 @@
 """What a person sees in JupyterLab, checked in a real browser (Debian's chromium, driven by playwright).
 
 One test, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
-folders; ``01_ddp.ipynb`` (a copy, with one long run appended) opened in headless chromium; Run All; the
-live widget reaches the last step on every rank, the plot renders, no cell shows an error; then the long
-run is interrupted from the notebook toolbar, the cell says so, and no worker or torchrun process remains.
+folders; ``01_ddp.ipynb`` (a copy, with a failing run and a long run appended) opened in headless chromium;
+Run All; the live widget reaches the last step on every rank, the plot renders, no cell shows an error; the
+failing run's red box names the rank, the cause and the logs; then the long run is interrupted from the
+notebook toolbar, the cell says so, and no worker or torchrun process remains.
 
 Screenshots and the server log go to ``<tmp_path>/artifacts`` and, when ``$TUTORIAL_LIB_ARTIFACTS_DIR`` is
 set, are copied there. The test skips only where chromium (``apt-get install -y chromium``) or the

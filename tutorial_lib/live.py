@@ -230,8 +230,11 @@ class NotebookView(LiveView):
             self._draw_alert(what, details)
         if self.use_widgets:
             self._box_handle.update(self._widget_bundle("\n".join(self.progress_lines(elapsed_s) + [status])), raw=True)
-        if not status.startswith("failed") or len(self.records) != self._plotted_records:
-            # the memory curve is completed after a success; an interrupted job is not kept waiting for a redraw
+        # After a success the memory curve is completed; after a failure only new steps are drawn, and after an
+        # interrupt the figure stays as it is (at most plot_interval_s old) unless none was drawn yet, so the
+        # cell says "interrupted" without waiting for a redraw.
+        stale = len(self.records) != self._plotted_records
+        if not status.startswith("failed") or (stale and (status != "failed: interrupted" or self._plotted_records < 0)):
             self._draw_plot(rss_samples, final=True)
 
     def _steps_line(self) -> str:
