@@ -13,6 +13,7 @@ set, are copied there. The test skips only where chromium (``apt-get install -y 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -267,6 +268,10 @@ def test_jupyterlab_runs_01_ddp_live_and_the_toolbar_interrupt_stops_the_job(tmp
                            "the red box saying the job was interrupted")
                 long_cell.scroll_into_view_if_needed()
                 page.screenshot(path=artifacts / "04_interrupted.png")
+            except BaseException:
+                with contextlib.suppress(Exception):  # what the page showed when the test failed
+                    page.screenshot(path=artifacts / "failure.png")
+                raise
             finally:
                 browser.close()
     finally:
