@@ -5,6 +5,7 @@ tests/test_browser.py checks the same views rendered in JupyterLab.
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import papermill as pm
@@ -106,3 +107,25 @@ def test_the_log_buffer_keeps_the_last_lines_and_joins_partial_writes():
     buf.write("tial\n")
     assert buf.lines() == ["[rank 0] line 3", "[rank 0] line 4", "[rank 1] partial"]
     assert NotebookView(widgets=False).log_stream is None, "text mode: lines go to the cell's stdout"
+
+
+def test_the_red_box_names_the_cause_of_a_failure_and_where_ranks_were_at_a_timeout(tmp_path, capsys):
+    view = NotebookView(widgets=True, run_dir=tmp_path)
+    view.start()  # outside a kernel the widgets still exist; display() prints their text
+    view.add([{"step": 7, "max_steps": 10, "rank": 0}, {"step": 3, "max_steps": 10, "rank": 1}])
+    failure = tl.RankFailure(rank=1, exit_code=1, traceback="Traceback ...\nValueError: bad batch", log_tail=["x"])
+    view.fail(tl.LaunchError("t.py failed on rank 1 (exit code 1)", run_dir=tmp_path, command=["t"], returncode=1,
+                             failure=failure))
+    box = view._alert.value
+    assert "t.py failed on rank 1 (exit code 1)" in box and "cause: ValueError: bad batch" in box
+    assert "rank 0 at step 7, rank 1 at step 3" in box and f"full logs in {tmp_path}: output.log" in box
+    timeout = tl.LaunchTimeout("t.py timed out after 5 s (limit timeout_s) and was stopped; ranks still running: [0, 1]",
+                               timeout_s=5, last_steps={0: 7, 1: 3}, run_dir=tmp_path, command=["t"], returncode=None,
+                               output_tail=["an unrelated last line"])
+    view.fail(timeout)
+    box = view._alert.value
+    assert "t.py timed out after 5 s (limit timeout_s) and was stopped<" in box and "unrelated" not in box
+    assert "the job ran past timeout_s=5 s" in box
+    # A timeout that knows where each rank's Python stack was (the launcher's stack dump, where it has one).
+    view.fail(SimpleNamespace(summary="t.py timed out after 5 s", timeout_s=5, where={1: "all_reduce (t.py:42)"}))
+    assert "rank 1 was in all_reduce (t.py:42)" in view._alert.value

@@ -244,6 +244,12 @@ class NotebookView(LiveView):
     def fail(self, error) -> None:
         """Name the failed rank and its cause in the red box (``error``: the ``LaunchError`` about to be raised)."""
         failure = getattr(error, "failure", None)
+        if getattr(error, "timeout_s", None) is not None:  # LaunchTimeout: where every rank was, if it says
+            where = getattr(error, "where", None) or {}
+            details = [f"the job ran past timeout_s={error.timeout_s:g} s and was stopped"]
+            details += [f"rank {rank} was in {place}" for rank, place in sorted(where.items())]
+            self._draw_alert(getattr(error, "summary", str(error)).split(";")[0], details + [self._steps_line()])
+            return
         cause = ""
         if failure is not None and failure.traceback:
             cause = failure.traceback.strip().splitlines()[-1]
