@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install workbook test lab env clean-outputs
+.PHONY: install workbook test lab env bench clean-outputs
 
 install: $(STAMP)
 
@@ -28,6 +28,9 @@ test: $(STAMP)  ## unit tests, real 2-rank launches, papermill and nbval over no
 lab: $(STAMP)  ## open JupyterLab on the notebooks with the project's environment
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -e ".[lab]"
 	cd notebooks && ../$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+bench: $(STAMP)  ## benchmarks as ratios (launcher, metrics, memory, workbook; GPU when present)
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 env: $(STAMP)  ## print the environment report
 	$(BIN)/python -m tutorial_lib env

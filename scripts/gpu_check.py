@@ -36,6 +36,8 @@ SCRIPT_ARGS = {
     "dataloader_bench": ["--num-workers", 0, 4],
     "uneven_inputs": ["--join"],
     "unused_params": ["--loss-uses", "both"],
+    "fsdp_train": ["--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5],  # fp16 + GradScaler: CUDA only
+    "checkpoint_train": ["--strategy", "fsdp2", "--format", "dcp", "--save-every", 6],
 }
 
 
@@ -69,6 +71,17 @@ def check_script(name: str, plan: tl.DevicePlan, root: Path) -> str:
     elif name == "sync_batchnorm":
         ranks = tl.read_rank_json(run_dir, "syncbn")
         notes.append(f"max |running_mean - global| {max(r['max_abs_diff_vs_global'] for r in ranks):.1e}")
+    elif name == "fsdp_train":
+        m = result.metrics()
+        assert (m["peak_allocated_bytes"] > 0).all() and m["grad_scale"].notna().all()
+        notes.append(f"fp16 + GradScaler: scale {m['grad_scale'].iloc[-1]:g}, loss {m['loss_global'].iloc[-1]:.3f}, "
+                     f"peak_allocated {m['peak_allocated_bytes'].max() / 2**20:.0f} MiB")
+    elif name == "model_parallel":
+        notes.append(tl.read_rank_json(run_dir, "mp")[0]["note"])
+    elif name == "checkpoint_train":
+        listing = tl.list_checkpoints(run_dir / "checkpoints")
+        assert listing["complete"].all() and list(listing["step"]) == [6, 12], listing
+        notes.append(f"saved {list(listing['name'])} (dcp) on nccl")
     elif name in ("grad_accum", "uneven_inputs", "unused_params", "sampler_demo"):
         pass  # success is the check; the notebook asserts the details
     else:

@@ -19,13 +19,22 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def test_command_runs_torchrun_module_on_loopback_with_tee_and_script_args(tmp_path):
     cmd = build_command(tmp_path / "x.py", ["--max-steps", 5, "--lr", 0.1], CPU2, master_port=29555,
-                        log_dir=tmp_path / "logs", max_restarts=1)
+                        log_dir=tmp_path / "logs")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     joined = shlex.join(cmd)
-    for part in ["--nproc-per-node 2", "--master-addr 127.0.0.1", "--master-port 29555", "--max-restarts 1",
+    for part in ["--nproc-per-node 2", "--master-addr 127.0.0.1", "--master-port 29555", "--max-restarts 0",
                  "--tee 3", f"--log-dir {tmp_path / 'logs'}", "--nnodes 1"]:
         assert part in joined
     assert cmd[-5:] == [str(tmp_path / "x.py"), "--max-steps", "5", "--lr", "0.1"]
+
+
+def test_restarts_use_the_c10d_rendezvous_so_each_attempt_gets_fresh_store_keys(tmp_path):
+    """Issue 6: with the static rendezvous a restarted group read the dead attempt's gloo addresses."""
+    cmd = build_command(tmp_path / "x.py", [], CPU2, master_port=29555, log_dir=tmp_path / "logs", max_restarts=1)
+    joined = shlex.join(cmd)
+    for part in ["--rdzv-backend c10d", "--rdzv-endpoint 127.0.0.1:29555", "--max-restarts 1", "--tee 3"]:
+        assert part in joined
+    assert "--master-port" not in joined and "--master-addr" not in joined
 
 
 def test_env_is_a_copy_with_defaults_and_never_touches_os_environ(monkeypatch):

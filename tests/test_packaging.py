@@ -1,6 +1,9 @@
 """pyproject.toml and environment.yml list the same dependencies; CI keeps torch on the CPU pin."""
 
+import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -32,3 +35,13 @@ def test_torch_is_a_floor_in_the_project_and_the_cpu_pin_in_ci():
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install --quiet "torch==2.13.0"' in ci and ci.index("torch==2.13.0") < ci.index("make test")
     assert "TORCH_SPEC ?= torch==2.13.0" in (ROOT / "Makefile").read_text()
+
+
+def test_the_benchmark_runs_and_prints_its_ratio_table(tmp_path):
+    """scripts/bench.py's memory section end to end (two short 2-rank launches); the ratios are its own business."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "memory", "--out",
+                          str(tmp_path / "bench.json")], capture_output=True, text=True, timeout=300)
+    assert "memory: FSDP2 / DDP state bytes per rank (N=2)" in out.stdout, out.stdout + out.stderr[-2000:]
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    ratio = next(r for r in rows if r["benchmark"].startswith("memory: FSDP2"))["value"]
+    assert 0 < ratio < 1

@@ -83,6 +83,8 @@ SMALL_ARGS = {
     "ddp_train": ["--max-steps", 2], "collectives_check": ["--sizes-bytes", 4096, "--iters", 1],
     "sampler_demo": [], "dataloader_bench": ["--dataset-size", 8, "--epochs", 1, "--num-workers", 0],
     "grad_accum": ["--max-steps", 1], "uneven_inputs": [], "unused_params": ["--loss-uses", "both", "--max-steps", 2],
+    "fsdp_train": ["--max-steps", 1, "--dim", 32, "--n-layers", 1], "model_parallel": ["--max-steps", 1],
+    "checkpoint_train": ["--max-steps", 2, "--save-every", 1],
 }
 
 

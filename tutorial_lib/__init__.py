@@ -9,24 +9,31 @@ The handful of names the notebooks use::
     tl.plot_run(result.metrics(), result.memory_samples())
 """
 
+from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
+                          load_checkpoint_state)
+from .cluster import node_commands, slurm_script
 from .devices import DevicePlan, resolve_device
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_script
 from .live import enable_inline_figures
+from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json, summarize_runs
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_run, plot_tensor_bytes)
+                    plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
-    "ConfigError", "DevicePlan", "autocast_op_dtypes", "autocast_supported", "cpu_low_precision_flags",
-    "float_formats", "plot_loss_scale", "summarize_runs", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
-    "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
-    "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
-    "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",
-    "read_metrics", "read_rank_json", "resolve_device", "run_script", "show_script", "write_script",
+    "ConfigError", "DevicePlan", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
+    "MetricsError", "RankFailure", "StateBytes", "TutorialError", "autocast_op_dtypes", "autocast_supported",
+    "available_scripts", "block_units", "bytes_per_parameter", "checkpoint_costs", "checkpoint_files",
+    "cpu_low_precision_flags", "diff_state_dicts", "environment_report", "float_formats", "latest_checkpoint",
+    "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
+    "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
+    "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
+    "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_script", "show_script",
+    "slurm_script", "summarize_runs", "write_script",
 ]
 __version__ = "0.1.0"
 

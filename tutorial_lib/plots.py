@@ -179,3 +179,76 @@ def plot_loss_scale(metrics: pd.DataFrame, title: str = "") -> Figure:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     return fig
+
+
+def plot_memory_prediction(table: pd.DataFrame, title: str = "state per rank: predicted vs measured") -> Figure:
+    """Bars of predicted and measured bytes per rank, side by side, one pair per row of ``table``.
+
+    Args:
+        table: one row per (run, rank) with columns ``label`` (e.g. ``"DDP N=2 rank 0"``), ``predicted_bytes``
+            and ``measured_bytes`` (bytes of parameters + gradients + optimizer state).
+        title: axes title.
+    """
+    fig, (ax,) = _figure(width_in=max(5.0, 1.1 * len(table)))
+    x = range(len(table))
+    ax.bar([i - 0.2 for i in x], table["predicted_bytes"] / MIB, width=0.4, label="predicted (analytic model)",
+           color="lightgray", edgecolor="black")
+    ax.bar([i + 0.2 for i in x], table["measured_bytes"] / MIB, width=0.4, label="measured (exact tensor bytes)")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(table["label"], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("MiB")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_tradeoff(table: pd.DataFrame, x: str, y: str, label: str = "label", xlabel: str = "", ylabel: str = "",
+                  title: str = "") -> Figure:
+    """One labelled point per row of ``table``: e.g. activation memory (``x``) against step time (``y``).
+
+    Columns ending in ``_bytes`` are drawn in MiB; both axes start at zero (for non-negative quantities).
+    ``label`` names the column that labels each point.
+    """
+    fig, (ax,) = _figure()
+    xs = table[x] / MIB if x.endswith("_bytes") else table[x]
+    ys = table[y] / MIB if y.endswith("_bytes") else table[y]
+    ax.scatter(xs, ys, s=50)
+    for xv, yv, text in zip(xs, ys, table[label]):
+        ax.annotate(str(text), (xv, yv), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel(xlabel or (f"{x.removesuffix('_bytes')} (MiB)" if x.endswith("_bytes") else x))
+    ax.set_ylabel(ylabel or (f"{y.removesuffix('_bytes')} (MiB)" if y.endswith("_bytes") else y))
+    ax.set_title(title)
+    ax.margins(0.25)
+    ax.set_xlim(left=0)  # both axes from zero (bytes and seconds): a small difference is not drawn as a large one
+    ax.set_ylim(bottom=0)
+    return fig
+
+
+def plot_resume(metrics: pd.DataFrame, reference: pd.DataFrame | None = None, title: str = "") -> Figure:
+    """Global loss of a run that resumed or restarted, one segment per attempt, over an uninterrupted run.
+
+    Args:
+        metrics: ``read_metrics`` of the run, with ``attempt`` and ``resumed_from_step`` columns (as
+            ``checkpoint_train.py`` writes); rank 0's rows are drawn.
+        reference: optional metrics of the uninterrupted run, drawn as a thick grey line underneath.
+        title: axes title.
+
+    Each (attempt, resumed_from_step) segment gets its own colour and marker; a dotted vertical line marks
+    the step a segment resumed from, so steps replayed after a crash show up as two markers on one step.
+    """
+    fig, (ax,) = _figure(width_in=6.0)
+    if reference is not None:
+        r = reference[reference["rank"] == reference["rank"].min()]
+        ax.plot(r["step"], r["loss_global"], color="0.75", lw=5, label="uninterrupted run", zorder=1)
+    d = metrics[metrics["rank"] == metrics["rank"].min()]
+    for n, ((attempt, resumed), seg) in enumerate(d.groupby(["attempt", "resumed_from_step"], sort=True)):
+        label = f"attempt {attempt}" + (f", resumed from step {resumed}" if resumed else "")
+        ax.plot(seg["step"], seg["loss_global"], marker="ox^s"[n % 4], ms=6, lw=1.2, label=label, zorder=2 + n)
+        if resumed:
+            ax.axvline(resumed, color=ax.lines[-1].get_color(), ls=":", lw=1.2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("global loss")
+    ax.set_title(title or "loss across attempts")
+    ax.legend(fontsize=8)
+    return fig

@@ -25,9 +25,11 @@ Only torch and the Python standard library are used, so the file can be copied t
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -59,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--save-grads-dir", type=str, default="",
                    help="if set, save each rank's gradients after the first backward to "
                         "<dir>/grads_rank<RANK>.pt (to compare DDP with one process)")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="write no per-step metrics (the benchmark measures what they cost)")
     p.add_argument("--log-every", type=int, default=10, help="print a line every N steps (count)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); the default of "
@@ -227,7 +231,7 @@ def train(args, rank, local_rank, world_size, device):
 
     metrics_dir = Path(args.metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
-    metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+    metrics_file = None if args.no_metrics else open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
     start = time.perf_counter()
     for step in range(1, args.max_steps + 1):
         inject_failure(args, rank, step)
@@ -262,19 +266,20 @@ def train(args, rank, local_rank, world_size, device):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_time_s = time.perf_counter() - t0
-        record_ = {
-            "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
-            "world_size": world_size, "device": str(device), "precision": args.precision,
-            "loss_local": loss.item(), "loss_global": loss_global.item(),
-            "step_time_s": step_time_s, "samples_per_s": args.batch_size / step_time_s,
-            "global_samples_per_s": world_size * args.batch_size / step_time_s,
-            "elapsed_s": time.perf_counter() - start,
-            "grad_scaler": use_scaler, "loss_scale": loss_scale,
-            "step_skipped": len(applied_steps) == steps_before, "optimizer_steps": len(applied_steps),
-            "grad_norm": grad_norm, "grad_zero_fraction": grad_zero_fraction,
-            **memory_fields(model, optimizer, device),
-        }
-        metrics_file.write(json.dumps(record_) + "\n")
+        if metrics_file is not None:
+            record_ = {
+                "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
+                "world_size": world_size, "device": str(device), "precision": args.precision,
+                "loss_local": loss.item(), "loss_global": loss_global.item(),
+                "step_time_s": step_time_s, "samples_per_s": args.batch_size / step_time_s,
+                "global_samples_per_s": world_size * args.batch_size / step_time_s,
+                "elapsed_s": time.perf_counter() - start,
+                "grad_scaler": use_scaler, "loss_scale": loss_scale,
+                "step_skipped": len(applied_steps) == steps_before, "optimizer_steps": len(applied_steps),
+                "grad_norm": grad_norm, "grad_zero_fraction": grad_zero_fraction,
+                **memory_fields(model, optimizer, device),
+            }
+            metrics_file.write(json.dumps(record_) + "\n")
         if step % args.log_every == 0 or step == args.max_steps:
             # One write per line: two ranks printing at once then never interleave mid-line.
             scale_text = f" loss_scale {loss_scale:g}" if use_scaler else ""
@@ -282,7 +287,8 @@ def train(args, rank, local_rank, world_size, device):
                              f"loss_global {loss_global.item():.5f} step_time_s {step_time_s:.4f}{scale_text}\n")
         if args.step_delay_s:
             time.sleep(args.step_delay_s)
-    metrics_file.close()
+    if metrics_file is not None:
+        metrics_file.close()
     if dist.is_initialized():
         dist.barrier()  # nobody tears the process group down while a peer still uses it
 
@@ -322,6 +328,9 @@ def save_grads(model, out_dir, rank):
 
 
 if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
     # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
     # for a run that finished (0) or failed with a Python error (1).

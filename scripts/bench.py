@@ -1,0 +1,190 @@
+"""Benchmarks of the workbook's promises, as ratios measured side by side; a table at the end.
+
+    python scripts/bench.py                      # everything (about 10 minutes on 2 CPU cores)
+    python scripts/bench.py --only launcher metrics memory
+    python scripts/bench.py --reps 5 --out bench.json
+
+Sections (targets in brackets; a ratio over its target is printed as MISSED, and the exit code is 1):
+    launcher   tutorial_lib's launch of ddp_train.py vs bare ``python -m torch.distributed.run`` with the same
+               argv and environment, alternating, median wall time ratio [<= 1.05]
+    metrics    ddp_train.py with per-step metrics vs ``--no-metrics`` (both through the launcher) [<= 1.02]
+    memory     fsdp_train.py at 2 ranks: FSDP2 per-rank parameter + gradient + AdamW bytes vs DDP [<= 0.52],
+               and the analytic model's largest relative error vs measurement [<= 10%]
+    workbook   every notebook with papermill: seconds each [<= 60] and the whole workbook's wall time vs the sum
+               of the torchrun launches inside it (from each run's run.json) [<= 1.3]
+    gpu        when CUDA exists: nccl all_reduce bus bandwidth for a size sweep, bf16 vs fp32 step time,
+               FSDP2 vs DDP peak allocated memory per GPU
+Machine load distorts every ratio: run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import tutorial_lib as tl  # noqa: E402
+from tutorial_lib.launcher import build_command, build_env, free_port  # noqa: E402
+
+SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu")
+
+
+def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
+    ok = None if target is None else value <= target
+    return {"benchmark": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok, "note": note}
+
+
+def bench_launcher(root: Path, reps: int) -> list[dict]:
+    """Median wall time: launch() vs the same torchrun argv run bare (subprocess, output discarded)."""
+    args = ["--max-steps", 30, "--log-every", 30]
+    plan = tl.resolve_device("cpu", 2)
+    library, bare = [], []
+    for i in range(reps):
+        result = tl.run_script("ddp_train", args, runs_dir=root, label=f"bench-lib{i}", device="cpu",
+                               nproc_per_node=2, live="off")
+        library.append(result.wall_time_s)
+        run_dir = tl.new_run_dir(f"bench-bare{i}", root)
+        script = tl.write_script("ddp_train", run_dir)
+        command = build_command(script, args, plan, master_port=free_port(), log_dir=run_dir / "logs")
+        start = time.monotonic()
+        subprocess.run(command, cwd=run_dir, env=build_env(plan), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=True)
+        bare.append(time.monotonic() - start)
+    ratio = statistics.median(library) / statistics.median(bare)
+    return [row("launcher overhead: launch() / bare torchrun", ratio, 1.05,
+                note=f"median {statistics.median(library):.2f} s vs {statistics.median(bare):.2f} s, {reps} each")]
+
+
+def bench_metrics(root: Path, reps: int) -> list[dict]:
+    args = ["--max-steps", 200, "--log-every", 200]
+    times = {"on": [], "off": []}
+    for i in range(reps):
+        for mode, extra in (("on", []), ("off", ["--no-metrics"])):
+            result = tl.run_script("ddp_train", args + extra, runs_dir=root, label=f"bench-metrics-{mode}{i}",
+                                   device="cpu", nproc_per_node=2, live="off")
+            times[mode].append(result.wall_time_s)
+    ratio = statistics.median(times["on"]) / statistics.median(times["off"])
+    return [row("metrics overhead: per-step metrics on / off", ratio, 1.02,
+                note=f"median {statistics.median(times['on']):.2f} s vs {statistics.median(times['off']):.2f} s")]
+
+
+def bench_memory(root: Path) -> list[dict]:
+    measured, predicted = {}, {}
+    for strategy in ("ddp", "fsdp2"):
+        result = tl.run_script("fsdp_train", ["--strategy", strategy, "--max-steps", 2], runs_dir=root,
+                               label=f"bench-{strategy}", device="cpu", nproc_per_node=2, live="off")
+        m = result.metrics()
+        last = m[m["step"] == m["step"].max()].set_index("rank")
+        measured[strategy] = (last["param_bytes"] + last["grad_bytes"] + last["optimizer_state_bytes"]).to_dict()
+        model = tl.read_rank_json(result.run_dir, "model")[0]
+        predicted[strategy] = {}
+        for rank in measured[strategy]:
+            p = tl.predict_state_bytes(model["shapes"], strategy=strategy, world_size=2, rank=rank)
+            predicted[strategy][rank] = p.param_bytes + p.grad_bytes + p.optimizer_state_bytes
+    ratio = max(measured["fsdp2"].values()) / max(measured["ddp"].values())
+    error = max(abs(predicted[s][r] - measured[s][r]) / measured[s][r] for s in measured for r in measured[s])
+    return [row("memory: FSDP2 / DDP state bytes per rank (N=2)", ratio, 0.52,
+                note=f"{max(measured['fsdp2'].values()) / 2**20:.2f} MiB vs {max(measured['ddp'].values()) / 2**20:.2f} MiB"),
+            row("memory: analytic model's largest relative error", error, 0.10, unit="fraction")]
+
+
+def bench_workbook(root: Path) -> list[dict]:
+    import papermill as pm
+
+    rows, total, launches = [], 0.0, 0.0
+    runs = root / "workbook-runs"
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        before = set(runs.glob("*")) if runs.exists() else set()
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory() as out:
+            pm.execute_notebook(str(path), str(Path(out) / path.name), parameters={"RUNS_DIR": str(runs)},
+                                kernel_name="python3", progress_bar=False, cwd=str(path.parent))
+        seconds = time.monotonic() - start
+        total += seconds
+        new = set(runs.glob("*")) - before
+        launched = sum(json.loads((d / "run.json").read_text())["wall_time_s"] for d in new if (d / "run.json").exists())
+        launches += launched
+        rows.append(row(f"workbook: {path.stem} (papermill)", seconds, 60.0, unit="s",
+                        note=f"{launched:.1f} s inside torchrun launches"))
+    rows.append(row("workbook: total / sum of its launches", total / launches if launches else float("nan"), 1.3,
+                    note=f"{total:.0f} s vs {launches:.0f} s"))
+    return rows
+
+
+def bench_gpu(root: Path) -> list[dict]:
+    if not torch.cuda.is_available():
+        return [row("gpu: skipped (no CUDA)", 0.0, None, unit="-")]
+    plan = tl.resolve_device("cuda")
+    rows = []
+    result = tl.run_script("collectives_check", ["--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10],
+                           runs_dir=root, label="bench-nccl", device="cuda", live="off")
+    for b in tl.read_collectives(result.run_dir)[0]["bandwidth"]:
+        rows.append(row(f"gpu: nccl all_reduce busbw {b['size_bytes'] >> 20} MiB", b["busbw_GBps"], None, unit="GB/s",
+                        note=f"world size {plan.nproc_per_node}"))
+    wide = ["--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 40]
+    step = {p: tl.summarize_runs({p: tl.run_script("ddp_train", wide + ["--precision", p], runs_dir=root,
+                                                    label=f"bench-{p}", device="cuda", live="off").metrics()})
+            .loc[p, "median_step_time_s"] for p in ("fp32", "bf16") if tl.autocast_supported(p, "cuda")}
+    if len(step) == 2:
+        rows.append(row("gpu: bf16 / fp32 step time", step["bf16"] / step["fp32"], None,
+                        note=f"{step['bf16'] * 1e3:.2f} ms vs {step['fp32'] * 1e3:.2f} ms"))
+    peak = {}
+    for strategy in ("ddp", "fsdp2"):
+        m = tl.run_script("fsdp_train", ["--strategy", strategy, "--max-steps", 3], runs_dir=root,
+                          label=f"bench-gpu-{strategy}", device="cuda", live="off").metrics()
+        peak[strategy] = m["peak_allocated_bytes"].max()
+    rows.append(row("gpu: FSDP2 / DDP peak allocated per GPU", peak["fsdp2"] / peak["ddp"], None,
+                    note=f"{peak['fsdp2'] / 2**20:.0f} MiB vs {peak['ddp'] / 2**20:.0f} MiB"))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--reps", type=int, default=5, help="alternating repetitions per timed pair (count)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table as JSON here")
+    args = parser.parse_args()
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
+    os.environ.setdefault("TUTORIAL_LIB_LIVE", "off")
+    header = {"date": datetime.now().isoformat(timespec="minutes"), "machine": platform.node(),
+              "cpu_cores": os.cpu_count(), "load_average_1min": os.getloadavg()[0], "torch": torch.__version__,
+              "gpus": torch.cuda.device_count()}
+    print(json.dumps(header))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        root = Path(tmp)
+        for section in args.only:
+            start = time.monotonic()
+            fn = {"launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
+                  "memory": lambda: bench_memory(root), "workbook": lambda: bench_workbook(root),
+                  "gpu": lambda: bench_gpu(root)}[section]
+            rows += fn()
+            print(f"[bench] {section} done in {time.monotonic() - start:.0f} s", flush=True)
+    width = max(len(r["benchmark"]) for r in rows)
+    print(f"\n{'benchmark':<{width}}  {'value':>9}  unit      target  result  note")
+    for r in rows:
+        result = "" if r["ok"] is None else ("ok" if r["ok"] else "MISSED")
+        target = "" if r["target"] is None else f"<= {r['target']:g}"
+        print(f"{r['benchmark']:<{width}}  {r['value']:>9.4g}  {r['unit']:<8}  {target:>7}  {result:<6}  {r['note']}")
+    print(f"load average now: {os.getloadavg()[0]:.2f} (was {header['load_average_1min']:.2f} at the start)")
+    if args.out:
+        args.out.write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    return 1 if any(r["ok"] is False for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

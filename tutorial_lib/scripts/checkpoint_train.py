@@ -1,0 +1,528 @@
+"""Checkpointing done right: DDP or FSDP2, sharded (DCP) or full saves, exact resume, crash-safe folders.
+
+Run card
+    python checkpoint_train.py --max-steps 12 --save-every 6                   # one process
+    torchrun --nproc-per-node 2 checkpoint_train.py --strategy fsdp2 --format dcp --save-every 6
+    torchrun --nproc-per-node 2 checkpoint_train.py --resume latest            # continue where it stopped
+    torchrun --nproc-per-node 1 checkpoint_train.py --strategy fsdp2 \
+        --resume ../other-run/checkpoints/step-6                              # 2-rank save, 1-rank load
+    torchrun --nproc-per-node 2 --max-restarts 1 checkpoint_train.py --resume latest \
+        --save-every 4 --fail-rank 1 --fail-step 7                            # crash once, restart, resume
+
+What it shows
+    * a checkpoint is everything the next step depends on: model, optimizer, LR scheduler, grad
+      scaler, the step counter, the sampler's epoch and position, and the RNG state of *every* rank
+      (dropout draws differ per rank). Restoring all of it makes the resumed loss curve bitwise
+      identical to an uninterrupted run on CPU;
+    * ``--format dcp``: ``torch.distributed.checkpoint`` writes each rank's own shards in parallel
+      (no gather), and a different number of ranks can load them (resharding);
+    * ``--format full``: the full state dict is *gathered on every rank* (a collective under FSDP)
+      and written by rank 0 only; ``--save-mode rank0-only`` is seed 001's mistake (the gather is
+      entered on rank 0 alone) and hangs until ``--pg-timeout-s``;
+    * crash safety: a save goes to ``<checkpoint-dir>/.tmp-step-N/`` and becomes ``step-N/`` (with its
+      ``checkpoint.json``) only once every rank has finished writing; a folder without both never
+      counts, so a process killed during a save leaves the previous checkpoint as the newest one;
+    * ``--resume latest`` continues from the newest complete checkpoint (or starts fresh if there is
+      none), which is what an elastic restart (torchrun ``--max-restarts``) needs.
+
+Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` (with ``attempt`` =
+TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``) and its save/load timings to
+``<metrics-dir>/checkpoint_rank<RANK>.json``. Only torch and the Python standard library are used.
+"""
+
+import argparse
+import faulthandler
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import sys
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict,
+                                                     set_state_dict)
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+COMPLETE_MARKER = "checkpoint.json"  # written last, inside the temporary folder, before the rename
+FULL_FILE = "model_optim.pt"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp",
+                   help="ddp: replicas; fsdp2: fully_shard (parameters and optimizer state sharded)")
+    p.add_argument("--max-steps", type=int, default=12, help="optimizer steps of the whole training (count)")
+    p.add_argument("--stop-at-step", type=int, default=0,
+                   help="stop (after saving) at this step, as a job hitting its time limit (0: run to --max-steps)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="save a checkpoint every N steps and at the last step (count; 0: never)")
+    p.add_argument("--checkpoint-dir", type=str, default="checkpoints",
+                   help="folder of step-N/ checkpoints (created if missing)")
+    p.add_argument("--resume", type=str, default="none",
+                   help="none: start fresh; latest: the newest complete step-N/ in --checkpoint-dir, or fresh "
+                        "if there is none; or the path of one step-N/ folder")
+    p.add_argument("--format", choices=["dcp", "full"], default="dcp",
+                   help="dcp: sharded torch.distributed.checkpoint, every rank writes; full: one torch.save "
+                        "file of the gathered state, written by rank 0")
+    p.add_argument("--save-mode", choices=["correct", "rank0-only"], default="correct",
+                   help="rank0-only: seed 001's mistake, the full state dict gathered on rank 0 only (hangs)")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (count)")
+    p.add_argument("--dataset-size", type=int, default=256, help="samples in the synthetic dataset (count)")
+    p.add_argument("--input-dim", type=int, default=32, help="features per sample (count)")
+    p.add_argument("--hidden-dim", type=int, default=128, help="width of the hidden layers (count)")
+    p.add_argument("--layers", type=int, default=2, help="hidden layers (count)")
+    p.add_argument("--output-dim", type=int, default=4, help="targets per sample (count)")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="dropout probability (0..1); its random masks make the RNG state part of the checkpoint")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (unitless)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="linear warmup, then cosine decay (count)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the data and the sampler")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl and checkpoint_rank<RANK>.json (created if missing)")
+    p.add_argument("--dump-loaded-state", action="store_true",
+                   help="after loading, write the full model and optimizer state to "
+                        "<metrics-dir>/loaded_state.pt (rank 0) to compare round trips")
+    p.add_argument("--pg-timeout-s", type=float, default=60.0,
+                   help="collective timeout of the process group (seconds); torch's default is 30 minutes")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="inject a failure on this global rank, on the first attempt only (-1: none)")
+    p.add_argument("--fail-step", type=int, default=0,
+                   help="step at which the failure happens (raise: before the step; kill-during-save: "
+                        "during the save after that step)")
+    p.add_argument("--fail-mode", choices=["raise", "kill-during-save"], default="raise",
+                   help="raise: RuntimeError; kill-during-save: SIGKILL after writing part of the checkpoint")
+    args = p.parse_args(argv)
+    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "layers", "output_dim"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("save_every", "stop_at_step", "warmup_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.fail_mode == "kill-during-save" and args.fail_rank >= 0 and (
+            args.save_every == 0 or args.fail_step % args.save_every):
+        p.error(f"--fail-step {args.fail_step} must be a multiple of --save-every {args.save_every} "
+                "with --fail-mode kill-during-save (the kill happens inside that step's save)")
+    return args
+
+
+def setup(args):
+    """Join the process group when launched by torchrun; return (rank, local_rank, world_size, device)."""
+    distributed = "RANK" in os.environ  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        device = torch.device("cuda", local_rank)  # LOCAL_RANK: the GPU index on this node
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not distributed:  # DCP works without a process group (one process); it warns that it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    if distributed:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
+                                timeout=timedelta(seconds=args.pg_timeout_s),
+                                device_id=device if use_cuda else None)
+    return rank, local_rank, world_size, device
+
+
+def cleanup():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class MLP(nn.Module):
+    def __init__(self, input_dim, hidden_dim, output_dim, layers, dropout):
+        super().__init__()
+        blocks, width = [], input_dim
+        for _ in range(layers):
+            blocks += [nn.Linear(width, hidden_dim), nn.ReLU(), nn.Dropout(dropout)]
+            width = hidden_dim
+        blocks.append(nn.Linear(width, output_dim))
+        self.net = nn.Sequential(*blocks)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build_model(args, device):
+    # Same seed on every rank: DDP would broadcast rank 0's weights, FSDP2 does not.
+    torch.manual_seed(args.seed)
+    model = MLP(args.input_dim, args.hidden_dim, args.output_dim, args.layers, args.dropout).to(device)
+    if not dist.is_initialized():
+        return model  # one process: nothing to wrap
+    if args.strategy == "ddp":
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)  # each Linear is one all-gather unit; its parameters become DTensor Shard(0)
+    fully_shard(model)
+    return model
+
+
+def synthetic_dataset(args):
+    """(x, y) of --dataset-size samples from a fixed random teacher network: the same on every rank."""
+    g = torch.Generator().manual_seed(args.seed + 1_000_003)
+    x = torch.randn(args.dataset_size, args.input_dim, generator=g)
+    w1 = torch.randn(args.input_dim, 16, generator=g) / args.input_dim ** 0.5
+    w2 = torch.randn(16, args.output_dim, generator=g) / 4.0
+    return x, torch.tanh(x @ w1) @ w2 + 0.01 * torch.randn(args.dataset_size, args.output_dim, generator=g)
+
+
+class ResumableBatches:
+    """This rank's batches from a DistributedSampler, with the (epoch, position) needed to continue exactly.
+
+    A DataLoader's iterator cannot be saved; its position can. ``set_epoch`` reshuffles (the same
+    permutation on every rank), ``position`` counts the batches already taken in that epoch.
+    """
+
+    def __init__(self, dataset_size, batch_size, rank, world_size, seed):
+        # drop_last: every rank gets the same number of batches, no sample is seen twice in an epoch.
+        self.sampler = DistributedSampler(range(dataset_size), num_replicas=world_size, rank=rank,
+                                          shuffle=True, seed=seed, drop_last=True)
+        self.batch_size = batch_size
+        self.epoch, self.position = 0, 0
+        if len(self.sampler) < batch_size:
+            raise SystemExit(f"--dataset-size {dataset_size} gives {len(self.sampler)} samples per rank, "
+                             f"fewer than one batch of {batch_size}")
+
+    def next_indices(self):
+        if (self.position + 1) * self.batch_size > len(self.sampler):
+            self.epoch, self.position = self.epoch + 1, 0  # a new epoch: a new shuffle
+        self.sampler.set_epoch(self.epoch)
+        indices = list(self.sampler)[self.position * self.batch_size:(self.position + 1) * self.batch_size]
+        self.position += 1
+        return indices
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state):
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def warmup_cosine(args):
+    def factor(step):  # step = scheduler.last_epoch: optimizer steps taken so far
+        if step < args.warmup_steps:
+            return (step + 1) / (args.warmup_steps + 1)
+        progress = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
+        return 0.5 * (1 + torch.cos(torch.tensor(torch.pi * min(1.0, progress))).item())
+    return factor
+
+
+def rng_state(device):
+    """This rank's random generators: each rank draws its own dropout masks."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def attempt_number():
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))  # 0 on the first attempt
+
+
+def maybe_fail(args, rank, step, where):
+    """Inject the requested failure, only on the first attempt (an elastic restart then succeeds)."""
+    if rank != args.fail_rank or step != args.fail_step or attempt_number() != 0:
+        return
+    if where == "step" and args.fail_mode == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
+    if where == "save" and args.fail_mode == "kill-during-save":
+        sys.stdout.write(f"rank {rank}: killed by SIGKILL in the middle of the step-{step} save\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handler: like an OOM kill or a node loss
+
+
+def complete_checkpoints(folder):
+    """{step: path} of the complete checkpoints in ``folder``: ``step-N/`` holding ``checkpoint.json``."""
+    found = {}
+    for path in Path(folder).glob("step-*"):
+        suffix = path.name.removeprefix("step-")
+        if suffix.isdigit() and (path / COMPLETE_MARKER).is_file():
+            found[int(suffix)] = path
+    return found
+
+
+def full_options(**extra):
+    # full_state_dict: gather DTensor shards into whole tensors (a collective under FSDP);
+    # cpu_offload: keep the gathered copy on CPU and only on rank 0 (the other ranks get {}).
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+
+
+def save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, rank, world_size, device):
+    """Write ``<checkpoint-dir>/step-<step>/`` atomically. Every rank must call this (it has collectives)."""
+    root = Path(args.checkpoint_dir)
+    tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
+    start = time.perf_counter()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # left over by an attempt that died during this save
+        tmp.mkdir(parents=True)
+    barrier()  # the folder exists before anyone writes into it
+    written = []
+    # 1. this rank's own state: its RNG (differs per rank), plus the small state every rank shares
+    extra = {"rng": rng_state(device), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+             "batches": batches.state_dict(), "step": step}
+    torch.save(extra, tmp / f"extra_rank{rank}.pt")
+    written.append(tmp / f"extra_rank{rank}.pt")
+    maybe_fail(args, rank, step, "save")  # kill-during-save: part of the checkpoint is on disk
+    # 2. model and optimizer
+    if args.format == "dcp":
+        # Every rank writes its own shards (__<rank>_0.distcp) in parallel; rank 0 adds .metadata.
+        # get_state_dict gives keys without DDP's "module." prefix and with FQN-keyed optimizer state.
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        written += [p for p in tmp.glob(f"__{rank}_*.distcp")] + ([tmp / ".metadata"] if rank == 0 else [])
+    elif args.save_mode == "rank0-only":
+        if rank == 0:  # seed 001's mistake: the gather below is a collective, entered by rank 0 alone
+            model_sd = get_model_state_dict(model, options=full_options())
+            optim_sd = get_optimizer_state_dict(model, optimizer, options=full_options())
+            torch.save({"model": model_sd, "optim": optim_sd}, tmp / FULL_FILE)
+            written.append(tmp / FULL_FILE)
+    else:
+        # Gathered on *every* rank (each sends its shards), written by rank 0 only.
+        model_sd = get_model_state_dict(model, options=full_options())
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=full_options())
+        if rank == 0:
+            torch.save({"model": model_sd, "optim": optim_sd}, tmp / FULL_FILE)
+            written.append(tmp / FULL_FILE)
+    barrier()  # every rank has finished writing: only now may the checkpoint become visible
+    if rank == 0:
+        marker = {"step": step, "world_size": world_size, "format": args.format, "strategy": args.strategy,
+                  "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}}
+        with open(tmp / COMPLETE_MARKER, "w") as f:
+            json.dump(marker, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():  # saved before by an attempt that later crashed: replace it
+            old = root / f".old-step-{step}"
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            shutil.rmtree(old)
+        tmp.rename(final)  # atomic on one filesystem: readers see no folder or a complete one
+        dir_fd = os.open(root, os.O_RDONLY)
+        os.fsync(dir_fd)  # make the rename itself durable
+        os.close(dir_fd)
+    barrier()
+    return {"event": "save", "step": step, "format": args.format, "attempt": attempt_number(),
+            "time_s": time.perf_counter() - start, "bytes": sum(p.stat().st_size for p in
+                                                               [final / p.name for p in written])}
+
+
+def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, rank, world_size, device):
+    """Restore everything from the step folder ``path``; return (step, event). Every rank must call this."""
+    path = Path(path)
+    start = time.perf_counter()
+    marker = json.loads((path / COMPLETE_MARKER).read_text())
+    if marker["format"] == "dcp":
+        # The current model's (sharded) state dict says which pieces this rank needs; DCP reads them
+        # from whichever files hold them, so the saving world size may differ (resharding).
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # Bytes this rank needed: its own shards (FSDP2) or whole tensors (DDP), plus the metadata.
+        read = state_bytes(state) + (path / ".metadata").stat().st_size
+    else:
+        # Seed 001 loads on rank 0 only into a sharded model. Instead: rank 0 reads the file and
+        # broadcast_from_rank0 sends every rank its part (its shards under FSDP, everything under DDP).
+        full = torch.load(path / FULL_FILE, map_location="cpu", weights_only=True) if rank == 0 else {}
+        options = full_options(broadcast_from_rank0=dist.is_initialized())
+        set_model_state_dict(model, full.get("model", {}), options=options)
+        set_optimizer_state_dict(model, optimizer, full.get("optim", {}), options=options)
+        read = (path / FULL_FILE).stat().st_size if rank == 0 else 0
+    own = path / f"extra_rank{rank}.pt"
+    if not own.exists():  # more ranks than at save time: this rank's RNG state was never saved
+        sys.stdout.write(f"rank {rank}: no {own.name} (saved with {marker['world_size']} ranks); "
+                         "using rank 0's shared state and a fresh RNG seed\n")
+    extra = torch.load(own if own.exists() else path / "extra_rank0.pt", weights_only=False)
+    read += (own if own.exists() else path / "extra_rank0.pt").stat().st_size
+    scheduler.load_state_dict(extra["scheduler"])
+    scaler.load_state_dict(extra["scaler"])
+    batches.load_state_dict(extra["batches"])
+    if own.exists() and marker["world_size"] == world_size:
+        set_rng_state(extra["rng"], device)  # last: nothing may draw random numbers after this
+    else:
+        torch.manual_seed(args.seed + 7919 * (rank + 1) + extra["step"])
+    barrier()
+    return extra["step"], {"event": "load", "step": extra["step"], "format": marker["format"],
+                           "attempt": attempt_number(), "saved_world_size": marker["world_size"],
+                           "time_s": time.perf_counter() - start, "bytes": read, "path": str(path)}
+
+
+def resume_path(args):
+    if args.resume == "none":
+        return None
+    if args.resume == "latest":
+        found = complete_checkpoints(args.checkpoint_dir)
+        return found[max(found)] if found else None  # none yet: the first attempt starts fresh
+    path = Path(args.resume)
+    if not (path / COMPLETE_MARKER).is_file():
+        raise SystemExit(f"--resume {args.resume!r} is not a complete checkpoint folder (no {COMPLETE_MARKER})")
+    return path
+
+
+def tensor_bytes(tensors):
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard only
+        total += local.numel() * local.element_size()
+    return total
+
+
+def state_bytes(state):
+    """Tensor bytes held by this rank in a (nested) state dict; a DTensor counts its local shard."""
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return tensor_bytes([state]) if torch.is_tensor(state) else 0
+
+
+def memory_fields(model, optimizer, device):
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    fields = {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params),
+              "optimizer_state_bytes": tensor_bytes(state)}
+    if device.type == "cuda":
+        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    else:
+        with open("/proc/self/statm") as f:  # Linux; fields are in pages
+            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return fields
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    rank, local_rank, world_size, device = setup(args)
+    try:
+        train(args, rank, local_rank, world_size, device)
+    finally:
+        cleanup()
+
+
+def train(args, rank, local_rank, world_size, device):
+    model = build_model(args, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
+    # A GradScaler matters only for fp16 training (the mixed-precision lesson); in fp32 it is disabled and
+    # passes everything through. Its state (scale, growth tracker) belongs in a checkpoint all the same.
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    batches = ResumableBatches(args.dataset_size, args.batch_size, rank, world_size, args.seed)
+    data_x, data_y = synthetic_dataset(args)
+    torch.manual_seed(args.seed + 7919 * (rank + 1))  # each rank its own dropout masks
+    metrics_dir = Path(args.metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    events_path = metrics_dir / f"checkpoint_rank{rank}.json"
+    events = json.loads(events_path.read_text())["events"] if events_path.exists() else []  # earlier attempts
+
+    def log_event(event):
+        events.append(event)
+        events_path.write_text(json.dumps({"rank": rank, "world_size": world_size, "events": events}))
+
+    attempt, resumed_from = attempt_number(), 0
+    path = resume_path(args)
+    if path is not None:
+        resumed_from, event = load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches,
+                                              rank, world_size, device)
+        log_event(event)
+        sys.stdout.write(f"attempt {attempt}: resumed from {path.name} (step {resumed_from})\n")
+        if args.dump_loaded_state:
+            model_sd = get_model_state_dict(model, options=full_options())
+            optim_sd = get_optimizer_state_dict(model, optimizer, options=full_options())
+            if rank == 0:
+                torch.save({"model": model_sd, "optim": optim_sd}, metrics_dir / "loaded_state.pt")
+    elif attempt:
+        sys.stdout.write(f"attempt {attempt}: no complete checkpoint, starting from step 0\n")
+    loss_fn = nn.MSELoss()
+    metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # append: restarts add lines
+    last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
+    for step in range(resumed_from + 1, last_step + 1):
+        maybe_fail(args, rank, step, "step")
+        t0 = time.perf_counter()
+        idx = batches.next_indices()
+        x, y = data_x[idx].to(device), data_y[idx].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()  # DDP all-reduces / FSDP2 reduce-scatters gradients here
+        scaler.step(optimizer)
+        scaler.update()
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        loss_global = loss.detach().float().clone()
+        if dist.is_initialized():
+            dist.all_reduce(loss_global)
+            loss_global /= world_size
+        metrics_file.write(json.dumps({
+            "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
+            "world_size": world_size, "attempt": attempt, "resumed_from_step": resumed_from,
+            "loss_local": loss.item(), "loss_global": loss_global.item(), "lr": lr,
+            "epoch": batches.epoch, "step_time_s": time.perf_counter() - t0, **memory_fields(model, optimizer, device),
+        }) + "\n")
+        if args.save_every and (step % args.save_every == 0 or step == last_step):
+            log_event(save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, rank,
+                                      world_size, device))
+            sys.stdout.write(f"step {step}: saved step-{step} ({args.format}) loss_global {loss_global.item():.5f}\n")
+    metrics_file.close()
+    barrier()  # nobody tears the process group down while a peer still uses it
+
+
+if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
+    # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
+    # for a run that finished (0) or failed with a Python error (1).
+    exit_code = 1
+    try:
+        main()
+        exit_code = 0
+    except SystemExit as e:  # argparse's usage errors (2) and messages passed to SystemExit
+        if isinstance(e.code, int) or e.code is None:
+            exit_code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()  # what the interpreter would print; @record already wrote the error file
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)

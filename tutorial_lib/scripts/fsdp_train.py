@@ -1,0 +1,448 @@
+"""A small transformer trained with DDP, FSDP2 (fully_shard) or FSDP1, with exact per-rank memory accounting.
+
+Run card
+    python fsdp_train.py --strategy fsdp2 --max-steps 5                         # one process, a world of 1
+    torchrun --nproc-per-node 2 fsdp_train.py --strategy ddp --max-steps 5      # every rank a full replica
+    torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp2 --max-steps 5    # state sharded over 2 ranks
+    torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp2 --precision bf16 --activation-checkpointing
+    torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp1 --wrap fine      # the seed's min_num_params=100
+    torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp2 --precision fp16 # CUDA only, with a GradScaler
+
+What it shows
+    * DDP keeps the whole model, its gradients and the optimizer state on every rank; FSDP shards all
+      three: each rank owns 1/world_size of every parameter (FSDP2: a DTensor ``Shard(0)`` per parameter;
+      FSDP1: one flat, padded parameter per wrapped unit) and all-gathers a unit only while it runs;
+    * the optimizer is built *after* sharding, so its state is created for the local shards only;
+    * a mixed-precision policy computes in bf16 but keeps fp32 shards, fp32 gradients and fp32 optimizer
+      state: it saves activation memory and all-gather traffic, not persistent state;
+    * activation checkpointing keeps only each block's input and recomputes the rest in backward;
+    * wrap granularity: one FSDP unit per block, one unit for the whole model, or one per Linear.
+
+Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` with exact tensor bytes of
+its parameters, gradients and optimizer state (local shards), the bytes saved for backward (activations),
+RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
+shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers).
+Only torch and the Python standard library.
+"""
+
+import argparse
+import contextlib
+import faulthandler
+import functools
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+
+STRATEGIES = ("ddp", "fsdp2", "fsdp1")
+PRECISIONS = ("fp32", "bf16", "fp16")
+WRAPS = ("block", "none", "fine")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--strategy", choices=STRATEGIES, default="fsdp2",
+                   help="ddp: replicate; fsdp2: torch.distributed.fsdp.fully_shard; fsdp1: FullyShardedDataParallel")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; bf16: compute in bfloat16, fp32 shards and reduce; fp16: CUDA only, with a grad scaler")
+    p.add_argument("--no-grad-scaler", action="store_true",
+                   help="with --precision fp16: train without a scaler, the seed's mistake (gradients underflow)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's activations in backward (non-reentrant checkpoint)")
+    p.add_argument("--wrap", choices=WRAPS, default="block",
+                   help="FSDP units: block = one per transformer block + root; none = root only; "
+                        "fine = one per Linear (fsdp2) / size_based_auto_wrap_policy(min_num_params=100) (fsdp1)")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="fsdp2 only: keep shards, gradients and optimizer state in CPU memory (CPUOffloadPolicy)")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                   help="adamw: 2 fp32 states per parameter; sgd (no momentum): none")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (unitless)")
+    p.add_argument("--vocab-size", type=int, default=1024, help="tokens in the vocabulary (count)")
+    p.add_argument("--dim", type=int, default=192, help="model width (count)")
+    p.add_argument("--n-layers", type=int, default=4, help="transformer blocks (count)")
+    p.add_argument("--n-heads", type=int, default=4, help="attention heads; must divide --dim (count)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sample (count)")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per rank per micro-batch (count)")
+    p.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step (count)")
+    p.add_argument("--max-steps", type=int, default=5, help="optimizer steps (count)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and of the synthetic data")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--pg-timeout-s", type=float, default=60.0,
+                   help="collective timeout of the process group (seconds); torch's default is 30 minutes")
+    args = p.parse_args(argv)
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum_steps", "max_steps"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.dim % args.n_heads:
+        p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.cpu_offload and args.strategy != "fsdp2":
+        p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
+    if args.no_grad_scaler and args.precision != "fp16":
+        p.error(f"--no-grad-scaler only makes sense with --precision fp16, got --precision {args.precision}")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.precision == "fp16" and not use_cuda:
+        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
+        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
+    return args
+
+
+def setup(args):
+    """Join the process group when launched by torchrun; return (rank, local_rank, world_size, device)."""
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        device = torch.device("cuda", local_rank)  # LOCAL_RANK: the GPU index on this node, not the global RANK
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if use_cuda else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout_s),
+                                device_id=device if use_cuda else None)
+    elif args.strategy != "ddp":
+        # FSDP needs a process group even alone: a world of one over an in-memory store (no network, no torchrun).
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=args.pg_timeout_s))
+    return rank, local_rank, world_size, device
+
+
+def cleanup():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and an MLP, each with a residual."""
+
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(attn)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab_size, dim, n_layers, n_heads, seq_len):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Parameter(torch.randn(seq_len, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, n_heads) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def global_batch(step, args, world_size):
+    """Token sequences of one optimizer step for *all* ranks and micro-steps (identical on every rank).
+
+    ``grad_accum_steps * world_size * batch_size`` samples; micro-step m of rank r takes rows
+    ``[(m * world_size + r) * batch_size, ... + batch_size)``, so any split of the same global batch (more ranks,
+    more micro-steps, smaller micro-batches) sees the same samples and computes the same mean loss.
+    The target of each position is its token mapped by a fixed permutation: synthetic and quickly learnable.
+    """
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    n = args.grad_accum_steps * world_size * args.batch_size
+    x = torch.randint(0, args.vocab_size, (n, args.seq_len), generator=g)
+    perm = torch.randperm(args.vocab_size, generator=torch.Generator().manual_seed(args.seed + 17))
+    return x, perm[x]
+
+
+def apply_checkpointing(model):
+    """Wrap every Block in a non-reentrant checkpoint wrapper (the seed's call, with the imports it lacked)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, Block))
+
+
+def wrap_fsdp2(model, args, device):
+    """fully_shard bottom-up: each unit all-gathers its parameters just before it runs and frees them after."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    kwargs = {}
+    if args.precision != "fp32":
+        # Compute (and all-gather) in bf16/fp16, but reduce-scatter gradients in fp32: the shards, their
+        # gradients and the optimizer state stay fp32 ("master weights").
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype_of(args.precision), reduce_dtype=torch.float32)
+    if args.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")  # pinning needs CUDA
+    names = {m: n for n, m in model.named_modules()}
+    units = []
+    if args.wrap == "fine":
+        units = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    elif args.wrap == "block":
+        units = [m for m in model.modules() if isinstance(m, Block) or type(m).__name__ == "CheckpointWrapper"]
+        units = [m for m in units if not any(m is not u and m in list(u.modules()) for u in units)]  # outermost
+    for module in units:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)  # the root: embedding, norm, head and everything not in a unit above
+    # Which parameters each unit all-gathers (names as before checkpoint wrapping): a parameter belongs to the
+    # innermost unit that contains it.
+    prefixes = sorted((names[m] + "." for m in units), key=len, reverse=True)
+    membership = {}
+    for name, _ in model.named_parameters():
+        plain = name.replace("_checkpoint_wrapped_module.", "")
+        unit = next((p[:-1] for p in prefixes if name.startswith(p)), "root").replace("._checkpoint_wrapped_module", "")
+        membership.setdefault(unit.replace("_checkpoint_wrapped_module.", ""), []).append(plain)
+    return model, membership
+
+
+def wrap_fsdp1(model, args, device):
+    """FullyShardedDataParallel with an auto-wrap policy *bound* with functools.partial (seed 001, corrected)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+    if args.wrap == "fine":
+        # The seed called size_based_auto_wrap_policy(min_num_params=100) directly: TypeError (it is the policy
+        # itself, FSDP calls it per module). Bound with partial it works, and wraps nearly every layer.
+        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=100)
+    elif args.wrap == "block":
+        block_types = {Block}
+        if args.activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+            block_types = {CheckpointWrapper}
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=block_types)
+    else:
+        policy = None
+    mp = None
+    if args.precision != "fp32":
+        mp = MixedPrecision(param_dtype=dtype_of(args.precision), reduce_dtype=torch.float32,
+                            buffer_dtype=dtype_of(args.precision))
+    # device_id is required on CPU too ("FSDP needs a non-CPU accelerator device" without it).
+    model = FSDP(model, auto_wrap_policy=policy, mixed_precision=mp, device_id=device)
+    return model, {f"unit{i}": [] for i in range(sum(isinstance(m, FSDP) for m in model.modules()))}  # count only
+
+
+def dtype_of(precision):
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def local(t):
+    """This rank's part of a tensor: the local shard of a DTensor (FSDP2), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def tensor_bytes(tensors):
+    return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
+
+
+def memory_fields(model, optimizer, device):
+    """Exact bytes of this rank's parameters, gradients and optimizer state, plus RSS (CPU) or allocator peak."""
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    fields = {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params),
+              "optimizer_state_bytes": tensor_bytes(state),
+              "param_device": str(local(params[0]).device)}
+    if device.type == "cuda":
+        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    else:
+        with open("/proc/self/statm") as f:  # Linux; fields are in pages
+            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return fields
+
+
+class SavedActivations:
+    """Counts the bytes autograd keeps for backward during one forward: the activation memory.
+
+    Every tensor saved for backward passes the pack hook; parameters (leaves that require grad, or views of
+    them) are not activations and are skipped; storages are counted once. Inside a non-reentrant checkpoint
+    the checkpoint's own hooks take over and nothing is saved, but each checkpointed block keeps its input
+    for the recomputation: a forward pre-hook on the wrapper adds those bytes. Under DDP's autocast the bf16
+    copies of the weights that matmuls save are counted too: they are memory held for backward.
+    """
+
+    def __init__(self):
+        self.storages = {}
+
+    def pack(self, t):
+        base = t._base if t._base is not None else t
+        if not (base.requires_grad and base.is_leaf):
+            s = t.untyped_storage()
+            self.storages[(s.data_ptr(), t.device)] = s.nbytes()
+        return t
+
+    def checkpoint_input(self, module, args):
+        s = args[0].untyped_storage()
+        self.storages[(s.data_ptr(), args[0].device)] = s.nbytes()
+
+    def take(self):
+        total, self.storages = sum(self.storages.values()), {}
+        return total
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    rank, local_rank, world_size, device = setup(args)
+    try:
+        train(args, rank, world_size, device)
+    finally:
+        cleanup()
+
+
+def build(args, device):
+    # Same seed on every rank: DDP would broadcast rank 0's weights anyway, FSDP does not (each rank keeps its
+    # own shard of what *it* initialised), so without this the shards would come from different models.
+    torch.manual_seed(args.seed)
+    model = TinyTransformer(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.seq_len).to(device)
+    shapes = {name: list(p.shape) for name, p in model.named_parameters()}
+    if args.activation_checkpointing:
+        apply_checkpointing(model)  # before wrapping: FSDP then shards the wrapped blocks
+    if args.strategy == "ddp":
+        if dist.is_initialized():
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        units = {}
+    elif args.strategy == "fsdp2":
+        model, units = wrap_fsdp2(model, args, device)
+    else:
+        model, units = wrap_fsdp1(model, args, device)
+    return model, shapes, units
+
+
+def train(args, rank, world_size, device):
+    model, shapes, units = build(args, device)
+    # Built after wrapping: with FSDP it sees the local shards, so its state is sharded too.
+    if args.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    scaler = None
+    if args.precision == "fp16" and not args.no_grad_scaler:
+        if args.strategy == "fsdp1":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+            scaler = ShardedGradScaler()  # unscales and checks inf/nan across all ranks' shards
+        else:
+            scaler = torch.amp.GradScaler("cuda")  # not the deprecated torch.cuda.amp.GradScaler of seed 000
+    # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
+    autocast = args.strategy == "ddp" and args.precision != "fp32"
+    counter = SavedActivations()
+    block_forwards = [0]  # forward calls of the blocks per step: checkpointing recomputes each one in backward
+    for m in model.modules():
+        if isinstance(m, Block):
+            m.register_forward_pre_hook(lambda module, inputs: block_forwards.__setitem__(0, block_forwards[0] + 1))
+    if args.activation_checkpointing:
+        for m in model.modules():
+            if type(m).__name__ == "CheckpointWrapper":
+                m.register_forward_pre_hook(counter.checkpoint_input)
+
+    metrics_dir = Path(args.metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    (metrics_dir / f"model_rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "world_size": world_size, "strategy": args.strategy, "shapes": shapes,
+        "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(units), "unit_params": units,
+        "args": vars(args)}))
+    metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+    for step in range(1, args.max_steps + 1):
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        saved_bytes = 0
+        zero_grads = None
+        block_forwards[0] = 0
+        xs, ys = global_batch(step, args, world_size)
+        for micro in range(args.grad_accum_steps):
+            first = (micro * world_size + rank) * args.batch_size  # this rank's rows of this micro-step
+            x, y = xs[first:first + args.batch_size].to(device), ys[first:first + args.batch_size].to(device)
+            # DDP: all-reduce only on the last micro-step (no_sync). FSDP reduce-scatters on every micro-step on
+            # purpose: skipping it (FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync) would keep unsharded
+            # gradients between micro-steps, the memory that sharding saves.
+            skip_sync = args.strategy == "ddp" and dist.is_initialized() and micro < args.grad_accum_steps - 1
+            with model.no_sync() if skip_sync else contextlib.nullcontext():
+                with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), \
+                        torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):
+                    logits = model(x)
+                    loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
+                saved_bytes = max(saved_bytes, counter.take())  # what this forward kept for backward
+                (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
+            loss_sum += loss.detach()
+        if args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
+            zero_grads = sum(int((local(p.grad) == 0).sum()) for p in model.parameters() if p.grad is not None)
+        if scaler:
+            scaler.step(optimizer)  # unscales, and skips the step if any rank's gradients hold inf/nan
+            scaler.update()
+        else:
+            optimizer.step()
+        loss_global = loss_sum.clone()
+        if dist.is_initialized():
+            dist.all_reduce(loss_global)  # the rank's loss is local; the global mean needs a collective
+            loss_global /= world_size
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_time_s = time.perf_counter() - t0
+        row = {"step": step, "max_steps": args.max_steps, "rank": rank, "world_size": world_size,
+               "device": str(device), "strategy": args.strategy, "precision": args.precision,
+               "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
+               "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
+               "fsdp_units": len(units), "activation_bytes": saved_bytes, "block_forwards": block_forwards[0],
+               **memory_fields(model, optimizer, device)}
+        if scaler:
+            row["grad_scale"] = scaler.get_scale()
+        if zero_grads is not None:
+            row["zero_grad_elements"] = zero_grads
+        metrics_file.write(json.dumps(row) + "\n")
+        sys.stdout.write(f"step {step}/{args.max_steps} loss_global {loss_global.item():.5f} "
+                         f"step_time_s {step_time_s:.3f}\n")  # one write per line: ranks never interleave
+    metrics_file.close()
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears the process group down while a peer still uses it
+
+
+if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
+    # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
+    # for a run that finished (0) or failed with a Python error (1).
+    exit_code = 1
+    try:
+        main()
+        exit_code = 0
+    except SystemExit as e:  # argparse's usage errors (2) and messages passed to SystemExit
+        if isinstance(e.code, int) or e.code is None:
+            exit_code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()  # what the interpreter would print; @record already wrote the error file
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
