@@ -90,8 +90,13 @@ def test_live_view_in_a_kernel_updates_in_place_and_ends_with_the_plot(tmp_path,
         states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
         bars = [s["state"] for s in states.values() if s["model_name"] == "IntProgressModel"]
         assert sorted((b["description"], b["value"], b["max"]) for b in bars) == [("rank 0", 30, 30), ("rank 1", 30, 30)]
+        logs = [s["state"]["value"] for s in states.values() if "tutorial-lib-log" in str(s["state"].get("value", ""))]
+        assert len(logs) == 1 and "[rank 0] step 30/30" in logs[0] and "[rank 1] step 30/30" in logs[0], \
+            "output lines go to the widget's own output area"
+        box = [o.data["text/plain"] for o in displays if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert box[0].startswith("rank 0: step 30/30") and "finished in" in box[0], "text fallback without widgets"
     else:
         progress = [o.data["text/plain"] for o in displays if "image/png" not in o.get("data", {})]
         assert progress[0].startswith("rank 0: step 30/30") and "finished in" in progress[0]
-    assert sum(o.output_type == "stream" for o in outputs) >= 1
+        assert sum(o.output_type == "stream" for o in outputs) >= 1
     assert all(o.output_type != "error" for o in outputs)

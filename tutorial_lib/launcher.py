@@ -441,8 +441,9 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         (f"# node {node}\n" if spec.nnodes > 1 else "") + command_text(commands[node], envs[node], run_dir, os.environ)
         for node in nodes))
 
-    view = make_view(spec.live)
-    printer = ThrottledPrinter(max_lines_per_s=spec.max_output_lines_per_s, log_name=str(run_dir / "output.log"))
+    view = make_view(spec.live, run_dir=run_dir)
+    printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=spec.max_output_lines_per_s,
+                               log_name=str(run_dir / "output.log"))
     metrics_tail = JsonlTail(run_dir / METRICS_SUBDIR, "rank*.jsonl")
     lines: queue.Queue = queue.Queue()
     output_log = open(run_dir / "output.log", "w")
@@ -568,6 +569,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
                     f"rank {rank} in {where}" for rank, where in sorted(error.where.items()))
                 error.args = (error.summary,)
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
+            safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
         safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
@@ -613,8 +615,10 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
         (run_dir / "run.json").write_text(json.dumps({"status": "failed", "returncode": returncode,
                                                        "wall_time_s": wall_time_s, "summary": summary}))
-        raise LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
-                          output_tail=transcript[-30:])
+        error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
+                            output_tail=transcript[-30:])
+        safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
+        raise error
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
     (run_dir / "run.json").write_text(json.dumps({"status": "finished", "returncode": 0, "wall_time_s": wall_time_s,
                                                    "nnodes": spec.nnodes, "nproc_per_node": nproc,

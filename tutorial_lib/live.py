@@ -2,7 +2,9 @@
 
 Modes (``LaunchSpec.live``, or the ``TUTORIAL_LIB_LIVE`` environment variable for ``"auto"``):
 
-* ``"widgets"``: in a Jupyter kernel, an ipywidgets progress bar per rank plus the figure;
+* ``"widgets"``: in a Jupyter kernel, an ipywidgets progress bar per rank, a red box naming the failed rank,
+  its cause and the logs when the job fails, the rank-prefixed output in a collapsible area of limited
+  height, and the figure (replaced in place, one image);
 * ``"text"``: in a Jupyter kernel, a plain-text progress table plus the figure, both updated in
   place through display handles (what papermill and nbval store); in a terminal, a progress
   line every few seconds;
@@ -13,8 +15,11 @@ Modes (``LaunchSpec.live``, or the ``TUTORIAL_LIB_LIVE`` environment variable fo
 
 from __future__ import annotations
 
+import html
 import os
 import sys
+from collections import deque
+from pathlib import Path
 
 import pandas as pd
 
@@ -47,7 +52,13 @@ def progress_fields(record: dict) -> list[str]:
 
 
 class LiveView:
-    """Base view: collects records; subclasses draw them. ``update`` is called a few times a second."""
+    """Base view: collects records; subclasses draw them. ``update`` is called a few times a second.
+
+    ``log_stream`` is where the launcher's rank-prefixed output lines go: ``None`` means the cell's (or the
+    terminal's) stdout; the widget view collects them in its own output area instead.
+    """
+
+    log_stream = None
 
     def __init__(self) -> None:
         self.latest: dict[int, dict] = {}  # rank -> newest metrics record
@@ -76,6 +87,9 @@ class LiveView:
     def finish(self, elapsed_s: float, rss_samples: list[dict], status: str) -> None:
         """Draw the final state with a one-line ``status`` ("finished in 4.2 s", "failed: ...")."""
 
+    def fail(self, error: Exception) -> None:
+        """Show why the job failed (``error``: the ``LaunchError`` the launcher is about to raise)."""
+
 
 class TerminalView(LiveView):
     """A progress line on stdout every ``interval_s`` seconds (and at the end)."""
@@ -97,15 +111,28 @@ class TerminalView(LiveView):
 
 
 class NotebookView(LiveView):
-    """Progress (widgets or text) and the loss/memory figure, each redrawn in place via a display handle."""
+    """Progress (widgets or text) and the loss/memory figure, each redrawn in place via a display handle.
 
-    def __init__(self, widgets: bool, plot_interval_s: float = 1.0) -> None:
+    With widgets the cell shows, from top to bottom: a status line (running / finished / failed, elapsed),
+    one progress bar per rank (step / max steps, loss, samples/s, elapsed), a red summary box when the job
+    fails or is interrupted (rank, cause, where the full logs are), and the rank-prefixed output lines in a
+    collapsible area that keeps the last ``log_lines`` lines (all lines are in ``output.log``). Below it, the
+    figure. In text mode (papermill, nbval) the progress is a plain-text table and the output lines go to
+    the cell's stdout, throttled by the launcher.
+    """
+
+    def __init__(self, widgets: bool, plot_interval_s: float = 1.0, run_dir: str | os.PathLike | None = None,
+                 log_lines: int = 200) -> None:
         super().__init__()
         self.use_widgets = widgets
         self.plot_interval_s = plot_interval_s
+        self.run_dir = run_dir
         self._last_plot = -1e9
         self._plotted_records = -1
         self._bars: dict[int, tuple] = {}
+        if widgets:
+            self.log_stream = LogBuffer(log_lines)
+            self._log_version = -1
 
     def start(self):
         from IPython.display import display
@@ -113,11 +140,26 @@ class NotebookView(LiveView):
         if self.use_widgets:
             import ipywidgets as w
 
-            self._box = w.VBox([w.HTML("<b>starting torchrun ...</b>")])
-            display(self._box)
+            self._header = w.HTML("<b>starting torchrun ...</b>")
+            self._rows = w.VBox([])
+            self._alert = w.HTML(layout=w.Layout(display="none"))
+            self._log = w.HTML(_log_html([]))
+            where = f"; every line in {Path(self.run_dir) / 'output.log'}" if self.run_dir else ""
+            title = f"output, rank-prefixed (last {self.log_stream.maxlen} lines{where})"  # plain text, not HTML
+            self._log_box = w.Accordion(children=[self._log], titles=(title,), selected_index=0)
+            self._box = w.VBox([self._header, self._rows, self._alert, self._log_box],
+                               layout=w.Layout(width="100%"))
+            self._box.add_class("tutorial-lib-live")
+            self._box_handle = display(self._widget_bundle("starting torchrun ..."), raw=True, display_id=True)
         else:
             self._progress = display(_Text("starting torchrun ..."), display_id=True)
         self._plot = display(_Text("(the loss and memory plot appears with the first step)"), display_id=True)
+
+    def _widget_bundle(self, text: str) -> dict:
+        """The box's display data; ``text/plain`` (what a notebook saved without widget state shows) is ``text``."""
+        data = self._box._repr_mimebundle_()
+        data["text/plain"] = text
+        return data
 
     def _draw_progress(self, elapsed_s, status=None):
         if not self.use_widgets:
@@ -126,23 +168,42 @@ class NotebookView(LiveView):
             return
         import ipywidgets as w
 
+        new_rank = False
         for rank in sorted(self.latest):
             r = self.latest[rank]
             if rank not in self._bars:
                 bar = w.IntProgress(min=0, max=int(r.get("max_steps") or 1), description=f"rank {rank}")
                 label = w.HTML()
                 self._bars[rank] = (bar, label)
+                new_rank = True
             bar, label = self._bars[rank]
             bar.value = int(r.get("step", 0))
-            label.value = " &nbsp; ".join(progress_fields(r) + [f"{elapsed_s:.1f} s"])
-        header = w.HTML(f"<b>{status or 'running'}</b> ({elapsed_s:.1f} s)")
-        self._box.children = [header] + [w.HBox(self._bars[k]) for k in sorted(self._bars)]
-        if status and status.startswith("failed"):
+            label.value = " &nbsp;&middot;&nbsp; ".join(progress_fields(r) + [f"{elapsed_s:.1f} s"])
+        if new_rank:
+            self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
+        failed = bool(status) and status.startswith("failed")
+        colour = "#c62828" if failed else "#2e7d32" if status else "inherit"
+        self._header.value = f"<b style='color:{colour}'>{html.escape(status or 'running')}</b>" + (
+            "" if status else f" &middot; elapsed {elapsed_s:.1f} s")
+        if status:
             for bar, _ in self._bars.values():
-                bar.bar_style = "danger"
-        elif status:
-            for bar, _ in self._bars.values():
-                bar.bar_style = "success"
+                bar.bar_style = "danger" if failed else "success"
+        if self.log_stream.version != self._log_version:
+            self._log_version = self.log_stream.version
+            self._log.value = _log_html(self.log_stream.lines())
+
+    def _draw_alert(self, title: str, details: list[str]) -> None:
+        """Show the red failure box: ``title`` in bold, then ``details`` (plain text, escaped), then where the logs are."""
+        if not self.use_widgets:
+            return
+        if self.run_dir:
+            details = details + [f"full logs in {self.run_dir}: output.log (every line), logs/ (per rank), "
+                                 "command.txt (the command to rerun it)"]
+        body = "".join(f"<div>{html.escape(d)}</div>" for d in details)
+        self._alert.value = (f"<div class='tutorial-lib-failure' style='border:2px solid #c62828;background:#ffebee;"
+                             f"color:#b71c1c;padding:6px 10px;margin:4px 0;border-radius:4px'>"
+                             f"<b>&#10006; {html.escape(title)}</b>{body}</div>")
+        self._alert.layout.display = None
 
     def _draw_plot(self, rss_samples, final=False):
         if not self.records:
@@ -161,8 +222,76 @@ class NotebookView(LiveView):
 
     def finish(self, elapsed_s, rss_samples, status):
         self._draw_progress(elapsed_s, status)
-        self._plotted_records = -1
-        self._draw_plot(rss_samples, final=True)
+        if status.startswith("failed"):
+            what = status.removeprefix("failed: ")
+            details = [self._steps_line()]
+            if what == "interrupted":
+                details.insert(0, "the kernel was interrupted: torchrun and every worker were stopped")
+            self._draw_alert(what, details)
+        if self.use_widgets:
+            self._box_handle.update(self._widget_bundle("\n".join(self.progress_lines(elapsed_s) + [status])), raw=True)
+        # After a success the memory curve is completed; after a failure only new steps are drawn, and after an
+        # interrupt the figure stays as it is (at most plot_interval_s old) unless none was drawn yet, so the
+        # cell says "interrupted" without waiting for a redraw.
+        stale = len(self.records) != self._plotted_records
+        if not status.startswith("failed") or (stale and (status != "failed: interrupted" or self._plotted_records < 0)):
+            self._draw_plot(rss_samples, final=True)
+
+    def _steps_line(self) -> str:
+        steps = ", ".join(f"rank {k} at step {r.get('step')}" for k, r in sorted(self.latest.items()))
+        return f"last step reported: {steps or 'none'}"
+
+    def fail(self, error) -> None:
+        """Name the failed rank and its cause in the red box (``error``: the ``LaunchError`` about to be raised)."""
+        failure = getattr(error, "failure", None)
+        if getattr(error, "timeout_s", None) is not None:  # LaunchTimeout: where every rank was, if it says
+            where = getattr(error, "where", None) or {}
+            details = [f"the job ran past timeout_s={error.timeout_s:g} s and was stopped"]
+            details += [f"rank {rank} was in {place}" for rank, place in sorted(where.items())]
+            self._draw_alert(getattr(error, "summary", str(error)).split(";")[0], details + [self._steps_line()])
+            return
+        cause = ""
+        if failure is not None and failure.traceback:
+            cause = failure.traceback.strip().splitlines()[-1]
+        elif failure is not None and failure.log_tail:
+            cause = failure.log_tail[-1]
+        elif getattr(error, "output_tail", None):
+            cause = error.output_tail[-1]
+        details = [f"cause: {cause}"] if cause else []
+        if failure is not None and failure.rank is not None:
+            details.append(f"rank {failure.rank} exited with code {failure.exit_code}; the other ranks were stopped")
+        details.append(self._steps_line())
+        self._draw_alert(getattr(error, "summary", str(error)), details)
+
+
+class LogBuffer:
+    """A file-like sink keeping the last ``maxlen`` lines written (the widget view's output area)."""
+
+    def __init__(self, maxlen: int = 200) -> None:
+        self.maxlen = maxlen
+        self._lines: deque[str] = deque(maxlen=maxlen)
+        self._partial = ""
+        self.version = 0  # bumped on every write, so the view redraws only when something arrived
+
+    def write(self, text: str) -> int:
+        parts = (self._partial + text).split("\n")
+        self._partial = parts.pop()
+        self._lines.extend(parts)
+        self.version += 1
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def lines(self) -> list[str]:
+        return list(self._lines) + ([self._partial] if self._partial else [])
+
+
+def _log_html(lines: list[str]) -> str:
+    """Lines in a scrolling box about 12 lines high that stays scrolled to the newest line (column-reverse)."""
+    text = html.escape("\n".join(lines)) if lines else "(no output lines yet)"
+    return ("<div class='tutorial-lib-log' style='display:flex;flex-direction:column-reverse;max-height:15em;"
+            "overflow-y:auto'><pre style='flex:none;overflow:visible;margin:0;font-size:12px;line-height:1.25'>" + text + "</pre></div>")
 
 
 class _Text:
@@ -175,8 +304,8 @@ class _Text:
         return self.text
 
 
-def make_view(mode: str = "auto") -> LiveView:
-    """Build the live view for ``mode`` (see the module docstring).
+def make_view(mode: str = "auto", run_dir: str | os.PathLike | None = None) -> LiveView:
+    """Build the live view for ``mode`` (see the module docstring); ``run_dir`` is named where logs are.
 
     Raises:
         ConfigError: unknown mode.
@@ -195,11 +324,11 @@ def make_view(mode: str = "auto") -> LiveView:
         try:
             import ipywidgets  # noqa: F401
 
-            return NotebookView(widgets=True)
+            return NotebookView(widgets=True, run_dir=run_dir)
         except ImportError:
             if mode == "widgets":
                 raise ConfigError("live='widgets' needs ipywidgets: pip install ipywidgets") from None
-    return NotebookView(widgets=False)
+    return NotebookView(widgets=False, run_dir=run_dir)
 
 
 def enable_inline_figures() -> None:
