@@ -83,6 +83,7 @@ SMALL_ARGS = {
     "ddp_train": ["--max-steps", 2], "collectives_check": ["--sizes-bytes", 4096, "--iters", 1],
     "sampler_demo": [], "dataloader_bench": ["--dataset-size", 8, "--epochs", 1, "--num-workers", 0],
     "grad_accum": ["--max-steps", 1], "uneven_inputs": [], "unused_params": ["--loss-uses", "both", "--max-steps", 2],
+    "collective_mismatch": ["--max-steps", 2],
 }
 
 

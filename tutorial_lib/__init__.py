@@ -10,6 +10,7 @@ The handful of names the notebooks use::
 """
 
 from .devices import DevicePlan, resolve_device
+from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_script
@@ -21,6 +22,7 @@ from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
+    "Diagnosis", "diagnose",
     "ConfigError", "DevicePlan", "autocast_op_dtypes", "autocast_supported", "cpu_low_precision_flags",
     "float_formats", "plot_loss_scale", "summarize_runs", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
     "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
