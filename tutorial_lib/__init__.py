@@ -9,6 +9,7 @@ The handful of names the notebooks use::
     tl.plot_run(result.metrics(), result.memory_samples())
 """
 
+from .cluster import node_commands, slurm_script
 from .devices import DevicePlan, resolve_device
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
@@ -24,7 +25,7 @@ from .scripts import available_scripts, new_run_dir, show_script, write_script
 __all__ = [
     "Diagnosis", "diagnose",
     "ConfigError", "DevicePlan", "autocast_op_dtypes", "autocast_supported", "cpu_low_precision_flags",
-    "float_formats", "plot_loss_scale", "summarize_runs", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
+    "float_formats", "plot_loss_scale", "summarize_runs", "node_commands", "slurm_script", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec",
     "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError", "available_scripts",
     "environment_report", "launch", "new_run_dir", "plot_bandwidth", "plot_compare", "plot_index_assignment", "plot_loss",
     "plot_memory", "plot_run", "plot_tensor_bytes", "read_collectives", "read_memory_samples",

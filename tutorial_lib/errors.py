@@ -7,6 +7,7 @@ Modelled on papermill's ``exceptions.py``: structured attributes for programs, a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,9 +106,53 @@ class LaunchTimeout(LaunchError):
         timeout_s: the limit that was exceeded, in seconds.
         last_steps: the last metric step each rank reported, ``{rank: step}`` (ranks that reported
             nothing are absent), which shows which rank stopped making progress.
+        stacks: ``{rank: text}``: each rank's Python stack at the timeout, as ``faulthandler`` prints it
+            (most recent call first), for scripts that register it for SIGUSR1 (every shipped script
+            does); empty for scripts that do not.
+        where: ``{rank: "file:line in function"}``: the innermost frame of each rank's main thread.
     """
 
-    def __init__(self, summary: str, *, timeout_s: float, last_steps: dict[int, int], **kwargs) -> None:
+    def __init__(self, summary: str, *, timeout_s: float, last_steps: dict[int, int],
+                 stacks: dict[int, str] | None = None, **kwargs) -> None:
         super().__init__(summary, **kwargs)
         self.timeout_s = timeout_s
         self.last_steps = dict(last_steps)
+        self.stacks = dict(stacks or {})
+        self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if not self.stacks:
+            return text
+        lines = ["", "Python stack of every rank at the timeout (most recent call first):"]
+        for rank, stack in sorted(self.stacks.items()):
+            lines += [f"rank {rank}:"] + ["  " + line for line in stack.splitlines()]
+        return text + "\n" + "\n".join(lines)
+
+
+def innermost_frame(stack: str) -> str:
+    """Where the main thread of a ``faulthandler`` dump is: ``"file:line in function"``.
+
+    faulthandler prints ``Current thread 0x... (most recent call first):`` (or ``Thread 0x...``)
+    followed by ``  File "path", line N in name`` lines. The answer is the innermost frame of the
+    script itself, followed by the innermost frame overall when that is inside a library, e.g.
+    ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``.
+    """
+    lines = stack.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
+    frames = []
+    for line in lines[start:]:
+        match = _FRAME.match(line)
+        if match:
+            frames.append(match)
+        elif frames:
+            break  # the next thread
+    if not frames:
+        return ""
+    text = [f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in frames]
+    own = next((i for i, m in enumerate(frames) if not _LIBRARY.search(m["path"])), 0)
+    return text[own] if own == 0 else f"{text[own]} -> {text[0]}"
+
+
+_LIBRARY = re.compile(r"/(site-packages|dist-packages|lib/python\d[\d.]*)/")
+_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')

@@ -27,9 +27,11 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
+import psutil
 
 from .devices import DevicePlan, check_positive_int, resolve_device
 from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure
@@ -38,7 +40,7 @@ from .memory import MemorySampler
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
-from .scripts import new_run_dir, write_script
+from .scripts import check_script_args, new_run_dir, write_script
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,13 @@ class LaunchSpec:
         env: extra environment variables for torchrun and the workers (the kernel's ``os.environ``
             is never modified).
         max_restarts: torchrun ``--max-restarts`` (elastic restarts of the whole group on failure).
+        nnodes: simulated nodes on this host: one torchrun agent per node (``--nnodes``, c10d rendezvous
+            on loopback, hosted by the launcher), each with ``nproc_per_node`` ranks; the rendezvous
+            gives the agents their node ranks (``GROUP_RANK``). On CUDA each node gets its own GPUs.
+        start_nodes: the node ranks this launch starts (``None``: all). Starting fewer than ``nnodes``
+            simulates a node that never arrives: rendezvous fails after ``rendezvous_timeout_s``.
+        rendezvous_timeout_s: how long an agent waits for the other nodes (``--rdzv-conf timeout=``,
+            seconds; multi-node only).
         master_port: rendezvous port on 127.0.0.1 (1024-65535); ``None`` picks a free one.
         live: live view mode: ``"auto"``, ``"widgets"``, ``"text"`` or ``"off"`` (see ``tutorial_lib.live``).
         sample_memory_hz: memory samples per second (> 0).
@@ -77,6 +86,9 @@ class LaunchSpec:
     timeout_s: float = 300.0
     env: Mapping[str, str] = field(default_factory=dict)
     max_restarts: int = 0
+    nnodes: int = 1
+    start_nodes: Sequence[int] | None = None
+    rendezvous_timeout_s: float = 60.0
     master_port: int | None = None
     live: str = "auto"
     sample_memory_hz: float = 5.0
@@ -88,7 +100,8 @@ class LaunchSpec:
         script = Path(self.script)
         if not script.is_file():
             raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir)")
-        for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s"):
+        for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s",
+                     "rendezvous_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number > 0, got {value!r}")
@@ -115,7 +128,18 @@ class LaunchSpec:
                               "use a new run directory (new_run_dir) so nothing is overwritten")
         if self.nproc_per_node is not None:
             check_positive_int("nproc_per_node", self.nproc_per_node)
-        return resolve_device(self.device, self.nproc_per_node, gpu_count=gpu_count)
+        check_positive_int("nnodes", self.nnodes)
+        if self.start_nodes is not None:
+            nodes = list(self.start_nodes)
+            if not nodes or len(set(nodes)) != len(nodes) or not set(nodes) <= set(range(self.nnodes)):
+                raise ConfigError(f"start_nodes must be distinct node ranks in 0..{self.nnodes - 1} (nnodes="
+                                  f"{self.nnodes}), got {self.start_nodes!r}; None starts every node")
+        plan = resolve_device(self.device, self.nproc_per_node, gpu_count=gpu_count)
+        if self.nnodes > 1 and plan.device == "cuda" and self.nnodes * plan.nproc_per_node > plan.gpu_count:
+            raise ConfigError(f"nnodes={self.nnodes} x nproc_per_node={plan.nproc_per_node} simulated GPU ranks "
+                              f"need as many GPUs, this machine has {plan.gpu_count}; use device='cpu' to "
+                              "simulate nodes, or fewer ranks")
+        return plan
 
 
 @dataclass
@@ -153,18 +177,28 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def build_command(script: str | os.PathLike, args: Sequence[object], plan: DevicePlan, *, master_port: int,
-                  log_dir: str | os.PathLike, max_restarts: int = 0, python: str | None = None) -> list[str]:
-    """The torchrun argv for one node on loopback; pure (launches nothing).
+                  log_dir: str | os.PathLike, max_restarts: int = 0, python: str | None = None,
+                  nnodes: int = 1, rendezvous_id: str = "tutorial", rendezvous_timeout_s: float = 60.0) -> list[str]:
+    """The torchrun argv of one node on loopback; pure (launches nothing).
 
     ``--tee 3`` copies each worker's stdout and stderr to ``log_dir`` and to torchrun's stdout with a
-    ``[default<local_rank>]:`` prefix, written a whole line at a time.
+    ``[default<local_rank>]:`` prefix, written a whole line at a time. One node uses the static
+    rendezvous (``--master-addr``/``--master-port``). With ``nnodes > 1`` every agent joins the c10d
+    rendezvous at ``127.0.0.1:master_port`` as a client (``is_host=false``: the launcher hosts that
+    store, so it outlives every agent) and waits at most ``rendezvous_timeout_s`` for the others
+    (``join_timeout``); the rendezvous assigns node ranks in order of arrival.
     """
+    if nnodes > 1:
+        rendezvous = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", f"{LOOPBACK}:{master_port}", "--rdzv-id", rendezvous_id,
+                      "--rdzv-conf", f"is_host=false,join_timeout={rendezvous_timeout_s:g}"]
+    else:
+        rendezvous = ["--nnodes", "1"]
     return [
         python or sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
+        *rendezvous,
         "--nproc-per-node", str(plan.nproc_per_node),
-        "--master-addr", LOOPBACK,
-        "--master-port", str(master_port),
+        *(["--master-addr", LOOPBACK, "--master-port", str(master_port)] if nnodes == 1 else []),
         "--max-restarts", str(max_restarts),
         "--log-dir", str(log_dir),
         "--tee", "3",
@@ -238,7 +272,7 @@ def _last_attempt_error_files(log_dir: Path) -> dict[int, Path]:
     return {int(p.parent.name): p for p in last.glob("*/error.json") if p.parent.name.isdigit()}
 
 
-def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> RankFailure | None:
+def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter, rank_offset: int = 0) -> RankFailure | None:
     """The first rank that failed, with its exit code, traceback and log tail.
 
     torchrun's summary names a "Root Cause", but it orders failures by the error files' timestamps,
@@ -247,7 +281,8 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> Rank
     times (nanoseconds) give the true order, so the earliest error file wins, among the ranks that exited
     on their own if there are any (a rank torchrun SIGTERMed while it was already failing wrote its file
     but reports the signal); the summary decides only when its root cause left no error file (a rank
-    killed by a signal). Exit codes come from the summary.
+    killed by a signal). Exit codes come from the summary. ``rank_offset``: the node's first global
+    rank, used when the summary names no global rank.
     """
     exit_codes = {int(m["local_rank"]): (int(m["rank"]), int(m["exitcode"])) for m in _FAILURE.finditer(output)}
     roots = list(_ROOT_CAUSE.finditer(output))
@@ -260,15 +295,46 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> Rank
         local_rank = root_local_rank
     else:
         return None
-    rank, exit_code = exit_codes.get(local_rank, (local_rank, None))
+    rank, exit_code = exit_codes.get(local_rank, (local_rank + rank_offset, None))
     traceback = _read_error_file(error_files[local_rank]) if local_rank in error_files else ""
     return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
 
 
-def _reader(stream, out: queue.Queue) -> None:
+def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int]) -> str:
+    """A sentence for failures of torchrun itself (no rank to blame), from its output; "" if unknown."""
+    if "RendezvousTimeoutError" in output or "waiting for clients" in output:
+        missing = sorted(set(range(spec.nnodes)) - set(started))
+        return (f"the rendezvous timed out after {spec.rendezvous_timeout_s:g} s (rendezvous_timeout_s) waiting "
+                f"for {spec.nnodes} nodes; {len(started)} joined" + (f", node(s) {missing} were never started" if missing
+                                                                      else "") + ". Start the same command on every node")
+    if "EADDRINUSE" in output or "address already in use" in output.lower():
+        return (f"port {spec.master_port} is already in use (EADDRINUSE) on {LOOPBACK}; pick another master_port, "
+                "or leave master_port=None for a free one")
+    return ""
+
+
+def _reader(stream, out: queue.Queue, node: int = 0) -> None:
     for raw in iter(stream.readline, b""):
-        out.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-    out.put(None)
+        out.put((node, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+    out.put((node, None))
+
+
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+STACK_DUMP_WAIT_S = 3.0
+_STACK_LINE = re.compile(r'^(Current thread 0x|Thread 0x|\s+File "|\s*$)')
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` installed a handler for ``sig`` (Linux ``/proc/<pid>/status`` ``SigCgt``).
+
+    Sending SIGUSR1 to a process that does not catch it would kill it, so the stack dump asks first.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(mask >> (int(sig) - 1) & 1)
 
 
 class _Timeout(Exception):
@@ -315,19 +381,45 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         ConfigError: bad spec, before anything is started.
         LaunchError: a rank failed (``.rank``, ``.exit_code``, ``.failure.traceback`` from torchrun's
             error file, ``.failure.log_tail``) or torchrun failed.
-        LaunchTimeout: the job exceeded ``spec.timeout_s``; it names the last step of every rank.
+        LaunchTimeout: the job exceeded ``spec.timeout_s``; it names the last step of every rank and,
+            before stopping the job, asks every rank for its Python stack (``.stacks``, ``.where``).
         KeyboardInterrupt: re-raised after the job was stopped (a kernel interrupt).
         In every case no process of the job survives.
     """
     plan = spec.validate()
     script = Path(spec.script).resolve()
     run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
-    port = spec.master_port or free_port()
-    log_dir = run_dir / "logs"
-    command = build_command(script, spec.args, plan, master_port=port, log_dir=log_dir,
-                            max_restarts=spec.max_restarts)
-    env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
-    (run_dir / "command.txt").write_text(command_text(command, env, run_dir, os.environ))
+    nodes = list(spec.start_nodes) if spec.start_nodes is not None else list(range(spec.nnodes))
+    nproc = plan.nproc_per_node
+    store = None
+    if spec.nnodes > 1:
+        # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
+        # while the other agents still wait at torchrun's exit barrier (an error with a C++ trace).
+        from torch.distributed import TCPStore
+        store = TCPStore(LOOPBACK, spec.master_port or 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=spec.rendezvous_timeout_s))
+        port = store.port
+    else:
+        port = spec.master_port or free_port()
+
+    def node_log_dir(node: int) -> Path:
+        return run_dir / "logs" / f"node{node}" if spec.nnodes > 1 else run_dir / "logs"
+
+    commands, envs = {}, {}
+    for node in nodes:
+        commands[node] = build_command(script, spec.args, plan, master_port=port, log_dir=node_log_dir(node),
+                                       max_restarts=spec.max_restarts, nnodes=spec.nnodes,
+                                       rendezvous_id=run_dir.name, rendezvous_timeout_s=spec.rendezvous_timeout_s)
+        envs[node] = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
+        if spec.nnodes > 1:
+            # Node ranks come from the rendezvous, so lines are labelled with the global rank.
+            envs[node].setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+            if plan.device == "cuda":  # each simulated node its own GPUs
+                envs[node]["CUDA_VISIBLE_DEVICES"] = ",".join(str(node * nproc + i) for i in range(nproc))
+    command = commands[nodes[0]]
+    (run_dir / "command.txt").write_text("".join(
+        (f"# node {node}\n" if spec.nnodes > 1 else "") + command_text(commands[node], envs[node], run_dir, os.environ)
+        for node in nodes))
 
     view = make_view(spec.live)
     printer = ThrottledPrinter(max_lines_per_s=spec.max_output_lines_per_s, log_name=str(run_dir / "output.log"))
@@ -335,45 +427,93 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     lines: queue.Queue = queue.Queue()
     output_log = open(run_dir / "output.log", "w")
     transcript: list[str] = []
+    node_transcripts: dict[int, list[str]] = {node: [] for node in nodes}
+    ranked: list[tuple[int | None, str]] = []  # (global rank or None, text) of every line
     start = time.monotonic()
     safe_draw(view.start)
-    proc = subprocess.Popen(
-        command, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
-    )
-    tree = ProcessTree(proc.pid)
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        for node in nodes:
+            procs[node] = subprocess.Popen(
+                commands[node], cwd=run_dir, env=envs[node], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
+            )
+    except BaseException:
+        for proc in procs.values():
+            ProcessTree(proc.pid).stop(proc, spec.shutdown_grace_s)
+        output_log.close()
+        raise
+    tree = ProcessTree(*(proc.pid for proc in procs.values()))
     sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda")
     sampler.start()
-    reader = threading.Thread(target=_reader, args=(proc.stdout, lines), name="tutorial_lib-reader", daemon=True)
-    reader.start()
-    log.info("launched %s (pid %d) in %s", shlex.join(command), proc.pid, run_dir)
+    readers = [threading.Thread(target=_reader, args=(proc.stdout, lines, node), name=f"tutorial_lib-reader-{node}",
+                                daemon=True) for node, proc in procs.items()]
+    for reader in readers:
+        reader.start()
+    log.info("launched %s (pids %s) in %s", shlex.join(command), [p.pid for p in procs.values()], run_dir)
 
-    eof = False
+    open_streams = set(nodes)
     last_view = 0.0
     exited_at = None
     torchrun_traceback = False
 
-    def take(line: str) -> None:
-        """Log, keep and (throttled) show one output line."""
+    def take(node: int, line: str) -> None:
+        """Log, keep and (throttled) show one output line of ``node``'s agent."""
         nonlocal torchrun_traceback
         output_log.write(line + "\n")
         transcript.append(line)
-        rank, text = split_rank_prefix(line)
+        node_transcripts[node].append(line)
+        rank, text = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
+        ranked.append((rank, text))
+        if rank is None and spec.nnodes > 1:
+            text = f"[node {node}] {text}"
         # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
         # it stays in output.log and the error's output_tail, not on screen.
-        torchrun_traceback = torchrun_traceback or (rank is None and text.startswith("Traceback"))
+        torchrun_traceback = torchrun_traceback or (rank is None and "Traceback" in text)
         printer.emit(rank, text, show=not (rank is None and torchrun_traceback))
 
+    def read_lines(wait_s: float) -> bool:
+        """Take every line available within ``wait_s``; True if any arrived."""
+        got = False
+        try:
+            item = lines.get(timeout=wait_s)
+            while True:
+                node, line = item
+                if line is None:
+                    open_streams.discard(node)
+                else:
+                    take(node, line)
+                    got = True
+                item = lines.get_nowait()
+        except queue.Empty:
+            pass
+        return got
+
+    def dump_stacks() -> dict[int, str]:
+        """Ask every rank that catches SIGUSR1 (faulthandler) for its Python stack; collect what they print."""
+        targets = {rank: proc for rank, proc in tree.rank_processes().items()
+                   if catches_signal(proc.pid, STACK_DUMP_SIGNAL)}
+        mark = len(ranked)
+        for proc in targets.values():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(STACK_DUMP_SIGNAL)
+        deadline = time.monotonic() + (STACK_DUMP_WAIT_S if targets else 0)
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            if read_lines(0.1):
+                quiet_since = time.monotonic()
+            answered = {rank for rank, text in ranked[mark:] if rank is not None and text.startswith(("Current", "Thread"))}
+            if answered >= set(targets) and time.monotonic() - quiet_since > 0.5:
+                break
+        stacks: dict[int, list[str]] = {}
+        for rank, text in ranked[mark:]:
+            if rank in targets and _STACK_LINE.match(text):
+                stacks.setdefault(rank, []).append(text)
+        return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
+
     try:
-        while not (eof and proc.poll() is not None):
-            try:
-                line = lines.get(timeout=0.1)
-                while line is not None:
-                    take(line)
-                    line = lines.get_nowait()
-                eof = True
-            except queue.Empty:
-                pass
+        while open_streams or any(proc.poll() is None for proc in procs.values()):
+            read_lines(0.1)
             elapsed = time.monotonic() - start
             if elapsed - last_view >= 0.25:
                 last_view = elapsed
@@ -381,24 +521,34 @@ def launch(spec: LaunchSpec) -> LaunchResult:
                 safe_draw(view.update, elapsed, sampler.rss_samples)
             if elapsed > spec.timeout_s:
                 raise _Timeout
-            if not eof and proc.poll() is not None:
+            if open_streams and all(proc.poll() is not None for proc in procs.values()):
                 exited_at = exited_at or elapsed
                 if elapsed - exited_at > 2.0:  # torchrun is gone but orphans still hold the pipe open
                     tree.kill_leftovers()
-        returncode = proc.wait()
+        returncodes = {node: proc.wait() for node, proc in procs.items()}
     except BaseException as exc:
         ranks_running = tree.ranks_alive()
+        stacks = {}
+        if isinstance(exc, _Timeout):
+            with sigint_deferred():
+                stacks = dump_stacks()
         with sigint_deferred():  # a second interrupt must not cut the cleanup short
-            killed = tree.stop(proc, spec.shutdown_grace_s)
+            killed = tree.stop(list(procs.values()), spec.shutdown_grace_s)
         elapsed = time.monotonic() - start
         view.add(metrics_tail.read_new())
         if isinstance(exc, _Timeout):
             last_steps = {rank: r["step"] for rank, r in view.latest.items()}
             summary = (f"{script.name} timed out after {spec.timeout_s:g} s (limit timeout_s) and was stopped; "
                        f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
+            error = LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, stacks=stacks,
+                                  run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
+                                  output_tail=transcript[-30:])
+            if error.where:
+                error.summary = summary + "; where each rank was: " + "; ".join(
+                    f"rank {rank} in {where}" for rank, where in sorted(error.where.items()))
+                error.args = (error.summary,)
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
-            raise LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, run_dir=run_dir,
-                                command=command, returncode=proc.returncode, output_tail=transcript[-30:]) from None
+            raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
         safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
@@ -407,32 +557,44 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     finally:
         sampler.stop()
         tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
-        reader.join(timeout=5)
-        while True:  # lines that arrived after the loop ended
-            try:
-                line = lines.get_nowait()
-            except queue.Empty:
-                break
-            if line is not None:
-                take(line)
+        for reader in readers:
+            reader.join(timeout=5)
+        read_lines(0)  # lines that arrived after the loop ended
         output_log.close()
-        if proc.stdout:
-            proc.stdout.close()
+        for proc in procs.values():
+            if proc.stdout:
+                proc.stdout.close()
         printer.flush_suppressed()
+        del store  # closes the rendezvous store once every agent is gone
 
     wall_time_s = time.monotonic() - start
     view.add(metrics_tail.read_new())
-    if returncode != 0:
-        failure = find_root_cause("\n".join(transcript), log_dir, printer)
+    failed = [node for node in nodes if returncodes[node] != 0]
+    if failed:
+        returncode = returncodes[failed[0]]
+        failures = [(node, f) for node in failed if (f := find_root_cause(
+            "\n".join(node_transcripts[node]), node_log_dir(node), printer)) is not None]
+
+        def first_failed(item: tuple[int, RankFailure]) -> tuple[bool, int]:
+            # Across nodes the rank that failed first wrote the earliest error file; one without a
+            # traceback (a rank killed by a signal, or an agent whose rendezvous failed) comes last.
+            node, f = item
+            error_file = _last_attempt_error_files(node_log_dir(node)).get((f.rank or 0) % nproc)
+            return not f.traceback, error_file.stat().st_mtime_ns if error_file else 2**63
+
+        failure = min(failures, key=first_failed, default=(None, None))[1]
         if failure is not None and failure.rank is not None:
             summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
         else:
-            summary = f"{script.name} failed: torchrun exited with code {returncode}"
+            where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
+            summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
+            reason = explain_agent_failure("\n".join(transcript), spec, nodes)
+            summary += f": {reason}" if reason else ""
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
         raise LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
                           output_tail=transcript[-30:])
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
-    return LaunchResult(run_dir=run_dir, command=command, returncode=returncode, wall_time_s=wall_time_s, plan=plan)
+    return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
 
 
 def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
@@ -446,9 +608,12 @@ def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.Pat
         label: run directory label (default: ``name``).
         **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ...).
 
-    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before anything is started (the new
-    run directory then holds only the script).
+    Returns and raises as ``launch``; a bad spec, or arguments the script's own ``parse_args`` rejects,
+    raise ``ConfigError`` before anything is started (the new run directory then holds only the script).
     """
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)
-    return launch(LaunchSpec(script, args=args, **spec))
+    launch_spec = LaunchSpec(script, args=args, **spec)
+    launch_spec.validate()
+    check_script_args(script, launch_spec.args)
+    return launch(launch_spec)

@@ -9,6 +9,7 @@ torchrun's group and to every worker recorded. See FACTS in the project notes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -53,22 +54,28 @@ class Worker:
 
 
 class ProcessTree:
-    """The processes below one root (torchrun), recorded as they appear so they can all be stopped.
+    """The processes below the roots (one torchrun agent per simulated node), recorded as they appear.
 
     Thread-safe: a sampler thread calls ``refresh`` while the launcher reads ``workers``.
     """
 
-    def __init__(self, root_pid: int) -> None:
-        self.root = psutil.Process(root_pid)
+    def __init__(self, *root_pids: int) -> None:
+        if not root_pids:
+            raise ValueError("ProcessTree needs at least one root pid")
+        self.roots = [psutil.Process(pid) for pid in root_pids]
+        self.root = self.roots[0]
         self._lock = threading.Lock()
         self._seen: dict[int, Worker] = {}
+        self._parent: dict[int, int] = {}
 
     def refresh(self) -> dict[int, Worker]:
-        """Record any new descendants of the root; return ``{pid: Worker}`` of all ever seen."""
-        try:
-            children = self.root.children(recursive=True)
-        except psutil.Error:
-            children = []
+        """Record any new descendants of the roots; return ``{pid: Worker}`` of all ever seen."""
+        children = []
+        for root in self.roots:
+            try:
+                children += root.children(recursive=True)
+            except psutil.Error:
+                pass
         with self._lock:
             for child in children:
                 if child.pid in self._seen:
@@ -80,6 +87,8 @@ class ProcessTree:
                 except (psutil.Error, ValueError):
                     pass
                 self._seen[child.pid] = Worker(child, rank)
+                with contextlib.suppress(psutil.Error):
+                    self._parent[child.pid] = child.ppid()
             return dict(self._seen)
 
     def alive(self) -> list[Worker]:
@@ -88,38 +97,52 @@ class ProcessTree:
             workers = list(self._seen.values())
         return [w for w in workers if is_alive(w.process)]
 
+    def rank_processes(self) -> dict[int, psutil.Process]:
+        """``{rank: process}`` of the running training processes: the agents' direct children with a ``RANK``.
+
+        A rank's own children (DataLoader workers) inherit ``RANK`` but are left out.
+        """
+        roots = {root.pid for root in self.roots}
+        with self._lock:
+            parents = dict(self._parent)
+        return {w.rank: w.process for w in self.alive()
+                if w.rank is not None and parents.get(w.process.pid) in roots}
+
     def ranks_alive(self) -> list[int]:
         """Sorted ranks of worker processes (those with a ``RANK``) that still run."""
         return sorted({w.rank for w in self.alive() if w.rank is not None})
 
-    def stop(self, popen, grace_s: float) -> int:
-        """Stop the whole tree and reap torchrun; return how many processes had to be killed.
+    def stop(self, popens, grace_s: float) -> int:
+        """Stop the whole tree and reap the agents; return how many processes had to be killed.
 
-        SIGTERM to torchrun, wait up to ``grace_s`` for it to stop its workers and exit, then
-        SIGKILL torchrun's group and every recorded descendant still alive.
+        ``popens``: the torchrun ``Popen`` (or a list of them, one per simulated node). SIGTERM to each
+        torchrun, wait up to ``grace_s`` for them to stop their workers and exit, then SIGKILL each
+        torchrun's group and every recorded descendant still alive.
         """
+        popens = list(popens) if isinstance(popens, (list, tuple)) else [popens]
         self.refresh()
-        if popen.poll() is None:
-            try:
-                popen.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + grace_s
-            while popen.poll() is None and time.monotonic() < deadline:
-                self.refresh()
-                time.sleep(0.05)
+        for popen in popens:
+            if popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in popens) and time.monotonic() < deadline:
+            self.refresh()
+            time.sleep(0.05)
         killed = 0
-        if popen.poll() is None:
-            try:
-                os.killpg(popen.pid, signal.SIGKILL)  # torchrun runs in its own group (start_new_session)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
+        for popen in popens:
+            if popen.poll() is None:
+                try:
+                    os.killpg(popen.pid, signal.SIGKILL)  # torchrun runs in its own group (start_new_session)
+                    killed += 1
+                except (ProcessLookupError, PermissionError):
+                    pass
         killed += self.kill_leftovers()
-        try:
-            popen.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - never let cleanup raise over the real error
-            log.warning("torchrun (pid %s) did not exit after SIGKILL", popen.pid)
+        for popen in popens:
+            try:
+                popen.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - never let cleanup raise over the real error
+                log.warning("torchrun (pid %s) did not exit after SIGKILL", popen.pid)
         return killed
 
     def kill_leftovers(self) -> int:

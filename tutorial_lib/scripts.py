@@ -8,10 +8,14 @@ to a cluster. Each run gets its own directory; nothing existing is ever overwrit
 from __future__ import annotations
 
 import ast
+import contextlib
 import html
+import importlib.util
+import io
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -164,3 +168,34 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
         if name not in spans:
             raise ConfigError(f"{Path(path).name} has no top-level function or class {name!r}; has {sorted(spans)}")
     return ScriptListing(path, [spans[name] for name in names])
+
+
+def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> None:
+    """Parse ``args`` with the script's own ``parse_args(argv)`` before anything is launched.
+
+    The shipped scripts validate their flags in ``parse_args`` (argparse plus range checks); calling
+    it here turns a typo or a bad value into an error in the cell at once, instead of a failed
+    launch with one argparse message per rank. A script without a ``parse_args`` function is not
+    checked. The script is imported under a private module name; its ``main()`` does not run.
+
+    Raises:
+        ConfigError: the script rejects ``args``; the message is the script's own.
+    """
+    path = Path(script)
+    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_check_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    parse_args = getattr(module, "parse_args", None)
+    if not callable(parse_args):
+        return
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(io.StringIO()):
+            parse_args([str(a) for a in args])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            last = (messages.getvalue().strip().splitlines() or [f"exit code {e.code}"])[-1]
+            reason = last.split("error: ", 1)[-1]  # argparse writes "<prog>: error: <message>"
+            raise ConfigError(f"{path.name} rejects its arguments {[str(a) for a in args]}: {reason}") from None

@@ -14,8 +14,10 @@ Only torch and the Python standard library are used.
 """
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import socket
 import statistics
 import sys
@@ -41,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    p.add_argument("--device-from", choices=["local_rank", "rank"], default="local_rank",
+                   help="which variable picks the GPU: local_rank (right) or rank (the seed's mistake: on "
+                        "node 1 of a 2-GPU-per-node job RANK is 2 or 3, and cuda:2 does not exist there)")
     args = p.parse_args(argv)
     if args.iters <= 0 or args.warmup_iters < 0:
         p.error(f"--iters must be > 0 and --warmup-iters >= 0, got {args.iters} and {args.warmup_iters}")
@@ -54,7 +59,8 @@ def setup(args):
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     # LOCAL_RANK picks the GPU on this node; RANK is unique across all nodes.
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    index = local_rank if args.device_from == "local_rank" else int(os.environ.get("RANK", 0))
+    device = torch.device("cuda", index) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     backend = "nccl" if use_cuda else "gloo"
@@ -67,7 +73,7 @@ def setup(args):
         store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="collectives_check_"), "store"), 1)
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
-    return device, backend
+    return device, backend, index
 
 
 def check(name, expected, got):
@@ -121,7 +127,7 @@ def time_all_reduce(device, sizes_bytes, iters, warmup_iters):
 @record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
 def main():
     args = parse_args()
-    device, backend = setup(args)
+    device, backend, gpu_index = setup(args)
     try:
         rank, world_size = dist.get_rank(), dist.get_world_size()
         env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -132,6 +138,8 @@ def main():
         bandwidth = time_all_reduce(device, args.sizes_bytes, args.iters, args.warmup_iters)
         out = {"rank": rank, "world_size": world_size, "backend": backend, "device": str(device),
                "host": socket.gethostname(), "pid": os.getpid(), "env": env,
+               "device_from": args.device_from, "gpu_index": gpu_index,
+               "visible_gpus": torch.cuda.device_count(),
                "checks": checks, "bandwidth": bandwidth}
         Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.metrics_dir) / f"collectives_rank{rank}.json").write_text(json.dumps(out, indent=1))
@@ -145,6 +153,9 @@ def main():
 
 
 if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
     # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
     # for a run that finished (0) or failed with a Python error (1).

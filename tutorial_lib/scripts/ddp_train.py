@@ -25,9 +25,11 @@ Only torch and the Python standard library are used, so the file can be copied t
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -349,6 +351,9 @@ def save_grads(model, out_dir, rank):
 
 
 if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
     # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
     # for a run that finished (0) or failed with a Python error (1).

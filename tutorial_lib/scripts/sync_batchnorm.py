@@ -14,8 +14,10 @@ Only torch and the standard library are used.
 """
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import traceback
 from datetime import timedelta
@@ -76,6 +78,9 @@ def main():
 
 
 if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
     # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
     # for a run that finished (0) or failed with a Python error (1).

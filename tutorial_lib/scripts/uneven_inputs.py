@@ -16,8 +16,10 @@ https://pytorch.org/tutorials/advanced/generic_join.html. Only torch and the sta
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -98,6 +100,9 @@ def train(args, device):
 
 
 if __name__ == "__main__":
+    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
+    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
     # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
     # for a run that finished (0) or failed with a Python error (1).
