@@ -105,7 +105,8 @@ FIXTURES = {
     "sigkill": (["[default1]:step 2/50 loss 0.1"], 1, -9, "", "killed by SIGKILL"),
     "sigsegv": (["[default0]:Fatal Python error: Segmentation fault", "[default0]:",
                  "[default0]:Current thread 0x00007f4a (most recent call first):",
-                 '[default0]:  File "/site-packages/torch/nn/parallel/distributed.py", line 1473 in _ddp_init_helper'],
+                 '[default0]:  File "/site-packages/torch/nn/parallel/distributed.py", line 1473 in _ddp_init_helper',
+                 '[default0]:  File "/runs/x/ddp_train.py", line 240 in train'],
                 0, -11, "", "killed by SIGSEGV"),
 }
 
@@ -133,7 +134,8 @@ def test_the_doctor_names_the_cause_rank_and_exit_code_of_each_fixture_run(tmp_p
 def test_a_signal_death_shows_where_the_native_crash_happened(tmp_path):
     lines, rank, exit_code, traceback, _ = FIXTURES["sigsegv"]
     d = tl.diagnose(make_run(tmp_path, lines=lines, rank=rank, exit_code=exit_code))
-    assert d.evidence == "Fatal Python error: Segmentation fault in _ddp_init_helper (distributed.py:1473)"
+    assert d.evidence == ("Fatal Python error: Segmentation fault at ddp_train.py:240 in train -> "
+                          "distributed.py:1473 in _ddp_init_helper")
 
 
 def test_the_first_failing_rank_is_blamed_not_the_peer_that_lost_its_connection(tmp_path):
@@ -289,3 +291,17 @@ def test_debug_variables_add_their_lines(run_root):
     log = (result.run_dir / "output.log").read_text()
     assert log.count("Running collective: CollectiveFingerPrint") >= 2 * 3, "DETAIL logs every collective per rank"
     assert "The debug level is set to DETAIL" in log
+
+
+@pytest.mark.integration
+def test_a_hang_without_a_collective_timeout_shows_where_every_rank_was(run_root):
+    # 15 s: room for two torch imports on a busy 2-core machine before step 2 is reached.
+    e, elapsed = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "hang", "--pg-timeout-s", 600],
+                                timeout_s=15, shutdown_grace_s=2)
+    assert isinstance(e, tl.LaunchTimeout) and set(e.stacks) == {0, 1}
+    assert "in inject_failure" in e.where[1], "rank 1 sleeps where the failure was injected"
+    # Rank 0 waits in DDP's forward of step 2: DDP rebuilds its gradient buckets once, at the start of the
+    # second iteration, with a broadcast that rank 1 never joins (at later steps: the backward's all-reduce).
+    assert "in _pre_forward" in e.stacks[0] and "parallel/distributed.py" in e.stacks[0], e.stacks[0]
+    d = tl.diagnose(e)
+    assert d.cause == "hang (wall-clock timeout)" and d.where == e.where and "rank 1 was in" in str(d)

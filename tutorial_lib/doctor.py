@@ -21,7 +21,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
+from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame
 from .launcher import _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
@@ -186,20 +186,16 @@ def _exception_line(traceback: str) -> str:
     return exceptions[-1] if exceptions else (lines[-1] if lines else "")
 
 
-_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
-
-
 def _fatal_error(lines: list[str]) -> str:
-    """``"Fatal Python error: Segmentation fault in _ddp_init_helper (distributed.py:1473)"`` from a rank's log.
+    """``"Fatal Python error: Segmentation fault at train.py:12 in main -> distributed.py:1473 in _ddp_init_helper"``.
 
     Python's faulthandler (enabled in torchrun's workers) prints the fatal error, then the crashing thread's
-    stack, innermost frame first.
+    stack, innermost frame first; ``innermost_frame`` reads it as the launcher does for stacks on a timeout.
     """
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error:"):
-            frame = next((m for m in map(_FRAME.match, lines[i + 1:i + 6]) if m), None)
-            where = f" in {frame['function']} ({Path(frame['path']).name}:{frame['line']})" if frame else ""
-            return line.strip() + where
+            where = innermost_frame("\n".join(lines[i + 1:i + 40]))
+            return line.strip() + (f" at {where}" if where else "")
     return ""
 
 
@@ -273,7 +269,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     traceback = failure.traceback or ""
     tb_lines = [line for line in traceback.splitlines() if line.strip()]
     error_line = _exception_line(traceback) if traceback else ""
-    if not error_line and failure.rank is None:  # torchrun itself failed: its own traceback is in the output
+    if not error_line and failure.rank is None and not timed_out:  # torchrun itself failed: its own traceback is in the output
         torchrun_errors = [t for t in lines if _EXCEPTION_LINE.match(t.strip()) and "ChildFailedError" not in t]
         error_line = torchrun_errors[-1].strip() if torchrun_errors else ""
     diagnosis = Diagnosis(
