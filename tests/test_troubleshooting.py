@@ -123,7 +123,7 @@ def test_the_doctor_names_the_cause_rank_and_exit_code_of_each_fixture_run(tmp_p
     assert d.fix and "(0" in d.fix, "every fix points to a notebook section"
     text = str(d)
     assert text.count("\n") <= 8, "a few lines"
-    assert f"suspected cause  {cause}" in text and "fix" in text
+    assert f"suspected cause  {cause}" in text and "fix" in text and text.count(d.error[:60] or "\0") <= 1
     if traceback:
         assert d.error == traceback.strip().splitlines()[-1] and d.error[:150] in text
     if exit_code is not None and exit_code < 0:
@@ -145,6 +145,22 @@ def test_the_first_failing_rank_is_blamed_not_the_peer_that_lost_its_connection(
     (run_dir / "logs" / "none_abc" / "attempt_0" / "0" / "error.json").touch()  # the peer's file is later
     d = tl.diagnose(run_dir)
     assert d.rank == 1 and d.cause == "Python exception (KeyError)" and d.error == "KeyError: 'labels'"
+
+
+def test_on_simulated_nodes_the_earliest_error_file_names_the_global_rank(tmp_path):
+    run_dir = make_run(tmp_path, lines=["[default3]:ValueError: bad shard"])
+    for node, local_rank, text in [(1, 1, traceback_of("ValueError: bad shard")),
+                                   (0, 0, traceback_of("RuntimeError: Connection closed by peer"))]:
+        folder = run_dir / "logs" / f"node{node}" / "none_x" / "attempt_0"
+        for r in (0, 1):
+            (folder / str(r)).mkdir(parents=True, exist_ok=True)
+        message = {"message": text.strip().splitlines()[-1], "extraInfo": {"py_callstack": text}}
+        (folder / str(local_rank) / "error.json").write_text(json.dumps({"message": message}))
+        time.sleep(0.01)
+    with open(run_dir / "output.log", "a") as f:
+        f.write("  rank      : 3 (local_rank: 1)\n  exitcode  : 1 (pid: 7)\n")
+    d = tl.diagnose(run_dir)
+    assert d.rank == 3 and d.exit_code == 1 and d.cause == "Python exception (ValueError)"
 
 
 def test_the_causes_are_checked_specific_first():

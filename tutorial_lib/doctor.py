@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame
-from .launcher import _read_error_file, find_root_cause
+from .launcher import _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
 
@@ -139,7 +139,8 @@ class Diagnosis:
                      "no rank logged a step"))
         for r, w in sorted(self.where.items()):
             rows.append((f"rank {r} was in", w))
-        rows.append(("suspected cause", self.cause + (f": {_clip(self.evidence)}" if self.evidence else "")))
+        shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
+        rows.append(("suspected cause", self.cause + (f": {_clip(self.evidence)}" if shown else "")))
         rows.append(("fix", self.fix))
         return rows
 
@@ -199,6 +200,40 @@ def _fatal_error(lines: list[str]) -> str:
     return ""
 
 
+def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter) -> RankFailure | None:
+    """The launcher's root cause for one node; across simulated nodes (``logs/node<N>/``), the earliest error file.
+
+    On several nodes ``output.log`` interleaves the agents' summaries, which name global ranks; a node's error
+    files are under ``logs/node<N>/<id>/attempt_<k>/<local_rank>/`` and its first global rank is
+    ``N * nproc_per_node``.
+    """
+    node_dirs = sorted((p for p in (run_dir / "logs").glob("node*") if p.name[4:].isdigit()),
+                       key=lambda p: int(p.name[4:]))
+    if not node_dirs:
+        return find_root_cause(output, run_dir / "logs", tails)
+    exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(output)}
+    errors = []  # (exited on its own, mtime, global rank, path)
+    for node_dir in node_dirs:
+        attempts = [p for p in node_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
+        if not attempts:
+            continue
+        last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
+        nproc = sum(1 for p in last.iterdir() if p.name.isdigit())
+        for path in last.glob("*/error.json"):
+            if path.parent.name.isdigit():
+                rank = int(node_dir.name[4:]) * nproc + int(path.parent.name)
+                errors.append((exit_codes.get(rank, 1) <= 0, path.stat().st_mtime_ns, rank, path))
+    if errors:
+        _, _, rank, path = min(errors)
+        traceback = _read_error_file(path)
+    else:
+        roots = list(_ROOT_CAUSE.finditer(output))
+        if not roots:
+            return None
+        rank, traceback = int(roots[0]["rank"]), ""
+    return RankFailure(rank=rank, exit_code=exit_codes.get(rank), traceback=traceback, log_tail=tails.tail(rank))
+
+
 def _last_steps(run_dir: Path) -> dict[int, int]:
     try:
         metrics = read_metrics(run_dir)
@@ -253,7 +288,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     if error is not None:
         failure = error.failure
     else:
-        failure = find_root_cause(output, run_dir / "logs", tails)
+        failure = _root_cause(run_dir, output, tails)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout)
     failed = (error is not None or failure is not None or bool(error_files)
