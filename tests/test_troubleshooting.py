@@ -321,3 +321,12 @@ def test_a_hang_without_a_collective_timeout_shows_where_every_rank_was(run_root
     assert "in _pre_forward" in e.stacks[0] and "parallel/distributed.py" in e.stacks[0], e.stacks[0]
     d = tl.diagnose(e)
     assert d.cause == "hang (wall-clock timeout)" and d.where == e.where and "rank 1 was in" in str(d)
+
+
+def test_the_doctor_on_the_command_line(tmp_path, capsys):
+    from tutorial_lib.__main__ import main
+
+    lines, rank, exit_code, traceback, _ = FIXTURES["cpu oom"]
+    assert main(["doctor", str(make_run(tmp_path, rank=rank, exit_code=exit_code, traceback=traceback))]) == 1
+    assert "suspected cause  out of memory" in capsys.readouterr().out
+    assert main(["doctor", str(tmp_path / "nowhere")]) == 2 and "does not exist" in capsys.readouterr().err

@@ -9,6 +9,10 @@ Run card
     python ddp_train.py --precision bf16                     # bf16 autocast (no scaler needed)
     torchrun --nproc-per-node 2 ddp_train.py --precision fp16 --clip-grad-norm 1.0  # fp16 + GradScaler
 
+    torchrun --nproc-per-node 2 ddp_train.py --fail-rank 1 --fail-step 2 --fail-mode hang --pg-timeout-s 3
+                                                             # a failure on purpose (notebook 07): raise, hang,
+                                                             # skip-collective or oom
+
 What it shows
     * device from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
     * every rank trains on its own slice of one global batch, so a DDP step equals one
