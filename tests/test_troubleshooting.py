@@ -233,7 +233,11 @@ def test_a_skipped_collective_is_caught_by_gloo_at_once(run_root):
     assert not isinstance(e, tl.LaunchTimeout) and elapsed < 60, "detected at once, not at the 60 s timeout"
     d = tl.diagnose(e.run_dir)
     assert d.cause == "collective mismatch" and "doesn't match expected size" in d.evidence
-    assert e.rank == d.rank == 0 and e.exit_code == -6, "rank 0 received the wrong size and gloo aborted it"
+    log = (e.run_dir / "output.log").read_text()
+    # Rank 0 receives the wrong size and gloo aborts it (SIGABRT, no error file); rank 1 then fails on the reset
+    # connection within the same second, so either can be named first: the evidence is in rank 0's log.
+    assert re.search(r"^\[default0\]:.*doesn't match expected size", log, re.M) and "(SIGABRT)" in log
+    assert e.rank == d.rank and e.rank in (0, 1)
 
 
 @pytest.mark.integration
