@@ -211,7 +211,7 @@ def test_a_wall_clock_timeout_is_diagnosed_as_a_hang(tmp_path):
                              command=["torchrun"], returncode=None)
     d = tl.diagnose(error)
     assert d.cause == "hang (wall-clock timeout)" and d.last_steps == {0: 2, 1: 2}
-    assert "init_process_group(timeout=...)" in d.fix
+    assert "init_process_group(timeout=...)" in d.fix and "wall-clock limit (10 s), no rank had failed" in str(d)
 
 
 # ---------------------------------------------------------------------------------------------------------------

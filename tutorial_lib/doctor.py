@@ -109,6 +109,7 @@ class Diagnosis:
             ``"hang (wall-clock timeout)"``, ``"unknown"``, or ``"none"`` for a run that finished).
         evidence: the line that points to the cause.
         fix: one line on what to do, with the notebook section that shows it.
+        timeout_s: the wall-clock limit a ``LaunchTimeout`` exceeded (``None`` for other runs).
     """
 
     run_dir: Path
@@ -123,6 +124,7 @@ class Diagnosis:
     cause: str = "unknown"
     evidence: str = ""
     fix: str = ""
+    timeout_s: float | None = None
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows."""
@@ -132,7 +134,11 @@ class Diagnosis:
         who = f"rank {self.rank}" if self.rank is not None else "no rank (torchrun or the launch itself)"
         code = "" if self.exit_code is None else f", exit code {self.exit_code}"
         code += f" ({self.signal})" if self.signal else ""
-        rows = [("failed", f"{self.run_dir.name}: {who} first{code}")]
+        if self.timeout_s is not None:
+            rows = [("failed", f"{self.run_dir.name}: stopped at the wall-clock limit ({self.timeout_s:g} s), "
+                               "no rank had failed")]
+        else:
+            rows = [("failed", f"{self.run_dir.name}: {who} first{code}")]
         if self.error:
             rows.append(("error", _clip(self.error)))
         rows.append(("last step", ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or
@@ -311,6 +317,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         run_dir=run_dir, failed=True, rank=failure.rank, exit_code=failure.exit_code,
         signal=signal_name(failure.exit_code), error=error_line,
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
+        timeout_s=error.timeout_s if timed_out else None,
     )
     # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
     texts = [traceback, *error_files.values(), *(getattr(error, "output_tail", None) or []), *lines]
