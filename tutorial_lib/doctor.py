@@ -282,7 +282,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     if error is None and output == "" and not (run_dir / "logs").exists():
         raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
 
-    tails = ThrottledPrinter(stream=open(os.devnull, "w"))
+    tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
     lines, by_rank = [], {}
     for line in output.splitlines():
         rank, text = split_rank_prefix(line)
