@@ -13,6 +13,7 @@ from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, 
                           load_checkpoint_state)
 from .cluster import node_commands, slurm_script
 from .devices import DevicePlan, resolve_device
+from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_script
@@ -25,10 +26,10 @@ from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
-    "ConfigError", "DevicePlan", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
+    "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
     "MetricsError", "RankFailure", "StateBytes", "TutorialError", "autocast_op_dtypes", "autocast_supported",
     "available_scripts", "block_units", "bytes_per_parameter", "checkpoint_costs", "checkpoint_files",
-    "cpu_low_precision_flags", "diff_state_dicts", "environment_report", "float_formats", "latest_checkpoint",
+    "cpu_low_precision_flags", "diagnose", "diff_state_dicts", "environment_report", "float_formats", "latest_checkpoint",
     "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
     "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",

@@ -9,6 +9,10 @@ Run card
     python ddp_train.py --precision bf16                     # bf16 autocast (no scaler needed)
     torchrun --nproc-per-node 2 ddp_train.py --precision fp16 --clip-grad-norm 1.0  # fp16 + GradScaler
 
+    torchrun --nproc-per-node 2 ddp_train.py --fail-rank 1 --fail-step 2 --fail-mode hang --pg-timeout-s 3
+                                                             # a failure on purpose (notebook 07): raise, hang,
+                                                             # skip-collective or oom
+
 What it shows
     * device from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
     * every rank trains on its own slice of one global batch, so a DDP step equals one
@@ -90,9 +94,12 @@ def parse_args(argv=None):
     p.add_argument("--fail-rank", type=int, default=-1,
                    help="inject a failure on this global rank (-1: none)")
     p.add_argument("--fail-step", type=int, default=0, help="step at which the failure happens")
-    p.add_argument("--fail-mode", choices=["raise", "hang"], default="raise",
+    p.add_argument("--fail-mode", choices=["raise", "hang", "skip-collective", "oom"], default="raise",
                    help="raise: RuntimeError on that rank; hang: that rank sleeps forever "
-                        "while the others wait in the next collective")
+                        "while the others wait in the next collective; skip-collective: that rank skips "
+                        "the loss all_reduce of that step, so the ranks' collectives no longer match; "
+                        "oom: that rank allocates far more memory than the machine has (4x the RAM on "
+                        "CPU, 2x the GPU's memory on CUDA) and fails with the allocator's error")
     args = p.parse_args(argv)
     for name in ("max_steps", "batch_size", "input_dim", "hidden_dim", "output_dim", "log_every"):
         if getattr(args, name) <= 0:
@@ -187,15 +194,38 @@ def memory_fields(model, optimizer, device):
     return fields
 
 
-def inject_failure(args, rank, step):
+def inject_failure(args, rank, step, device):
     if rank != args.fail_rank or step != args.fail_step:
         return
     if args.fail_mode == "raise":
         raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
+    if args.fail_mode == "skip-collective":
+        return  # the training loop skips this step's loss all_reduce on this rank
+    if args.fail_mode == "oom":
+        allocate_too_much(rank, step, device)
     sys.stdout.write(f"rank {rank}: hanging at step {step} (--fail-mode hang)\n")
     sys.stdout.flush()
     while True:  # the other ranks now block in the next all_reduce until --pg-timeout-s
         time.sleep(1)
+
+
+def allocate_too_much(rank, step, device):
+    """Fail the way a too-large batch or model does: ask the allocator for more than the device has.
+
+    Nothing is caught: the allocator's error (torch.cuda.OutOfMemoryError, or on CPU "DefaultCPUAllocator:
+    can't allocate memory") ends this rank, and @record reports it. The request is refused at once, before any
+    page is touched, so the machine never runs short of memory.
+    """
+    if device.type == "cuda":
+        size = 2 * torch.cuda.get_device_properties(device).total_memory
+    else:
+        size = 4 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            if f.read().strip() == "1":  # "always overcommit" would grant it: ask for more than the address space
+                size = 2 ** 60
+    sys.stdout.write(f"rank {rank}: allocating {size / 2**30:.0f} GiB at step {step} (--fail-mode oom)\n")
+    sys.stdout.flush()
+    return torch.empty(size, dtype=torch.uint8, device=device)
 
 
 @record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
@@ -234,7 +264,7 @@ def train(args, rank, local_rank, world_size, device):
     metrics_file = None if args.no_metrics else open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
     start = time.perf_counter()
     for step in range(1, args.max_steps + 1):
-        inject_failure(args, rank, step)
+        inject_failure(args, rank, step, device)
         t0 = time.perf_counter()
         x, y = global_batch(step, args, world_size)
         # This rank's slice of the global batch: ranks never see the same sample in a step.
@@ -260,7 +290,8 @@ def train(args, rank, local_rank, world_size, device):
         scaler.update()  # halves the scale after a skipped step, doubles it after 2000 good ones
         # loss is this rank's *local* loss; the global mean needs one more collective.
         loss_global = loss.detach().float().clone()  # a copy: all_reduce works in place
-        if dist.is_initialized():
+        skip = args.fail_mode == "skip-collective" and rank == args.fail_rank and step == args.fail_step
+        if dist.is_initialized() and not skip:  # skip: this rank's next collective is the peers' wrong one
             dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
             loss_global /= world_size
         if device.type == "cuda":

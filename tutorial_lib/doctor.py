@@ -1,0 +1,349 @@
+"""The doctor: say in a few lines what went wrong in a failed run, and what to do about it.
+
+``diagnose(run_dir)`` (or ``diagnose(error)`` with the ``LaunchError`` a launch raised) reads what a run
+left behind: torchrun's failure summary and the per-rank ``error.json`` files ``@record`` wrote (through the
+launcher's own ``find_root_cause``), ``output.log`` (every rank's stdout and stderr), and the per-rank
+metrics. It names the rank that failed first, its exit code (and the signal behind a negative one), the last
+lines of its traceback, the last step every rank logged, and a suspected cause found by matching the known
+messages of gloo, NCCL, torchrun, the allocators and DDP, each with a one-line fix and the notebook that
+shows it.
+
+The patterns are the messages these libraries print (torch 2.13); a message they change makes the doctor
+fall back to "Python exception" or "killed by signal", never to a wrong specific cause on purpose.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame
+from .launcher import _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
+from .metrics import read_metrics
+from .output import ThrottledPrinter, split_rank_prefix
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught."""
+
+    name: str
+    pattern: re.Pattern
+    fix: str
+
+
+# In priority order: the first cause whose pattern occurs in any rank's traceback or output wins. Specific
+# causes come first; the consequences they trigger on the peers ("Connection reset by peer", a timeout
+# while a peer is already dead) come later or not at all.
+CAUSES = (
+    Cause("port in use", re.compile(r"EADDRINUSE|address already in use", re.I),
+          "another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
+          "another one (07, section 2 'Port already in use')"),
+    Cause("rendezvous timeout", re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
+          "not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
+          "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')"),
+    Cause("out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
+                                      r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
+          "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
+          "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 5 'Out of memory')"),
+    Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
+                                            r"collective mismatch", re.I),
+          "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
+          "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
+          "(07, section 1 'Hang')"),
+    Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
+          "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
+          "(02, section 5 'A parameter without a gradient')"),
+    Cause("collective timeout (hang)", re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
+                                                  r"Socket Timeout"),
+          "a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
+          "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
+          "error (07, section 1 'Hang'; uneven inputs: 02, section 4)"),
+    Cause("NCCL error", re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+                                   r"ncclInvalidUsage|ncclRemoteError|NCCL WARN"),
+          "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
+          "(07, section 4 'Debugging variables')"),
+)
+
+_EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
+                  "only because their peer was gone (07, section 3 'A crashing rank')")
+_SIGNAL_FIXES = {
+    "SIGKILL": "killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
+               "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 5 'Out of memory')",
+    "SIGSEGV": "a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
+               "that called it (07, section 1 shows one: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo)",
+    "SIGABRT": "a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
+               "rank's stderr in logs/ (07, section 1 'Hang')",
+    "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
+               "interrupt): look for the rank that failed first",
+}
+_HANG_FIX = ("no rank finished within timeout_s: the stacks show where each rank waits; the rank that is not in a "
+             "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
+             "(07, section 1 'Hang')")
+
+# C++ log lines (TORCH_CPP_LOG_LEVEL=INFO: "[I1130 03:28:12.47 file.cpp:887] ...") and the fingerprints
+# TORCH_DISTRIBUTED_DEBUG=DETAIL logs for every collective are noise for the doctor, not evidence.
+_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: CollectiveFingerPrint")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[\w.]*(Error|Exception)):")
+
+
+@dataclass
+class Diagnosis:
+    """What went wrong in a run, in a few lines (``str(d)``; a table in a notebook).
+
+    Attributes:
+        run_dir: the run directory.
+        failed: whether the run failed (False for a run that finished).
+        rank: global rank that failed first (``None``: no rank is to blame, e.g. torchrun itself failed).
+        exit_code: that rank's exit code (negative: killed by signal ``-exit_code``), or ``None``.
+        signal: the signal's name for a negative exit code (``"SIGKILL"``), else ``None``.
+        error: the exception line of the root-cause traceback (``"RuntimeError: ..."``), or ``""``.
+        traceback_tail: the last lines of the root-cause traceback (or of the rank's log).
+        last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
+        where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
+        cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
+            ``"hang (wall-clock timeout)"``, ``"unknown"``, or ``"none"`` for a run that finished).
+        evidence: the line that points to the cause.
+        fix: one line on what to do, with the notebook section that shows it.
+        timeout_s: the wall-clock limit a ``LaunchTimeout`` exceeded (``None`` for other runs).
+    """
+
+    run_dir: Path
+    failed: bool
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str = ""
+    traceback_tail: list[str] = field(default_factory=list)
+    last_steps: dict[int, int] = field(default_factory=dict)
+    where: dict[int, str] = field(default_factory=dict)
+    cause: str = "unknown"
+    evidence: str = ""
+    fix: str = ""
+    timeout_s: float | None = None
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The report as (label, text) rows."""
+        if not self.failed:
+            steps = ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or "none"
+            return [("run", f"{self.run_dir.name} finished without error"), ("last step", steps)]
+        who = f"rank {self.rank}" if self.rank is not None else "no rank (torchrun or the launch itself)"
+        code = "" if self.exit_code is None else f", exit code {self.exit_code}"
+        code += f" ({self.signal})" if self.signal else ""
+        if self.timeout_s is not None:
+            rows = [("failed", f"{self.run_dir.name}: stopped at the wall-clock limit ({self.timeout_s:g} s), "
+                               "no rank had failed")]
+        else:
+            rows = [("failed", f"{self.run_dir.name}: {who} first{code}")]
+        if self.error:
+            rows.append(("error", _clip(self.error)))
+        rows.append(("last step", ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or
+                     "no rank logged a step"))
+        for r, w in sorted(self.where.items()):
+            rows.append((f"rank {r} was in", w))
+        shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
+        rows.append(("suspected cause", self.cause + (f": {_clip(self.evidence)}" if shown else "")))
+        rows.append(("fix", self.fix))
+        return rows
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        width = max(len(label) for label, _ in rows)
+        return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+                       f"<td style='text-align:left'>{html.escape(text)}</td></tr>" for label, text in self.rows())
+        return f"<table>{body}</table>"
+
+
+def _clip(text: str, n: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """``"SIGKILL"`` for exit code -9 (torchrun reports a worker killed by signal N as -N); else ``None``."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def _error_files(run_dir: Path) -> dict[int | None, str]:
+    """Tracebacks of every error file under ``logs/`` (any attempt, any node), keyed by local rank."""
+    found = {}
+    for path in sorted((run_dir / "logs").rglob("attempt_*/*/error.json")):
+        text = _read_error_file(path)
+        if text:
+            found[int(path.parent.name) if path.parent.name.isdigit() else None] = text
+    return found
+
+
+def _exception_line(traceback: str) -> str:
+    """The ``SomeError: message`` line of a traceback (the last one), or its last non-empty line."""
+    lines = [line.strip() for line in traceback.splitlines() if line.strip()]
+    exceptions = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return exceptions[-1] if exceptions else (lines[-1] if lines else "")
+
+
+def _fatal_error(lines: list[str]) -> str:
+    """``"Fatal Python error: Segmentation fault at train.py:12 in main -> distributed.py:1473 in _ddp_init_helper"``.
+
+    Python's faulthandler (enabled in torchrun's workers) prints the fatal error, then the crashing thread's
+    stack, innermost frame first; ``innermost_frame`` reads it as the launcher does for stacks on a timeout.
+    """
+    for i, line in enumerate(lines):
+        if line.startswith("Fatal Python error:"):
+            where = innermost_frame("\n".join(lines[i + 1:i + 40]))
+            return line.strip() + (f" at {where}" if where else "")
+    return ""
+
+
+def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter) -> RankFailure | None:
+    """The launcher's root cause for one node; across simulated nodes (``logs/node<N>/``), the earliest error file.
+
+    On several nodes ``output.log`` interleaves the agents' summaries, which name global ranks; a node's error
+    files are under ``logs/node<N>/<id>/attempt_<k>/<local_rank>/`` and its first global rank is
+    ``N * nproc_per_node``.
+    """
+    node_dirs = sorted((p for p in (run_dir / "logs").glob("node*") if p.name[4:].isdigit()),
+                       key=lambda p: int(p.name[4:]))
+    if not node_dirs:
+        return find_root_cause(output, run_dir / "logs", tails)
+    exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(output)}
+    errors = []  # (exited on its own, mtime, global rank, path)
+    for node_dir in node_dirs:
+        attempts = [p for p in node_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
+        if not attempts:
+            continue
+        last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
+        nproc = sum(1 for p in last.iterdir() if p.name.isdigit())
+        for path in last.glob("*/error.json"):
+            if path.parent.name.isdigit():
+                rank = int(node_dir.name[4:]) * nproc + int(path.parent.name)
+                errors.append((exit_codes.get(rank, 1) <= 0, path.stat().st_mtime_ns, rank, path))
+    if errors:
+        _, _, rank, path = min(errors)
+        traceback = _read_error_file(path)
+    else:
+        roots = list(_ROOT_CAUSE.finditer(output))
+        if not roots:
+            return None
+        rank, traceback = int(roots[0]["rank"]), ""
+    return RankFailure(rank=rank, exit_code=exit_codes.get(rank), traceback=traceback, log_tail=tails.tail(rank))
+
+
+def _last_steps(run_dir: Path) -> dict[int, int]:
+    try:
+        metrics = read_metrics(run_dir)
+    except MetricsError:
+        return {}
+    return {int(r): int(s) for r, s in metrics.groupby("rank")["step"].max().items()}
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; pass the run directory of a launch "
+                          "(LaunchError.run_dir, LaunchResult.run_dir) or the error itself")
+    if not any((run_dir / name).exists() for name in ("output.log", "command.txt", "logs")):
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no output.log, command.txt or logs/): "
+                          "pass the folder a launch created")
+
+
+def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
+    """Summarise a failed run: who failed first, how, where every rank was, the suspected cause and the fix.
+
+    Args:
+        run: a run directory (``LaunchError.run_dir``; any folder a launch created), or the ``LaunchError`` /
+            ``LaunchTimeout`` itself (its root cause, last steps and stacks are used as they are).
+
+    Returns:
+        A ``Diagnosis`` (``print(d)`` for a few lines; a notebook shows it as a table). A run that finished
+        gives ``failed=False`` and cause ``"none"``.
+
+    Raises:
+        ConfigError: the folder does not exist or is not a run directory.
+
+    Sources: torchrun's error files and failure summary (torch.distributed.elastic ``@record``,
+    https://pytorch.org/docs/stable/elastic/errors.html); the messages matched are listed in ``CAUSES``.
+    """
+    error = run if isinstance(run, LaunchError) else None
+    run_dir = Path(error.run_dir if error is not None else run)
+    _check_run_dir(run_dir)
+    log_path = run_dir / "output.log"
+    output = log_path.read_text(errors="replace") if log_path.exists() else ""
+    if error is None and output == "" and not (run_dir / "logs").exists():
+        raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
+
+    tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
+    lines, by_rank = [], {}
+    for line in output.splitlines():
+        rank, text = split_rank_prefix(line)
+        tails.emit(rank, text, show=False)
+        by_rank.setdefault(rank, []).append(text)
+        if not _NOISE.search(text):
+            lines.append(text)
+
+    if error is not None:
+        failure = error.failure
+    else:
+        failure = _root_cause(run_dir, output, tails)
+    error_files = _error_files(run_dir)
+    timed_out = isinstance(error, LaunchTimeout)
+    failed = (error is not None or failure is not None or bool(error_files)
+              or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
+
+    last_steps = dict(error.last_steps) if timed_out and error.last_steps else {}
+    last_steps = {**_last_steps(run_dir), **last_steps}
+    where = dict(getattr(error, "where", {}) or {}) if timed_out else {}
+    if not failed:
+        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
+
+    failure = failure or RankFailure(rank=None, exit_code=None)
+    traceback = failure.traceback or ""
+    tb_lines = [line for line in traceback.splitlines() if line.strip()]
+    error_line = _exception_line(traceback) if traceback else ""
+    if not error_line and failure.rank is None and not timed_out:  # torchrun itself failed: its own traceback is in the output
+        torchrun_errors = [t for t in lines if _EXCEPTION_LINE.match(t.strip()) and "ChildFailedError" not in t]
+        error_line = torchrun_errors[-1].strip() if torchrun_errors else ""
+    diagnosis = Diagnosis(
+        run_dir=run_dir, failed=True, rank=failure.rank, exit_code=failure.exit_code,
+        signal=signal_name(failure.exit_code), error=error_line,
+        traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
+        timeout_s=error.timeout_s if timed_out else None,
+    )
+    # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
+    texts = [traceback, *error_files.values(), *(getattr(error, "output_tail", None) or []), *lines]
+    for cause in CAUSES:
+        if timed_out and cause.name in ("collective timeout (hang)", "NCCL error"):
+            break  # a wall-clock timeout is a hang; the stacks below say more than a message
+        for text in texts:
+            match = next((m for m in map(cause.pattern.search, text.splitlines()) if m), None)
+            if match:
+                line = match.string.strip()
+                start = max(0, match.start() - len(match.string) + len(line) - 100)
+                evidence = line if start == 0 else "..." + line[start:]
+                diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
+                return diagnosis
+    if timed_out:
+        diagnosis.cause, diagnosis.fix = "hang (wall-clock timeout)", _HANG_FIX
+        diagnosis.evidence = f"last step per rank {last_steps}" if last_steps else ""
+    elif error_line and diagnosis.signal is None:
+        name = error_line.split(":", 1)[0]
+        diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", error_line
+        diagnosis.fix = _EXCEPTION_FIX.format(rank=failure.rank)
+    elif diagnosis.signal is not None:
+        diagnosis.cause = f"killed by {diagnosis.signal}"
+        diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
+        diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
+            (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
+    else:
+        diagnosis.fix = "no known pattern: read output.log and logs/*/attempt_*/<local_rank>/ in the run directory"
+    return diagnosis
