@@ -209,3 +209,15 @@ def test_a_rank_sigtermed_while_failing_is_not_preferred_over_one_that_exited_it
     printer = ThrottledPrinter(open(os.devnull, "w"))
     failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-15), tmp_path, printer)
     assert failure.rank == 0 and failure.exit_code == 1 and "rank 0" in failure.traceback
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_when_torchrun_names_the_peer_that_lost_it(tmp_path):
+    """Reliability trials: rank 1 SIGKILLed in a save, rank 0 failed on the lost connection and torchrun named rank 0."""
+    _error_file(tmp_path, 0, "RuntimeError: [gloo] Read error [127.0.0.1]:5: Connection reset by peer", 1_000_000_000_500)
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-9), tmp_path, printer)
+    assert failure.rank == 1 and failure.exit_code == -9 and failure.traceback == ""
+    # a rank that failed for its own reason stays the cause
+    _error_file(tmp_path / "own", 0, "RuntimeError: injected failure on rank 0", 1_000_000_000_000)
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-9), tmp_path / "own", printer)
+    assert failure.rank == 0 and "injected failure" in failure.traceback

@@ -290,6 +290,11 @@ def _last_attempt_error_files(log_dir: Path) -> dict[int, Path]:
     return {int(p.parent.name): p for p in last.glob("*/error.json") if p.parent.name.isdigit()}
 
 
+_FATAL_SIGNAL_EXIT_CODES = {-int(signal.SIGKILL), -int(signal.SIGSEGV), -int(signal.SIGABRT), -int(signal.SIGBUS)}
+_PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|"
+                        r"connectFullMesh|Socket closed|peer closed", re.I)
+
+
 def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter, rank_offset: int = 0) -> RankFailure | None:
     """The first rank that failed, with its exit code, traceback and log tail.
 
@@ -306,6 +311,12 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter, rank_of
     roots = list(_ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
     error_files = _last_attempt_error_files(log_dir)
+    # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT; not the
+    # SIGTERM torchrun sends to stop the others) writes no error file; its peers then fail on the lost
+    # connection and do write one. If every error file is such a lost connection, the killed rank is the cause.
+    killed = [r for r, (_, code) in exit_codes.items() if code in _FATAL_SIGNAL_EXIT_CODES and r not in error_files]
+    if killed and error_files and all(_PEER_LOST.search(_read_error_file(f)) for f in error_files.values()):
+        root_local_rank, error_files = killed[0], {}
     if error_files and (root_local_rank is None or root_local_rank in error_files):
         exited = [r for r in error_files if exit_codes.get(r, (r, 1))[1] > 0] or list(error_files)
         local_rank = min(exited, key=lambda r: error_files[r].stat().st_mtime_ns)
