@@ -35,7 +35,7 @@ import pandas as pd
 import psutil
 
 from .devices import DevicePlan, check_positive_int, resolve_device
-from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure
+from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
@@ -295,7 +295,7 @@ _PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Bro
                         r"connectFullMesh|Socket closed|peer closed", re.I)
 
 
-def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter, rank_offset: int = 0) -> RankFailure | None:
+def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> RankFailure | None:
     """The first rank that failed, with its exit code, traceback and log tail.
 
     torchrun's summary names a "Root Cause", but it orders failures by the error files' timestamps,
@@ -304,8 +304,7 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter, rank_of
     times (nanoseconds) give the true order, so the earliest error file wins, among the ranks that exited
     on their own if there are any (a rank torchrun SIGTERMed while it was already failing wrote its file
     but reports the signal); the summary decides only when its root cause left no error file (a rank
-    killed by a signal). Exit codes come from the summary. ``rank_offset``: the node's first global
-    rank, used when the summary names no global rank.
+    killed by a signal). Exit codes come from the summary.
     """
     exit_codes = {int(m["local_rank"]): (int(m["rank"]), int(m["exitcode"])) for m in _FAILURE.finditer(output)}
     roots = list(_ROOT_CAUSE.finditer(output))
@@ -324,7 +323,7 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter, rank_of
         local_rank = root_local_rank
     else:
         return None
-    rank, exit_code = exit_codes.get(local_rank, (local_rank + rank_offset, None))
+    rank, exit_code = exit_codes.get(local_rank, (local_rank, None))
     traceback = _read_error_file(error_files[local_rank]) if local_rank in error_files else ""
     return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
 
@@ -572,13 +571,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             last_steps = {rank: r["step"] for rank, r in view.latest.items()}
             summary = (f"{script.name} timed out after {spec.timeout_s:g} s (limit timeout_s) and was stopped; "
                        f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
+            if stacks:
+                summary += "; where each rank was: " + "; ".join(
+                    f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
             error = LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, stacks=stacks,
                                   run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
                                   output_tail=transcript[-30:])
-            if error.where:
-                error.summary = summary + "; where each rank was: " + "; ".join(
-                    f"rank {rank} in {where}" for rank, where in sorted(error.where.items()))
-                error.args = (error.summary,)
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
             safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None

@@ -63,7 +63,6 @@ class ProcessTree:
         if not root_pids:
             raise ValueError("ProcessTree needs at least one root pid")
         self.roots = [psutil.Process(pid) for pid in root_pids]
-        self.root = self.roots[0]
         self._lock = threading.Lock()
         self._seen: dict[int, Worker] = {}
         self._parent: dict[int, int] = {}
