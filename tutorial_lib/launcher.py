@@ -13,6 +13,8 @@ as accelerate does for its launchers.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import io
 import json
 import logging
 import os
@@ -655,3 +657,91 @@ def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.Pat
     launch_spec.validate()
     check_script_args(script, launch_spec.args)
     return launch(launch_spec)
+
+
+def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
+                   label: str | None = None, device: str = "cpu", num_threads: int | None = 1) -> LaunchResult:
+    """Run the shipped script ``name`` as one process, inside this Python process, without torchrun.
+
+    What ``python NAME.py ARGS`` would do (a world of one: the scripts join no process group when
+    ``RANK`` is unset), minus the ~5 s a launch spends starting torchrun and importing torch in new
+    processes. Use it for per-process effects measured on many variants (fp16 underflow, a loss
+    scaler's skipped steps, the speed of a matmul in bf16); use ``run_script`` for anything that
+    involves ranks. The script runs with the run directory as working directory, so its
+    ``metrics/`` land there exactly as in a launch; its printed lines go to ``output.log`` and to
+    this cell; ``command.txt`` holds the equivalent ``python NAME.py ...`` command.
+
+    Args:
+        name: a script from ``available_scripts()``.
+        args: the script's arguments (checked by the script's ``parse_args`` first).
+        runs_dir: parent of the run directory (``None``: ``default_runs_root()``).
+        label: run directory label (default: ``name``).
+        device: ``"cpu"`` or ``"cuda"``; passed as the script's ``--device`` when it has that flag and
+            ``args`` do not set it (``cuda`` runs on GPU 0).
+        num_threads: torch's intra-op CPU threads while the script runs (``torch.set_num_threads``);
+            1, like every rank under torchrun (``OMP_NUM_THREADS=1``); ``None`` keeps this process's.
+
+    Returns:
+        A ``LaunchResult`` with ``plan.nproc_per_node == 1``; ``metrics()`` reads rank 0's lines.
+
+    Raises:
+        ConfigError: unknown script, bad arguments, ``device`` not ``cpu``/``cuda`` (or ``cuda``
+            without a GPU), or this process is itself a rank of a job (``RANK`` set, or a process
+            group already initialised): the script would then try to join it.
+        Exception: whatever the script raises (its traceback is the script's own).
+    """
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r}: use 'cpu' or 'cuda'")
+    if "RANK" in os.environ:
+        raise ConfigError(f"RANK={os.environ['RANK']!r} is set in this process: run_in_process would make {name}.py "
+                          "join that job's process group; use run_script, or unset RANK")
+    import torch  # only here: launching alone never imports torch in this process
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise ConfigError("this process already has a torch.distributed process group; the script would use it. "
+                          "Use run_script, or call dist.destroy_process_group() first")
+    if num_threads is not None:
+        check_positive_int("num_threads", num_threads)
+    plan = resolve_device(device, 1)
+    run_dir = new_run_dir(label or name, runs_dir)
+    script = write_script(name, run_dir)
+    argv = [str(a) for a in args]
+    if "--device" not in argv and '"--device"' in script.read_text():  # scripts that pick their device
+        argv += ["--device", plan.device]
+    check_script_args(script, argv)
+    command = [sys.executable, script.name, *argv]
+    (run_dir / "command.txt").write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
+                                         + shlex.join(["python", *command[1:]]) + "\n")
+    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_run_{script.stem}", script)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    output = io.StringIO()
+    saved_argv, saved_cwd, saved_threads = sys.argv, os.getcwd(), torch.get_num_threads()
+    start = time.monotonic()
+    status, error = "failed", None
+    try:
+        sys.argv = [str(script), *argv]
+        os.chdir(run_dir)
+        torch.set_num_threads(num_threads or saved_threads)
+        with contextlib.redirect_stdout(output):
+            module.main()
+        status = "finished"
+    except SystemExit as e:  # a script's own usage error or message
+        if e.code not in (0, None):
+            error = ConfigError(f"{script.name} exited with {e.code!r}")
+        else:
+            status = "finished"
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        torch.set_num_threads(saved_threads)
+        wall_time_s = time.monotonic() - start
+        (run_dir / "output.log").write_text(output.getvalue())
+        (run_dir / "run.json").write_text(json.dumps({"status": status, "in_process": True,
+                                                       "wall_time_s": wall_time_s, "nnodes": 1,
+                                                       "nproc_per_node": 1, "device": plan.device}))
+        sys.stdout.write(output.getvalue())
+    if error is not None:
+        raise error
+    return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
