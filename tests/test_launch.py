@@ -3,6 +3,7 @@
 Every test uses the ``run_root`` fixture, which fails the test if any process of its jobs survives.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -83,6 +84,9 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
     e = info.value
     assert e.timeout_s == 25 and e.last_steps == {0: 2, 1: 2}
     assert "timed out after 25 s" in str(e) and "last step per rank: {0: 2, 1: 2}" in str(e)
+    record = json.loads((e.run_dir / "run.json").read_text())  # the run directory says so too (bench, doctor)
+    assert record["status"] == "timeout" and record["timeout_s"] == 25 and record["wall_time_s"] >= 25
+    assert "inject_failure" in record["where"]["1"], record["where"]
 
 
 def test_a_collective_timeout_turns_a_hang_into_an_error_on_the_waiting_rank(run_root):
@@ -120,6 +124,7 @@ def test_sigint_to_the_launching_process_stops_the_job(run_root):
     out, _ = child.communicate(timeout=20)
     assert child.returncode != 0 and b"KeyboardInterrupt" in out
     assert b"interrupted: stopped torchrun and its workers" in out
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 
 def test_interrupting_a_jupyter_kernel_stops_the_job(run_root):

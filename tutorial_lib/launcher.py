@@ -579,10 +579,16 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             error = LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, stacks=stacks,
                                   run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
                                   output_tail=transcript[-30:])
+            (run_dir / "run.json").write_text(json.dumps({"status": "timeout", "returncode": None, "wall_time_s": elapsed,
+                                                           "timeout_s": spec.timeout_s, "summary": summary,
+                                                           "where": {str(r): innermost_frame(s_) for r, s_ in stacks.items()}}))
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
             safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
+        (run_dir / "run.json").write_text(json.dumps({"status": "interrupted" if isinstance(exc, KeyboardInterrupt)
+                                                      else "stopped", "returncode": None, "wall_time_s": elapsed,
+                                                      "summary": what}))
         safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                          f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
