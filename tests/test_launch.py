@@ -87,6 +87,9 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
     record = json.loads((e.run_dir / "run.json").read_text())  # the run directory says so too (bench, doctor)
     assert record["status"] == "timeout" and record["timeout_s"] == 25 and record["wall_time_s"] >= 25
     assert "inject_failure" in record["where"]["1"], record["where"]
+    alone = tl.diagnose(e.run_dir)  # e.g. `python -m tutorial_lib doctor RUN_DIR` after a notebook's timeout
+    assert alone.cause == tl.diagnose(e).cause == "hang (wall-clock timeout)" and alone.timeout_s == 25
+    assert alone.where == e.where and alone.last_steps == {0: 2, 1: 2}
 
 
 def test_a_collective_timeout_turns_a_hang_into_an_error_on_the_waiting_rank(run_root):

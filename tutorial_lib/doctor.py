@@ -15,6 +15,7 @@ fall back to "Python exception" or "killed by signal", never to a wrong specific
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import signal
@@ -257,6 +258,14 @@ def _check_run_dir(run_dir: Path) -> None:
                           "pass the folder a launch created")
 
 
+def _run_record(run_dir: Path) -> dict:
+    """The launcher's ``run.json`` (status, wall time; for a timeout where each rank was), or {}."""
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """Summarise a failed run: who failed first, how, where every rank was, the suspected cause and the fix.
 
@@ -297,12 +306,16 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         failure = _root_cause(run_dir, output, tails)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout)
-    failed = (error is not None or failure is not None or bool(error_files)
+    # run.json says how the launch ended: a timeout is then diagnosed from the run directory alone.
+    record = _run_record(run_dir) if error is None else {}
+    timed_out = timed_out or record.get("status") == "timeout"
+    failed = (error is not None or timed_out or failure is not None or bool(error_files)
               or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
 
-    last_steps = dict(error.last_steps) if timed_out and error.last_steps else {}
+    last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
     last_steps = {**_last_steps(run_dir), **last_steps}
     where = dict(getattr(error, "where", {}) or {}) if timed_out else {}
+    where = where or {int(rank): w for rank, w in (record.get("where") or {}).items()}
     if not failed:
         return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
 
@@ -317,7 +330,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         run_dir=run_dir, failed=True, rank=failure.rank, exit_code=failure.exit_code,
         signal=signal_name(failure.exit_code), error=error_line,
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
-        timeout_s=error.timeout_s if timed_out else None,
+        timeout_s=error.timeout_s if isinstance(error, LaunchTimeout) else record.get("timeout_s"),
     )
     # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
     texts = [traceback, *error_files.values(), *(getattr(error, "output_tail", None) or []), *lines]
