@@ -221,3 +221,13 @@ def test_a_rank_killed_by_a_signal_is_the_cause_when_torchrun_names_the_peer_tha
     _error_file(tmp_path / "own", 0, "RuntimeError: injected failure on rank 0", 1_000_000_000_000)
     failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-9), tmp_path / "own", printer)
     assert failure.rank == 0 and "injected failure" in failure.traceback
+
+
+def test_a_rank_with_its_own_error_beats_an_earlier_lost_connection(tmp_path):
+    """Notebook 05's rank-0-only save: the peer's "Connection closed" file can be written before the timed-out rank's."""
+    _error_file(tmp_path, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4", 1_000_000_000_000)
+    _error_file(tmp_path, 0, "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms",
+                1_000_000_000_500)
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    failure = find_root_cause(_summary(root_rank=1, root_exit=1, other_rank=0, other_exit=1), tmp_path, printer)
+    assert failure.rank == 0 and "Timed out" in failure.traceback

@@ -306,7 +306,8 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> Rank
     times (nanoseconds) give the true order, so the earliest error file wins, among the ranks that exited
     on their own if there are any (a rank torchrun SIGTERMed while it was already failing wrote its file
     but reports the signal); the summary decides only when its root cause left no error file (a rank
-    killed by a signal). Exit codes come from the summary.
+    killed by a signal). A rank whose error is a lost connection (``Connection closed by peer``, ...)
+    is named only if no other rank has an error of its own. Exit codes come from the summary.
     """
     exit_codes = {int(m["local_rank"]): (int(m["rank"]), int(m["exitcode"])) for m in _FAILURE.finditer(output)}
     roots = list(_ROOT_CAUSE.finditer(output))
@@ -320,7 +321,10 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> Rank
         root_local_rank, error_files = killed[0], {}
     if error_files and (root_local_rank is None or root_local_rank in error_files):
         exited = [r for r in error_files if exit_codes.get(r, (r, 1))[1] > 0] or list(error_files)
-        local_rank = min(exited, key=lambda r: error_files[r].stat().st_mtime_ns)
+        # A rank that failed on its own beats one that failed because that rank's exit broke the
+        # connection: the latter can write its file first (e.g. while the other runs its cleanup).
+        own = [r for r in exited if not _PEER_LOST.search(_read_error_file(error_files[r]))] or exited
+        local_rank = min(own, key=lambda r: error_files[r].stat().st_mtime_ns)
     elif root_local_rank is not None:
         local_rank = root_local_rank
     else:
