@@ -258,6 +258,23 @@ def test_detail_debug_names_both_ranks_collectives(run_root):
 
 
 @pytest.mark.integration
+def test_ddp_under_detail_on_gloo_crashes_in_its_constructor_or_names_the_mismatch(run_root):
+    # Notebook 07 (section 1d) states this finding and uses collective_mismatch.py instead: on torch 2.13,
+    # DDP's constructor segfaults under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo. A torch that fixes the crash
+    # lets the skipped collective through to DETAIL's check, the other outcome the lesson accepts.
+    e, _ = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "skip-collective", "--pg-timeout-s", 30],
+                          env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert not isinstance(e, tl.LaunchTimeout)
+    d = tl.diagnose(e.run_dir)
+    assert d.cause in ("killed by SIGSEGV", "collective mismatch"), str(d)
+    if d.cause == "killed by SIGSEGV":
+        assert d.exit_code == -11 and "_ddp_init_helper" in d.evidence, d.evidence
+        assert d.last_steps == {}, "before the first step"
+    else:
+        assert "mismatch between collectives" in e.failure.traceback
+
+
+@pytest.mark.integration
 def test_a_hang_ends_at_the_process_group_timeout_on_the_waiting_rank(run_root):
     e, elapsed = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "hang", "--pg-timeout-s", 3])
     assert not isinstance(e, tl.LaunchTimeout) and e.rank == 0 and e.exit_code == 1

@@ -43,14 +43,14 @@ class Cause:
 CAUSES = (
     Cause("port in use", re.compile(r"EADDRINUSE|address already in use", re.I),
           "another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
-          "another one (07, section 2 'Port already in use')"),
+          "another one (06, section 5 'A port that is already taken')"),
     Cause("rendezvous timeout", re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
           "not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
           "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')"),
     Cause("out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
           "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
-          "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 5 'Out of memory')"),
+          "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
     Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
                                             r"collective mismatch", re.I),
           "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
@@ -67,16 +67,16 @@ CAUSES = (
     Cause("NCCL error", re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
                                    r"ncclInvalidUsage|ncclRemoteError|NCCL WARN"),
           "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
-          "(07, section 4 'Debugging variables')"),
+          "(07, section 3 'Debugging variables')"),
 )
 
 _EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
-                  "only because their peer was gone (07, section 3 'A crashing rank')")
+                  "only because their peer was gone (07, section 2 'A crashing rank')")
 _SIGNAL_FIXES = {
     "SIGKILL": "killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
-               "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 5 'Out of memory')",
+               "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')",
     "SIGSEGV": "a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
-               "that called it (07, section 1 shows one: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo)",
+               "that called it (07, section 1d: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo crashes so)",
     "SIGABRT": "a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
                "rank's stderr in logs/ (07, section 1 'Hang')",
     "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
