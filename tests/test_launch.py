@@ -92,6 +92,25 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
     assert alone.where == e.where and alone.last_steps == {0: 2, 1: 2}
 
 
+def test_a_stall_ends_the_job_after_stall_timeout_s_without_progress_whatever_the_start_up_time(run_root):
+    _, script = ddp(run_root)
+    start = time.monotonic()
+    with pytest.raises(tl.LaunchTimeout) as info:
+        tl.launch(tl.LaunchSpec(script, device="cpu", timeout_s=300, stall_timeout_s=3, shutdown_grace_s=2,
+                                args=["--max-steps", 50, "--fail-rank", 1, "--fail-step", 3, "--fail-mode", "hang",
+                                      "--pg-timeout-s", 600]))
+    e, elapsed = info.value, time.monotonic() - start
+    assert e.limit == "stall_timeout_s" and e.timeout_s == 3 and e.last_steps == {0: 2, 1: 2}
+    assert elapsed < 120, "stopped by the stall detector, far before the 300 s wall-clock limit"
+    assert "made no progress for 3 s" in e.summary and "inject_failure" in e.where[1], e.where
+    record = json.loads((e.run_dir / "run.json").read_text())
+    assert record["status"] == "timeout" and record["limit"] == "stall_timeout_s"
+    alone = tl.diagnose(e.run_dir)
+    assert alone.cause == tl.diagnose(e).cause == "hang (no progress)" and "stall_timeout_s" in str(alone)
+    with pytest.raises(tl.ConfigError, match="stall_timeout_s must be a number > 0"):
+        tl.LaunchSpec(script, device="cpu", stall_timeout_s=0).validate()
+
+
 def test_a_collective_timeout_turns_a_hang_into_an_error_on_the_waiting_rank(run_root):
     _, script = ddp(run_root)
     with pytest.raises(tl.LaunchError) as info:

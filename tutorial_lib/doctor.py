@@ -82,7 +82,7 @@ _SIGNAL_FIXES = {
     "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
                "interrupt): look for the rank that failed first",
 }
-_HANG_FIX = ("no rank finished within timeout_s: the stacks show where each rank waits; the rank that is not in a "
+_HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
              "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
              "(07, section 1 'Hang')")
 
@@ -107,10 +107,12 @@ class Diagnosis:
         last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
         cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
-            ``"hang (wall-clock timeout)"``, ``"unknown"``, or ``"none"`` for a run that finished).
+            ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"unknown"``,
+            or ``"none"`` for a run that finished).
         evidence: the line that points to the cause.
         fix: one line on what to do, with the notebook section that shows it.
-        timeout_s: the wall-clock limit a ``LaunchTimeout`` exceeded (``None`` for other runs).
+        timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
+        limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
     """
 
     run_dir: Path
@@ -126,6 +128,7 @@ class Diagnosis:
     evidence: str = ""
     fix: str = ""
     timeout_s: float | None = None
+    limit: str = ""
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows."""
@@ -136,7 +139,8 @@ class Diagnosis:
         code = "" if self.exit_code is None else f", exit code {self.exit_code}"
         code += f" ({self.signal})" if self.signal else ""
         if self.timeout_s is not None:
-            rows = [("failed", f"{self.run_dir.name}: stopped at the wall-clock limit ({self.timeout_s:g} s), "
+            which = "no-progress limit, stall_timeout_s" if self.limit == "stall_timeout_s" else "wall-clock limit"
+            rows = [("failed", f"{self.run_dir.name}: stopped at the {which} ({self.timeout_s:g} s), "
                                "no rank had failed")]
         else:
             rows = [("failed", f"{self.run_dir.name}: {who} first{code}")]
@@ -331,6 +335,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         signal=signal_name(failure.exit_code), error=error_line,
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
         timeout_s=error.timeout_s if isinstance(error, LaunchTimeout) else record.get("timeout_s"),
+        limit=(getattr(error, "limit", "timeout_s") if isinstance(error, LaunchTimeout)
+               else record.get("limit", "timeout_s") if timed_out else ""),
     )
     # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
     texts = [traceback, *error_files.values(), *(getattr(error, "output_tail", None) or []), *lines]
@@ -346,7 +352,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
                 return diagnosis
     if timed_out:
-        diagnosis.cause, diagnosis.fix = "hang (wall-clock timeout)", _HANG_FIX
+        diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"
+        diagnosis.fix = _HANG_FIX
         diagnosis.evidence = f"last step per rank {last_steps}" if last_steps else ""
     elif error_line and diagnosis.signal is None:
         name = error_line.split(":", 1)[0]

@@ -100,10 +100,12 @@ class LaunchError(TutorialError):
 
 
 class LaunchTimeout(LaunchError):
-    """The job ran past its wall-clock ``timeout_s`` and was stopped.
+    """The job ran past its wall-clock ``timeout_s``, or made no progress for ``stall_timeout_s``, and was stopped.
 
     Attributes (besides ``LaunchError``'s):
         timeout_s: the limit that was exceeded, in seconds.
+        limit: which one: ``"timeout_s"`` (wall clock since the launch) or ``"stall_timeout_s"``
+            (no rank logged a new step for that long).
         last_steps: the last metric step each rank reported, ``{rank: step}`` (ranks that reported
             nothing are absent), which shows which rank stopped making progress.
         stacks: ``{rank: text}``: each rank's Python stack at the timeout, as ``faulthandler`` prints it
@@ -113,9 +115,10 @@ class LaunchTimeout(LaunchError):
     """
 
     def __init__(self, summary: str, *, timeout_s: float, last_steps: dict[int, int],
-                 stacks: dict[int, str] | None = None, **kwargs) -> None:
+                 stacks: dict[int, str] | None = None, limit: str = "timeout_s", **kwargs) -> None:
         super().__init__(summary, **kwargs)
         self.timeout_s = timeout_s
+        self.limit = limit
         self.last_steps = dict(last_steps)
         self.stacks = dict(stacks or {})
         self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}

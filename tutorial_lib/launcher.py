@@ -64,6 +64,11 @@ class LaunchSpec:
             It must not already hold a launch (nothing is overwritten).
         timeout_s: wall-clock limit for the whole job (seconds, > 0); past it the job is stopped
             and ``LaunchTimeout`` is raised.
+        stall_timeout_s: a hang detector independent of start-up time (seconds, > 0, or ``None``: off):
+            once a rank has logged its first metrics line, the job is stopped and ``LaunchTimeout``
+            (``limit="stall_timeout_s"``) raised when no rank logs a new one for this long. For
+            scripts that write per-step metrics (every training script here); choose it above the
+            slowest step (and checkpoint save).
         env: extra environment variables for torchrun and the workers (the kernel's ``os.environ``
             is never modified).
         max_restarts: torchrun ``--max-restarts`` (elastic restarts of the whole group on failure).
@@ -87,6 +92,7 @@ class LaunchSpec:
     device: str = "auto"
     run_dir: str | os.PathLike | None = None
     timeout_s: float = 300.0
+    stall_timeout_s: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     max_restarts: int = 0
     nnodes: int = 1
@@ -108,6 +114,9 @@ class LaunchSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        stall = self.stall_timeout_s
+        if stall is not None and (isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0):
+            raise ConfigError(f"stall_timeout_s must be a number > 0 (seconds) or None, got {stall!r}")
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be an integer >= 0, got {self.max_restarts!r}")
         if self.master_port is not None and (
@@ -491,6 +500,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
 
     open_streams = set(nodes)
     last_view = 0.0
+    progress_at: float | None = None  # when a rank last logged a metrics line (seconds since start)
+    stalled = False
     exited_at = None
     torchrun_traceback = False
 
@@ -554,9 +565,15 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             elapsed = time.monotonic() - start
             if elapsed - last_view >= 0.25:
                 last_view = elapsed
-                view.add(metrics_tail.read_new())
+                new_records = metrics_tail.read_new()
+                if new_records:
+                    progress_at = elapsed
+                view.add(new_records)
                 safe_draw(view.update, elapsed, sampler.rss_samples)
             if elapsed > spec.timeout_s:
+                raise _Timeout
+            if spec.stall_timeout_s and progress_at is not None and elapsed - progress_at > spec.stall_timeout_s:
+                stalled = True
                 raise _Timeout
             if open_streams and all(proc.poll() is not None for proc in procs.values()):
                 exited_at = exited_at or elapsed
@@ -575,18 +592,21 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         view.add(metrics_tail.read_new())
         if isinstance(exc, _Timeout):
             last_steps = {rank: r["step"] for rank, r in view.latest.items()}
-            summary = (f"{script.name} timed out after {spec.timeout_s:g} s (limit timeout_s) and was stopped; "
+            limit, limit_s = ("stall_timeout_s", spec.stall_timeout_s) if stalled else ("timeout_s", spec.timeout_s)
+            what = (f"made no progress for {limit_s:g} s (no rank logged a step; limit stall_timeout_s)" if stalled
+                    else f"timed out after {limit_s:g} s (limit timeout_s)")
+            summary = (f"{script.name} {what} and was stopped; "
                        f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
             if stacks:
                 summary += "; where each rank was: " + "; ".join(
                     f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
-            error = LaunchTimeout(summary, timeout_s=spec.timeout_s, last_steps=last_steps, stacks=stacks,
+            error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                                   run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
                                   output_tail=transcript[-30:])
             (run_dir / "run.json").write_text(json.dumps({"status": "timeout", "returncode": None, "wall_time_s": elapsed,
-                                                           "timeout_s": spec.timeout_s, "summary": summary,
+                                                           "timeout_s": limit_s, "limit": limit, "summary": summary,
                                                            "where": {str(r): innermost_frame(s_) for r, s_ in stacks.items()}}))
-            safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: timed out after {spec.timeout_s:g} s")
+            safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what.split(' (')[0]}")
             safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"

@@ -246,7 +246,9 @@ class NotebookView(LiveView):
         failure = getattr(error, "failure", None)
         if getattr(error, "timeout_s", None) is not None:  # LaunchTimeout: where every rank was, if it says
             where = getattr(error, "where", None) or {}
-            details = [f"the job ran past timeout_s={error.timeout_s:g} s and was stopped"]
+            details = [f"no rank logged a step for stall_timeout_s={error.timeout_s:g} s: the job was stopped"
+                       if getattr(error, "limit", "") == "stall_timeout_s"
+                       else f"the job ran past timeout_s={error.timeout_s:g} s and was stopped"]
             details += [f"rank {rank} was in {place}" for rank, place in sorted(where.items())]
             self._draw_alert(getattr(error, "summary", str(error)).split(";")[0], details + [self._steps_line()])
             return
