@@ -4,7 +4,6 @@ intended failures.
 Every test uses ``run_root``, which fails the test if any process of its jobs survives.
 """
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -51,24 +50,18 @@ def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
 
 
 @pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])
-def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, tmp_path, mode, per_step):
+def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, mode, per_step):
     result = run("grad_accum", ["--accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
     calls = result.metrics().groupby(["rank", "step"])["allreduce_calls"].first()
     assert (calls == per_step).all(), calls  # this small model fits one gradient bucket
     p0, p1 = (torch.load(result.run_dir / "metrics" / f"params_rank{r}.pt") for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0), "replicas stay identical"
-    # The reference as notebook 02 computes it: the run's own script imported, train() in this process.
-    spec = importlib.util.spec_from_file_location("grad_accum_under_test", result.run_dir / "grad_accum.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert not dist.is_initialized()
-    args = module.parse_args(["--accum-steps", "1", "--micro-batch-size", "48", "--max-steps", "2",
-                              "--metrics-dir", str(tmp_path)])
-    with torch.random.fork_rng(devices=[]):
-        module.train(args, torch.device("cpu"))
+    # The reference as notebook 02 computes it: one process on the whole batch, in this process.
+    single = tl.run_in_process("grad_accum", ["--accum-steps", 1, "--micro-batch-size", 3 * 2 * 8, "--max-steps", 2],
+                               runs_dir=run_root)
     assert not dist.is_initialized(), "the in-process run joins no process group"
-    single = torch.load(tmp_path / "params_rank0.pt")
-    assert max((p0[k] - single[k]).abs().max().item() for k in single) < 1e-6, "same as one process on the whole batch"
+    ref = torch.load(single.run_dir / "metrics" / "params_rank0.pt")
+    assert max((p0[k] - ref[k]).abs().max().item() for k in ref) < 1e-6, "same as one process on the whole batch"
 
 
 def test_uneven_inputs_hang_becomes_an_error_within_the_group_timeout_and_join_fixes_it(run_root):
