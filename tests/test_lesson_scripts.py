@@ -1,4 +1,5 @@
-"""The lesson scripts of notebook 02 on 2 CPU ranks: what each shows, and its intended failures.
+"""The lesson scripts of notebooks 02 and 01 (its DDP pitfalls) on 2 CPU ranks: what each shows, and its
+intended failures.
 
 Every test uses ``run_root``, which fails the test if any process of its jobs survives.
 """
@@ -9,6 +10,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import tutorial_lib as tl
 from tutorial_lib.scripts import SCRIPTS_DIR
@@ -21,8 +23,9 @@ def run(name, args, run_root, **spec):
 
 
 def test_sampler_shards_pads_and_reshuffles_only_with_set_epoch(run_root):
-    good = tl.read_rank_json(run(name := "sampler_demo", ["--dataset-size", 7], run_root).run_dir, "sampler")
-    bad = tl.read_rank_json(run(name, ["--dataset-size", 7, "--no-set-epoch"], run_root).run_dir, "sampler")
+    ranks = tl.read_rank_json((result := run("sampler_demo", ["--dataset-size", 7], run_root)).run_dir, "sampler")
+    assert [r["rank"] for r in ranks] == [0, 1]
+    good, bad = [r["set_epoch"] for r in ranks], [r["no_set_epoch"] for r in ranks]
     for records in (good, bad):
         for epoch in (0, 1):
             padded = [i for r in records for i in r["padded"]["epochs"][epoch]]
@@ -31,6 +34,8 @@ def test_sampler_shards_pads_and_reshuffles_only_with_set_epoch(run_root):
             assert len(dropped) == len(set(dropped)) == 6, "drop_last: 3 per rank, no overlap"
     assert all(r["padded"]["epochs"][0] == r["padded"]["epochs"][1] for r in bad)
     assert any(r["padded"]["epochs"][0] != r["padded"]["epochs"][1] for r in good)
+    log = (result.run_dir / "output.log").read_text()
+    assert "with set_epoch, epoch 1" in log and "without set_epoch (the mistake), epoch 1" in log, "lines say which loop"
 
 
 def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
@@ -51,6 +56,12 @@ def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_r
     assert (calls == per_step).all(), calls  # this small model fits one gradient bucket
     p0, p1 = (torch.load(result.run_dir / "metrics" / f"params_rank{r}.pt") for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0), "replicas stay identical"
+    # The reference as notebook 02 computes it: one process on the whole batch, in this process.
+    single = tl.run_in_process("grad_accum", ["--accum-steps", 1, "--micro-batch-size", 3 * 2 * 8, "--max-steps", 2],
+                               runs_dir=run_root)
+    assert not dist.is_initialized(), "the in-process run joins no process group"
+    ref = torch.load(single.run_dir / "metrics" / "params_rank0.pt")
+    assert max((p0[k] - ref[k]).abs().max().item() for k in ref) < 1e-6, "same as one process on the whole batch"
 
 
 def test_uneven_inputs_hang_becomes_an_error_within_the_group_timeout_and_join_fixes_it(run_root):

@@ -58,7 +58,7 @@ CAUSES = (
           "(07, section 1 'Hang')"),
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
-          "(02, section 5 'A parameter without a gradient')"),
+          "(01, section 6 'A parameter without a gradient')"),
     Cause("collective timeout (hang)", re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
                                                   r"Socket Timeout"),
           "a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "

@@ -3,14 +3,17 @@
 Run card
     python sampler_demo.py --dataset-size 11                     # one process: it gets every index
     torchrun --nproc-per-node 2 sampler_demo.py --dataset-size 11
-    torchrun --nproc-per-node 2 sampler_demo.py --dataset-size 11 --no-set-epoch   # the mistake
 
-For every epoch each rank records the indices its DistributedSampler yields, twice: with the
-default padding (``drop_last=False``: the index list is extended by repeating its first indices
-until it divides evenly, so some samples are seen twice per epoch) and with ``drop_last=True``
-(the tail is dropped, so some samples are not seen in that epoch). ``sampler.set_epoch(epoch)``
-reseeds the shuffle each epoch; without it every epoch repeats the first epoch's order.
-Writes ``<metrics-dir>/sampler_rank<RANK>.json``. Only torch and the standard library are used.
+For every epoch each rank records the indices its DistributedSampler yields, with the default
+padding (``drop_last=False``: the index list is extended by repeating its first indices until it
+divides evenly, so some samples are seen twice per epoch) and with ``drop_last=True`` (the tail is
+dropped, so some samples are not seen in that epoch). It does so for two loops: the right one,
+which calls ``sampler.set_epoch(epoch)`` before each epoch (the shuffle is reseeded with
+seed + epoch), and the mistake, which never calls it (every epoch repeats the first epoch's order).
+Writes ``<metrics-dir>/sampler_rank<RANK>.json``: ``{"rank", "world_size", "dataset_size",
+"set_epoch": {"padded", "drop_last"}, "no_set_epoch": {"padded", "drop_last"}}``, each leaf
+``{"num_samples", "total_size", "epochs": [[index, ...] per epoch]}``. Only torch and the standard
+library are used.
 """
 
 import argparse
@@ -34,8 +37,6 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=2, help="epochs to record (count)")
     p.add_argument("--batch-size", type=int, default=2, help="DataLoader batch size per rank (samples)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed, the same on every rank")
-    p.add_argument("--no-set-epoch", action="store_true",
-                   help="the mistake: never call sampler.set_epoch, so every epoch has the same order")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for sampler_rank<RANK>.json")
     args = p.parse_args(argv)
     for name in ("dataset_size", "epochs", "batch_size"):
@@ -57,14 +58,14 @@ class IndexDataset(Dataset):
         return i
 
 
-def epoch_indices(dataset, args, rank, world_size, drop_last):
+def epoch_indices(dataset, args, rank, world_size, drop_last, set_epoch):
     # rank/num_replicas default to the process group's; passed explicitly here for clarity.
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=drop_last)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     epochs = []
     for epoch in range(args.epochs):
-        if not args.no_set_epoch:
+        if set_epoch:  # the right loop; the mistake leaves this out
             sampler.set_epoch(epoch)  # reshuffle: the permutation is seeded with seed + epoch
         epochs.append([int(i) for batch in loader for i in batch])
     return {"num_samples": len(sampler), "total_size": sampler.total_size, "epochs": epochs}
@@ -80,14 +81,15 @@ def main():
     world_size = dist.get_world_size() if distributed else 1
     try:
         dataset = IndexDataset(args.dataset_size)
-        out = {"rank": rank, "world_size": world_size, "dataset_size": args.dataset_size,
-               "set_epoch": not args.no_set_epoch,
-               "padded": epoch_indices(dataset, args, rank, world_size, drop_last=False),
-               "drop_last": epoch_indices(dataset, args, rank, world_size, drop_last=True)}
+        out = {"rank": rank, "world_size": world_size, "dataset_size": args.dataset_size}
+        for loop, set_epoch in (("set_epoch", True), ("no_set_epoch", False)):
+            out[loop] = {variant: epoch_indices(dataset, args, rank, world_size, drop_last, set_epoch)
+                         for variant, drop_last in (("padded", False), ("drop_last", True))}
         Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.metrics_dir) / f"sampler_rank{rank}.json").write_text(json.dumps(out))
-        for epoch, indices in enumerate(out["padded"]["epochs"]):
-            sys.stdout.write(f"epoch {epoch}: indices {indices}\n")
+        for loop, label in (("set_epoch", "with set_epoch"), ("no_set_epoch", "without set_epoch (the mistake)")):
+            for epoch, indices in enumerate(out[loop]["padded"]["epochs"]):
+                sys.stdout.write(f"{label}, epoch {epoch}: indices {indices}\n")
         if distributed:
             dist.barrier()
     finally:
