@@ -1,4 +1,4 @@
-"""Notebook 07's failures: the doctor on fixture run directories, then every failure reproduced for real on CPU.
+"""Notebook 07's failures and 06's taken port: the doctor on fixture run directories, then each one for real on CPU.
 
 The fixture runs are folders written by hand the way torchrun and the launcher write them (``output.log``
 with ``[default<local_rank>]:`` prefixes and torchrun's failure summary, ``logs/<id>/attempt_0/<local_rank>/
