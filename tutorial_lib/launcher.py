@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -754,7 +755,10 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
         sys.argv = [str(script), *argv]
         os.chdir(run_dir)
         torch.set_num_threads(num_threads or saved_threads)
-        with contextlib.redirect_stdout(output):
+        with contextlib.redirect_stdout(output), warnings.catch_warnings():
+            # @record enables faulthandler on sys.stderr, which in some hosts (pytest's capture) has no file
+            # descriptor: torch then warns; the run itself is unaffected.
+            warnings.filterwarnings("ignore", "Unable to enable fault handler", UserWarning)
             module.main()
         status = "finished"
     except SystemExit as e:  # a script's own usage error or message
