@@ -13,7 +13,6 @@ as accelerate does for its launchers.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import logging
@@ -740,13 +739,10 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
     argv = [str(a) for a in args]
     if "--device" not in argv and '"--device"' in script.read_text():  # scripts that pick their device
         argv += ["--device", plan.device]
-    check_script_args(script, argv)
+    module = check_script_args(script, argv)  # the script, imported once: checked here, run below
     command = [sys.executable, script.name, *argv]
     (run_dir / "command.txt").write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
                                          + shlex.join(["python", *command[1:]]) + "\n")
-    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_run_{script.stem}", script)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
     output = io.StringIO()
     saved_argv, saved_cwd, saved_threads = sys.argv, os.getcwd(), torch.get_num_threads()
     start = time.monotonic()

@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
 
 from .errors import ConfigError
 
@@ -170,7 +171,7 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
     return ScriptListing(path, [spans[name] for name in names])
 
 
-def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> None:
+def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> ModuleType | None:
     """Parse ``args`` with the script's own ``parse_args(argv)`` before anything is launched.
 
     The shipped scripts validate their flags in ``parse_args`` (argparse plus range checks); calling
@@ -178,18 +179,22 @@ def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> None
     launch with one argparse message per rank. A script without a ``parse_args`` function is not
     checked. The script is imported under a private module name; its ``main()`` does not run.
 
+    Returns:
+        The imported script module (``run_in_process`` calls its ``main()``), or ``None`` for a file
+        Python cannot import as a module.
+
     Raises:
         ConfigError: the script rejects ``args``; the message is the script's own.
     """
     path = Path(script)
-    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_check_{path.stem}", path)
+    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_script_{path.stem}", path)
     if module_spec is None or module_spec.loader is None:
-        return
+        return None
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     parse_args = getattr(module, "parse_args", None)
     if not callable(parse_args):
-        return
+        return module
     messages = io.StringIO()
     try:
         with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(io.StringIO()):
@@ -199,3 +204,4 @@ def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> None
             last = (messages.getvalue().strip().splitlines() or [f"exit code {e.code}"])[-1]
             reason = last.split("error: ", 1)[-1]  # argparse writes "<prog>: error: <message>"
             raise ConfigError(f"{path.name} rejects its arguments {[str(a) for a in args]}: {reason}") from None
+    return module
