@@ -5,17 +5,20 @@
     python scripts/run_workbook.py --only 01_ddp --output-dir outputs
 
 Executed notebooks go to ``<output-dir>/<name>.ipynb``, run directories of the training jobs to
-``<output-dir>/runs/``. Parameters (``-p NAME VALUE``, values parsed as YAML like papermill's CLI,
-so ``2`` is an int) reach the notebooks' ``parameters`` cell and through it the training
-subprocesses. Exits 1 if any notebook fails.
+``<output-dir>/runs/``. Parameters (``-p NAME VALUE``, values typed as papermill's own ``-p`` does:
+``2`` is an int, ``1e-5`` a float, ``None``/``True``/``False`` what they say, ``[1, 2]`` a list) reach the
+notebooks' ``parameters`` cell and through it the training subprocesses. Every notebook gets a row in
+the summary table, whatever it raised; exits 1 if any notebook fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import papermill as pm
@@ -29,16 +32,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--output-dir", type=Path, default=ROOT / "outputs", help="executed notebooks and runs/ go here")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                   help="notebook parameter, e.g. -p NPROC 2 (value parsed as YAML)")
+                   help="notebook parameter, e.g. -p NPROC 2 (typed like papermill's -p)")
+    p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS, help="folder of NN_name.ipynb notebooks")
     p.add_argument("--only", nargs="+", default=None, help="notebook names (without .ipynb) to run")
     p.add_argument("--timeout-s", type=int, default=600, help="limit per cell (seconds)")
     return p.parse_args(argv)
 
 
+def parameter_value(text: str) -> object:
+    """``-p`` values typed as papermill's CLI types them (``None``, ``True``, ints, floats), lists/dicts as YAML."""
+    special = {"None": None, "True": True, "False": False}
+    if text in special:
+        return special[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.startswith(("[", "{")):
+        return yaml.safe_load(text)
+    return text
+
+
+def describe(name: str, message: object, width: int = 100) -> str:
+    """``"AssertionError: first line of the message"``; a bare ``assert`` (empty message) gives the name alone."""
+    lines = [line.strip() for line in str(message if message is not None else "").splitlines() if line.strip()]
+    return f"{name}: {lines[0][:width]}" if lines else f"{name} (no message)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
-    notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    parameters = {name: parameter_value(value) for name, value in args.parameter}
+    notebooks_dir = args.notebooks_dir.resolve()
+    notebooks = sorted(notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+    if not notebooks:
+        print(f"no notebooks named NN_name.ipynb in {str(notebooks_dir)!r}; pass --notebooks-dir", file=sys.stderr)
+        return 2
     if args.only:
         unknown = set(args.only) - {nb.stem for nb in notebooks}
         if unknown:
@@ -50,18 +79,23 @@ def main(argv: list[str] | None = None) -> int:
     # The kernels inherit these: run directories under the output folder; progress as text (no widgets in files).
     os.environ["TUTORIAL_LIB_RUNS_DIR"] = str(out_dir / "runs")
     os.environ.setdefault("TUTORIAL_LIB_LIVE", "text")
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    print(f"torch {torch_version}, Python {platform.python_version()} ({sys.executable})", flush=True)
     rows = []
     for i, nb in enumerate(notebooks, 1):
         print(f"[{i}/{len(notebooks)}] {nb.name} ...", flush=True)
         start = time.monotonic()
         status = "ok"
         try:
-            pm.execute_notebook(nb, out_dir / nb.name, parameters=parameters, cwd=str(NOTEBOOKS),
+            pm.execute_notebook(nb, out_dir / nb.name, parameters=parameters, cwd=str(notebooks_dir),
                                 kernel_name="python3", progress_bar=False, execution_timeout=args.timeout_s)
         except pm.PapermillExecutionError as e:
-            status = f"FAILED in cell {e.exec_count}: {e.ename}: {str(e.evalue).splitlines()[0][:100]}"
+            status = f"FAILED in cell {e.exec_count}: {describe(e.ename, e.evalue)}"
         except Exception as e:  # noqa: BLE001 - report and go on with the next notebook
-            status = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+            status = f"FAILED: {describe(type(e).__name__, e)}"
         seconds = time.monotonic() - start
         rows.append((nb.name, status, seconds))
         print(f"    {status} ({seconds:.1f} s)", flush=True)

@@ -1,6 +1,7 @@
 """Notebooks as a user runs them: papermill with parameters, and a failing rank failing the cell."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,41 @@ def test_run_workbook_reports_a_failing_notebook_and_exits_non_zero(tmp_path):
     assert "ConfigError" in proc.stdout and "nproc_per_node must be a positive integer, got 'two'" in proc.stdout
     assert "0 passed, 1 failed" in proc.stdout
     assert not list((tmp_path / "runs").glob("*/command.txt")), "nothing was launched"
+
+
+def test_run_workbook_gives_every_notebook_its_row_even_a_bare_assert(tmp_path):
+    """A failing assert without a message (empty evalue) must not crash the runner; later notebooks still run."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for name, source in [("01_bare_assert", "assert 1 + 1 == 3"), ("02_raises_empty", "raise RuntimeError()"),
+                         ("03_fine", "x = 1\nassert x == 1")]:
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nb.cells = [nbformat.v4.new_code_cell("NPROC = None", metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell(source)]
+        nbformat.write(nb, notebooks / f"{name}.ipynb")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--notebooks-dir", str(notebooks),
+                           "--output-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("0") and "  " in line}
+    assert set(rows) == {"01_bare_assert.ipynb", "02_raises_empty.ipynb", "03_fine.ipynb"}, proc.stdout
+    assert rows["01_bare_assert.ipynb"].endswith("FAILED in cell 2: AssertionError (no message)")
+    assert rows["02_raises_empty.ipynb"].endswith("FAILED in cell 2: RuntimeError (no message)")
+    assert rows["03_fine.ipynb"].endswith("ok")
+    assert "1 passed, 2 failed" in proc.stdout
+    assert re.search(r"^torch \S+, Python 3\.\d+", proc.stdout, re.M), "the runner says which torch ran"
+
+
+def test_run_workbook_types_parameters_like_papermill():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from run_workbook import parameter_value
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert parameter_value("None") is None and parameter_value("True") is True
+    assert parameter_value("2") == 2 and parameter_value("1e-5") == 1e-5 and parameter_value("cpu") == "cpu"
+    assert parameter_value("[1, 2]") == [1, 2]
 
 
 @pytest.mark.parametrize("live", ["widgets", "text"])
