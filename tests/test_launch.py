@@ -131,6 +131,18 @@ def test_output_flood_is_throttled_on_screen_but_complete_in_the_log(run_root, c
     assert log.count("[default0]:rank 0 line") == 3000 and log.count("[default1]:rank 1 line") == 3000
 
 
+def test_a_torch_versions_start_up_noise_stays_in_the_log_not_on_screen(run_root, capsys):
+    """torch 2.8's gloo prints '[Gloo] Rank N is connected to M peer ranks' from every rank: output.log keeps it."""
+    script = fixture_script(run_root, "gloo_noise.py")
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off"))
+    shown = capsys.readouterr().out
+    assert "[rank 0] rank 0 trained" in shown and "[rank 1] rank 1 trained" in shown
+    assert "[Gloo]" not in shown
+    log = (result.run_dir / "output.log").read_text()
+    assert "[default0]:[Gloo] Rank 0 is connected to 1 peer ranks" in log
+    assert "[default1]:[Gloo] Rank 1 is connected to 1 peer ranks" in log
+
+
 def test_sigint_to_the_launching_process_stops_the_job(run_root):
     """A terminal Ctrl-C: KeyboardInterrupt in the launcher, which stops torchrun and every worker."""
     run_dir, script = ddp(run_root)

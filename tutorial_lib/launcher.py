@@ -41,7 +41,7 @@ from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innerm
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
-from .output import ThrottledPrinter, split_rank_prefix
+from .output import ThrottledPrinter, is_noise, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
 
@@ -292,13 +292,23 @@ def _read_error_file(path: Path) -> str:
     return str(message)
 
 
-def _last_attempt_error_files(log_dir: Path) -> dict[int, Path]:
-    """``{local_rank: error.json}`` of torchrun's last attempt (``<log_dir>/<run>/attempt_<N>/<local_rank>/``)."""
+def _last_attempt_error_files(log_dir: Path, failed_attempt: bool = False) -> dict[int, Path]:
+    """``{local_rank: error.json}`` of torchrun's last attempt (``<log_dir>/<run>/attempt_<N>/<local_rank>/``).
+
+    ``failed_attempt``: the last attempt that left an error file instead (a run that restarted and finished).
+    """
     attempts = [p for p in log_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
+    if failed_attempt:
+        attempts = [p for p in attempts if any(p.glob("*/error.json"))]
     if not attempts:
         return {}
     last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
     return {int(p.parent.name): p for p in last.glob("*/error.json") if p.parent.name.isdigit()}
+
+
+# The agent's own line for every worker that failed, also when it then restarts the group (no summary follows):
+# "failed (exitcode: -9) local_rank: 1 (pid: 5270) of binary: ..."
+_AGENT_FAILED = re.compile(r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)")
 
 
 _FATAL_SIGNAL_EXIT_CODES = {-int(signal.SIGKILL), -int(signal.SIGSEGV), -int(signal.SIGABRT), -int(signal.SIGBUS)}
@@ -306,7 +316,8 @@ _PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Bro
                         r"connectFullMesh|Socket closed|peer closed", re.I)
 
 
-def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> RankFailure | None:
+def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
+                    recovered: bool = False) -> RankFailure | None:
     """The first rank that failed, with its exit code, traceback and log tail.
 
     torchrun's summary names a "Root Cause", but it orders failures by the error files' timestamps,
@@ -317,16 +328,24 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter) -> Rank
     but reports the signal); the summary decides only when its root cause left no error file (a rank
     killed by a signal). A rank whose error is a lost connection (``Connection closed by peer``, ...)
     is named only if no other rank has an error of its own. Exit codes come from the summary.
+
+    ``recovered``: the run restarted and finished (``max_restarts``), so torchrun printed no summary: the
+    attempt that failed is the last one with error files, exit codes come from the agent's ``failed
+    (exitcode: N) local_rank: R`` lines (one node: rank = local rank).
     """
     exit_codes = {int(m["local_rank"]): (int(m["rank"]), int(m["exitcode"])) for m in _FAILURE.finditer(output)}
+    if recovered and not exit_codes:
+        exit_codes = {int(m["local_rank"]): (int(m["local_rank"]), int(m["exitcode"]))
+                      for m in _AGENT_FAILED.finditer(output)}
     roots = list(_ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
-    error_files = _last_attempt_error_files(log_dir)
+    error_files = _last_attempt_error_files(log_dir, failed_attempt=recovered)
     # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT; not the
     # SIGTERM torchrun sends to stop the others) writes no error file; its peers then fail on the lost
     # connection and do write one. If every error file is such a lost connection, the killed rank is the cause.
     killed = [r for r, (_, code) in exit_codes.items() if code in _FATAL_SIGNAL_EXIT_CODES and r not in error_files]
-    if killed and error_files and all(_PEER_LOST.search(_read_error_file(f)) for f in error_files.values()):
+    if killed and (error_files or root_local_rank is None) and all(
+            _PEER_LOST.search(_read_error_file(f)) for f in error_files.values()):
         root_local_rank, error_files = killed[0], {}
     if error_files and (root_local_rank is None or root_local_rank in error_files):
         exited = [r for r in error_files if exit_codes.get(r, (r, 1))[1] > 0] or list(error_files)
@@ -518,7 +537,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
         # it stays in output.log and the error's output_tail, not on screen.
         torchrun_traceback = torchrun_traceback or (rank is None and "Traceback" in text)
-        printer.emit(rank, text, show=not (rank is None and torchrun_traceback))
+        printer.emit(rank, text, show=not (rank is None and torchrun_traceback) and not is_noise(text))
 
     def read_lines(wait_s: float) -> bool:
         """Take every line available within ``wait_s``; True if any arrived."""

@@ -15,6 +15,15 @@ from collections import deque
 from typing import TextIO
 
 _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*)$")
+# Lines a torch version prints on every launch that teach nothing: torch 2.8's gloo reports each rank's
+# connections ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1").
+# They stay in output.log; the cell does not show them.
+_VERSION_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+
+
+def is_noise(text: str) -> bool:
+    """Whether a rank's output line is start-up noise a torch version adds (kept in the log, not shown)."""
+    return _VERSION_NOISE.match(text) is not None
 
 
 def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]:
