@@ -8,8 +8,11 @@ lines of its traceback, the last step every rank logged, and a suspected cause f
 messages of gloo, NCCL, torchrun, the allocators and DDP, each with a one-line fix and the notebook that
 shows it.
 
-The patterns are the messages these libraries print (torch 2.13); a message they change makes the doctor
-fall back to "Python exception" or "killed by signal", never to a wrong specific cause on purpose.
+The patterns are the messages these libraries print on torch 2.8 and 2.13 (both run in CI, each failure of
+notebooks 02, 05, 06 and 07 is a test on each version); where a version drops a message the doctor also reads
+what both leave (for a skipped collective on gloo: the abort, the stack in the collective, the enforce line).
+A message torch changes makes the doctor fall back to "Python exception" or "killed by signal", never to a
+wrong specific cause on purpose.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame
-from .launcher import _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
+from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
 
@@ -51,8 +54,10 @@ CAUSES = (
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
           "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
           "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
+    # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
+    # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
     Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
-                                            r"collective mismatch", re.I),
+                                            r"collective mismatch|op\.preamble\.length <= op\.nbytes", re.I),
           "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
           "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
           "(07, section 1 'Hang')"),
@@ -86,9 +91,15 @@ _HANG_FIX = ("no rank finished within its limit: the stacks show where each rank
              "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
              "(07, section 1 'Hang')")
 
-# C++ log lines (TORCH_CPP_LOG_LEVEL=INFO: "[I1130 03:28:12.47 file.cpp:887] ...") and the fingerprints
-# TORCH_DISTRIBUTED_DEBUG=DETAIL logs for every collective are noise for the doctor, not evidence.
-_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: CollectiveFingerPrint")
+# C++ log lines (TORCH_CPP_LOG_LEVEL=INFO: "[I1130 03:28:12.47 file.cpp:887] ..."), the fingerprints
+# TORCH_DISTRIBUTED_DEBUG=DETAIL logs for every collective and gloo's connection report (torch 2.8) are noise
+# for the doctor, not evidence.
+_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: CollectiveFingerPrint|"
+                    r"^\[Gloo\] Rank \d+ is connected to")
+# A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
+# checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
+_COLLECTIVE_FRAME = re.compile(r"in (all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
+                               r"reduce|gather|scatter|_engine_run_backward|run_backward)$")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[\w.]*(Error|Exception)):")
 
 
@@ -113,6 +124,8 @@ class Diagnosis:
         fix: one line on what to do, with the notebook section that shows it.
         timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
         limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
+        recovered: the run finished (``failed`` is False) after torchrun restarted the group
+            (``max_restarts``); the other fields then describe the failure it recovered from.
     """
 
     run_dir: Path
@@ -129,16 +142,20 @@ class Diagnosis:
     fix: str = ""
     timeout_s: float | None = None
     limit: str = ""
+    recovered: bool = False
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows."""
-        if not self.failed:
+        if not self.failed and not self.recovered:
             steps = ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or "none"
             return [("run", f"{self.run_dir.name} finished without error"), ("last step", steps)]
         who = f"rank {self.rank}" if self.rank is not None else "no rank (torchrun or the launch itself)"
         code = "" if self.exit_code is None else f", exit code {self.exit_code}"
         code += f" ({self.signal})" if self.signal else ""
-        if self.timeout_s is not None:
+        if self.recovered:
+            rows = [("recovered", f"{self.run_dir.name} finished after torchrun restarted the group"),
+                    ("failed", f"before the restart: {who} first{code}")]
+        elif self.timeout_s is not None:
             which = "no-progress limit, stall_timeout_s" if self.limit == "stall_timeout_s" else "wall-clock limit"
             rows = [("failed", f"{self.run_dir.name}: stopped at the {which} ({self.timeout_s:g} s), "
                                "no rank had failed")]
@@ -159,6 +176,9 @@ class Diagnosis:
         rows = self.rows()
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text form: the rows, not a dataclass repr
+        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
@@ -211,7 +231,15 @@ def _fatal_error(lines: list[str]) -> str:
     return ""
 
 
-def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter) -> RankFailure | None:
+def _aborted_in_collective(signal_name_: str | None, lines: list[str]) -> bool:
+    """A rank that gloo aborted (SIGABRT, ``gloo::EnforceNotMet``) while its main thread was in a collective."""
+    if signal_name_ != "SIGABRT" or not any("gloo::EnforceNotMet" in line for line in lines):
+        return False
+    where = _fatal_error(lines)
+    return bool(where) and _COLLECTIVE_FRAME.search(where) is not None
+
+
+def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter, recovered: bool = False) -> RankFailure | None:
     """The launcher's root cause for one node; across simulated nodes (``logs/node<N>/``), the earliest error file.
 
     On several nodes ``output.log`` interleaves the agents' summaries, which name global ranks; a node's error
@@ -221,7 +249,7 @@ def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter) -> RankFail
     node_dirs = sorted((p for p in (run_dir / "logs").glob("node*") if p.name[4:].isdigit()),
                        key=lambda p: int(p.name[4:]))
     if not node_dirs:
-        return find_root_cause(output, run_dir / "logs", tails)
+        return find_root_cause(output, run_dir / "logs", tails, recovered=recovered)
     exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(output)}
     errors = []  # (exited on its own, mtime, global rank, path)
     for node_dir in node_dirs:
@@ -295,9 +323,17 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     if error is None and output == "" and not (run_dir / "logs").exists():
         raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
 
+    # run.json says how the launch ended: a timeout is then diagnosed from the run directory alone, and a run
+    # that finished after a restart by the failure it recovered from (the output up to the agent's last
+    # "failed (exitcode: ...)" line: what the restarted attempt printed is not evidence).
+    record = _run_record(run_dir) if error is None else {}
+    recovered = record.get("status") == "finished" and record.get("returncode") == 0
+    agent_failures = list(_AGENT_FAILED.finditer(output)) if recovered else []
+    evidence_output = output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
+
     tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
     lines, by_rank = [], {}
-    for line in output.splitlines():
+    for line in evidence_output.splitlines():
         rank, text = split_rank_prefix(line)
         tails.emit(rank, text, show=False)
         by_rank.setdefault(rank, []).append(text)
@@ -307,11 +343,9 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     if error is not None:
         failure = error.failure
     else:
-        failure = _root_cause(run_dir, output, tails)
+        failure = _root_cause(run_dir, output, tails, recovered=recovered)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout)
-    # run.json says how the launch ended: a timeout is then diagnosed from the run directory alone.
-    record = _run_record(run_dir) if error is None else {}
     timed_out = timed_out or record.get("status") == "timeout"
     failed = (error is not None or timed_out or failure is not None or bool(error_files)
               or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
@@ -320,6 +354,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     last_steps = {**_last_steps(run_dir), **last_steps}
     where = dict(getattr(error, "where", {}) or {}) if timed_out else {}
     where = where or {int(rank): w for rank, w in (record.get("where") or {}).items()}
+    recovered = recovered and failed
     if not failed:
         return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
 
@@ -331,7 +366,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         torchrun_errors = [t for t in lines if _EXCEPTION_LINE.match(t.strip()) and "ChildFailedError" not in t]
         error_line = torchrun_errors[-1].strip() if torchrun_errors else ""
     diagnosis = Diagnosis(
-        run_dir=run_dir, failed=True, rank=failure.rank, exit_code=failure.exit_code,
+        run_dir=run_dir, failed=not recovered, recovered=recovered, rank=failure.rank, exit_code=failure.exit_code,
         signal=signal_name(failure.exit_code), error=error_line,
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
         timeout_s=error.timeout_s if isinstance(error, LaunchTimeout) else record.get("timeout_s"),
@@ -359,6 +394,10 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         name = error_line.split(":", 1)[0]
         diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", error_line
         diagnosis.fix = _EXCEPTION_FIX.format(rank=failure.rank)
+    elif _aborted_in_collective(diagnosis.signal, by_rank.get(failure.rank, [])):
+        mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
+        diagnosis.cause, diagnosis.fix = mismatch.name, mismatch.fix
+        diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, []))
     elif diagnosis.signal is not None:
         diagnosis.cause = f"killed by {diagnosis.signal}"
         diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")

@@ -15,7 +15,7 @@ What it shows
       fingerprint (op, shape, dtype) across ranks *before* running it, and raises a Python error that names
       both ranks' calls ("Detected mismatch between collectives on ranks").
     The gradients are averaged by hand (what DDP does in buckets during backward) because DDP's constructor
-    crashes (SIGSEGV) under TORCH_DISTRIBUTED_DEBUG=DETAIL with gloo in torch 2.13 (notebook 07 says so,
+    crashes (SIGSEGV) under TORCH_DISTRIBUTED_DEBUG=DETAIL with gloo in torch 2.8 and 2.13 (notebook 07 says so,
     tests/test_troubleshooting.py launches it).
 
 Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl``.
