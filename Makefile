@@ -9,7 +9,14 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install workbook test lab env bench clean-outputs
+# The compat leg: the workbook on the seeds' torch 2.8 with Python 3.10 (the image's pair), in its own venv
+# (the PyPI wheel is the CUDA build: ~7 GB of CUDA libraries, used on CPU here); reused once it exists.
+COMPAT_TORCH_SPEC ?= torch==2.8.0
+COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python3.10) python3.10)
+COMPAT_VENV ?= .venv-torch2.8
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+.PHONY: install workbook test lab env bench compat clean-outputs
 
 install: $(STAMP)
 
@@ -24,6 +31,18 @@ workbook: $(STAMP)  ## execute every notebook into outputs/ (CPU default: 2 rank
 
 test: $(STAMP)  ## unit tests, real 2-rank launches, papermill and nbval over notebooks/
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(COMPAT_STAMP): pyproject.toml
+	@$(COMPAT_PYTHON) -c "import sys; assert sys.version_info >= (3, 10)" 2>/dev/null || { echo "make compat needs \
+	Python 3.10+ as COMPAT_PYTHON (got '$(COMPAT_PYTHON)'): make compat COMPAT_PYTHON=/path/to/python3.10" >&2; exit 2; }
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet "$(COMPAT_TORCH_SPEC)"
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -e .
+	touch $(COMPAT_STAMP)
+
+compat: $(COMPAT_STAMP)  ## the whole workbook on torch 2.8 + Python 3.10 (COMPAT_TORCH_SPEC, COMPAT_PYTHON) into outputs/compat/
+	$(COMPAT_VENV)/bin/python -m pip install --quiet "$(COMPAT_TORCH_SPEC)"
+	$(COMPAT_VENV)/bin/python scripts/run_workbook.py --output-dir outputs/compat $(WORKBOOK_ARGS)
 
 lab: $(STAMP)  ## open JupyterLab on the notebooks with the project's environment
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -e ".[lab]"

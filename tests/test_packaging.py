@@ -31,10 +31,27 @@ def test_environment_yml_mirrors_pyproject_dependencies():
 
 def test_torch_is_a_floor_in_the_project_and_the_cpu_pin_in_ci():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert "torch>=2.6" in project["dependencies"]
+    assert "torch>=2.8" in project["dependencies"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install --quiet "torch==2.13.0"' in ci and ci.index("torch==2.13.0") < ci.index("make test")
     assert "TORCH_SPEC ?= torch==2.13.0" in (ROOT / "Makefile").read_text()
+
+
+def test_the_torch_floor_is_the_oldest_torch_ci_runs():
+    """pyproject's and environment.yml's floor = the compat leg's pin, and CI runs that leg before the tests."""
+    makefile = (ROOT / "Makefile").read_text()
+    pinned = re.search(r"^COMPAT_TORCH_SPEC \?= torch==(\d+)\.(\d+)\.\d+$", makefile, re.M)
+    assert pinned, "the compat leg pins an exact torch"
+    floor = f"{pinned[1]}.{pinned[2]}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert f"torch>={floor}" in project["dependencies"]
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    assert f"pytorch>={floor}" in conda
+    assert re.search(r"^COMPAT_PYTHON \?= .*3\.10", makefile, re.M), "the image's Python 3.10"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("make compat") < ci.index("make test")
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch {pinned[1]}.{pinned[2]}" in readme and "make compat" in readme, "the README states what CI covers"
 
 
 def test_the_benchmark_runs_and_prints_its_ratio_table(tmp_path):
