@@ -132,15 +132,16 @@ def test_output_flood_is_throttled_on_screen_but_complete_in_the_log(run_root, c
 
 
 def test_a_torch_versions_start_up_noise_stays_in_the_log_not_on_screen(run_root, capsys):
-    """torch 2.8's gloo prints '[Gloo] Rank N is connected to M peer ranks' from every rank: output.log keeps it."""
+    """torch 2.8's gloo connection report and DCP's TypedStorage warning: output.log keeps them, the cell does not."""
     script = fixture_script(run_root, "gloo_noise.py")
     result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off"))
     shown = capsys.readouterr().out
     assert "[rank 0] rank 0 trained" in shown and "[rank 1] rank 1 trained" in shown
-    assert "[Gloo]" not in shown
+    assert "[Gloo]" not in shown and "TypedStorage" not in shown and "tensor.storage()" not in shown
     log = (result.run_dir / "output.log").read_text()
     assert "[default0]:[Gloo] Rank 0 is connected to 1 peer ranks" in log
     assert "[default1]:[Gloo] Rank 1 is connected to 1 peer ranks" in log
+    assert log.count("UserWarning: TypedStorage is deprecated") == 2 and log.count("tensor.storage().size()") == 2
 
 
 def test_sigint_to_the_launching_process_stops_the_job(run_root):

@@ -41,7 +41,7 @@ from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innerm
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
-from .output import ThrottledPrinter, is_noise, split_rank_prefix
+from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
 
@@ -523,6 +523,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     stalled = False
     exited_at = None
     torchrun_traceback = False
+    noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
 
     def take(node: int, line: str) -> None:
         """Log, keep and (throttled) show one output line of ``node``'s agent."""
@@ -537,7 +538,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
         # it stays in output.log and the error's output_tail, not on screen.
         torchrun_traceback = torchrun_traceback or (rank is None and "Traceback" in text)
-        printer.emit(rank, text, show=not (rank is None and torchrun_traceback) and not is_noise(text))
+        printer.emit(rank, text, show=not (rank is None and torchrun_traceback) and not noise.hide(rank, text))
 
     def read_lines(wait_s: float) -> bool:
         """Take every line available within ``wait_s``; True if any arrived."""

@@ -15,15 +15,35 @@ from collections import deque
 from typing import TextIO
 
 _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*)$")
-# Lines a torch version prints on every launch that teach nothing: torch 2.8's gloo reports each rank's
-# connections ("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1").
-# They stay in output.log; the cell does not show them.
-_VERSION_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+# Lines a torch version prints that teach nothing and that the learner cannot act on. They stay in output.log;
+# the cell does not show them. torch 2.8: gloo reports each rank's connections ("[Gloo] Rank 0 is connected to
+# 1 peer ranks. Expected number of connected peer ranks is : 1"), and DCP's own filesystem.py warns about
+# TypedStorage on every save (Python's warning line, then the source line it points at).
+_VERSION_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks|"
+                            r"torch/distributed/checkpoint/filesystem\.py:\d+: UserWarning: TypedStorage is deprecated")
 
 
 def is_noise(text: str) -> bool:
-    """Whether a rank's output line is start-up noise a torch version adds (kept in the log, not shown)."""
-    return _VERSION_NOISE.match(text) is not None
+    """Whether a rank's output line is noise a torch version adds (kept in the log, not shown)."""
+    return _VERSION_NOISE.search(text) is not None
+
+
+class NoiseFilter:
+    """``hide(rank, text)``: True for version noise, and for the source line Python prints under a noisy warning."""
+
+    def __init__(self) -> None:
+        self._after_warning: set[int | None] = set()
+
+    def hide(self, rank: int | None, text: str) -> bool:
+        if rank in self._after_warning:
+            self._after_warning.discard(rank)
+            if text.startswith("  "):
+                return True
+        if is_noise(text):
+            if "Warning:" in text:
+                self._after_warning.add(rank)
+            return True
+        return False
 
 
 def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]:
