@@ -129,3 +129,24 @@ def test_the_red_box_names_the_cause_of_a_failure_and_where_ranks_were_at_a_time
     # A timeout that knows where each rank's Python stack was (the launcher's stack dump, where it has one).
     view.fail(SimpleNamespace(summary="t.py timed out after 5 s", timeout_s=5, where={1: "all_reduce (t.py:42)"}))
     assert "rank 1 was in all_reduce (t.py:42)" in view._alert.value
+
+
+@pytest.mark.parametrize("traceback, log_tail, output_tail, cause", [
+    ("", [], [], None),  # NCCL's watchdog abort on a GPU: no error file, nothing logged
+    ("  \n\n", ["", "   "], [], None),  # whitespace only
+    ("", ["[rank0]:[E ProcessGroupNCCL.cpp:632] Watchdog caught collective operation timeout", "Fatal Python error: Aborted",
+          "", "Thread 0x01 (most recent call first):", '  File "t.py", line 3 in main', "", "Extension modules: torch._C"],
+     [], "Fatal Python error: Aborted"),
+    ("", [], ["torchrun: rendezvous failed"], "torchrun: rendezvous failed"),
+])
+def test_the_red_box_survives_a_failure_that_left_no_traceback_or_log(tmp_path, traceback, log_tail, output_tail, cause):
+    view = NotebookView(widgets=True, run_dir=tmp_path)
+    view.start()
+    error = tl.LaunchError("t.py failed on rank 0 (exit code -6)", run_dir=tmp_path, command=["t"], returncode=1,
+                           failure=tl.RankFailure(rank=0, exit_code=-6, traceback=traceback, log_tail=log_tail),
+                           output_tail=output_tail)
+    assert error.cause == (cause or "")
+    view.fail(error)
+    box = view._alert.value
+    assert "t.py failed on rank 0 (exit code -6)" in box
+    assert (f"cause: {cause}" in box) if cause else "cause:" not in box

@@ -85,6 +85,23 @@ class LaunchError(TutorialError):
         """Exit code of the root-cause rank, or ``None``."""
         return self.failure.exit_code if self.failure else None
 
+    @property
+    def cause(self) -> str:
+        """One line that says what went wrong, for a cell or a status line; ``""`` when the run left nothing.
+
+        The exception line of the root-cause traceback; else (a rank killed by a signal writes no traceback:
+        NCCL's watchdog abort, the OOM killer) the last meaningful line of that rank's log; else of torchrun's
+        output. Faulthandler's frame lines and its "Extension modules" list are skipped. Never raises, whatever
+        is empty.
+        """
+        failure = self.failure
+        for lines in ((failure.traceback or "").splitlines() if failure else [], failure.log_tail if failure else [],
+                      self.output_tail):
+            line = last_meaningful_line(lines)
+            if line:
+                return line
+        return ""
+
     def __str__(self) -> str:
         lines = [self.summary]
         if self.failure is not None:
@@ -131,6 +148,17 @@ class LaunchTimeout(LaunchError):
         for rank, stack in sorted(self.stacks.items()):
             lines += [f"rank {rank}:"] + ["  " + line for line in stack.splitlines()]
         return text + "\n" + "\n".join(lines)
+
+
+_NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')
+
+
+def last_meaningful_line(lines) -> str:
+    """The last line of ``lines`` that is not blank, a stack frame or faulthandler's boilerplate; ``""`` if none."""
+    for line in reversed(list(lines or [])):
+        if line.strip() and not _NOT_A_CAUSE.match(line):
+            return line.strip()
+    return ""
 
 
 def innermost_frame(stack: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import ConfigError
+from .errors import ConfigError, LaunchError
 from .plots import plot_run
 
 LIVE_MODES = ("auto", "widgets", "text", "off")
@@ -252,13 +252,7 @@ class NotebookView(LiveView):
             details += [f"rank {rank} was in {place}" for rank, place in sorted(where.items())]
             self._draw_alert(getattr(error, "summary", str(error)).split(";")[0], details + [self._steps_line()])
             return
-        cause = ""
-        if failure is not None and failure.traceback:
-            cause = failure.traceback.strip().splitlines()[-1]
-        elif failure is not None and failure.log_tail:
-            cause = failure.log_tail[-1]
-        elif getattr(error, "output_tail", None):
-            cause = error.output_tail[-1]
+        cause = error.cause if isinstance(error, LaunchError) else ""  # survives empty tracebacks and logs
         details = [f"cause: {cause}"] if cause else []
         if failure is not None and failure.rank is not None:
             details.append(f"rank {failure.rank} exited with code {failure.exit_code}; the other ranks were stopped")
