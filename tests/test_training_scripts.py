@@ -2,6 +2,7 @@
 
 import ast
 import json
+import os
 import subprocess
 import sys
 
@@ -94,3 +95,23 @@ def test_every_script_runs_as_plain_python(tmp_path, name):
     out = run([SCRIPTS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list((tmp_path / "m").iterdir()), "it wrote its results"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_scripts_exit(name, tmp_path):
+    """NCCL writes its INFO lines with C stdio, block-buffered when torchrun sends stdout to a file; the scripts
+    leave through os._exit, which would drop them: they flush C stdio first. Here a C printf stands in for NCCL
+    and ``--help`` takes the script's own exit path. Without PYTHONUNBUFFERED (which the launcher sets, and which
+    makes C stdio unbuffered too), as under a learner's own torchrun."""
+    code = ("import ctypes, runpy, sys\n"
+            "ctypes.CDLL(None).printf(b'C stdio line, as NCCL INFO writes it\\n')\n"
+            f"sys.argv = [{name + '.py'!r}, '--help']\n"
+            f"runpy.run_path({str(SCRIPTS_DIR / (name + '.py'))!r}, run_name='__main__')\n")
+    out = tmp_path / "stdout.log"
+    with open(out, "w") as stdout:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        proc = subprocess.run([sys.executable, "-c", code], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                              timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "usage:" in text and "C stdio line, as NCCL INFO writes it" in text

@@ -31,6 +31,7 @@ TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``) and its save/load timings 
 """
 
 import argparse
+import ctypes
 import faulthandler
 import json
 import os
@@ -525,4 +526,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

@@ -23,6 +23,7 @@ Only torch and the Python standard library are used.
 """
 
 import argparse
+import ctypes
 import faulthandler
 import json
 import os
@@ -140,4 +141,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

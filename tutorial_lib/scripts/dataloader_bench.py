@@ -14,6 +14,7 @@ only helps with CUDA, so it is measured only there. Every rank reads its own sha
 """
 
 import argparse
+import ctypes
 import faulthandler
 import json
 import os
@@ -140,4 +141,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

@@ -27,6 +27,7 @@ Only torch and the Python standard library.
 
 import argparse
 import contextlib
+import ctypes
 import faulthandler
 import functools
 import json
@@ -445,4 +446,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

@@ -20,6 +20,7 @@ final parameters to ``<metrics-dir>/params_rank<RANK>.pt``. Only torch and the s
 
 import argparse
 import contextlib
+import ctypes
 import faulthandler
 import json
 import os
@@ -171,4 +172,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

@@ -18,6 +18,7 @@ Only torch and the Python standard library.
 
 import argparse
 import copy
+import ctypes
 import faulthandler
 import json
 import os
@@ -166,4 +167,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

@@ -16,6 +16,7 @@ https://pytorch.org/tutorials/advanced/generic_join.html. Only torch and the sta
 
 import argparse
 import contextlib
+import ctypes
 import faulthandler
 import json
 import os
@@ -120,4 +121,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)

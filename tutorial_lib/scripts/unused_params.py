@@ -16,6 +16,7 @@ the loss (or not creating the unused one) needs no flag. Writes ``<metrics-dir>/
 """
 
 import argparse
+import ctypes
 import faulthandler
 import json
 import os
@@ -134,4 +135,5 @@ if __name__ == "__main__":
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
         os._exit(exit_code)
