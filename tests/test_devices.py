@@ -38,3 +38,29 @@ def test_cpu_accepts_any_positive_rank_count_even_with_gpus():
 def test_bad_requests_are_refused_with_the_value_named(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         resolve_device(**kwargs)
+
+
+def test_a_short_collective_timeout_keeps_a_floor_on_nccl_that_covers_its_set_up():
+    from tutorial_lib import collective_timeout_s
+    assert collective_timeout_s(3, resolve_device("cpu", gpu_count=0)) == 3.0
+    assert collective_timeout_s(3, resolve_device("cuda", gpu_count=8)) == 30.0, "NCCL's init is inside the timeout"
+    assert collective_timeout_s(120, resolve_device("cuda", gpu_count=1)) == 120.0
+    for bad in (0, -1, "3", None, True):
+        with pytest.raises(ConfigError, match="collective timeout must be a positive number"):
+            collective_timeout_s(bad, resolve_device("cpu", gpu_count=0))
+
+
+def test_rank_env_reaches_the_environment_every_launch_copies(monkeypatch):
+    import os
+
+    from tutorial_lib import set_rank_env
+    from tutorial_lib.launcher import build_env
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)  # and removed again after the test
+    assert set_rank_env({"NCCL_P2P_DISABLE": 1}) == {"NCCL_P2P_DISABLE": "1"}
+    assert os.environ["NCCL_P2P_DISABLE"] == "1"
+    assert build_env(resolve_device("cuda", gpu_count=2))["NCCL_P2P_DISABLE"] == "1", "launches copy os.environ"
+    assert set_rank_env(None) == {} and set_rank_env({}) == {}
+    with pytest.raises(ConfigError, match="RANK_ENV must be a dict"):
+        set_rank_env("NCCL_P2P_DISABLE=1")
+    with pytest.raises(ConfigError, match=r"invalid variable name\(s\) \['BAD NAME'\]"):
+        set_rank_env({"BAD NAME": "1"})

@@ -151,3 +151,22 @@ def test_model_parallel_matches_one_device_and_says_where_the_halves_are(run_roo
     assert mp["max_abs_diff_vs_one_device"] < 1e-6
     assert mp["split_across_devices"] is False and "both halves on cpu" in mp["note"]
     assert mp["param_bytes_per_device"] == {"cpu": (1000 * 2000 + 2000 + 2000 * 1000 + 1000) * 4}
+
+
+def test_fsdp2_with_torch_amp_grad_scaler_skips_the_step_on_every_rank_when_one_shard_overflows(run_root):
+    """Notebook 03's checklist (e): with fully_shard, torch.amp.GradScaler needs no sharding-aware subclass.
+
+    Rank 1 puts an inf into its own shard of one gradient; the scaler's inf check on DTensor gradients is
+    reduced across the shards, so rank 0, whose shard is finite, skips the step and halves the scale too.
+    (Measured on torch 2.8 and 2.13.)
+    """
+    import json
+    import shutil
+    from pathlib import Path
+
+    run_dir = tl.new_run_dir("fsdp2-grad-scaler", run_root)
+    script = shutil.copy(Path(__file__).parent / "fixtures" / "fsdp2_grad_scaler_inf.py", run_dir)
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off", timeout_s=120))
+    reports = sorted((json.loads(line.split(":", 1)[1]) for line in (result.run_dir / "output.log").read_text().splitlines()
+                      if '"stepped"' in line), key=lambda r: r["rank"])
+    assert reports == [{"rank": 0, "stepped": False, "scale": 512.0}, {"rank": 1, "stepped": False, "scale": 512.0}]

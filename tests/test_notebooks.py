@@ -22,7 +22,7 @@ def test_notebook_is_thin_and_parameterised(path):
     code = [c for c in nb.cells if c.cell_type == "code"]
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and code.index(tagged[0]) == 1, "second code cell is the papermill parameters cell"
-    for name in ("NPROC", "DEVICE", "RUNS_DIR", "TIMEOUT_S"):
+    for name in ("NPROC", "DEVICE", "RUNS_DIR", "TIMEOUT_S", "RANK_ENV"):
         assert f"{name} = " in tagged[0].source
     assert all(len(c.source.splitlines()) <= 15 for c in code), "cells stay short: the logic is in tutorial_lib"
     checked = [c for c in code if "NBVAL_CHECK_OUTPUT" in c.source]
@@ -30,6 +30,19 @@ def test_notebook_is_thin_and_parameterised(path):
     for cell in checked:
         assert "assert" in cell.source and cell.execution_count and cell.outputs, \
             "checked cells carry reference outputs (run scripts/store_nbval_outputs.py)"
+
+
+DEVICE_DEPENDENT = re.compile(r"\{[^}]*\b(world_size|plan\b|nproc_per_node|gpu_count|device|backend|len\(shards\))")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checked_outputs_do_not_depend_on_the_device_or_the_rank_count(path):
+    """nbval compares the stored text on GPUs too: a checked cell prints no rank count, device or backend."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in (c for c in nb.cells if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source):
+        for line in cell.source.splitlines():
+            if ("print(" in line or line.lstrip().startswith(('f"', "f'"))) and "# same on every device" not in line:
+                assert not DEVICE_DEPENDENT.search(line), f"device-dependent checked output: {line.strip()}"
 
 
 def test_a_raising_rank_fails_the_cell_with_the_library_error(tmp_path):

@@ -12,7 +12,7 @@ The handful of names the notebooks use::
 from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
                           load_checkpoint_state)
 from .cluster import node_commands, slurm_script
-from .devices import DevicePlan, resolve_device
+from .devices import DevicePlan, collective_timeout_s, resolve_device, set_rank_env
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
@@ -28,12 +28,12 @@ from .scripts import available_scripts, new_run_dir, show_script, write_script
 __all__ = [
     "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
     "MetricsError", "RankFailure", "StateBytes", "TutorialError", "autocast_op_dtypes", "autocast_supported",
-    "available_scripts", "block_units", "bytes_per_parameter", "checkpoint_costs", "checkpoint_files",
+    "available_scripts", "block_units", "bytes_per_parameter", "checkpoint_costs", "checkpoint_files", "collective_timeout_s",
     "cpu_low_precision_flags", "diagnose", "diff_state_dicts", "environment_report", "float_formats", "latest_checkpoint",
     "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
     "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
-    "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process", "run_script", "show_script",
+    "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process", "run_script", "set_rank_env", "show_script",
     "slurm_script", "summarize_runs", "write_script",
 ]
 __version__ = "0.1.0"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -99,3 +102,57 @@ def resolve_device(
             )
         return DevicePlan("cuda", backend or "nccl", nproc_per_node, gpus)
     return DevicePlan("cpu", backend or "gloo", nproc_per_node or CPU_DEFAULT_NPROC, gpus)
+
+
+NCCL_TIMEOUT_FLOOR_S = 30.0
+
+
+def collective_timeout_s(seconds: float, plan: DevicePlan) -> float:
+    """The process-group timeout to give a run that should turn a hang into an error quickly.
+
+    Args:
+        seconds: the timeout wanted, in seconds (a lesson uses 3 s to show a hang failing fast).
+        plan: the run's ``DevicePlan``.
+
+    Returns:
+        ``seconds`` on gloo. On NCCL at least ``NCCL_TIMEOUT_FLOOR_S`` (30 s): there the same timeout also bounds
+        the communicator's set-up inside the first collective (a CUDA context per rank, NCCL's bootstrap and
+        topology search: several seconds on 8 GPUs, more on a cold machine), so a 3 s timeout would fail the
+        healthy runs too. See ``torch.distributed.init_process_group`` (``timeout``).
+
+    Raises:
+        ConfigError: ``seconds`` is not a positive number.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigError(f"collective timeout must be a positive number of seconds, got {seconds!r}")
+    return max(float(seconds), NCCL_TIMEOUT_FLOOR_S) if plan.backend == "nccl" else float(seconds)
+
+
+def set_rank_env(rank_env: Mapping[str, object] | None) -> dict[str, str]:
+    """Put extra variables into this process's environment, which every later launch copies to its ranks.
+
+    The notebooks' ``RANK_ENV`` parameter lands here, e.g. ``{"NCCL_P2P_DISABLE": "1"}`` on consumer GPU boards
+    whose peer-to-peer path is broken (every multi-GPU collective then stalls until its timeout; ``python -m
+    tutorial_lib env`` reports peer access), or ``{"NCCL_SOCKET_IFNAME": "eth0"}``. A launch's own ``env=``
+    still wins for that launch.
+
+    Args:
+        rank_env: variable name -> value (numbers are written as text); ``None`` or ``{}`` changes nothing.
+
+    Returns:
+        The variables set, as text.
+
+    Raises:
+        ConfigError: ``rank_env`` is not a mapping, or a name is not a valid variable name.
+    """
+    if rank_env is None:
+        return {}
+    if not isinstance(rank_env, Mapping):
+        raise ConfigError(f"RANK_ENV must be a dict of variable names to values, got {rank_env!r}; "
+                          'e.g. {"NCCL_P2P_DISABLE": "1"}')
+    bad = [name for name in rank_env if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name))]
+    if bad:
+        raise ConfigError(f"RANK_ENV has invalid variable name(s) {bad}; names are letters, digits and _")
+    values = {name: str(value) for name, value in rank_env.items()}
+    os.environ.update(values)
+    return values
