@@ -1,123 +1,374 @@
-"""The GPU check: every training script and every notebook on CUDA with nccl, in one short run.
+"""The GPU check: every training script and every notebook on CUDA with nccl, planned first, then run.
 
-    PYTHONPATH=. python scripts/gpu_check.py [--out-dir DIR]
+    PYTHONPATH=. python scripts/gpu_check.py [--gpus N [N ...]] [--out-dir DIR]
+    PYTHONPATH=. python scripts/gpu_check.py --dry-run --gpus 1 2 4    # the plan only: no GPU needed
 
-Meant for a machine with NVIDIA GPUs (the CPU path is covered by ``make test``). It
+``plan_checks(gpus)`` lists, without touching CUDA, what runs on a machine with ``gpus`` GPUs:
 
-1. prints the environment report and the device plan (must be ``cuda`` / ``nccl``);
-2. launches each shipped training script through ``tutorial_lib.launch`` on all GPUs and checks
-   what only a GPU run produces: ``cuda:LOCAL_RANK`` devices, ``peak_allocated_bytes`` > 0, NVML
-   samples of each worker's GPU memory;
-3. launches one script with ``device="cpu"`` to check the GPUs are hidden and gloo is used;
-4. executes every notebook with ``DEVICE="cuda"``: through papermill when it is installed, else
-   as a plain Python script made from the notebook's code cells (the asserts still run);
-5. prints a summary table and exits 1 if anything failed.
+1. every shipped training script (``tutorial_lib/scripts/*.py``) through ``tutorial_lib``'s launcher, one
+   rank per GPU (``model_parallel.py``: one rank per pair of GPUs), each checking what only a GPU run
+   produces (``cuda:LOCAL_RANK`` devices, ``peak_allocated_bytes`` > 0, NVML samples, pinned memory,
+   fp16 with a GradScaler, DCP over nccl, ...);
+2. ``ddp_train.py`` in fp32, bf16 and fp16 (tensor-core speed, final loss vs fp32);
+3. one script with ``device="cpu"``: the GPUs are hidden from the workers and gloo is used;
+4. every notebook (``notebooks/NN_*.ipynb``) with ``DEVICE="cuda"`` and ``NPROC`` ranks: through
+   papermill when it is installed, else as a plain Python script made from its code cells (the asserts
+   still run). The notebooks take most of the time.
+
+``--dry-run`` prints that plan (torchrun command lines from ``tutorial_lib``'s ``build_command``, notebook
+parameters, what each check asserts) and exits 0. Otherwise the plan of each ``--gpus`` count runs
+(default: every visible GPU; a count below the visible one shows the workers and kernels only the first N
+GPUs), a summary table is printed, and the exit status is 1 if anything failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tutorial_lib as tl  # noqa: E402
+from tutorial_lib.devices import DevicePlan, check_positive_int  # noqa: E402
+from tutorial_lib.launcher import build_command  # noqa: E402
+from tutorial_lib.scripts import SCRIPTS_DIR  # noqa: E402
 
-SCRIPT_ARGS = {
-    "ddp_train": ["--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10],
-    "collectives_check": ["--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10],
-    "dataloader_bench": ["--num-workers", 0, 4],
-    "uneven_inputs": ["--join"],
-    "unused_params": ["--loss-uses", "both"],
-    "fsdp_train": ["--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5],  # fp16 + GradScaler: CUDA only
-    "checkpoint_train": ["--strategy", "fsdp2", "--format", "dcp", "--save-every", 6],
+NOTEBOOKS_DIR = ROOT / "notebooks"
+DRY_RUN_GPUS = (1, 2, 4)  # --dry-run without --gpus: the machines of issue 15 (8 GPUs: --gpus 8)
+LAUNCH_TIMEOUT_S = 240  # wall-clock limit of each script launch, seconds
+NOTEBOOK_TIMEOUT_S = 600  # wall-clock limit of a notebook run as a plain script, seconds
+SUCCESS_IS_THE_CHECK = "every rank exits 0 (the notebook asserts the details)"
+
+# Every shipped script needs an entry: its arguments on GPUs and what its check asserts (plan_checks
+# refuses a script without one, so a new script cannot silently go unchecked).
+SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
+    "checkpoint_train": (("--strategy", "fsdp2", "--format", "dcp", "--save-every", 6),
+                         "FSDP2 over nccl writes complete DCP checkpoints step-6 and step-12"),
+    "collective_mismatch": ((), SUCCESS_IS_THE_CHECK + "; gloo and CPU tensors even with GPUs visible"),
+    "collectives_check": (("--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10),
+                          "all_reduce, all_gather and broadcast right on every rank over nccl; busbw per size"),
+    "dataloader_bench": (("--num-workers", 0, 4), "pin_memory=True configurations are measured (CUDA only)"),
+    "ddp_train": (("--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10),
+                  "rank r on cuda:r, peak_allocated_bytes > 0 on every step, the global loss falls; NVML samples"),
+    "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
+                   "FSDP2 with fp16 + GradScaler (CUDA only): a grad_scale and peak_allocated_bytes > 0 every step"),
+    "grad_accum": ((), SUCCESS_IS_THE_CHECK),
+    "model_parallel": ((), "each rank's halves on the devices pick_devices() gives it, no GPU shared by two ranks, "
+                           "split across two GPUs when there is a pair per rank; output equals one device's"),
+    "sampler_demo": ((), SUCCESS_IS_THE_CHECK + "; gloo, no tensors move"),
+    "sync_batchnorm": ((), "every rank's running mean equals one BatchNorm's over the global batch (the script "
+                           "fails above 1e-5)"),
+    "uneven_inputs": (("--join",), "every rank exits 0: inside Join the rank with extra batches finishes"),
+    "unused_params": (("--loss-uses", "both"), SUCCESS_IS_THE_CHECK),
+}
+PRECISION_ARGS = ("--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 20,
+                  "--clip-grad-norm", 1.0)
+NOTEBOOK_ASSERTS = {
+    "00_environment_check": "every collective right on every rank over nccl; RANK, LOCAL_RANK, WORLD_SIZE consistent",
+    "01_ddp": "DDP gradients equal one process's; global loss = mean of local losses; the unused-parameter error "
+              "and both fixes; sync_batchnorm.py on the GPUs",
+    "02_data_and_accumulation": "sampler shards and set_epoch; DataLoader workers; one all-reduce round per step "
+                                "with no_sync; Join finishes the uneven run",
+    "03_mixed_precision": "bf16 and fp16 end within 2% of fp32's loss; fp16 underflows without a scaler; overflowing "
+                          "steps halve the scale",
+    "04_fsdp": "FSDP state bytes are 1/N of DDP's and match the memory model; same loss curves; model_parallel "
+               "splits across cuda:0 and cuda:1 when there are 2 GPUs",
+    "05_checkpointing": "full and DCP saves, the rank-0-only save times out, resharded load, a killed rank's "
+                        "restart resumes",
+    "06_multi_node": "2 simulated nodes: unique RANKs, LOCAL_RANK from 0 on each node; a missing node and a taken "
+                     "port fail naming the cause",
+    "07_troubleshooting": "hangs, a skipped collective, DETAIL's mismatch and a crash diagnosed (on 2 CPU ranks); "
+                          "a real CUDA out-of-memory named",
 }
 
 
-def check_script(name: str, plan: tl.DevicePlan, root: Path) -> str:
-    run_dir = tl.new_run_dir(f"gpu-{name}", root)
-    script = tl.write_script(name, run_dir)
-    result = tl.launch(tl.LaunchSpec(script, args=SCRIPT_ARGS.get(name, []), nproc_per_node=plan.nproc_per_node,
-                                     device="cuda", timeout_s=240, live="text"))
-    notes = [f"{result.wall_time_s:.1f} s"]
-    if name == "ddp_train":
-        m = result.metrics()
-        assert set(m["device"]) == {f"cuda:{r}" for r in range(plan.nproc_per_node)}, set(m["device"])
-        assert (m["peak_allocated_bytes"] > 0).all()
-        assert m["loss_global"].iloc[-1] < m["loss_global"].iloc[0]
-        last = m.groupby("rank").last()
-        notes.append(f"peak_allocated {last['peak_allocated_bytes'].max() / 2**20:.1f} MiB, "
-                     f"reserved {last['peak_reserved_bytes'].max() / 2**20:.1f} MiB, "
-                     f"{m['global_samples_per_s'].median():.0f} samples/s")
-        samples = result.memory_samples()
-        gpu_col = samples.get("gpu_used_bytes")
-        notes.append("NVML per-process GPU memory: "
-                     + (f"{gpu_col.max() / 2**20:.0f} MiB" if gpu_col is not None and gpu_col.notna().any() else "none"))
-        gpus = result.memory_samples("gpu")
-        notes.append(f"GPU samples {len(gpus)}, max used {gpus['used_bytes'].max() / 2**30:.2f} GiB")
-        tl.plot_run(m, samples).savefig(run_dir / "run.png")
-    elif name == "dataloader_bench":
-        rows = tl.read_rank_json(run_dir, "loader")[0]["rows"]
-        assert any(r["pin_memory"] for r in rows), "pin_memory is measured on CUDA"
-        notes.append("; ".join(f"workers={r['num_workers']} persistent={r['persistent_workers']} "
-                               f"pin={r['pin_memory']}: {r['samples_per_s']:.0f}/s" for r in rows))
-    elif name == "sync_batchnorm":
-        ranks = tl.read_rank_json(run_dir, "syncbn")
-        notes.append(f"max |running_mean - global| {max(r['max_abs_diff_vs_global'] for r in ranks):.1e}")
-    elif name == "fsdp_train":
-        m = result.metrics()
-        assert (m["peak_allocated_bytes"] > 0).all() and m["grad_scale"].notna().all()
-        notes.append(f"fp16 + GradScaler: scale {m['grad_scale'].iloc[-1]:g}, loss {m['loss_global'].iloc[-1]:.3f}, "
-                     f"peak_allocated {m['peak_allocated_bytes'].max() / 2**20:.0f} MiB")
-    elif name == "model_parallel":
-        notes.append(tl.read_rank_json(run_dir, "mp")[0]["note"])
-    elif name == "checkpoint_train":
-        listing = tl.list_checkpoints(run_dir / "checkpoints")
-        assert listing["complete"].all() and list(listing["step"]) == [6, 12], listing
-        notes.append(f"saved {list(listing['name'])} (dcp) on nccl")
-    elif name in ("grad_accum", "uneven_inputs", "unused_params", "sampler_demo", "collective_mismatch"):
-        pass  # success is the check; the notebook asserts the details
-    else:
-        ranks = tl.read_collectives(run_dir)
-        assert all(c["ok"] for r in ranks for c in r["checks"]) and {r["backend"] for r in ranks} == {"nccl"}
-        bw = ranks[0]["bandwidth"]
-        notes.append("busbw " + ", ".join(f"{b['size_bytes'] >> 20} MiB: {b['busbw_GBps']:.1f} GB/s" for b in bw))
+@dataclass(frozen=True)
+class Launch:
+    """One torchrun job of a check.
+
+    Attributes:
+        script: a shipped script's name, e.g. ``"ddp_train"``.
+        args: the script's own arguments.
+        nproc_per_node: ranks torchrun starts.
+        device: ``"cuda"`` (nccl) or ``"cpu"`` (gloo, GPUs hidden from the workers).
+        gpus_per_rank: GPUs each rank drives (2: ``model_parallel.py``'s halves on a pair).
+        label: run folder label (``""``: ``gpu-<script>``).
+    """
+
+    script: str
+    args: tuple[object, ...] = ()
+    nproc_per_node: int = 1
+    device: str = "cuda"
+    gpus_per_rank: int = 1
+    label: str = ""
+
+    @property
+    def gpus_used(self) -> int:
+        """GPUs the job occupies (0 on CPU)."""
+        return self.nproc_per_node * self.gpus_per_rank if self.device == "cuda" else 0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the summary: a script's launches, or a notebook.
+
+    Attributes:
+        label: the summary line's name, e.g. ``"script ddp_train"``.
+        kind: ``"script"``, ``"precisions"``, ``"cpu_ranks"`` or ``"notebook"`` (which runner runs it).
+        name: the script (kind ``"script"``) or notebook file (``"01_ddp.ipynb"``).
+        asserts: what the check asserts, in words.
+        launches: the torchrun jobs it starts (none for a notebook: the notebook launches its own).
+        parameters: the notebook's papermill parameters (``RUNS_DIR`` is added at run time).
+    """
+
+    label: str
+    kind: str
+    name: str
+    asserts: str
+    launches: tuple[Launch, ...] = ()
+    parameters: dict[str, object] = field(default_factory=dict)
+
+
+def shipped_notebooks() -> list[Path]:
+    """The workbook's notebooks, ``notebooks/NN_*.ipynb``, in order."""
+    return sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def model_parallel_layout(gpus: int) -> tuple[int, int]:
+    """``(ranks, gpus_per_rank)`` for ``model_parallel.py`` on ``gpus`` GPUs: a pair of GPUs per rank when
+    there are two or more (``gpus // 2`` ranks), else one rank with both halves on the one GPU."""
+    return (gpus // 2, 2) if gpus >= 2 else (1, 1)
+
+
+def notebook_check(path: Path, gpus: int) -> Check:
+    """A notebook with ``DEVICE="cuda"`` and one rank per GPU; notebook 06's two simulated nodes share the GPUs."""
+    parameters: dict[str, object] = {"DEVICE": "cuda", "NPROC": gpus}
+    asserts = NOTEBOOK_ASSERTS.get(path.stem, "the notebook's own asserts")
+    if path.stem.startswith("05_") and gpus < 2:
+        asserts += " (1 GPU: the lesson runs on 2 CPU ranks instead, as it says)"
+    if path.stem.startswith("06_"):
+        # NPROC is per node: 2 nodes x NPROC GPU ranks must fit. None on 1 GPU: the notebook falls back to 2 x 2 CPU ranks.
+        parameters.update(NNODES=2, NPROC=gpus // 2 if gpus >= 2 else None)
+        if gpus < 2:
+            asserts += " (1 GPU: the simulated nodes run on CPU ranks, as it says)"
+    return Check(f"notebook {path.name}", "notebook", path.name, asserts, parameters=parameters)
+
+
+def plan_checks(gpu_count: int) -> list[Check]:
+    """Everything the GPU check runs on a machine with ``gpu_count`` GPUs; pure (launches nothing, no CUDA).
+
+    Args:
+        gpu_count: GPUs the check may use (1, 2, 4, 8, ...).
+
+    Returns:
+        One ``Check`` per shipped script, then the precision comparison, the CPU-ranks check, and one per
+        notebook. No job asks for more GPUs than ``gpu_count``.
+
+    Raises:
+        ConfigError: ``gpu_count`` is not a positive integer.
+        KeyError: a shipped script has no entry in ``SCRIPT_CHECKS``.
+    """
+    check_positive_int("gpu_count", gpu_count)
+    checks = []
+    for name in tl.available_scripts():
+        if name not in SCRIPT_CHECKS:
+            raise KeyError(f"{name}.py is shipped but has no GPU check: add an entry for it to SCRIPT_CHECKS in "
+                           f"{Path(__file__).name} (its arguments on GPUs and what the check asserts)")
+        args, asserts = SCRIPT_CHECKS[name]
+        ranks, per_rank = model_parallel_layout(gpu_count) if name == "model_parallel" else (gpu_count, 1)
+        checks.append(Check(f"script {name}", "script", name, asserts, (Launch(name, args, ranks, "cuda", per_rank),)))
+    checks.append(Check("precisions fp32/bf16/fp16", "precisions", "ddp_train",
+                        "each precision autocast supports here ends within 5% of fp32's loss; step time vs fp32",
+                        tuple(Launch("ddp_train", PRECISION_ARGS + ("--precision", p), gpu_count, label=f"gpu-amp-{p}")
+                              for p in ("fp32", "bf16", "fp16"))))
+    cpu_ranks = Launch("collectives_check", ("--sizes-bytes", 4096), nproc_per_node=2, device="cpu", gpus_per_rank=0,
+                       label="gpu-cpu-ranks")
+    checks.append(Check("device=cpu on a GPU machine", "cpu_ranks", "collectives_check",
+                        "2 ranks on gloo with device cpu: the GPUs are hidden from the workers", (cpu_ranks,)))
+    checks += [notebook_check(path, gpu_count) for path in shipped_notebooks()]
+    return checks
+
+
+def load_script(name: str) -> ModuleType:
+    """The shipped script ``name`` imported as a module (its ``main()`` does not run; imports torch)."""
+    spec = importlib.util.spec_from_file_location(f"_gpu_check_{name}", SCRIPTS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def torchrun_argv(launch: Launch, gpu_count: int) -> list[str]:
+    """The torchrun argv the launcher builds for ``launch`` (run folder ``RUN_DIR``, port 29500 as placeholders)."""
+    plan = DevicePlan(launch.device, "nccl" if launch.device == "cuda" else "gloo", launch.nproc_per_node, gpu_count)
+    return build_command(f"RUN_DIR/{launch.script}.py", launch.args, plan, master_port=29500, log_dir="RUN_DIR/logs",
+                         python="python")
+
+
+def format_plan(checks: list[Check], gpu_count: int, out_dir: str | os.PathLike = "OUT") -> str:
+    """The plan as text: per check, its ranks, what it asserts, and the command lines it runs.
+
+    Args:
+        checks: from ``plan_checks(gpu_count)``.
+        gpu_count: the GPUs the plan is for.
+        out_dir: the ``--out-dir`` shown in the notebooks' output paths.
+    """
+    out = Path(out_dir) / f"{gpu_count}-gpus"
+    lines = [f"== GPU check plan for {gpu_count} GPU(s): {len(checks)} checks "
+             "(run folders RUN_DIR and ports are chosen at launch) =="]
+    pick_devices = None
+    for check in checks:
+        if check.kind == "notebook":
+            p = check.parameters
+            ranks = (f"{p['NNODES']} nodes x NPROC={p['NPROC']}" if "NNODES" in p else f"NPROC={p['NPROC']}")
+            lines.append(f"{check.label}: {ranks}, DEVICE={p['DEVICE']}")
+        else:
+            lines.append(f"{check.label}: " + "; ".join(sorted({
+                f"{x.nproc_per_node} rank(s) x {x.gpus_per_rank} GPU" if x.device == "cuda"
+                else f"{x.nproc_per_node} rank(s) on cpu" for x in check.launches})))
+        lines.append(f"    asserts: {check.asserts}")
+        for launch in check.launches:
+            env = "CUDA_VISIBLE_DEVICES= " if launch.device == "cpu" else ""  # build_env hides the GPUs on CPU
+            lines.append(f"    $ {env}{shlex.join(torchrun_argv(launch, gpu_count))}")
+            if launch.script == "model_parallel":
+                pick_devices = pick_devices or load_script("model_parallel").pick_devices
+                lines.append("    devices: " + ", ".join(
+                    f"rank {r} {'+'.join(pick_devices(r, launch.nproc_per_node, gpu_count))}"
+                    for r in range(launch.nproc_per_node)))
+        if check.kind == "notebook":
+            params = [a for k, v in check.parameters.items() for a in ("-p", k, str(v))]
+            lines.append("    $ " + shlex.join(["papermill", f"notebooks/{check.name}", str(out / check.name),
+                                                "--cwd", "notebooks", *params, "-p", "RUNS_DIR", str(out / "runs")]))
+    launches = [x for c in checks for x in c.launches]
+    notebooks = sum(c.kind == "notebook" for c in checks)
+    lines.append(f"== {len(launches)} launches and {notebooks} notebooks; at most "
+                 f"{max(x.gpus_used for x in launches)} GPU(s) per launch ==")
+    return "\n".join(lines)
+
+
+# ---- running a plan (needs GPUs) ----
+
+
+def launch_one(launch: Launch, root: Path) -> tl.LaunchResult:
+    """Write ``launch.script`` into a fresh run folder under ``root`` and run it (``LAUNCH_TIMEOUT_S``)."""
+    return tl.run_script(launch.script, launch.args, runs_dir=root, label=launch.label or f"gpu-{launch.script}",
+                         device=launch.device, nproc_per_node=launch.nproc_per_node, timeout_s=LAUNCH_TIMEOUT_S,
+                         live="text")
+
+
+def verify_ddp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    m = result.metrics()
+    assert set(m["device"]) == {f"cuda:{r}" for r in range(launch.nproc_per_node)}, set(m["device"])
+    assert (m["peak_allocated_bytes"] > 0).all()
+    assert m["loss_global"].iloc[-1] < m["loss_global"].iloc[0]
+    last = m.groupby("rank").last()
+    notes = [f"peak_allocated {last['peak_allocated_bytes'].max() / 2**20:.1f} MiB, "
+             f"reserved {last['peak_reserved_bytes'].max() / 2**20:.1f} MiB, "
+             f"{m['global_samples_per_s'].median():.0f} samples/s"]
+    samples = result.memory_samples()
+    gpu_col = samples.get("gpu_used_bytes")
+    notes.append("NVML per-process GPU memory: "
+                 + (f"{gpu_col.max() / 2**20:.0f} MiB" if gpu_col is not None and gpu_col.notna().any() else "none"))
+    gpu_samples = result.memory_samples("gpu")
+    notes.append(f"GPU samples {len(gpu_samples)}, max used {gpu_samples['used_bytes'].max() / 2**30:.2f} GiB")
+    tl.plot_run(m, samples).savefig(result.run_dir / "run.png")
     return "; ".join(notes)
 
 
-def check_precisions(plan: tl.DevicePlan, root: Path) -> str:
-    """ddp_train.py in fp32, bf16 and fp16 (+ GradScaler) on CUDA: tensor-core speedup and final loss vs fp32."""
-    args = ["--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 20, "--clip-grad-norm", 1.0]
-    metrics = {}
-    for precision in ("fp32", "bf16", "fp16"):
+def verify_dataloader_bench(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    rows = tl.read_rank_json(result.run_dir, "loader")[0]["rows"]
+    assert any(r["pin_memory"] for r in rows), "pin_memory is measured on CUDA"
+    return "; ".join(f"workers={r['num_workers']} persistent={r['persistent_workers']} "
+                     f"pin={r['pin_memory']}: {r['samples_per_s']:.0f}/s" for r in rows)
+
+
+def verify_sync_batchnorm(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    ranks = tl.read_rank_json(result.run_dir, "syncbn")
+    return f"max |running_mean - global| {max(r['max_abs_diff_vs_global'] for r in ranks):.1e}"
+
+
+def verify_fsdp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    m = result.metrics()
+    assert (m["peak_allocated_bytes"] > 0).all() and m["grad_scale"].notna().all()
+    return (f"fp16 + GradScaler: scale {m['grad_scale'].iloc[-1]:g}, loss {m['loss_global'].iloc[-1]:.3f}, "
+            f"peak_allocated {m['peak_allocated_bytes'].max() / 2**20:.0f} MiB")
+
+
+def verify_model_parallel(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    ranks = tl.read_rank_json(result.run_dir, "mp")
+    pick_devices = load_script("model_parallel").pick_devices
+    assert [r["devices"] for r in ranks] == [pick_devices(r, launch.nproc_per_node, gpus)
+                                             for r in range(launch.nproc_per_node)], [r["devices"] for r in ranks]
+    used = [d for r in ranks for d in set(r["devices"])]
+    assert len(used) == len(set(used)), f"a GPU shared by two ranks: {used}"
+    assert all(r["split_across_devices"] == (launch.gpus_per_rank == 2) for r in ranks), ranks
+    assert all(r["max_abs_diff_vs_one_device"] < 1e-4 for r in ranks), ranks
+    return "; ".join(f"rank {r['rank']}: {r['note']}" for r in ranks)
+
+
+def verify_checkpoint_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    listing = tl.list_checkpoints(result.run_dir / "checkpoints")
+    assert listing["complete"].all() and list(listing["step"]) == [6, 12], listing
+    return f"saved {list(listing['name'])} (dcp) on nccl"
+
+
+def verify_collectives_check(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    ranks = tl.read_collectives(result.run_dir)
+    assert all(c["ok"] for r in ranks for c in r["checks"]) and {r["backend"] for r in ranks} == {"nccl"}
+    return "busbw " + ", ".join(f"{b['size_bytes'] >> 20} MiB: {b['busbw_GBps']:.1f} GB/s"
+                                for b in ranks[0]["bandwidth"])
+
+
+VERIFY = {  # scripts not named here: a finished launch is the check (the notebooks assert the details)
+    "ddp_train": verify_ddp_train, "dataloader_bench": verify_dataloader_bench,
+    "sync_batchnorm": verify_sync_batchnorm, "fsdp_train": verify_fsdp_train,
+    "model_parallel": verify_model_parallel, "checkpoint_train": verify_checkpoint_train,
+    "collectives_check": verify_collectives_check,
+}
+
+
+def run_script_check(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
+    """Launch the check's one script and verify what only a GPU run produces."""
+    (launch,) = check.launches
+    result = launch_one(launch, root)
+    verify = VERIFY.get(check.name)
+    return "; ".join([f"{result.wall_time_s:.1f} s"] + ([verify(result, launch, gpus)] if verify else []))
+
+
+def run_precisions(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
+    """``ddp_train.py`` in each precision CUDA autocast supports here: tensor-core speedup and final loss vs fp32."""
+    metrics, skipped = {}, []
+    for launch in check.launches:
+        precision = str(launch.args[list(launch.args).index("--precision") + 1])
         if tl.autocast_supported(precision, "cuda"):
-            metrics[precision] = tl.run_script("ddp_train", args + ["--precision", precision], runs_dir=root,
-                                               label=f"gpu-amp-{precision}", device="cuda",
-                                               nproc_per_node=plan.nproc_per_node, timeout_s=240, live="text").metrics()
+            metrics[precision] = launch_one(launch, root).metrics()
+        else:
+            skipped.append(precision)
     table = tl.summarize_runs(metrics, baseline="fp32")
     for precision in metrics:
         assert table.loc[precision, "loss_diff_vs_baseline"] < 0.05 * table.loc["fp32", "final_loss"], table
-    return "; ".join(f"{p}: step {table.loc[p, 'median_step_time_s'] * 1e3:.2f} ms "
-                     f"(x{table.loc['fp32', 'median_step_time_s'] / table.loc[p, 'median_step_time_s']:.2f} vs fp32), "
-                     f"peak {table.loc[p, 'peak_memory_mib']:.0f} MiB, final loss {table.loc[p, 'final_loss']:.4f}"
-                     for p in metrics)
+    return "; ".join([f"{p}: step {table.loc[p, 'median_step_time_s'] * 1e3:.2f} ms "
+                      f"(x{table.loc['fp32', 'median_step_time_s'] / table.loc[p, 'median_step_time_s']:.2f} vs fp32), "
+                      f"peak {table.loc[p, 'peak_memory_mib']:.0f} MiB, final loss {table.loc[p, 'final_loss']:.4f}"
+                      for p in metrics] + [f"{p} skipped: autocast does not support it here" for p in skipped])
 
 
-def check_cpu_on_gpu_machine(root: Path) -> str:
-    run_dir = tl.new_run_dir("gpu-cpu-ranks", root)
-    script = tl.write_script("collectives_check", run_dir)
-    tl.launch(tl.LaunchSpec(script, nproc_per_node=2, device="cpu", timeout_s=120, live="text",
-                            args=["--sizes-bytes", 4096]))
-    ranks = tl.read_collectives(run_dir)
-    assert {r["backend"] for r in ranks} == {"gloo"} and {r["device"] for r in ranks} == {"cpu"}
-    return "2 ranks on gloo/cpu with the GPUs hidden"
+def run_cpu_ranks(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
+    """CPU ranks on a GPU machine: gloo, device cpu, the GPUs hidden."""
+    (launch,) = check.launches
+    ranks = tl.read_collectives(launch_one(launch, root).run_dir)
+    assert {r["backend"] for r in ranks} == {"gloo"} and {r["device"] for r in ranks} == {"cpu"}, ranks
+    return f"{launch.nproc_per_node} ranks on gloo/cpu with the GPUs hidden"
 
 
 def notebook_as_script(path: Path, parameters: dict) -> str:
@@ -133,60 +384,106 @@ def notebook_as_script(path: Path, parameters: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def check_notebooks(root: Path, out_dir: Path) -> list[tuple[str, str, float]]:
-    parameters = {"DEVICE": "cuda", "RUNS_DIR": str(root)}
-    rows = []
+def run_notebook(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
+    """Execute the notebook with its parameters: papermill when installed, else as a plain Python script."""
+    path = NOTEBOOKS_DIR / check.name
+    parameters = {**check.parameters, "RUNS_DIR": str(root)}
     try:
         import ipykernel  # noqa: F401
         import papermill as pm
     except ImportError:
         pm = None
-    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        start = time.monotonic()
-        try:
-            if pm is not None:
-                pm.execute_notebook(path, out_dir / path.name, parameters=parameters, cwd=str(path.parent),
-                                    progress_bar=False, kernel_name="python3")
-                how = "papermill"
-            else:
-                script = out_dir / f"{path.stem}.py"
-                script.write_text(notebook_as_script(path, parameters))
-                proc = subprocess.run([sys.executable, str(script)], cwd=path.parent, capture_output=True, text=True,
-                                      timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-                (out_dir / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
-                how = "as a script (no papermill here)"
-            rows.append((path.name, f"ok ({how})", time.monotonic() - start))
-        except Exception as e:  # noqa: BLE001
-            rows.append((path.name, f"FAILED: {type(e).__name__}: {e}", time.monotonic() - start))
+    if pm is not None:
+        pm.execute_notebook(path, out_dir / path.name, parameters=parameters, cwd=str(path.parent),
+                            progress_bar=False, kernel_name="python3")
+        return "papermill"
+    script = out_dir / f"{path.stem}.py"
+    script.write_text(notebook_as_script(path, parameters))
+    proc = subprocess.run([sys.executable, str(script)], cwd=path.parent, capture_output=True, text=True,
+                          timeout=NOTEBOOK_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    (out_dir / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
+    return "as a script (no papermill here)"
+
+
+RUNNERS = {"script": run_script_check, "precisions": run_precisions, "cpu_ranks": run_cpu_ranks,
+           "notebook": run_notebook}
+
+
+def first_gpus(count: int, visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` that keeps the first ``count`` GPUs of ``visible`` (its current value; unset or
+    empty: all GPUs, numbered from 0)."""
+    ids = visible.split(",") if visible else [str(i) for i in range(count)]
+    return ",".join(ids[:count])
+
+
+def run_plan(checks: list[Check], gpus: int, visible_gpus: int, out_dir: Path) -> list[tuple[str, str, float]]:
+    """Run every check; return ``(label, "ok: ..." or "FAILED: ...", seconds)`` per check.
+
+    Args:
+        checks: from ``plan_checks(gpus)``.
+        gpus: the GPUs the plan is for; below ``visible_gpus`` the workers and kernels see only the first ``gpus``.
+        visible_gpus: GPUs this machine shows.
+        out_dir: notebooks' outputs go here, run folders under ``out_dir/runs``.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = out_dir / "runs"
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus < visible_gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = first_gpus(gpus, saved)  # inherited by torchrun and the kernels
+    rows = []
+    try:
+        for check in checks:
+            print(f"\n== [{gpus} GPU] {check.label}: {check.asserts}", flush=True)
+            start = time.monotonic()
+            try:
+                status = "ok: " + RUNNERS[check.kind](check, root, out_dir, gpus)
+            except Exception as e:  # noqa: BLE001 - one failed check must not stop the others
+                traceback.print_exc()
+                status = f"FAILED: {type(e).__name__}: {str(e)[:1500]}"
+            rows.append((f"[{gpus} GPU] {check.label}", status, time.monotonic() - start))
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT", "gpu-check")))
-    out_dir = parser.parse_args().out_dir.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    root = out_dir / "runs"
+    parser.add_argument("--gpus", type=int, nargs="+", default=None,
+                        help="GPU counts to plan for, e.g. 1 2 4 (default: every visible GPU; with --dry-run: "
+                             + " ".join(map(str, DRY_RUN_GPUS)) + ")")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (torchrun command lines, notebook parameters, what each check asserts) "
+                             "and exit 0; touches no GPU")
+    parser.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT", "gpu-check")),
+                        help="notebook outputs and run folders go here, one subfolder per GPU count "
+                             "(default: $OUT or ./gpu-check)")
+    args = parser.parse_args(argv)
+    if any(n < 1 for n in args.gpus or ()):
+        parser.error(f"--gpus takes counts >= 1, got {args.gpus}")
+    if args.dry_run:
+        for gpus in args.gpus or DRY_RUN_GPUS:
+            print(format_plan(plan_checks(gpus), gpus, args.out_dir), end="\n\n")
+        return 0
     print(tl.environment_report().to_text(), flush=True)
-    plan = tl.resolve_device("auto")
-    print(plan, flush=True)
+    visible = tl.resolve_device("auto").gpu_count
+    counts = args.gpus or [visible]
+    if max(counts) > visible or visible == 0:
+        parser.error(f"--gpus {' '.join(map(str, counts))} needs that many GPUs and this machine shows {visible}; "
+                     "--dry-run prints the plan of any machine")
+    out_dir = args.out_dir.resolve()
     rows = []
-    checks = [(f"script {name}", lambda n=name: check_script(n, plan, root)) for name in tl.available_scripts()]
-    checks.append(("precisions fp32/bf16/fp16", lambda: check_precisions(plan, root)))
-    checks.append(("device=cpu on a GPU machine", lambda: check_cpu_on_gpu_machine(root)))
-    for label, fn in checks:
-        start = time.monotonic()
-        try:
-            rows.append((label, "ok: " + fn(), time.monotonic() - start))
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            rows.append((label, f"FAILED: {type(e).__name__}: {str(e)[:1500]}", time.monotonic() - start))
-    rows += check_notebooks(root, out_dir)
+    for gpus in counts:
+        checks = plan_checks(gpus)
+        print(format_plan(checks, gpus, out_dir), flush=True)
+        rows += run_plan(checks, gpus, visible, out_dir / f"{gpus}-gpus")
     print("\n== GPU check summary ==")
     for label, status, seconds in rows:
-        print(f"{label:<32} {seconds:6.1f} s  {status}")
+        print(f"{label:<44} {seconds:6.1f} s  {status}")
     failed = sum(not status.startswith("ok") for _, status, _ in rows)
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -3,14 +3,16 @@
 Run card
     python model_parallel.py --max-steps 5                        # one process; halves on cuda:0 and cuda:1 if present
     torchrun --nproc-per-node 1 model_parallel.py --max-steps 5   # the same, launched by torchrun
-    torchrun --nproc-per-node 2 model_parallel.py                 # 2 ranks x 2 GPUs: rank r on cuda:2r, cuda:2r+1
+    torchrun --nproc-per-node 2 model_parallel.py                 # 4 GPUs: rank r on cuda:2r and cuda:2r+1
+    torchrun --nproc-per-node 4 model_parallel.py                 # 4 GPUs: rank r on cuda:r alone (logical split)
 
 What it shows
     * ``part1`` (Linear 1000 -> 2000) lives on one device and ``part2`` (Linear 2000 -> 1000) on another; the
       forward moves the activation between them with ``.to(device)`` and autograd moves the gradient back;
     * each device holds only its half's parameters, gradients and optimizer state;
     * one device idles while the other computes (no pipelining here): model parallelism buys memory, not speed;
-    * with fewer than two GPUs per rank both halves share one device, and the script says so.
+    * with fewer than two GPUs per rank both halves share the rank's own GPU, and the script says so; no two
+      ranks ever get the same GPU (NCCL refuses a group with two ranks on one device).
 The split model's outputs are checked against the same weights on a single device. Writes
 ``<metrics-dir>/rank<RANK>.jsonl`` (one line per step) and ``<metrics-dir>/mp_rank<RANK>.json``.
 Only torch and the Python standard library.
@@ -54,18 +56,44 @@ def parse_args(argv=None):
     return args
 
 
+def pick_devices(local_rank, local_world_size, gpu_count):
+    """The devices of one rank's two halves, chosen so that no GPU is given to two ranks of the node.
+
+    Args:
+        local_rank: this rank's index on its node (LOCAL_RANK; 0 without torchrun).
+        local_world_size: ranks on this node (LOCAL_WORLD_SIZE; 1 without torchrun).
+        gpu_count: GPUs this process sees (0: both halves on the CPU).
+
+    Returns:
+        Two device names: ``cuda:2r`` and ``cuda:2r+1`` when there are two GPUs per rank, else
+        ``cuda:r`` twice (the split is then only logical), or ``cpu`` twice.
+
+    Raises:
+        ValueError: more ranks on the node than GPUs.
+    """
+    if gpu_count == 0:
+        return ["cpu", "cpu"]
+    if local_world_size > gpu_count:
+        raise ValueError(f"LOCAL_WORLD_SIZE={local_world_size} ranks but only {gpu_count} GPU(s): NCCL refuses two ranks "
+                         f"on one GPU; use torchrun --nproc-per-node <= {gpu_count}, or --device cpu")
+    if gpu_count >= 2 * local_world_size:
+        return [f"cuda:{2 * local_rank}", f"cuda:{2 * local_rank + 1}"]  # a pair per rank: rank r gets 2r and 2r+1
+    # Not a pair for every rank: each keeps its own GPU (cuda:r). Giving rank 0 a pair would hand cuda:1 to
+    # rank 0 and rank 1 at once, and NCCL stops at init ("Duplicate GPU detected").
+    return [f"cuda:{local_rank}"] * 2
+
+
 def setup(args):
     """Join the process group under torchrun; return (rank, local_rank, world_size, [device of each half])."""
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if use_cuda and torch.cuda.device_count() >= 2 * (local_rank + 1):
-        devices = [torch.device("cuda", 2 * local_rank), torch.device("cuda", 2 * local_rank + 1)]
-    elif use_cuda:
-        devices = [torch.device("cuda", local_rank)] * 2  # fewer than 2 GPUs per rank: both halves on one
-    else:
-        devices = [torch.device("cpu")] * 2
+    if use_cuda and torch.cuda.device_count() == 0:
+        raise SystemExit("model_parallel.py: --device cuda, but no CUDA GPU is visible here; use --device auto or cpu")
+    gpu_count = torch.cuda.device_count() if use_cuda else 0
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's ranks on this node
+    devices = [torch.device(d) for d in pick_devices(local_rank, local_world_size, gpu_count)]
     if devices[0].type == "cuda":
         torch.cuda.set_device(devices[0])
     if "RANK" in os.environ:
