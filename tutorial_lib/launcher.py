@@ -242,7 +242,10 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     ``OMP_NUM_THREADS=1`` (ranks share the cores; also silences torchrun's banner),
     ``PYTHONUNBUFFERED=1`` (lines arrive as they are printed),
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
-    ``GLOO_SOCKET_IFNAME=lo`` on CPU (gloo talks over loopback only), and with restarts
+    ``GLOO_SOCKET_IFNAME=lo`` on every plan and ``NCCL_SOCKET_IFNAME=lo`` on CUDA plans (every launch
+    is on this one host: one node, or simulated nodes that rendezvous on 127.0.0.1, so gloo and
+    NCCL's bootstrap sockets stay on loopback; GPU jobs create gloo groups too: the sampler demo,
+    the helper group of ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), and with restarts
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it gloo reconnects to the previous
     attempt's port and half of elastic restarts failed on this kind of machine; it acts on the c10d
     rendezvous ``build_command`` uses with restarts: the workers then host their own store).
@@ -254,11 +257,12 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{shutdown_grace_s:g}",
+        "GLOO_SOCKET_IFNAME": "lo",
     }
-    if plan.device == "cpu":
-        defaults["GLOO_SOCKET_IFNAME"] = "lo"
-        if plan.gpu_count > 0:
-            env["CUDA_VISIBLE_DEVICES"] = ""
+    if plan.device == "cuda":
+        defaults["NCCL_SOCKET_IFNAME"] = "lo"
+    elif plan.gpu_count > 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if max_restarts > 0:
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     for key, value in defaults.items():
