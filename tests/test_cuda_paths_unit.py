@@ -66,3 +66,59 @@ def test_dataloader_bench_sets_the_device_before_joining_the_nccl_group(fake_cud
     cuda1 = torch.device("cuda", 1)
     assert (rank, world_size, device) == (5, 8, cuda1)
     assert fake_cuda == [("set_device", cuda1), ("init", "nccl", cuda1)]
+
+
+WORLD_OF_ONE = ["collectives_check", "fsdp_train", "uneven_inputs", "unused_params", "sync_batchnorm"]
+
+
+def test_every_script_that_makes_a_world_of_one_takes_a_backend_flag():
+    """run_in_process hands these scripts --backend gloo; a new script that makes a world of one needs the flag too."""
+    makes_world_of_one = sorted(p.stem for p in SCRIPTS_DIR.glob("*.py") if "world_size=1" in p.read_text())
+    assert makes_world_of_one == sorted(WORLD_OF_ONE)
+    for name in WORLD_OF_ONE:
+        assert load_script(name).parse_args(["--backend", "gloo"]).backend == "gloo", name
+
+
+def test_run_in_process_on_cuda_uses_gloo_and_resets_the_kernels_cuda_peaks_each_run(monkeypatch, tmp_path):
+    """Issue 15 item 8: no NCCL inside the kernel; max_memory_allocated must not carry an earlier run's peak."""
+    import tutorial_lib as tl
+    from tutorial_lib import devices, launcher
+
+    calls = []
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # an earlier run left a CUDA context here
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
+
+    class Script:  # stands in for fsdp_train.py: records what it was handed (a real one would need a GPU)
+        @staticmethod
+        def main():
+            calls.append(("main", sys.argv[1:]))
+
+    monkeypatch.setattr(launcher, "check_script_args", lambda script, argv: Script)
+    for _ in range(2):
+        result = tl.run_in_process("fsdp_train", ["--max-steps", 1], device="cuda", runs_dir=tmp_path)
+    argv = ["--max-steps", "1", "--device", "cuda", "--backend", "gloo"]
+    assert calls == ["empty_cache", ("reset", 0), ("reset", 1), ("main", argv)] * 2
+    assert (result.plan.device, result.plan.backend, result.plan.nproc_per_node) == ("cuda", "gloo", 1)
+    assert "fsdp_train.py --max-steps 1 --device cuda --backend gloo" in (result.run_dir / "command.txt").read_text()
+
+
+def test_run_in_process_leaves_an_uninitialised_cuda_alone(monkeypatch, tmp_path):
+    import tutorial_lib as tl
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: pytest.fail("CUDA touched"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("CUDA touched"))
+    result = tl.run_in_process("unused_params", ["--loss-uses", "both", "--max-steps", 2], runs_dir=tmp_path)
+    assert result.plan.backend == "gloo"
+    assert "--device cpu --backend gloo" in (result.run_dir / "command.txt").read_text()
+
+
+def test_run_in_process_refuses_nccl_in_the_kernel(tmp_path):
+    import tutorial_lib as tl
+
+    for args in (["--backend", "nccl"], ["--backend=nccl"]):
+        with pytest.raises(tl.ConfigError, match="runs no NCCL in the notebook's kernel"):
+            tl.run_in_process("fsdp_train", args, runs_dir=tmp_path)
+    assert not list(tmp_path.iterdir()), "refused before a run directory was made"

@@ -725,23 +725,35 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
     ``metrics/`` land there exactly as in a launch; its printed lines go to ``output.log`` and to
     this cell; ``command.txt`` holds the equivalent ``python NAME.py ...`` command.
 
+    This process outlives the run, so two things differ from a fresh ``python`` process. A script that
+    makes a world of one (FSDP needs a process group even alone) gets ``--backend gloo``, also on
+    CUDA (gloo moves CUDA tensors through host memory): NCCL would start its communicators and
+    watchdog thread inside the notebook's kernel and keep them after the run, and a hang or abort
+    there takes the kernel with it. And this process's CUDA context stays, with the allocator's
+    cache and peak statistics: before each run, when CUDA is initialised here, the cache is
+    emptied and the peak statistics are reset, so ``torch.cuda.max_memory_allocated`` /
+    ``max_memory_reserved`` measure this run only.
+
     Args:
         name: a script from ``available_scripts()``.
         args: the script's arguments (checked by the script's ``parse_args`` first).
         runs_dir: parent of the run directory (``None``: ``default_runs_root()``).
         label: run directory label (default: ``name``).
         device: ``"cpu"`` or ``"cuda"``; passed as the script's ``--device`` when it has that flag and
-            ``args`` do not set it (``cuda`` runs on GPU 0).
+            ``args`` do not set it (``cuda`` runs on GPU 0). Scripts with a ``--backend`` flag get
+            ``--backend gloo`` on either device.
         num_threads: torch's intra-op CPU threads while the script runs (``torch.set_num_threads``);
             1, like every rank under torchrun (``OMP_NUM_THREADS=1``); ``None`` keeps this process's.
 
     Returns:
-        A ``LaunchResult`` with ``plan.nproc_per_node == 1``; ``metrics()`` reads rank 0's lines.
+        A ``LaunchResult`` with ``plan.nproc_per_node == 1`` and ``plan.backend == "gloo"``;
+        ``metrics()`` reads rank 0's lines.
 
     Raises:
         ConfigError: unknown script, bad arguments, ``device`` not ``cpu``/``cuda`` (or ``cuda``
-            without a GPU), or this process is itself a rank of a job (``RANK`` set, or a process
-            group already initialised): the script would then try to join it.
+            without a GPU), ``args`` asking for ``--backend nccl``, or this process is itself a rank
+            of a job (``RANK`` set, or a process group already initialised): the script would then
+            try to join it.
         Exception: whatever the script raises (its traceback is the script's own).
     """
     if device not in ("cpu", "cuda"):
@@ -757,17 +769,28 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
                           "Use run_script, or call dist.destroy_process_group() first")
     if num_threads is not None:
         check_positive_int("num_threads", num_threads)
-    plan = resolve_device(device, 1)
+    argv = [str(a) for a in args]
+    if "--backend=nccl" in argv or any(a == "--backend" and b == "nccl" for a, b in zip(argv, argv[1:])):
+        raise ConfigError(f"{name}: --backend nccl inside this process: run_in_process runs no NCCL in the notebook's "
+                          "kernel (its communicators and watchdog would outlive the run); drop the flag (gloo is "
+                          "used), or launch the script with run_script")
+    plan = resolve_device(device, 1, backend="gloo")
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)
-    argv = [str(a) for a in args]
-    if "--device" not in argv and '"--device"' in script.read_text():  # scripts that pick their device
+    source = script.read_text()
+    if "--device" not in argv and '"--device"' in source:  # scripts that pick their device
         argv += ["--device", plan.device]
+    if not any(a.startswith("--backend") for a in argv) and '"--backend"' in source:  # scripts that make a world of one
+        argv += ["--backend", plan.backend]
     module = check_script_args(script, argv)  # the script, imported once: checked here, run below
     command = [sys.executable, script.name, *argv]
     (run_dir / "command.txt").write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
                                          + shlex.join(["python", *command[1:]]) + "\n")
     output = io.StringIO()
+    if torch.cuda.is_initialized():  # an earlier run's cached blocks and peaks would count in this run's numbers
+        torch.cuda.empty_cache()
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
     saved_argv, saved_cwd, saved_threads = sys.argv, os.getcwd(), torch.get_num_threads()
     start = time.monotonic()
     status, error = "failed", None
