@@ -457,6 +457,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
     nodes = list(spec.start_nodes) if spec.start_nodes is not None else list(range(spec.nnodes))
     nproc = plan.nproc_per_node
+    shape = {"nnodes": spec.nnodes, "nproc_per_node": nproc, "device": plan.device}  # in every run.json (the doctor)
     store = None
     if spec.nnodes > 1:
         # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
@@ -627,16 +628,17 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                                   run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
                                   output_tail=transcript[-30:])
-            (run_dir / "run.json").write_text(json.dumps({"status": "timeout", "returncode": None, "wall_time_s": elapsed,
-                                                           "timeout_s": limit_s, "limit": limit, "summary": summary,
+            (run_dir / "run.json").write_text(json.dumps({**shape, "status": "timeout", "returncode": None,
+                                                           "wall_time_s": elapsed, "timeout_s": limit_s, "limit": limit,
+                                                           "summary": summary,
                                                            "where": {str(r): innermost_frame(s_) for r, s_ in stacks.items()}}))
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what.split(' (')[0]}")
             safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-        (run_dir / "run.json").write_text(json.dumps({"status": "interrupted" if isinstance(exc, KeyboardInterrupt)
-                                                      else "stopped", "returncode": None, "wall_time_s": elapsed,
-                                                      "summary": what}))
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+        (run_dir / "run.json").write_text(json.dumps({**shape, "status": status, "returncode": None,
+                                                      "wall_time_s": elapsed, "summary": what}))
         safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                          f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
@@ -678,16 +680,15 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             reason = explain_agent_failure("\n".join(transcript), spec, nodes)
             summary += f": {reason}" if reason else ""
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
-        (run_dir / "run.json").write_text(json.dumps({"status": "failed", "returncode": returncode,
+        (run_dir / "run.json").write_text(json.dumps({**shape, "status": "failed", "returncode": returncode,
                                                        "wall_time_s": wall_time_s, "summary": summary}))
         error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
                             output_tail=transcript[-30:])
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
         raise error
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
-    (run_dir / "run.json").write_text(json.dumps({"status": "finished", "returncode": 0, "wall_time_s": wall_time_s,
-                                                   "nnodes": spec.nnodes, "nproc_per_node": nproc,
-                                                   "device": plan.device}))
+    (run_dir / "run.json").write_text(json.dumps({**shape, "status": "finished", "returncode": 0,
+                                                   "wall_time_s": wall_time_s}))
     return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
 
 
