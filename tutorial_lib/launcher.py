@@ -40,7 +40,7 @@ from .devices import DevicePlan, check_positive_int, resolve_device
 from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler
-from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
+from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
 from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
@@ -177,8 +177,13 @@ class LaunchResult:
         return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node)
 
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
-        """Memory sampled during the run (``read_memory_samples``)."""
+        """Memory sampled during the run (``read_memory_samples``; its ``.attrs["notes"]`` as ``memory_notes``)."""
         return read_memory_samples(self.run_dir, kind)
+
+    def memory_notes(self) -> list[str]:
+        """What to know about the GPU memory samples (``read_memory_notes``): e.g. that no worker process
+        matched NVML's process list, so GPU memory is known per device, not per process. Empty on CPU."""
+        return read_memory_notes(self.run_dir)
 
 
 def _can_write_in(folder: Path) -> bool:
@@ -475,11 +480,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         return run_dir / "logs" / f"node{node}" if spec.nnodes > 1 else run_dir / "logs"
 
     commands, envs = {}, {}
+    job_env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
     for node in nodes:
         commands[node] = build_command(script, spec.args, plan, master_port=port, log_dir=node_log_dir(node),
                                        max_restarts=spec.max_restarts, nnodes=spec.nnodes,
                                        rendezvous_id=run_dir.name, rendezvous_timeout_s=spec.rendezvous_timeout_s)
-        envs[node] = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
+        envs[node] = dict(job_env)
         if spec.nnodes > 1:
             # Node ranks come from the rendezvous, so lines are labelled with the global rank.
             envs[node].setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
@@ -514,7 +520,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         output_log.close()
         raise
     tree = ProcessTree(*(proc.pid for proc in procs.values()))
-    sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda")
+    # The job's GPUs, numbered as its ranks see them (simulated nodes: node n's cuda:i is the job's n * nproc + i).
+    sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda", env=job_env)
     sampler.start()
     readers = [threading.Thread(target=_reader, args=(proc.stdout, lines, node), name=f"tutorial_lib-reader-{node}",
                                 daemon=True) for node, proc in procs.items()]
