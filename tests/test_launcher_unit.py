@@ -10,7 +10,8 @@ import pytest
 
 from tutorial_lib import ConfigError, LaunchSpec, write_script
 from tutorial_lib.devices import DevicePlan
-from tutorial_lib.launcher import build_command, build_env, command_text, find_root_cause, free_port
+from tutorial_lib.launcher import (build_command, build_env, command_text, find_root_cause, free_port,
+                                   node_visible_devices)
 from tutorial_lib.output import ThrottledPrinter, split_rank_prefix
 
 CPU2 = DevicePlan("cpu", "gloo", 2, 0)
@@ -72,6 +73,15 @@ def test_a_users_own_interface_settings_win():
     assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "^docker")
     env = build_env(DevicePlan("cuda", "nccl", 2, gpu_count=2), {"NCCL_SOCKET_IFNAME": "eth1"}, base={})
     assert env["NCCL_SOCKET_IFNAME"] == "eth1", "LaunchSpec.env wins over the default"
+
+
+def test_simulated_nodes_split_the_gpus_the_job_may_use():
+    """Node n gets its slice of CUDA_VISIBLE_DEVICES, not GPUs counted from 0 (issue 15 item 6)."""
+    assert [node_visible_devices({}, n, 2, 4) for n in (0, 1)] == ["0,1", "2,3"]
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert [node_visible_devices(env, n, 2, 4) for n in (0, 1)] == ["4,5", "6,7"]
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}
+    assert [node_visible_devices(env, n, 1, 2) for n in (0, 1)] == ["GPU-aa", "GPU-bb"]
 
 
 def test_command_text_is_a_rerunnable_shell_line(tmp_path):

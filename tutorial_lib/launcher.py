@@ -39,7 +39,7 @@ import psutil
 from .devices import DevicePlan, check_positive_int, resolve_device
 from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame
 from .live import LIVE_MODES, make_view
-from .memory import MemorySampler
+from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
 from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
@@ -276,6 +276,26 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     return env
 
 
+def node_visible_devices(env: Mapping[str, str], node: int, nproc_per_node: int, gpu_count: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of simulated node ``node``: its own slice of the job's GPUs; pure.
+
+    Args:
+        env: the job's environment; its ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs) lists the GPUs
+            the job may use; unset: GPUs ``0..gpu_count-1``.
+        node: the node rank (0-based).
+        nproc_per_node: ranks, so GPUs, per node.
+        gpu_count: GPUs visible to the launching process (used when ``CUDA_VISIBLE_DEVICES`` is unset).
+
+    Returns:
+        Entries ``node * nproc_per_node`` to ``(node + 1) * nproc_per_node - 1`` of the job's GPUs, comma
+        separated: that node's ranks see them as ``cuda:0..nproc_per_node-1``. Slicing the job's list, not
+        counting from GPU 0, keeps a node inside the GPUs the user allowed.
+    """
+    visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+    entries = [str(e) for e in visible] if visible is not None else [str(i) for i in range(gpu_count)]
+    return ",".join(entries[node * nproc_per_node:(node + 1) * nproc_per_node])
+
+
 def command_text(command: Sequence[str], env: Mapping[str, str], run_dir: Path, base: Mapping[str, str]) -> str:
     """A shell line that reruns the launch by hand: ``cd`` + the variables the launcher set + argv."""
     changed = {k: v for k, v in env.items() if base.get(k) != v}
@@ -490,7 +510,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             # Node ranks come from the rendezvous, so lines are labelled with the global rank.
             envs[node].setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
             if plan.device == "cuda":  # each simulated node its own GPUs
-                envs[node]["CUDA_VISIBLE_DEVICES"] = ",".join(str(node * nproc + i) for i in range(nproc))
+                envs[node]["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, nproc, plan.gpu_count)
     command = commands[nodes[0]]
     (run_dir / "command.txt").write_text("".join(
         (f"# node {node}\n" if spec.nnodes > 1 else "") + command_text(commands[node], envs[node], run_dir, os.environ)
