@@ -10,7 +10,8 @@ import pytest
 
 from tutorial_lib import ConfigError, LaunchSpec, write_script
 from tutorial_lib.devices import DevicePlan
-from tutorial_lib.launcher import build_command, build_env, command_text, find_root_cause, free_port
+from tutorial_lib.launcher import (build_command, build_env, command_text, find_root_cause, free_port,
+                                   node_visible_devices)
 from tutorial_lib.output import ThrottledPrinter, split_rank_prefix
 
 CPU2 = DevicePlan("cpu", "gloo", 2, 0)
@@ -51,10 +52,36 @@ def test_env_is_a_copy_with_defaults_and_never_touches_os_environ(monkeypatch):
 
 def test_cpu_run_on_a_gpu_machine_hides_the_gpus():
     env = build_env(DevicePlan("cpu", "gloo", 2, gpu_count=4), base={"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and "NCCL_SOCKET_IFNAME" not in env
     env = build_env(DevicePlan("cuda", "nccl", 2, gpu_count=4), base={})
-    assert "CUDA_VISIBLE_DEVICES" not in env and "GLOO_SOCKET_IFNAME" not in env
+    assert "CUDA_VISIBLE_DEVICES" not in env
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+
+
+def test_gpu_runs_keep_gloo_and_nccl_on_loopback_too():
+    """Issue 15 item 9: GPU jobs create gloo groups as well (sampler demo, DETAIL's helper group)."""
+    env = build_env(DevicePlan("cuda", "nccl", 2, gpu_count=2), base={})
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
+    # Simulated nodes (nnodes > 1) get this same environment per agent: they rendezvous on 127.0.0.1 as well.
+    env = build_env(DevicePlan("cuda", "nccl", 1, gpu_count=8), base={"PATH": "/bin"}, max_restarts=1)
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def test_a_users_own_interface_settings_win():
+    base = {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "^docker"}
+    env = build_env(DevicePlan("cuda", "nccl", 2, gpu_count=2), base=base)
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "^docker")
+    env = build_env(DevicePlan("cuda", "nccl", 2, gpu_count=2), {"NCCL_SOCKET_IFNAME": "eth1"}, base={})
+    assert env["NCCL_SOCKET_IFNAME"] == "eth1", "LaunchSpec.env wins over the default"
+
+
+def test_simulated_nodes_split_the_gpus_the_job_may_use():
+    """Node n gets its slice of CUDA_VISIBLE_DEVICES, not GPUs counted from 0 (issue 15 item 6)."""
+    assert [node_visible_devices({}, n, 2, 4) for n in (0, 1)] == ["0,1", "2,3"]
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert [node_visible_devices(env, n, 2, 4) for n in (0, 1)] == ["4,5", "6,7"]
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}
+    assert [node_visible_devices(env, n, 1, 2) for n in (0, 1)] == ["GPU-aa", "GPU-bb"]
 
 
 def test_command_text_is_a_rerunnable_shell_line(tmp_path):

@@ -131,6 +131,28 @@ def test_the_doctor_names_the_cause_rank_and_exit_code_of_each_fixture_run(tmp_p
     assert "<table>" in d._repr_html_() and cause.split(" (")[0] in d._repr_html_()
 
 
+@pytest.mark.parametrize("case, shape, hint", [
+    ("nccl watchdog", {"nnodes": 1, "nproc_per_node": 2, "device": "cuda"}, True),
+    ("nccl watchdog", {"nnodes": 2, "nproc_per_node": 1, "device": "cuda"}, True),  # simulated nodes, one machine
+    ("nccl watchdog", "--nproc-per-node 2", True),  # an older run.json without the shape: command.txt says it
+    ("nccl watchdog", {"nnodes": 1, "nproc_per_node": 1, "device": "cuda"}, False),  # one GPU: no peer to reach
+    ("nccl watchdog", None, False),  # nothing says how many ranks ran
+    ("gloo timeout", {"nnodes": 1, "nproc_per_node": 2, "device": "cpu"}, False),  # not NCCL
+])
+def test_an_nccl_timeout_with_several_gpus_on_the_machine_suggests_disabling_p2p(tmp_path, case, shape, hint):
+    """Issue 15 item 4: consumer boards (RTX 4090, no NVLink) with broken P2P hang NCCL like a missing peer does."""
+    lines, rank, exit_code, traceback, cause = FIXTURES[case]
+    run_dir = make_run(tmp_path, lines=lines, rank=rank, exit_code=exit_code, traceback=traceback)
+    if isinstance(shape, dict):
+        (run_dir / "run.json").write_text(json.dumps({"status": "failed", "returncode": 1, **shape}))
+    elif shape:
+        (run_dir / "command.txt").write_text(f"cd x && python -m torch.distributed.run {shape} --tee 3 ddp_train.py\n")
+    d = tl.diagnose(run_dir)
+    assert d.cause == cause and d.fix.startswith(next(c.fix for c in CAUSES if c.name == cause))
+    assert ('rerun with env={"NCCL_P2P_DISABLE": "1"}' in d.fix) is hint, d.fix
+    assert ("python -m tutorial_lib env" in str(d)) is hint
+
+
 def test_a_signal_death_shows_where_the_native_crash_happened(tmp_path):
     lines, rank, exit_code, traceback, _ = FIXTURES["sigsegv"]
     d = tl.diagnose(make_run(tmp_path, lines=lines, rank=rank, exit_code=exit_code))

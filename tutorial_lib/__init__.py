@@ -19,7 +19,8 @@ from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankF
 from .launcher import LaunchResult, LaunchSpec, launch, run_in_process, run_script
 from .live import enable_inline_figures
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
-from .metrics import read_collectives, read_memory_samples, read_metrics, read_rank_json, summarize_runs
+from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
+                      summarize_runs)
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
@@ -33,8 +34,8 @@ __all__ = [
     "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
     "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
-    "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process", "run_script", "set_rank_env", "show_script",
-    "slurm_script", "summarize_runs", "write_script",
+    "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process",
+    "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
 ]
 __version__ = "0.1.0"
 

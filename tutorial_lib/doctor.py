@@ -87,6 +87,11 @@ _SIGNAL_FIXES = {
     "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
                "interrupt): look for the rank that failed first",
 }
+# NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
+_P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
+             "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
+             "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access")
 _HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
              "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
              "(07, section 1 'Hang')")
@@ -290,6 +295,19 @@ def _check_run_dir(run_dir: Path) -> None:
                           "pass the folder a launch created")
 
 
+def _ranks_on_this_machine(run_dir: Path, record: dict) -> int | None:
+    """How many ranks the launch ran on this machine: ``nnodes * nproc_per_node`` from ``run.json`` (simulated
+    nodes share the machine), else the sum of ``--nproc-per-node`` over ``command.txt`` (one line per node).
+    ``None`` when neither says."""
+    if isinstance(record.get("nproc_per_node"), int):
+        return record["nproc_per_node"] * int(record.get("nnodes", 1))
+    try:
+        counts = re.findall(r"--nproc[-_]per[-_]node[ =](\d+)", (run_dir / "command.txt").read_text())
+    except OSError:
+        return None
+    return sum(map(int, counts)) if counts else None
+
+
 def _run_record(run_dir: Path) -> dict:
     """The launcher's ``run.json`` (status, wall time; for a timeout where each rank was), or {}."""
     try:
@@ -385,6 +403,9 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
                 start = max(0, match.start() - len(match.string) + len(line) - 100)
                 evidence = line if start == 0 else "..." + line[start:]
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
+                nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
+                if nccl_timeout and (_ranks_on_this_machine(run_dir, _run_record(run_dir)) or 0) > 1:
+                    diagnosis.fix += _P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
                 return diagnosis
     if timed_out:
         diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"

@@ -1,4 +1,4 @@
-"""Environment report: versions, backends, GPUs, CPU, memory and disk. It never raises.
+"""Environment report: versions, backends, GPUs and peer access between them, CPU, memory and disk. It never raises.
 
 ``python -m tutorial_lib env`` prints it; notebook 00 shows it. Each probe is guarded on its
 own, so a broken CUDA driver or a missing package shows up as a line in the report
@@ -27,7 +27,11 @@ class GPUInfo:
 
 @dataclass
 class EnvironmentReport:
-    """What the workbook runs on. Fields that could not be read are ``None``; why is in ``problems``."""
+    """What the workbook runs on. Fields that could not be read are ``None``; why is in ``problems``.
+
+    ``peer_access`` maps every pair of visible GPUs ``(a, b)``, ``a < b``, to whether CUDA reports
+    peer-to-peer access both ways (``torch.cuda.can_device_access_peer``); empty with fewer than 2 GPUs.
+    """
 
     python: str
     platform: str
@@ -38,6 +42,7 @@ class EnvironmentReport:
     nccl_version: str | None = None
     backends: dict[str, bool] = field(default_factory=dict)
     gpus: list[GPUInfo] = field(default_factory=list)
+    peer_access: dict[tuple[int, int], bool] = field(default_factory=dict)
     cpu_cores_logical: int | None = None
     cpu_cores_usable: int | None = None
     ram_total_bytes: int | None = None
@@ -65,6 +70,7 @@ class EnvironmentReport:
             ("gpus", str(len(self.gpus))),
         ]
         rows += [(f"  cuda:{g.index}", f"{g.name}, {gib(g.total_memory_bytes)}, sm {g.capability}") for g in self.gpus]
+        rows.append(("peer access (P2P)", self.peer_access_text()))
         rows += [
             ("cpu cores (logical / usable)", f"{self.cpu_cores_logical} / {self.cpu_cores_usable}"),
             ("ram (total / available)", f"{gib(self.ram_total_bytes)} / {gib(self.ram_available_bytes)}"),
@@ -75,6 +81,26 @@ class EnvironmentReport:
         if self.problems:
             text += "\n\nproblems:\n" + "\n".join(f"  - {p}" for p in self.problems)
         return text
+
+    def missing_peer_access(self) -> list[tuple[int, int]]:
+        """The GPU pairs ``(a, b)`` without peer-to-peer access (either direction), in order."""
+        return sorted(pair for pair, ok in self.peer_access.items() if not ok)
+
+    def peer_access_text(self) -> str:
+        """One line on peer-to-peer access between the visible GPUs, with what to try when it is missing."""
+        if not self.gpus:
+            return "no GPUs"
+        if len(self.gpus) == 1:
+            return "one GPU, no pairs to check"
+        if not self.peer_access:
+            return "not checked (see problems)"
+        missing = self.missing_peer_access()
+        if not missing:
+            return (f"yes, all {len(self.peer_access)} pairs (consumer boards without NVLink can still hang in NCCL: "
+                    "then try NCCL_P2P_DISABLE=1)")
+        pairs = ", ".join(f"cuda:{a}<->cuda:{b}" for a, b in missing)
+        return (f"missing for {len(missing)} of {len(self.peer_access)} pairs: {pairs}; NCCL may hang or fail "
+                "between them: try NCCL_P2P_DISABLE=1 (LaunchSpec/run_script env=)")
 
     def __str__(self) -> str:
         return self.to_text()
@@ -132,6 +158,17 @@ def environment_report(disk_path: str | os.PathLike = ".") -> EnvironmentReport:
             props = torch.cuda.get_device_properties(i)
             report.gpus.append(GPUInfo(i, props.name, int(props.total_memory), f"{props.major}.{props.minor}"))
 
+    def peer_probe() -> None:
+        import torch
+
+        if len(report.gpus) < 2:
+            return
+        indices = [g.index for g in report.gpus]
+        for i, a in enumerate(indices):
+            for b in indices[i + 1:]:  # directional in CUDA: a pair has it only if both directions do
+                report.peer_access[(a, b)] = bool(torch.cuda.can_device_access_peer(a, b)
+                                                  and torch.cuda.can_device_access_peer(b, a))
+
     def cpu_probe() -> None:
         report.cpu_cores_logical = os.cpu_count()
         report.cpu_cores_usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -151,6 +188,7 @@ def environment_report(disk_path: str | os.PathLike = ".") -> EnvironmentReport:
     probe("torch", torch_probe)
     probe("torch.distributed", dist_probe)
     probe("gpus", gpu_probe)
+    probe("peer access", peer_probe)
     probe("cpu", cpu_probe)
     probe("ram", ram_probe)
     probe("disk", disk_probe)

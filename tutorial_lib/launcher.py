@@ -39,8 +39,8 @@ import psutil
 from .devices import DevicePlan, check_positive_int, resolve_device
 from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame
 from .live import LIVE_MODES, make_view
-from .memory import MemorySampler
-from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_samples, read_metrics
+from .memory import MemorySampler, parse_visible_devices
+from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
 from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
@@ -177,8 +177,13 @@ class LaunchResult:
         return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node)
 
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
-        """Memory sampled during the run (``read_memory_samples``)."""
+        """Memory sampled during the run (``read_memory_samples``; its ``.attrs["notes"]`` as ``memory_notes``)."""
         return read_memory_samples(self.run_dir, kind)
+
+    def memory_notes(self) -> list[str]:
+        """What to know about the GPU memory samples (``read_memory_notes``): e.g. that no worker process
+        matched NVML's process list, so GPU memory is known per device, not per process. Empty on CPU."""
+        return read_memory_notes(self.run_dir)
 
 
 def _can_write_in(folder: Path) -> bool:
@@ -242,7 +247,10 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     ``OMP_NUM_THREADS=1`` (ranks share the cores; also silences torchrun's banner),
     ``PYTHONUNBUFFERED=1`` (lines arrive as they are printed),
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
-    ``GLOO_SOCKET_IFNAME=lo`` on CPU (gloo talks over loopback only), and with restarts
+    ``GLOO_SOCKET_IFNAME=lo`` on every plan and ``NCCL_SOCKET_IFNAME=lo`` on CUDA plans (every launch
+    is on this one host: one node, or simulated nodes that rendezvous on 127.0.0.1, so gloo and
+    NCCL's bootstrap sockets stay on loopback; GPU jobs create gloo groups too: the sampler demo,
+    the helper group of ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), and with restarts
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it gloo reconnects to the previous
     attempt's port and half of elastic restarts failed on this kind of machine; it acts on the c10d
     rendezvous ``build_command`` uses with restarts: the workers then host their own store).
@@ -254,17 +262,38 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{shutdown_grace_s:g}",
+        "GLOO_SOCKET_IFNAME": "lo",
     }
-    if plan.device == "cpu":
-        defaults["GLOO_SOCKET_IFNAME"] = "lo"
-        if plan.gpu_count > 0:
-            env["CUDA_VISIBLE_DEVICES"] = ""
+    if plan.device == "cuda":
+        defaults["NCCL_SOCKET_IFNAME"] = "lo"
+    elif plan.gpu_count > 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if max_restarts > 0:
         defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     for key, value in defaults.items():
         env.setdefault(key, value)
     env.update(extra)
     return env
+
+
+def node_visible_devices(env: Mapping[str, str], node: int, nproc_per_node: int, gpu_count: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of simulated node ``node``: its own slice of the job's GPUs; pure.
+
+    Args:
+        env: the job's environment; its ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs) lists the GPUs
+            the job may use; unset: GPUs ``0..gpu_count-1``.
+        node: the node rank (0-based).
+        nproc_per_node: ranks, so GPUs, per node.
+        gpu_count: GPUs visible to the launching process (used when ``CUDA_VISIBLE_DEVICES`` is unset).
+
+    Returns:
+        Entries ``node * nproc_per_node`` to ``(node + 1) * nproc_per_node - 1`` of the job's GPUs, comma
+        separated: that node's ranks see them as ``cuda:0..nproc_per_node-1``. Slicing the job's list, not
+        counting from GPU 0, keeps a node inside the GPUs the user allowed.
+    """
+    visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+    entries = [str(e) for e in visible] if visible is not None else [str(i) for i in range(gpu_count)]
+    return ",".join(entries[node * nproc_per_node:(node + 1) * nproc_per_node])
 
 
 def command_text(command: Sequence[str], env: Mapping[str, str], run_dir: Path, base: Mapping[str, str]) -> str:
@@ -453,6 +482,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
     nodes = list(spec.start_nodes) if spec.start_nodes is not None else list(range(spec.nnodes))
     nproc = plan.nproc_per_node
+    shape = {"nnodes": spec.nnodes, "nproc_per_node": nproc, "device": plan.device}  # in every run.json (the doctor)
     store = None
     if spec.nnodes > 1:
         # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
@@ -470,16 +500,17 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         return run_dir / "logs" / f"node{node}" if spec.nnodes > 1 else run_dir / "logs"
 
     commands, envs = {}, {}
+    job_env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
     for node in nodes:
         commands[node] = build_command(script, spec.args, plan, master_port=port, log_dir=node_log_dir(node),
                                        max_restarts=spec.max_restarts, nnodes=spec.nnodes,
                                        rendezvous_id=run_dir.name, rendezvous_timeout_s=spec.rendezvous_timeout_s)
-        envs[node] = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
+        envs[node] = dict(job_env)
         if spec.nnodes > 1:
             # Node ranks come from the rendezvous, so lines are labelled with the global rank.
             envs[node].setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
             if plan.device == "cuda":  # each simulated node its own GPUs
-                envs[node]["CUDA_VISIBLE_DEVICES"] = ",".join(str(node * nproc + i) for i in range(nproc))
+                envs[node]["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, nproc, plan.gpu_count)
     command = commands[nodes[0]]
     (run_dir / "command.txt").write_text("".join(
         (f"# node {node}\n" if spec.nnodes > 1 else "") + command_text(commands[node], envs[node], run_dir, os.environ)
@@ -509,7 +540,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         output_log.close()
         raise
     tree = ProcessTree(*(proc.pid for proc in procs.values()))
-    sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda")
+    # The job's GPUs, numbered as its ranks see them (simulated nodes: node n's cuda:i is the job's n * nproc + i).
+    sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda", env=job_env)
     sampler.start()
     readers = [threading.Thread(target=_reader, args=(proc.stdout, lines, node), name=f"tutorial_lib-reader-{node}",
                                 daemon=True) for node, proc in procs.items()]
@@ -623,16 +655,17 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                                   run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
                                   output_tail=transcript[-30:])
-            (run_dir / "run.json").write_text(json.dumps({"status": "timeout", "returncode": None, "wall_time_s": elapsed,
-                                                           "timeout_s": limit_s, "limit": limit, "summary": summary,
+            (run_dir / "run.json").write_text(json.dumps({**shape, "status": "timeout", "returncode": None,
+                                                           "wall_time_s": elapsed, "timeout_s": limit_s, "limit": limit,
+                                                           "summary": summary,
                                                            "where": {str(r): innermost_frame(s_) for r, s_ in stacks.items()}}))
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what.split(' (')[0]}")
             safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-        (run_dir / "run.json").write_text(json.dumps({"status": "interrupted" if isinstance(exc, KeyboardInterrupt)
-                                                      else "stopped", "returncode": None, "wall_time_s": elapsed,
-                                                      "summary": what}))
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+        (run_dir / "run.json").write_text(json.dumps({**shape, "status": status, "returncode": None,
+                                                      "wall_time_s": elapsed, "summary": what}))
         safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                          f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
@@ -674,16 +707,15 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             reason = explain_agent_failure("\n".join(transcript), spec, nodes)
             summary += f": {reason}" if reason else ""
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
-        (run_dir / "run.json").write_text(json.dumps({"status": "failed", "returncode": returncode,
+        (run_dir / "run.json").write_text(json.dumps({**shape, "status": "failed", "returncode": returncode,
                                                        "wall_time_s": wall_time_s, "summary": summary}))
         error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
                             output_tail=transcript[-30:])
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
         raise error
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
-    (run_dir / "run.json").write_text(json.dumps({"status": "finished", "returncode": 0, "wall_time_s": wall_time_s,
-                                                   "nnodes": spec.nnodes, "nproc_per_node": nproc,
-                                                   "device": plan.device}))
+    (run_dir / "run.json").write_text(json.dumps({**shape, "status": "finished", "returncode": 0,
+                                                   "wall_time_s": wall_time_s}))
     return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
 
 
@@ -721,23 +753,35 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
     ``metrics/`` land there exactly as in a launch; its printed lines go to ``output.log`` and to
     this cell; ``command.txt`` holds the equivalent ``python NAME.py ...`` command.
 
+    This process outlives the run, so two things differ from a fresh ``python`` process. A script that
+    makes a world of one (FSDP needs a process group even alone) gets ``--backend gloo``, also on
+    CUDA (gloo moves CUDA tensors through host memory): NCCL would start its communicators and
+    watchdog thread inside the notebook's kernel and keep them after the run, and a hang or abort
+    there takes the kernel with it. And this process's CUDA context stays, with the allocator's
+    cache and peak statistics: before each run, when CUDA is initialised here, the cache is
+    emptied and the peak statistics are reset, so ``torch.cuda.max_memory_allocated`` /
+    ``max_memory_reserved`` measure this run only.
+
     Args:
         name: a script from ``available_scripts()``.
         args: the script's arguments (checked by the script's ``parse_args`` first).
         runs_dir: parent of the run directory (``None``: ``default_runs_root()``).
         label: run directory label (default: ``name``).
         device: ``"cpu"`` or ``"cuda"``; passed as the script's ``--device`` when it has that flag and
-            ``args`` do not set it (``cuda`` runs on GPU 0).
+            ``args`` do not set it (``cuda`` runs on GPU 0). Scripts with a ``--backend`` flag get
+            ``--backend gloo`` on either device.
         num_threads: torch's intra-op CPU threads while the script runs (``torch.set_num_threads``);
             1, like every rank under torchrun (``OMP_NUM_THREADS=1``); ``None`` keeps this process's.
 
     Returns:
-        A ``LaunchResult`` with ``plan.nproc_per_node == 1``; ``metrics()`` reads rank 0's lines.
+        A ``LaunchResult`` with ``plan.nproc_per_node == 1`` and ``plan.backend == "gloo"``;
+        ``metrics()`` reads rank 0's lines.
 
     Raises:
         ConfigError: unknown script, bad arguments, ``device`` not ``cpu``/``cuda`` (or ``cuda``
-            without a GPU), or this process is itself a rank of a job (``RANK`` set, or a process
-            group already initialised): the script would then try to join it.
+            without a GPU), ``args`` asking for ``--backend nccl``, or this process is itself a rank
+            of a job (``RANK`` set, or a process group already initialised): the script would then
+            try to join it.
         Exception: whatever the script raises (its traceback is the script's own).
     """
     if device not in ("cpu", "cuda"):
@@ -753,17 +797,28 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
                           "Use run_script, or call dist.destroy_process_group() first")
     if num_threads is not None:
         check_positive_int("num_threads", num_threads)
-    plan = resolve_device(device, 1)
+    argv = [str(a) for a in args]
+    if "--backend=nccl" in argv or any(a == "--backend" and b == "nccl" for a, b in zip(argv, argv[1:])):
+        raise ConfigError(f"{name}: --backend nccl inside this process: run_in_process runs no NCCL in the notebook's "
+                          "kernel (its communicators and watchdog would outlive the run); drop the flag (gloo is "
+                          "used), or launch the script with run_script")
+    plan = resolve_device(device, 1, backend="gloo")
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)
-    argv = [str(a) for a in args]
-    if "--device" not in argv and '"--device"' in script.read_text():  # scripts that pick their device
+    source = script.read_text()
+    if "--device" not in argv and '"--device"' in source:  # scripts that pick their device
         argv += ["--device", plan.device]
+    if not any(a.startswith("--backend") for a in argv) and '"--backend"' in source:  # scripts that make a world of one
+        argv += ["--backend", plan.backend]
     module = check_script_args(script, argv)  # the script, imported once: checked here, run below
     command = [sys.executable, script.name, *argv]
     (run_dir / "command.txt").write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
                                          + shlex.join(["python", *command[1:]]) + "\n")
     output = io.StringIO()
+    if torch.cuda.is_initialized():  # an earlier run's cached blocks and peaks would count in this run's numbers
+        torch.cuda.empty_cache()
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
     saved_argv, saved_cwd, saved_threads = sys.argv, os.getcwd(), torch.get_num_threads()
     start = time.monotonic()
     status, error = "failed", None

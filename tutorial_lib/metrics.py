@@ -105,8 +105,14 @@ def read_memory_samples(run_dir: str | os.PathLike, kind: str = "rss") -> pd.Dat
 
     Args:
         run_dir: the run directory.
-        kind: ``"rss"`` (per-rank resident set size, columns ``time_s, rank, pid, rss_bytes``) or
-            ``"gpu"`` (per GPU, columns ``time_s, gpu, used_bytes, total_bytes``).
+        kind: ``"rss"`` (per-rank resident set size, columns ``time_s, rank, pid, rss_bytes``; on CUDA also
+            ``gpu`` and ``gpu_used_bytes`` where the worker was found in NVML's process list) or ``"gpu"``
+            (per GPU, columns ``time_s, gpu, nvml_index, used_bytes, total_bytes``; ``gpu`` is the CUDA index
+            the ranks see, ``cuda:LOCAL_RANK``; ``nvml_index`` is nvidia-smi's).
+
+    Returns:
+        The samples; ``.attrs["notes"]`` holds the sampler's notes on the GPU samples (``read_memory_notes``),
+        which ``plot_memory`` / ``plot_run`` show in the figure.
 
     Raises:
         MetricsError: unknown kind, or the samples file is missing.
@@ -116,7 +122,19 @@ def read_memory_samples(run_dir: str | os.PathLike, kind: str = "rss") -> pd.Dat
     path = Path(run_dir) / SAMPLES_SUBDIR / f"{kind}.jsonl"
     if not path.exists():
         raise MetricsError(f"no memory samples {str(path)!r} (gpu samples exist only on NVIDIA machines)")
-    return pd.DataFrame(_read_jsonl(path))
+    samples = pd.DataFrame(_read_jsonl(path))
+    samples.attrs["notes"] = read_memory_notes(run_dir)
+    return samples
+
+
+def read_memory_notes(run_dir: str | os.PathLike) -> list[str]:
+    """The memory sampler's notes on a run's GPU samples (``samples/gpu_info.json``), e.g. that no worker
+    process matched NVML's process list (a container without the host's PID namespace), so GPU memory is
+    known per device only. Empty when the run sampled no GPU or there is nothing to say."""
+    try:
+        return list(json.loads((Path(run_dir) / SAMPLES_SUBDIR / "gpu_info.json").read_text()).get("notes", []))
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def read_rank_json(run_dir: str | os.PathLike, prefix: str) -> list[dict]:

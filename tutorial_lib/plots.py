@@ -6,7 +6,8 @@ Agg backend, in tests, and in a notebook (where IPython renders a returned Figur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -38,12 +39,20 @@ def draw_loss(ax, metrics: pd.DataFrame) -> None:
     ax.legend(fontsize=8)
 
 
-def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None) -> None:
+def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None,
+                notes: Sequence[str] | None = None) -> None:
     """Draw memory per rank against time: GPU memory per process when sampled, else RSS.
 
     Without samples, the per-step memory in ``metrics`` (``peak_allocated_bytes`` on CUDA,
-    ``rss_bytes`` on CPU) is drawn against step instead.
+    ``rss_bytes`` on CPU) is drawn against step instead. ``notes`` (default: ``samples.attrs["notes"]``,
+    which ``read_memory_samples`` sets) are written in red inside the axes: e.g. that no worker process
+    matched NVML's process list, so the curves are RSS and GPU memory is known per device only.
     """
+    if notes is None and samples is not None:
+        notes = samples.attrs.get("notes")
+    if notes:
+        ax.text(0.02, 0.98, "\n".join(textwrap.fill(note, 70) for note in notes), transform=ax.transAxes,
+                va="top", ha="left", fontsize=7, color="#b71c1c")
     if samples is not None and len(samples):
         column = "gpu_used_bytes" if "gpu_used_bytes" in samples and samples["gpu_used_bytes"].notna().any() else "rss_bytes"
         for rank, df in samples.groupby("rank"):
@@ -71,21 +80,25 @@ def plot_loss(metrics: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_memory(samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None) -> Figure:
-    """Memory per rank (per GPU process on CUDA) vs time; see ``draw_memory``."""
+def plot_memory(samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None,
+                notes: Sequence[str] | None = None) -> Figure:
+    """Memory per rank (per GPU process on CUDA) vs time, with the sampler's notes; see ``draw_memory``."""
     fig, (ax,) = _figure()
-    draw_memory(ax, samples, metrics)
+    draw_memory(ax, samples, metrics, notes)
     return fig
 
 
-def plot_run(metrics: pd.DataFrame, samples: pd.DataFrame | None = None) -> Figure:
-    """Loss (left) and memory (right) of one run side by side: the figure the live view redraws."""
+def plot_run(metrics: pd.DataFrame, samples: pd.DataFrame | None = None, notes: Sequence[str] | None = None) -> Figure:
+    """Loss (left) and memory (right) of one run side by side: the figure the live view redraws.
+
+    ``notes``: see ``draw_memory`` (default: those ``read_memory_samples`` attached to ``samples``).
+    """
     fig, (ax_loss, ax_mem) = _figure(ncols=2)
     if len(metrics):
         draw_loss(ax_loss, metrics)
     else:
         ax_loss.set_title("loss per rank (no data yet)")
-    draw_memory(ax_mem, samples, metrics)
+    draw_memory(ax_mem, samples, metrics, notes)
     return fig
 
 

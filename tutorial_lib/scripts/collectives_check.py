@@ -44,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
+                        "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
     p.add_argument("--device-from", choices=["local_rank", "rank"], default="local_rank",
                    help="which variable picks the GPU: local_rank (right) or rank (the seed's mistake: on "
                         "node 1 of a 2-GPU-per-node job RANK is 2 or 3, and cuda:2 does not exist there)")
@@ -64,10 +67,10 @@ def setup(args):
     device = torch.device("cuda", index) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    backend = "nccl" if use_cuda else "gloo"
+    backend = ("nccl" if use_cuda else "gloo") if args.backend == "auto" else args.backend
     timeout = timedelta(seconds=args.pg_timeout_s)
     # device_id binds the group to this rank's GPU (nccl then needs no guess for barrier()).
-    device_id = device if use_cuda else None
+    device_id = device if backend == "nccl" else None
     if "RANK" in os.environ:  # launched by torchrun: it set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         dist.init_process_group(backend=backend, timeout=timeout, device_id=device_id)
     else:

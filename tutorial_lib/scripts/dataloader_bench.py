@@ -89,18 +89,29 @@ def measure(config, dataset, sampler, args, device):
     return {**config, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds}
 
 
+def setup(args):
+    """Pick this rank's device and join the process group under torchrun; return (rank, world_size, device)."""
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if use_cuda:
+        device = torch.device("cuda", local_rank)  # LOCAL_RANK picks the GPU on this node
+        # Before any CUDA work: pin_memory=True pins on the *current* device, so without set_device every
+        # rank would open a CUDA context (and pinned buffers) on GPU 0.
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=120),
+                                device_id=device if use_cuda else None)
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
+
+
 @record
 def main():
     args = parse_args()
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")  # LOCAL_RANK picks the GPU
-    distributed = "RANK" in os.environ
-    if distributed:
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=120),
-                                device_id=device if use_cuda else None)
-    rank = dist.get_rank() if distributed else 0
-    world_size = dist.get_world_size() if distributed else 1
+    rank, world_size, device = setup(args)
+    use_cuda, distributed = device.type == "cuda", dist.is_initialized()
     try:
         dataset = SlowDataset(args.dataset_size, args.features, args.sample_delay_ms / 1000)
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)

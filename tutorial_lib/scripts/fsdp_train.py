@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 30 minutes")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
+                        "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
     args = p.parse_args(argv)
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum_steps", "max_steps"):
         if getattr(args, name) <= 0:
@@ -114,10 +117,10 @@ def setup(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    backend = "nccl" if use_cuda else "gloo"
+    backend = ("nccl" if use_cuda else "gloo") if args.backend == "auto" else args.backend
     if "RANK" in os.environ:
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout_s),
-                                device_id=device if use_cuda else None)
+                                device_id=device if backend == "nccl" else None)
     elif args.strategy != "ddp":
         # FSDP needs a process group even alone: a world of one over an in-memory store (no network, no torchrun).
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,

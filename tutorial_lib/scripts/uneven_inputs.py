@@ -46,6 +46,9 @@ def parse_args(argv=None):
                    help="collective timeout (seconds): how long a hang lasts before it becomes an error")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
+                        "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl")
     args = p.parse_args(argv)
     if args.batches <= 0 or args.extra_batches < 0 or args.pg_timeout_s <= 0:
@@ -61,13 +64,13 @@ def main():
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    backend, timeout = "nccl" if use_cuda else "gloo", timedelta(seconds=args.pg_timeout_s)
+    backend = ("nccl" if use_cuda else "gloo") if args.backend == "auto" else args.backend
+    timeout, device_id = timedelta(seconds=args.pg_timeout_s), device if backend == "nccl" else None
     if "RANK" in os.environ:  # launched by torchrun
-        dist.init_process_group(backend, timeout=timeout, device_id=device if use_cuda else None)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:  # plain `python`: a world of one, so the same code runs
         store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
-        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout,
-                                device_id=device if use_cuda else None)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout, device_id=device_id)
     try:
         train(args, device)
     finally:
