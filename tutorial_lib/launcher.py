@@ -411,7 +411,7 @@ def _reader(stream, out: queue.Queue, node: int = 0) -> None:
 
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
-STACK_DUMP_WAIT_S = 3.0
+STACK_DUMP_WAIT_S = 10.0  # the longest wait for every rank's stack; ends 0.5 s after the last rank answered
 _STACK_LINE = re.compile(r'^(Current thread 0x|Thread 0x|\s+File "|\s*$)')
 
 
