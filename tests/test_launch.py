@@ -80,7 +80,7 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
                                 args=["--max-steps", 50, "--fail-rank", 1, "--fail-step", 3, "--fail-mode", "hang",
                                       "--pg-timeout-s", 600]))
     elapsed = time.monotonic() - start
-    assert 25 <= elapsed < 25 + 2 + 3 + 6, elapsed  # + grace + stack dump
+    assert 25 <= elapsed < 25 + 2 + 10 + 30, elapsed  # + grace + stack dump + slack for a busy machine
     e = info.value
     assert e.timeout_s == 25 and e.last_steps == {0: 2, 1: 2}
     assert "timed out after 25 s" in str(e) and "last step per rank: {0: 2, 1: 2}" in str(e)
