@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,10 @@ collect_ignore_glob = ["notebooks/*.ipynb"]
 
 
 def pytest_configure(config):
+    # A shell starts background jobs with SIGINT ignored (`make test &`, nohup), and children inherit that: the
+    # interrupt tests would then test nothing. Restore Python's handler, as in a terminal or CI.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Inherited by the kernels nbval and papermill start: runs go to a temporary folder, live view as text.
     runs = Path(os.environ.get("TMPDIR", "/tmp")) / f"tutorial_lib-test-runs-{os.getpid()}"
     os.environ["TUTORIAL_LIB_RUNS_DIR"] = str(runs)

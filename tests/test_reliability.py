@@ -3,6 +3,7 @@
 These run in CI with the rest (about 4 minutes on 2 cores); `-m "not reliability"` skips them locally.
 """
 
+import contextlib
 import os
 import signal
 import threading
@@ -193,11 +194,16 @@ def test_no_shell_and_loopback_rendezvous():
 @pytest.mark.integration
 def test_the_launchers_rendezvous_store_listens_on_loopback_only(run_root):
     listening, workers_listening = set(), set()
+    launched = threading.Event()
 
-    def watch():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list(run_root.rglob("rank*.jsonl")):
+    def watch():  # sample while the ranks train (a metrics file exists) until the launch returns: no time limits
+        while not launched.is_set():
             time.sleep(0.2)
+            if list(run_root.rglob("rank*.jsonl")):
+                with contextlib.suppress(psutil.Error):
+                    sample()
+
+    def sample():
         for conn in psutil.Process().net_connections(kind="inet"):
             if conn.status == psutil.CONN_LISTEN:
                 listening.add(conn.laddr.ip)
@@ -213,9 +219,12 @@ def test_the_launchers_rendezvous_store_listens_on_loopback_only(run_root):
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    tl.run_script("ddp_train", ["--max-steps", 100, "--step-delay-s", 0.05], runs_dir=run_root, device="cpu",
-                  nproc_per_node=1, nnodes=2, live="off", timeout_s=120)
-    watcher.join()
+    try:
+        tl.run_script("ddp_train", ["--max-steps", 100, "--step-delay-s", 0.05], runs_dir=run_root, device="cpu",
+                      nproc_per_node=1, nnodes=2, live="off", timeout_s=300)
+    finally:
+        launched.set()
+        watcher.join()
     assert listening == {"127.0.0.1"}, listening
     assert workers_listening == {"127.0.0.1"}, workers_listening
 
