@@ -258,3 +258,19 @@ def test_a_rank_with_its_own_error_beats_an_earlier_lost_connection(tmp_path):
     printer = ThrottledPrinter(open(os.devnull, "w"))
     failure = find_root_cause(_summary(root_rank=1, root_exit=1, other_rank=0, other_exit=1), tmp_path, printer)
     assert failure.rank == 0 and "Timed out" in failure.traceback
+
+
+def test_stacks_by_rank_keeps_each_ranks_last_faulthandler_dump():
+    from tutorial_lib.errors import innermost_frame, stacks_by_rank
+    ranked = [
+        (0, "step 1"), (1, "Current thread 0x01 (most recent call first):"), (1, '  File "/r/a.py", line 3 in old'),
+        (1, "step 2"),  # other output closes a dump
+        (1, "Thread 0x02 (most recent call first):"), (1, '  File "/lib/python3.11/threading.py", line 9 in wait'),
+        (1, ""), (0, "interleaved line of rank 0"),
+        (1, "Current thread 0x01 (most recent call first):"), (1, '  File "/r/ddp_train.py", line 210 in inject_failure'),
+        (1, '  File "/r/ddp_train.py", line 300 in train'), (None, "torchrun: Sending process 2 closing signal SIGTERM"),
+    ]
+    stacks = stacks_by_rank(ranked)
+    assert set(stacks) == {1} and "in old" not in stacks[1] and "threading.py" in stacks[1]
+    assert innermost_frame(stacks[1]) == "ddp_train.py:210 in inject_failure"
+    assert stacks_by_rank([]) == {} and stacks_by_rank([(None, "Current thread 0x1 (most recent call first):")]) == {}

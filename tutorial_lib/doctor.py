@@ -25,7 +25,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame
+from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
+                     stacks_by_rank)
 from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
@@ -171,7 +172,10 @@ class Diagnosis:
         rows.append(("last step", ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or
                      "no rank logged a step"))
         for r, w in sorted(self.where.items()):
-            rows.append((f"rank {r} was in", w))
+            elsewhere = (self.cause == "collective timeout (hang)" and r != self.rank
+                         and not _COLLECTIVE_FRAME.search(w) and "distributed" not in w)
+            rows.append((f"rank {r} was in", w + (": never reached the collective the others waited in"
+                                                  if elsewhere else "")))
         shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
         rows.append(("suspected cause", self.cause + (f": {_clip(self.evidence)}" if shown else "")))
         rows.append(("fix", self.fix))
@@ -350,9 +354,10 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     evidence_output = output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
 
     tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
-    lines, by_rank = [], {}
+    lines, by_rank, ranked = [], {}, []
     for line in evidence_output.splitlines():
         rank, text = split_rank_prefix(line)
+        ranked.append((rank, text))
         tails.emit(rank, text, show=False)
         by_rank.setdefault(rank, []).append(text)
         if not _NOISE.search(text):
@@ -370,13 +375,15 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
 
     last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
     last_steps = {**_last_steps(run_dir), **last_steps}
-    where = dict(getattr(error, "where", {}) or {}) if timed_out else {}
+    where = dict(getattr(error, "where", {}) or {})
     where = where or {int(rank): w for rank, w in (record.get("where") or {}).items()}
     recovered = recovered and failed
     if not failed:
         return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
 
     failure = failure or RankFailure(rank=None, exit_code=None)
+    if not where and not timed_out:  # the other ranks' stacks, printed when torchrun stopped them (SIGTERM)
+        where = {rank: innermost_frame(stack) for rank, stack in stacks_by_rank(ranked).items() if rank != failure.rank}
     traceback = failure.traceback or ""
     tb_lines = [line for line in traceback.splitlines() if line.strip()]
     error_line = _exception_line(traceback) if traceback else ""

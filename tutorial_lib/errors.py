@@ -55,6 +55,11 @@ class LaunchError(TutorialError):
         returncode: torchrun's exit code.
         failure: the root-cause ``RankFailure`` (first rank that failed), if one could be found.
         output_tail: the last lines of the combined output, for when no rank is to blame.
+        stacks: ``{rank: text}``: the Python stack of every other rank that was still running when it was
+            stopped (torchrun's SIGTERM after the failure; the shipped scripts print it with ``faulthandler``).
+            After a collective timeout the rank that timed out is the *waiting* one: the culprit is the rank
+            whose stack is not in a collective.
+        where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
     """
 
     def __init__(
@@ -66,6 +71,7 @@ class LaunchError(TutorialError):
         returncode: int | None,
         failure: RankFailure | None = None,
         output_tail: list[str] | None = None,
+        stacks: dict[int, str] | None = None,
     ) -> None:
         super().__init__(summary)
         self.summary = summary
@@ -74,6 +80,8 @@ class LaunchError(TutorialError):
         self.returncode = returncode
         self.failure = failure
         self.output_tail = list(output_tail or [])
+        self.stacks = dict(stacks or {})
+        self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}
 
     @property
     def rank(self) -> int | None:
@@ -112,6 +120,9 @@ class LaunchError(TutorialError):
                 lines += ["  " + line for line in self.failure.log_tail]
         elif self.output_tail:
             lines += ["", "Last lines of output:"] + ["  " + line for line in self.output_tail]
+        if self.where and not isinstance(self, LaunchTimeout):
+            lines += ["", "Where the other ranks were when they were stopped:"]
+            lines += [f"  rank {rank}: {place}" for rank, place in sorted(self.where.items())]
         lines += ["", f"Run directory (full logs in logs/, rerun with command.txt): {self.run_dir}"]
         return "\n".join(lines)
 
@@ -133,12 +144,10 @@ class LaunchTimeout(LaunchError):
 
     def __init__(self, summary: str, *, timeout_s: float, last_steps: dict[int, int],
                  stacks: dict[int, str] | None = None, limit: str = "timeout_s", **kwargs) -> None:
-        super().__init__(summary, **kwargs)
+        super().__init__(summary, stacks=stacks, **kwargs)
         self.timeout_s = timeout_s
         self.limit = limit
         self.last_steps = dict(last_steps)
-        self.stacks = dict(stacks or {})
-        self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -148,6 +157,30 @@ class LaunchTimeout(LaunchError):
         for rank, stack in sorted(self.stacks.items()):
             lines += [f"rank {rank}:"] + ["  " + line for line in stack.splitlines()]
         return text + "\n" + "\n".join(lines)
+
+
+_STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+_STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
+
+
+def stacks_by_rank(ranked_lines) -> dict[int, str]:
+    """The last ``faulthandler`` dump of every rank in ``ranked_lines`` (``(rank, text)`` pairs, rank ``None``
+    for torchrun's own lines): ``{rank: text}``, headers and frames as printed (most recent call first)."""
+    blocks: dict[int, list[str]] = {}
+    open_block: dict[int, list[str]] = {}
+    for rank, text in ranked_lines:
+        if rank is None:
+            continue
+        if _STACK_HEADER.match(text):
+            if rank not in open_block:
+                open_block[rank] = []
+                blocks[rank] = open_block[rank]  # a new dump replaces the rank's previous one
+            open_block[rank].append(text)
+        elif rank in open_block and _STACK_BODY.match(text):
+            open_block[rank].append(text)
+        else:
+            open_block.pop(rank, None)
+    return {rank: "\n".join(lines).strip("\n") for rank, lines in sorted(blocks.items())}
 
 
 _NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')

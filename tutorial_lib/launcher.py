@@ -37,7 +37,7 @@ import pandas as pd
 import psutil
 
 from .devices import DevicePlan, check_positive_int, resolve_device
-from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame
+from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame, stacks_by_rank
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
@@ -706,11 +706,19 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
             reason = explain_agent_failure("\n".join(transcript), spec, nodes)
             summary += f": {reason}" if reason else ""
-        safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary)
+        # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
+        # collective timeout the failing rank is the one that waited, and these show where the culprit was.
+        stacks = {rank: stack for rank, stack in stacks_by_rank(ranked).items()
+                  if failure is None or rank != failure.rank}
+        where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+        if where:
+            summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))
+        safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary.split("; when stopped")[0])
         (run_dir / "run.json").write_text(json.dumps({**shape, "status": "failed", "returncode": returncode,
-                                                       "wall_time_s": wall_time_s, "summary": summary}))
+                                                       "wall_time_s": wall_time_s, "summary": summary,
+                                                       "where": {str(r): w for r, w in where.items()}}))
         error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
-                            output_tail=transcript[-30:])
+                            output_tail=transcript[-30:], stacks=stacks)
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
         raise error
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")

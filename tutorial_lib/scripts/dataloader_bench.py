@@ -135,6 +135,9 @@ if __name__ == "__main__":
     # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
     # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # SIGTERM, which torchrun sends the other ranks when one fails, prints the stack too, then terminates
+    # as before (chain=True): the rank that caused a collective timeout shows where it was.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
     # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
     # for a run that finished (0) or failed with a Python error (1).
