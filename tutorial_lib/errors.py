@@ -183,6 +183,21 @@ def stacks_by_rank(ranked_lines) -> dict[int, str]:
     return {rank: "\n".join(lines).strip("\n") for rank, lines in sorted(blocks.items())}
 
 
+def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
+    """``stacks_by_rank`` over torchrun's per-rank ``stderr.log`` files of its last attempt (one node: local rank
+    = rank), for dumps that reached the file but not torchrun's ``--tee`` copy before it exited."""
+    attempts = [p for p in Path(log_dir).glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
+    if not attempts:
+        return {}
+    last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
+    ranked = []
+    for path in sorted(last.glob("*/stderr.log")):
+        if path.parent.name.isdigit():
+            rank = int(path.parent.name)
+            ranked += [(rank, line) for line in path.read_text(errors="replace").splitlines()]
+    return stacks_by_rank(ranked)
+
+
 _NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')
 
 
