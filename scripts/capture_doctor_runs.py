@@ -6,8 +6,9 @@
 
 Each failure the notebooks make on purpose (``CASES``: name -> a regular expression over the run's
 ``command.txt``) is copied to ``tests/fixtures/run_dirs/torch-<major.minor>/<case>/`` with only what the doctor
-reads: ``command.txt``, ``run.json``, ``output.log``, ``metrics/*.jsonl`` and torchrun's ``error.json`` files
-(no checkpoints, scripts or per-rank log copies). The error files' modification times, which the doctor uses to
+reads: ``command.txt``, ``run.json``, ``output.log``, ``metrics/*.jsonl``, torchrun's ``error.json`` files and each
+rank's ``stderr.log`` (which also keeps the per-rank folders of every attempt)
+(no checkpoints, scripts or stdout copies). The error files' modification times, which the doctor uses to
 order failures, do not survive git: ``mtimes.json`` keeps them (nanoseconds after the first) and
 ``tests/test_doctor_versions.py`` restores them before diagnosing. The torch version is the one this
 interpreter imports (run the script with the venv that ran the workbook).
@@ -41,7 +42,7 @@ CASES = {
     "07-crashing-rank": r"--fail-mode raise",
     "07-out-of-memory": r"--fail-mode oom",
 }
-KEEP = ("command.txt", "run.json", "output.log", "metrics/*.jsonl", "logs/**/error.json")
+KEEP = ("command.txt", "run.json", "output.log", "metrics/*.jsonl", "logs/**/error.json", "logs/**/stderr.log")
 
 
 def find_runs(runs_dir: Path) -> dict[str, Path]:

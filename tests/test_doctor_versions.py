@@ -95,3 +95,23 @@ def test_a_restarted_run_that_finished_names_what_it_recovered_from():
     assert text.splitlines()[0].startswith("recovered") and "finished after torchrun restarted the group" in text
     assert "before the restart: rank 1 first, exit code -9 (SIGKILL)" in text
     assert "killed by SIGKILL in the middle of the step-6 save" in text, "evidence from before the restart"
+
+
+RACES = FIXTURES / "races"
+
+
+def test_a_restart_that_reported_only_the_peer_still_names_the_rank_that_died(tmp_path):
+    """torch 2.8, under load: torchrun saw rank 0's lost connection first and reported only it ('failed (exitcode:
+    1) local_rank: 0'); rank 1, SIGKILLed in the save, left neither an error file nor an exit code."""
+    run_dir = Path(shutil.copytree(RACES / "torch-2.8-restart-reports-only-the-peer", tmp_path / "run"))
+    d = tl.diagnose(run_dir)
+    assert d.recovered and d.rank == 1 and d.exit_code is None and d.cause == "died without a Python error", str(d)
+    assert d.evidence.endswith("killed by SIGKILL in the middle of the step-6 save") and "(07" in d.fix
+
+
+def test_when_both_ranks_time_out_the_one_with_a_reported_exit_code_is_named(tmp_path):
+    """torch 2.8: both ranks' collectives timed out within the same millisecond; torchrun SIGTERMed rank 0 after it
+    wrote its error file and reported only rank 1's exit code. The named rank comes with its exit code."""
+    run_dir = Path(shutil.copytree(RACES / "torch-2.8-both-time-out-one-reported", tmp_path / "run"))
+    d = tl.diagnose(run_dir)
+    assert (d.rank, d.exit_code, d.cause) == (1, 1, "collective timeout (hang)"), str(d)

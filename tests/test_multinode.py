@@ -169,10 +169,23 @@ def test_a_timeout_shows_where_every_rank_was(run_root):
 
 
 @pytest.mark.integration
-def test_a_script_without_faulthandler_is_not_signalled(run_root, tmp_path):
+def test_a_script_that_resets_sigusr1_is_not_signalled(run_root, tmp_path):
+    """The rank runner registers faulthandler for every script; one that puts SIGUSR1 back to its default
+    action (which would kill it) is not sent the signal: the launcher checks /proc first."""
+    script_dir = tl.new_run_dir("sleeper", run_root)
+    script = script_dir / "sleeper.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_DFL)\n"
+                      "print('sleeping', flush=True)\ntime.sleep(60)\n")
+    with pytest.raises(tl.LaunchTimeout) as info:
+        tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=1, timeout_s=6, shutdown_grace_s=2))
+    assert info.value.stacks == {} and "where each rank was" not in info.value.summary
+
+
+@pytest.mark.integration
+def test_a_learners_script_without_faulthandler_still_shows_its_stack(run_root, tmp_path):
     script_dir = tl.new_run_dir("sleeper", run_root)
     script = script_dir / "sleeper.py"
     script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
     with pytest.raises(tl.LaunchTimeout) as info:
         tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=1, timeout_s=6, shutdown_grace_s=2))
-    assert info.value.stacks == {} and "where each rank was" not in info.value.summary
+    assert info.value.where == {0: "sleeper.py:3 in <module>"}, info.value.where

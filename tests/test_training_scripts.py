@@ -35,7 +35,7 @@ def test_script_follows_the_conventions(name):
     assert "destroy_process_group()" in source and "finally:" in source
     assert 'if __name__ == "__main__":' in source and "timeout=" in source
     epilogue = source.split('if __name__ == "__main__":')[1]
-    assert "os._exit(exit_code)" in epilogue and "traceback.print_exc()" in epilogue, "errors leave via os._exit too"
+    assert epilogue.strip() == "main()", "no exit workaround of its own: the launcher's rank runner leaves cleanly"
 
 
 def test_a_failing_script_exits_with_1_and_its_traceback(tmp_path):
@@ -98,15 +98,16 @@ def test_every_script_runs_as_plain_python(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_scripts_exit(name, tmp_path):
-    """NCCL writes its INFO lines with C stdio, block-buffered when torchrun sends stdout to a file; the scripts
-    leave through os._exit, which would drop them: they flush C stdio first. Here a C printf stands in for NCCL
-    and ``--help`` takes the script's own exit path. Without PYTHONUNBUFFERED (which the launcher sets, and which
-    makes C stdio unbuffered too), as under a learner's own torchrun."""
+def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_rank_runners_exit(name, tmp_path):
+    """NCCL writes its INFO lines with C stdio, block-buffered when torchrun sends stdout to a file; the rank runner
+    leaves through os._exit, which would drop them: it flushes C stdio first. Here a C printf stands in for NCCL
+    and ``--help`` ends the script. Without PYTHONUNBUFFERED (which the launcher sets, and which makes C stdio
+    unbuffered too), as under a learner's own torchrun."""
+    from tutorial_lib.launcher import RANK_RUNNER
     code = ("import ctypes, runpy, sys\n"
             "ctypes.CDLL(None).printf(b'C stdio line, as NCCL INFO writes it\\n')\n"
-            f"sys.argv = [{name + '.py'!r}, '--help']\n"
-            f"runpy.run_path({str(SCRIPTS_DIR / (name + '.py'))!r}, run_name='__main__')\n")
+            f"sys.argv = [{str(RANK_RUNNER)!r}, {str(SCRIPTS_DIR / (name + '.py'))!r}, '--help']\n"
+            f"runpy.run_path({str(RANK_RUNNER)!r}, run_name='__main__')\n")
     out = tmp_path / "stdout.log"
     with open(out, "w") as stdout:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}

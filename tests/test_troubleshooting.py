@@ -103,6 +103,8 @@ FIXTURES = {
     "python exception": (["[default0]:RuntimeError: Connection closed by peer [127.0.0.1]:1234"], 1, 1,
                          traceback_of("ValueError: bad batch shape (3, 5)"), "Python exception (ValueError)"),
     "sigkill": (["[default1]:step 2/50 loss 0.1"], 1, -9, "", "killed by SIGKILL"),
+    "abort at exit": (["[default1]:step 20/20 loss 0.1", "[default1]:terminate called without an active exception",
+                       "[default1]:Fatal Python error: Aborted"], 1, -6, "", "abort at interpreter exit"),
     "sigsegv": (["[default0]:Fatal Python error: Segmentation fault", "[default0]:",
                  "[default0]:Current thread 0x00007f4a (most recent call first):",
                  '[default0]:  File "/site-packages/torch/nn/parallel/distributed.py", line 1473 in _ddp_init_helper',

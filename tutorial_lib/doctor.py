@@ -62,6 +62,12 @@ CAUSES = (
           "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
           "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
           "(07, section 1 'Hang')"),
+    # A rank that finished its work and then died in the interpreter's teardown: a gloo thread aborts while the
+    # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
+    Cause("abort at interpreter exit", re.compile(r"terminate called without an active exception"),
+          "the script had returned: gloo aborted the process during Python's teardown, not your code; the "
+          "launcher's rank runner leaves with os._exit after flushing (tutorial_lib/rank_runner.py), do the same at "
+          "the end of a script you run with plain torchrun (07, section 2 'A crashing rank')"),
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
           "(01, section 6 'A parameter without a gradient')"),
@@ -93,6 +99,9 @@ _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNC
 _P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
              "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
              "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access")
+_NO_ERROR_FIX = ("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
+                 "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
+                 "lines say what it was doing (07, section 4 'Out of memory')")
 _HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
              "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
              "(07, section 1 'Hang')")
@@ -124,6 +133,7 @@ class Diagnosis:
         last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
         cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
+            ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
             ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"unknown"``,
             or ``"none"`` for a run that finished).
         evidence: the line that points to the cause.
@@ -432,6 +442,13 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     elif diagnosis.signal is not None:
         diagnosis.cause = f"killed by {diagnosis.signal}"
         diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
+        diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
+            (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
+    elif failure.rank is not None and not traceback and failure.exit_code is None:
+        # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
+        # peers failed on the lost connection: the rank died outside Python.
+        diagnosis.cause = "died without a Python error"
+        diagnosis.fix = _NO_ERROR_FIX
         diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
             (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
     else:

@@ -56,7 +56,8 @@ class LaunchError(TutorialError):
         failure: the root-cause ``RankFailure`` (first rank that failed), if one could be found.
         output_tail: the last lines of the combined output, for when no rank is to blame.
         stacks: ``{rank: text}``: the Python stack of every other rank that was still running when it was
-            stopped (torchrun's SIGTERM after the failure; the shipped scripts print it with ``faulthandler``).
+            stopped (torchrun's SIGTERM after the failure; every rank prints it with ``faulthandler``, set up by
+            ``tutorial_lib/rank_runner.py``, which runs each rank's script).
             After a collective timeout the rank that timed out is the *waiting* one: the culprit is the rank
             whose stack is not in a collective.
         where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
@@ -137,8 +138,8 @@ class LaunchTimeout(LaunchError):
         last_steps: the last metric step each rank reported, ``{rank: step}`` (ranks that reported
             nothing are absent), which shows which rank stopped making progress.
         stacks: ``{rank: text}``: each rank's Python stack at the timeout, as ``faulthandler`` prints it
-            (most recent call first), for scripts that register it for SIGUSR1 (every shipped script
-            does); empty for scripts that do not.
+            (most recent call first), for ranks that catch SIGUSR1 (every rank the launcher starts: its runner
+            registers ``faulthandler`` before the script runs); empty where none answered.
         where: ``{rank: "file:line in function"}``: the innermost frame of each rank's main thread.
     """
 

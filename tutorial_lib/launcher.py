@@ -203,13 +203,20 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
+# Every rank runs its script through this file (``python -u rank_runner.py SCRIPT ARGS``): exactly what
+# ``python SCRIPT ARGS`` does, then a clean exit past gloo's teardown abort, stacks on SIGUSR1/SIGTERM, and
+# death with torchrun. See its docstring.
+RANK_RUNNER = Path(__file__).resolve().with_name("rank_runner.py")
+
+
 def build_command(script: str | os.PathLike, args: Sequence[object], plan: DevicePlan, *, master_port: int,
                   log_dir: str | os.PathLike, max_restarts: int = 0, python: str | None = None,
                   nnodes: int = 1, rendezvous_id: str = "tutorial_lib", rendezvous_timeout_s: float = 60.0) -> list[str]:
     """The torchrun argv of one node on loopback; pure (launches nothing).
 
     ``--tee 3`` copies each worker's stdout and stderr to ``log_dir`` and to torchrun's stdout with a
-    ``[default<local_rank>]:`` prefix, written a whole line at a time. The rendezvous:
+    ``[default<local_rank>]:`` prefix, written a whole line at a time. Each worker runs ``RANK_RUNNER SCRIPT ARGS``
+    (``tutorial_lib/rank_runner.py``: the script as ``python SCRIPT ARGS`` runs it, then a clean exit). The rendezvous:
 
     * one node, no restarts: static (``--master-addr``/``--master-port``);
     * one node with ``max_restarts > 0``: ``c10d`` on ``127.0.0.1:master_port``. The static rendezvous
@@ -236,7 +243,7 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
         "--max-restarts", str(max_restarts),
         "--log-dir", str(log_dir),
         "--tee", "3",
-        str(script), *map(str, args),
+        str(RANK_RUNNER), str(script), *map(str, args),
     ]
 
 
@@ -374,14 +381,23 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     # SIGTERM torchrun sends to stop the others) writes no error file; its peers then fail on the lost
     # connection and do write one. If every error file is such a lost connection, the killed rank is the cause.
     killed = [r for r, (_, code) in exit_codes.items() if code in _FATAL_SIGNAL_EXIT_CODES and r not in error_files]
-    if killed and (error_files or root_local_rank is None) and all(
-            _PEER_LOST.search(_read_error_file(f)) for f in error_files.values()):
+    all_lost = all(_PEER_LOST.search(_read_error_file(f)) for f in error_files.values())
+    if not killed and error_files and all_lost:
+        # torchrun reports only the failures it saw first (one line when it restarts the group): a rank that left
+        # neither an error file nor an exit code while every error file is a lost connection is the one that died.
+        attempt_dir = next(iter(error_files.values())).parent.parent
+        killed = sorted(int(p.name) for p in attempt_dir.iterdir()
+                        if p.name.isdigit() and int(p.name) not in error_files and int(p.name) not in exit_codes)
+    if killed and (error_files or root_local_rank is None) and all_lost:
         root_local_rank, error_files = killed[0], {}
     if error_files and (root_local_rank is None or root_local_rank in error_files):
         exited = [r for r in error_files if exit_codes.get(r, (r, 1))[1] > 0] or list(error_files)
         # A rank that failed on its own beats one that failed because that rank's exit broke the
         # connection: the latter can write its file first (e.g. while the other runs its cleanup).
         own = [r for r in exited if not _PEER_LOST.search(_read_error_file(error_files[r]))] or exited
+        # Among those, ranks whose exit code torchrun reported come first: one it SIGTERMed while it was
+        # failing (both ranks' collectives timed out in the same millisecond) has none.
+        own = [r for r in own if r in exit_codes] or own
         local_rank = min(own, key=lambda r: error_files[r].stat().st_mtime_ns)
     elif root_local_rank is not None:
         local_rank = root_local_rank

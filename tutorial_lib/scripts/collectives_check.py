@@ -14,17 +14,13 @@ Only torch and the Python standard library are used.
 """
 
 import argparse
-import ctypes
-import faulthandler
 import json
 import os
-import signal
 import socket
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -157,28 +153,4 @@ def main():
 
 
 if __name__ == "__main__":
-    # SIGUSR1 prints every thread's Python stack to stderr: the launcher asks for it before it stops
-    # a job that ran past its timeout, to show where each rank was stuck (also: kill -USR1 <pid>).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # SIGTERM, which torchrun sends the other ranks when one fails, prints the stack too, then terminates
-    # as before (chain=True): the rank that caused a collective timeout shows where it was.
-    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    # Leave with os._exit, skipping the interpreter's teardown: a gloo thread can abort the process
-    # there (SIGABRT) even after destroy_process_group(), and torchrun would then report exit code -6
-    # for a run that finished (0) or failed with a Python error (1).
-    exit_code = 1
-    try:
-        main()
-        exit_code = 0
-    except SystemExit as e:  # argparse's usage errors (2) and messages passed to SystemExit
-        if isinstance(e.code, int) or e.code is None:
-            exit_code = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()  # what the interpreter would print; @record already wrote the error file
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines): os._exit drops what it holds
-        os._exit(exit_code)
+    main()
