@@ -30,6 +30,7 @@ import nbformat
 import pytest
 
 from conftest import job_processes
+from tutorial_lib.processes import set_parent_death_signal
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -90,8 +91,11 @@ class Lab:
         if os.geteuid() == 0:
             command.append("--allow-root")
         self.log = open(log_path, "w")
+        # If pytest itself is killed (a CI time limit), the server gets SIGTERM and shuts its kernels down, whose
+        # launches stop their jobs: nothing of this test outlives the test process.
         self.proc = subprocess.Popen(command, env=env, cwd=notebook_dir, stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=set_parent_death_signal)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def api(self, path: str):

@@ -6,6 +6,8 @@ These run in CI with the rest (about 4 minutes on 2 cores); `-m "not reliability
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -250,3 +252,57 @@ def test_a_kill_during_a_save_never_costs_the_previous_checkpoint(run_root, tria
     assert (resumed.metrics()["resumed_from_step"] == fail_step - 1).all()
     assert tl.latest_checkpoint(folder).name == "step-4"
     assert not wait_no_job_processes(str(run_root))
+
+
+# --- 6. the test process killed from outside (a CI time limit): what its tests started dies with it -------------
+
+INNER_TEST = '''
+import os, sys, textwrap
+from pathlib import Path
+import tutorial_lib as tl
+from jupyter_client.manager import start_new_kernel
+
+MARKERS = Path(os.environ["MARKERS"])
+SLEEPER = textwrap.dedent("""
+    import os, pathlib, time
+    pathlib.Path(os.environ["MARKERS"], str(os.getpid())).write_text("asleep")
+    time.sleep(600)
+""")
+
+def test_a_kernel_and_the_suite_itself_launch_jobs(tmp_path):
+    for name in ("kernel_job", "suite_job"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sleeper.py").write_text(SLEEPER)
+    km, kc = start_new_kernel(kernel_name="python3")  # as papermill and nbval start theirs
+    (MARKERS / f"kernel-{km.provisioner.process.pid}").write_text("started")
+    kc.execute("import tutorial_lib as tl; tl.launch(tl.LaunchSpec(%r, device='cpu', timeout_s=600, live='off'))"
+               % str(tmp_path / "kernel_job" / "sleeper.py"))
+    tl.launch(tl.LaunchSpec(tmp_path / "suite_job" / "sleeper.py", device="cpu", timeout_s=600, live="off"))
+'''
+
+
+@pytest.mark.integration
+def test_killing_the_test_process_leaves_nothing_of_what_its_tests_started(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "test_inner.py").write_text(INNER_TEST)
+    env = {**os.environ, "MARKERS": str(markers)}
+    inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                              "--rootdir", str(tmp_path / "inner"), str(tmp_path / "inner" / "test_inner.py")],
+                             cwd=tmp_path / "inner", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300  # a guard against a broken inner run, not a speed assumption
+        while len(list(markers.iterdir())) < 5:  # the kernel, and both jobs' two ranks asleep: the state we need
+            assert inner.poll() is None and time.monotonic() < deadline, "the inner test run ended or never started"
+            time.sleep(0.2)
+        ranks = [psutil.Process(int(p.name.removeprefix("kernel-"))) for p in markers.iterdir()]
+        inner.kill()  # as a CI time limit does: no chance to clean up
+        inner.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=60)
+        alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"the kernel or ranks outlived the killed test process: {[p.pid for p in alive]}"
+        assert not wait_no_job_processes(str(tmp_path), within_s=60), "torchrun or a kernel outlived it"
+    finally:
+        if inner.poll() is None:
+            inner.kill()
