@@ -15,6 +15,12 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                timed-out ones, and ``tl.run_in_process`` runs) [<= 1.3]
     gpu        when CUDA exists: nccl all_reduce bus bandwidth for a size sweep, bf16 vs fp32 step time,
                FSDP2 vs DDP peak allocated memory per GPU
+    soak       (only when asked: ``--only soak``, about 40 minutes at the defaults) ``--soak-launches`` back-to-back
+               launches of a short lesson script and as many of a plain script that ends the way the seeds'
+               do (``destroy_process_group()`` and return): spurious failures [<= 0], and every exit abort
+               (``terminate called without an active exception``) seen in the ranks' output, named; then the
+               failures notebooks 02, 05, 06 and 07 make, ``--soak-repeats`` times each: the number of
+               different diagnoses per failure [<= 1]
 Machine load distorts every ratio: run it on an otherwise idle machine.
 """
 
@@ -40,7 +46,8 @@ import torch  # noqa: E402
 import tutorial_lib as tl  # noqa: E402
 from tutorial_lib.launcher import build_command, build_env, free_port  # noqa: E402
 
-SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu")
+SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu", "soak")
+DEFAULT_SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu")  # soak only when asked for
 
 
 def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
@@ -159,14 +166,116 @@ def bench_gpu(root: Path) -> list[dict]:
     return rows
 
 
+PLAIN_SCRIPT = """\
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(32, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    loss = model(torch.randn(8, 32)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+"""
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def soak_launches(root: Path, launches: int) -> list[dict]:
+    """Back-to-back launches that must all pass: a lesson script, and a plain script written as a learner would."""
+    rows = []
+    for kind in ("lesson script (ddp_train.py, 3 steps)", "plain script ending with destroy_process_group()"):
+        failures, aborts, start = [], [], time.monotonic()
+        for i in range(launches):
+            try:
+                if kind.startswith("lesson"):
+                    result = tl.run_script("ddp_train", ["--max-steps", 3], runs_dir=root, label=f"soak-lesson{i}",
+                                           device="cpu", nproc_per_node=2, live="off", timeout_s=300)
+                else:
+                    run_dir = tl.new_run_dir(f"soak-plain{i}", root)
+                    (run_dir / "plain.py").write_text(PLAIN_SCRIPT)
+                    result = tl.launch(tl.LaunchSpec(run_dir / "plain.py", device="cpu", live="off", timeout_s=300))
+                run_dir = result.run_dir
+            except tl.LaunchError as e:
+                failures.append(f"{e.run_dir.name}: {tl.diagnose(e).cause}")
+                run_dir = e.run_dir
+            if EXIT_ABORT in (run_dir / "output.log").read_text(errors="replace"):
+                aborts.append(run_dir.name)
+        note = (f"{launches} launches in {time.monotonic() - start:.0f} s; exit aborts seen: {len(aborts)}"
+                + (f" ({', '.join(aborts[:5])})" if aborts else "") + (f"; failures: {failures[:5]}" if failures else ""))
+        print(f"[bench] soak, {kind}: {note}", flush=True)
+        rows.append(row(f"soak: spurious failures in {launches} launches, {kind}", len(failures), 0, "count", note))
+    return rows
+
+
+def failure_matrix(root: Path, repeats: int) -> list[dict]:
+    """The failures notebooks 02, 05, 06 and 07 make on purpose, each ``repeats`` times: the doctor's verdicts."""
+    import socket
+    cpu = dict(runs_dir=root, device="cpu", nproc_per_node=2, live="off", timeout_s=120)
+    fail = ["--max-steps", 6, "--log-every", 1, "--fail-rank", 1, "--fail-step", 2]
+    ckpt = ["--max-steps", 12, "--hidden-dim", 256, "--strategy", "fsdp2"]
+    cases = {
+        "02 uneven inputs without Join": lambda: tl.run_script("uneven_inputs", ["--pg-timeout-s", 3], **cpu),
+        "05 rank-0-only FSDP save": lambda: tl.run_script("checkpoint_train", [*ckpt, "--format", "full", "--save-mode",
+                                                          "rank0-only", "--max-steps", 1, "--save-every", 1,
+                                                          "--pg-timeout-s", 3], **cpu),
+        "05 rank killed during a save, restarted": lambda: tl.run_script(
+            "checkpoint_train", [*ckpt, "--format", "dcp", "--save-every", 3, "--fail-rank", 1, "--fail-step", 6,
+                                 "--fail-mode", "kill-during-save", "--resume", "latest"], max_restarts=1, **cpu),
+        "06 a node that never starts": lambda: tl.run_script("collectives_check", [], **{**cpu, "nproc_per_node": 1},
+                                                             nnodes=2, start_nodes=[0], rendezvous_timeout_s=5),
+        "06 a taken port": None,  # below: holds a port while it runs
+        "07 hang, no-progress limit": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "hang", "--pg-timeout-s",
+                                                            600], stall_timeout_s=5, **cpu),
+        "07 hang, 3 s collective timeout": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "hang",
+                                                                 "--pg-timeout-s", 3], **cpu),
+        "07 skipped collective": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "skip-collective",
+                                                       "--pg-timeout-s", 600], **cpu),
+        "07 mismatch under DETAIL": lambda: tl.run_script("collective_mismatch", ["--skip-rank", 1, "--skip-step", 2,
+                                                          "--max-steps", 4], env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+                                                          **cpu),
+        "07 crashing rank": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "raise"], **cpu),
+        "07 out of memory": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "oom"], **cpu),
+    }
+
+    def taken_port():
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            return tl.run_script("collectives_check", [], master_port=held.getsockname()[1], **cpu)
+
+    cases["06 a taken port"] = taken_port
+    rows = []
+    for name, run in cases.items():
+        verdicts = []
+        for _ in range(repeats):
+            try:
+                result = run()
+                d = tl.diagnose(result.run_dir)
+            except tl.LaunchError as e:
+                d = tl.diagnose(e)
+            verdicts.append(d.cause + (" (recovered)" if d.recovered else ""))
+        counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+        note = "; ".join(f"{v}: {n}/{repeats}" for v, n in counts.items())
+        print(f"[bench] failure matrix, {name}: {note}", flush=True)
+        rows.append(row(f"soak: different diagnoses, {name}", len(counts), 1, "count", note))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS))
+    parser.add_argument("--soak-launches", type=int, default=200, help="soak: launches of each script (count)")
+    parser.add_argument("--soak-repeats", type=int, default=10, help="soak: runs of each notebook failure (count)")
     parser.add_argument("--reps", type=int, default=5, help="alternating repetitions per timed pair (count)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table as JSON here")
     args = parser.parse_args()
-    if args.reps < 1:
-        parser.error(f"--reps must be >= 1, got {args.reps}")
+    for name in ("reps", "soak_launches", "soak_repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     os.environ.setdefault("TUTORIAL_LIB_LIVE", "off")
     header = {"date": datetime.now().isoformat(timespec="minutes"), "machine": platform.node(),
               "cpu_cores": os.cpu_count(), "load_average_1min": os.getloadavg()[0], "torch": torch.__version__,
@@ -179,7 +288,9 @@ def main() -> int:
             start = time.monotonic()
             fn = {"launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
                   "memory": lambda: bench_memory(root), "workbook": lambda: bench_workbook(root),
-                  "gpu": lambda: bench_gpu(root)}[section]
+                  "gpu": lambda: bench_gpu(root),
+                  "soak": lambda: soak_launches(root, args.soak_launches) + failure_matrix(root, args.soak_repeats),
+                  }[section]
             rows += fn()
             print(f"[bench] {section} done in {time.monotonic() - start:.0f} s", flush=True)
     width = max(len(r["benchmark"]) for r in rows)

@@ -71,7 +71,7 @@ def test_sigterm_prints_the_stack_then_terminates_as_before(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, "the default action still ends the process"
-    assert "Current thread 0x" in stderr and "line 5 in inject_failure" in stderr
+    assert "Current thread 0x" in stderr and "in inject_failure" in stderr  # line 4 or 5: print or sleep
 
 
 def test_a_rank_dies_with_its_parent(tmp_path):

@@ -49,12 +49,19 @@ class NoiseFilter:
 def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]:
     """Split a torchrun ``--tee`` line into ``(rank, text)``; ``rank`` is ``None`` for torchrun's own lines.
 
-    ``rank_offset`` is added to the local rank (the node's first global rank; 0 on one node).
+    ``rank_offset`` is added to the local rank (the node's first global rank; 0 on one node). The ``[rankN]:``
+    that torch.distributed's ``sys.excepthook`` puts before each traceback line of rank N is dropped.
     """
     m = _PREFIX.match(line)
     if m is None:
         return None, line
-    return int(m.group("local_rank")) + rank_offset, m.group("text")
+    rank, text = int(m.group("local_rank")) + rank_offset, m.group("text")
+    # torch.distributed's excepthook prefixes every traceback line with "[rankN]:" itself: said once is enough.
+    torch_prefix = f"[rank{rank}]:"
+    if text.startswith(torch_prefix):
+        text = text[len(torch_prefix):]
+        text = text[1:] if text.startswith(" ") else text
+    return rank, text
 
 
 class ThrottledPrinter:

@@ -77,7 +77,9 @@ class ProcessTree:
                 pass
         with self._lock:
             for child in children:
-                if child.pid in self._seen:
+                # A child seen between torchrun's fork and its exec still has torchrun's environment (no RANK):
+                # read it again at the next refresh, or that rank would never be sampled or asked for its stack.
+                if child.pid in self._seen and self._seen[child.pid].rank is not None:
                     continue
                 rank = None
                 try:

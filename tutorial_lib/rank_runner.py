@@ -29,7 +29,6 @@ import os
 import runpy
 import signal
 import sys
-import traceback
 
 _PR_SET_PDEATHSIG = 1
 
@@ -55,6 +54,14 @@ def _flush() -> None:
         pass
 
 
+def _script_frames(tb):
+    """The traceback from the script's first frame on: without this file's and runpy's, as ``python`` prints it."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return tb
+
+
 def run(argv: list[str]) -> int:
     """Run ``argv[0]`` as ``__main__`` with ``argv`` as ``sys.argv``; the exit status ``python`` would give."""
     script = os.path.abspath(argv[0])
@@ -69,11 +76,11 @@ def run(argv: list[str]) -> int:
         else:
             print(e.code, file=sys.stderr)
             code = 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as e:
+        sys.excepthook(type(e), e, _script_frames(e.__traceback__))
         code = -int(signal.SIGINT)
-    except BaseException:  # noqa: BLE001 - what the interpreter prints for an uncaught exception
-        sys.excepthook(*sys.exc_info())
+    except BaseException as e:  # noqa: BLE001 - what the interpreter prints for an uncaught exception
+        sys.excepthook(type(e), e, _script_frames(e.__traceback__))  # torch.distributed's hook adds "[rankN]:"
         code = 1
     atexit._run_exitfuncs()  # what the interpreter runs before its teardown
     return code
