@@ -149,3 +149,12 @@ def test_live_view_in_a_kernel_updates_in_place_and_ends_with_the_plot(tmp_path,
         assert progress[0].startswith("rank 0: step 30/30") and "finished in" in progress[0]
         assert sum(o.output_type == "stream" for o in outputs) >= 1
     assert all(o.output_type != "error" for o in outputs)
+
+
+@pytest.mark.parametrize("stem", ["01_ddp", "02_data_and_accumulation", "04_fsdp", "05_checkpointing"])
+def test_lessons_about_ranks_run_on_two_cpu_ranks_where_one_gpu_would_make_them_trivial(stem):
+    """Issue 15 item 10: on one GPU, 1/N = 1 and DDP = one process; these notebooks say so and use 2 CPU ranks."""
+    nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+    setup = next(c.source for c in nb.cells if c.cell_type == "code" and "tl.resolve_device(DEVICE, NPROC)" in c.source)
+    assert "if plan.nproc_per_node < 2:" in setup and 'plan = tl.resolve_device("cpu", 2)' in setup
+    assert "this lesson runs on 2 CPU ranks instead" in setup
