@@ -309,3 +309,21 @@ def test_a_rank_first_seen_between_fork_and_exec_is_recognised_after_its_exec(tm
             child.kill()
         root.kill()
         root.wait()
+
+
+def test_the_screen_skips_stack_dumps_and_always_shows_the_error_line():
+    """The dumps stay in output.log (the error says where each rank was); an exception line beats the line budget."""
+    import io
+
+    from tutorial_lib.output import NoiseFilter
+    noise = NoiseFilter()
+    lines = [(0, "step 1"), (0, "Current thread 0x01 (most recent call first):"), (0, '  File "a.py", line 3 in f'),
+             (0, ""), (0, "Thread 0x02 (most recent call first):"), (0, '  File "b.py", line 1 in g'), (0, "step 2")]
+    assert [t for r, t in lines if not noise.hide(r, t)] == ["step 1", "step 2"]
+    out = io.StringIO()
+    printer = ThrottledPrinter(out, max_lines_per_s=1)  # a budget of 2 lines
+    for i in range(10):
+        printer.emit(0, f"line {i}")
+    printer.emit(1, "RuntimeError: injected failure on rank 1 at step 2")
+    shown = out.getvalue()
+    assert "line 9" not in shown and "[rank 1] RuntimeError: injected failure on rank 1 at step 2" in shown

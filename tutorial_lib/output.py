@@ -28,13 +28,32 @@ def is_noise(text: str) -> bool:
     return _VERSION_NOISE.search(text) is not None
 
 
+_STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+_STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
+# The line that says what went wrong: shown even when the screen's line budget is spent.
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b.*: |^Fatal Python error")
+
+
 class NoiseFilter:
-    """``hide(rank, text)``: True for version noise, and for the source line Python prints under a noisy warning."""
+    """``hide(rank, text)``: True for lines the screen does without (``output.log`` keeps them all).
+
+    Version noise; the source line Python prints under a noisy warning; and ``faulthandler`` stack dumps (the
+    ranks print them when the launcher asks at a timeout and when torchrun stops them after a failure): the
+    error the launch raises, its failure box and the doctor say where each rank was, in one line per rank.
+    """
 
     def __init__(self) -> None:
         self._after_warning: set[int | None] = set()
+        self._in_dump: set[int | None] = set()
 
     def hide(self, rank: int | None, text: str) -> bool:
+        if rank is not None and _STACK_HEADER.match(text):
+            self._in_dump.add(rank)
+            return True
+        if rank in self._in_dump:
+            if _STACK_BODY.match(text):
+                return True
+            self._in_dump.discard(rank)
         if rank in self._after_warning:
             self._after_warning.discard(rank)
             if text.startswith("  "):
@@ -93,10 +112,10 @@ class ThrottledPrinter:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.last_refill) * self.rate)
         self.last_refill = now
-        if self.tokens < 1:
+        if self.tokens < 1 and not _ERROR_LINE.match(text):  # an error line always gets through
             self.suppressed += 1
             return
-        self.tokens -= 1
+        self.tokens = max(0.0, self.tokens - 1)
         self.flush_suppressed()
         label = "torchrun" if rank is None else f"rank {rank}"
         self._stream().write(f"[{label}] {text}\n")
