@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
-                     stacks_by_rank, stacks_from_rank_logs)
+                     stopped_ranks_stacks)
 from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import ThrottledPrinter, split_rank_prefix
@@ -393,10 +393,9 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
 
     failure = failure or RankFailure(rank=None, exit_code=None)
     if not where and not timed_out:  # the other ranks' stacks, printed when torchrun stopped them (SIGTERM)
-        found = stacks_by_rank(ranked)
-        if not any((run_dir / "logs").glob("node*")):  # one node: the ranks' own stderr.log files too
-            found = {**stacks_from_rank_logs(run_dir / "logs"), **found}
-        where = {rank: innermost_frame(stack) for rank, stack in sorted(found.items()) if rank != failure.rank}
+        stacks = stopped_ranks_stacks(ranked, run_dir / "logs", one_node=not any((run_dir / "logs").glob("node*")),
+                                      failed_rank=failure.rank)
+        where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
     traceback = failure.traceback or ""
     tb_lines = [line for line in traceback.splitlines() if line.strip()]
     error_line = _exception_line(traceback) if traceback else ""

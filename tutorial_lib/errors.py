@@ -160,8 +160,8 @@ class LaunchTimeout(LaunchError):
         return text + "\n" + "\n".join(lines)
 
 
-_STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
-_STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
+STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
 
 
 def stacks_by_rank(ranked_lines) -> dict[int, str]:
@@ -172,12 +172,12 @@ def stacks_by_rank(ranked_lines) -> dict[int, str]:
     for rank, text in ranked_lines:
         if rank is None:
             continue
-        if _STACK_HEADER.match(text):
+        if STACK_HEADER.match(text):
             if rank not in open_block:
                 open_block[rank] = []
                 blocks[rank] = open_block[rank]  # a new dump replaces the rank's previous one
             open_block[rank].append(text)
-        elif rank in open_block and _STACK_BODY.match(text):
+        elif rank in open_block and STACK_BODY.match(text):
             open_block[rank].append(text)
         else:
             open_block.pop(rank, None)
@@ -197,6 +197,16 @@ def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
             rank = int(path.parent.name)
             ranked += [(rank, line) for line in path.read_text(errors="replace").splitlines()]
     return stacks_by_rank(ranked)
+
+
+def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None) -> dict[int, str]:
+    """The stacks of every rank but ``failed_rank``, as printed when torchrun stopped them (faulthandler on SIGTERM):
+    from the output (``ranked_lines``), and on one node also from the ranks' own ``stderr.log`` files, which keep a
+    dump that reached the file after torchrun's ``--tee`` copy stopped."""
+    found = stacks_by_rank(ranked_lines)
+    if one_node:
+        found = {**stacks_from_rank_logs(log_dir), **found}
+    return {rank: stack for rank, stack in sorted(found.items()) if rank != failed_rank}
 
 
 _NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')

@@ -37,8 +37,8 @@ import pandas as pd
 import psutil
 
 from .devices import DevicePlan, check_positive_int, resolve_device
-from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame, stacks_by_rank,
-                     stacks_from_rank_logs)
+from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame,
+                     stopped_ranks_stacks)
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
@@ -725,10 +725,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             summary += f": {reason}" if reason else ""
         # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
         # collective timeout the failing rank is the one that waited, and these show where the culprit was.
-        found = stacks_by_rank(ranked)
-        if spec.nnodes == 1:  # a dump that reached the rank's log file after torchrun's copy stopped
-            found = {**stacks_from_rank_logs(run_dir / "logs"), **found}
-        stacks = {rank: stack for rank, stack in sorted(found.items()) if failure is None or rank != failure.rank}
+        stacks = stopped_ranks_stacks(ranked, run_dir / "logs", one_node=spec.nnodes == 1,
+                                      failed_rank=failure.rank if failure else None)
         where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
         if where:
             summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))

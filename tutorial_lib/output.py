@@ -14,6 +14,8 @@ import time
 from collections import deque
 from typing import TextIO
 
+from .errors import STACK_BODY, STACK_HEADER
+
 _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*)$")
 # Lines a torch version prints that teach nothing and that the learner cannot act on. They stay in output.log;
 # the cell does not show them. torch 2.8: gloo reports each rank's connections ("[Gloo] Rank 0 is connected to
@@ -28,8 +30,6 @@ def is_noise(text: str) -> bool:
     return _VERSION_NOISE.search(text) is not None
 
 
-_STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
-_STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
 # The line that says what went wrong: shown even when the screen's line budget is spent.
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b.*: |^Fatal Python error")
 
@@ -47,11 +47,11 @@ class NoiseFilter:
         self._in_dump: set[int | None] = set()
 
     def hide(self, rank: int | None, text: str) -> bool:
-        if rank is not None and _STACK_HEADER.match(text):
+        if rank is not None and STACK_HEADER.match(text):
             self._in_dump.add(rank)
             return True
         if rank in self._in_dump:
-            if _STACK_BODY.match(text):
+            if STACK_BODY.match(text):
                 return True
             self._in_dump.discard(rank)
         if rank in self._after_warning:
