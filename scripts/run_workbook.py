@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
+import textwrap
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import papermill as pm
 import yaml
+from jupyter_client.manager import AsyncKernelManager
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -60,6 +63,44 @@ def describe(name: str, message: object, width: int = 100) -> str:
     return f"{name}: {lines[0][:width]}" if lines else f"{name} (no message)"
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ARROW = re.compile(r"^-+> *(\d+) (.*)$")
+
+
+def failing_line(traceback: list[str] | None) -> tuple[int, str] | None:
+    """``(line, source)`` of the cell line that raised, read from papermill's IPython traceback.
+
+    IPython marks it with ``----> N code``; the last such arrow that belongs to the cell (the first frame,
+    ``Cell In[k], line N``) is the cell's own line even when the error came from deeper in a library.
+    Returns ``None`` when the traceback has no arrow (e.g. a kernel that died).
+    """
+    text = ANSI.sub("", "\n".join(traceback or []))
+    for frame in text.split("\n\n"):  # IPython separates frames by a blank line
+        if "Cell In[" in frame:
+            for line in frame.splitlines():
+                m = ARROW.match(line.strip())
+                if m:
+                    return int(m[1]), m[2].strip()
+    return None
+
+
+def clean_traceback(traceback: list[str] | None, max_lines: int = 40) -> str:
+    """IPython's traceback without colour codes, its last ``max_lines`` lines, for the log under the table."""
+    lines = ANSI.sub("", "\n".join(traceback or [])).splitlines()
+    return "\n".join(lines[-max_lines:])
+
+
+class IPCKernelManager(AsyncKernelManager):
+    """A kernel that talks over Unix sockets in the runtime folder, not TCP on localhost.
+
+    Nothing listens on a port, and ipykernel no longer warns that it runs "over TCP without encryption".
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("transport", "ipc")
+        super().__init__(*args, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     parameters = {name: parameter_value(value) for name, value in args.parameter}
@@ -91,9 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         status = "ok"
         try:
             pm.execute_notebook(nb, out_dir / nb.name, parameters=parameters, cwd=str(notebooks_dir),
-                                kernel_name="python3", progress_bar=False, execution_timeout=args.timeout_s)
+                                kernel_name="python3", progress_bar=False, execution_timeout=args.timeout_s,
+                                kernel_manager_class=IPCKernelManager)
         except pm.PapermillExecutionError as e:
-            status = f"FAILED in cell {e.exec_count}: {describe(e.ename, e.evalue)}"
+            where = failing_line(e.traceback)
+            at = f", line {where[0]} ({where[1][:80]})" if where else ""
+            status = f"FAILED in cell {e.exec_count}{at}: {describe(e.ename, e.evalue)}"
+            print(textwrap.indent(clean_traceback(e.traceback), "    | "), flush=True)
         except Exception as e:  # noqa: BLE001 - report and go on with the next notebook
             status = f"FAILED: {describe(type(e).__name__, e)}"
         seconds = time.monotonic() - start

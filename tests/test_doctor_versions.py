@@ -109,6 +109,20 @@ def test_a_restart_that_reported_only_the_peer_still_names_the_rank_that_died(tm
     assert d.evidence.endswith("killed by SIGKILL in the middle of the step-6 save") and "(07" in d.fix
 
 
+def test_a_warning_printed_after_the_rank_died_is_not_its_last_words(tmp_path):
+    """torch 2.8 (CI, 2 of 5 runs of notebook 05): rank 1's stderr (DCP's TypedStorage warning, two lines) reached
+    output.log after its stdout's 'killed by SIGKILL' line, and torchrun reported only the peer. The evidence is
+    what the rank printed, not torch's deprecation warning."""
+    run_dir = Path(shutil.copytree(RACES / "torch-2.8-dcp-warning-after-the-kill-line", tmp_path / "run"))
+    output = (run_dir / "output.log").read_text().splitlines()
+    kill = next(i for i, line in enumerate(output) if "killed by SIGKILL in the middle" in line)
+    assert any("TypedStorage is deprecated" in line for line in output[kill + 1:kill + 4] if line.startswith("[default1]"))
+    d = tl.diagnose(run_dir)
+    assert d.recovered and d.rank == 1 and d.cause == "died without a Python error", str(d)
+    assert d.evidence == "rank 1: killed by SIGKILL in the middle of the step-6 save", d.evidence
+    assert not any("TypedStorage" in line or "tensor.storage()" in line for line in d.traceback_tail), d.traceback_tail
+
+
 def test_when_both_ranks_time_out_the_one_with_a_reported_exit_code_is_named(tmp_path):
     """torch 2.8: both ranks' collectives timed out within the same millisecond; torchrun SIGTERMed rank 0 after it
     wrote its error file and reported only rank 1's exit code. The named rank comes with its exit code."""

@@ -327,3 +327,18 @@ def test_the_screen_skips_stack_dumps_and_always_shows_the_error_line():
     printer.emit(1, "RuntimeError: injected failure on rank 1 at step 2")
     shown = out.getvalue()
     assert "line 9" not in shown and "[rank 1] RuntimeError: injected failure on rank 1 at step 2" in shown
+
+
+def test_version_noise_is_kept_out_of_a_ranks_last_lines_but_a_stack_dump_is_not():
+    """A DCP warning that reaches output.log after a rank's last words is not what the rank was doing."""
+    from tutorial_lib.output import NoiseFilter
+    noise, printer = NoiseFilter(), ThrottledPrinter(open(os.devnull, "w"))
+    warning = ("/x/torch/distributed/checkpoint/filesystem.py:131: UserWarning: TypedStorage is deprecated. It will "
+               "be removed in the future")
+    for text in ["step 3", "rank 1: killed by SIGKILL in the middle of the step-6 save", warning,
+                 "  if tensor.storage().size() != tensor.numel():", "Current thread 0x01 (most recent call first):",
+                 '  File "a.py", line 3 in f']:
+        kind = noise.kind(1, text)
+        printer.emit(1, text, show=kind is None, keep=kind != NoiseFilter.VERSION)
+    assert printer.tail(1) == ["step 3", "rank 1: killed by SIGKILL in the middle of the step-6 save",
+                               "Current thread 0x01 (most recent call first):", '  File "a.py", line 3 in f']

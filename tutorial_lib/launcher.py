@@ -587,7 +587,9 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
         # it stays in output.log and the error's output_tail, not on screen.
         torchrun_traceback = torchrun_traceback or (rank is None and "Traceback" in text)
-        printer.emit(rank, text, show=not (rank is None and torchrun_traceback) and not noise.hide(rank, text))
+        kind = noise.kind(rank, text)
+        printer.emit(rank, text, show=not (rank is None and torchrun_traceback) and kind is None,
+                     keep=kind != NoiseFilter.VERSION)  # version noise is no rank's last words
 
     def read_lines(wait_s: float) -> bool:
         """Take every line available within ``wait_s``; True if any arrived."""

@@ -40,29 +40,39 @@ class NoiseFilter:
     Version noise; the source line Python prints under a noisy warning; and ``faulthandler`` stack dumps (the
     ranks print them when the launcher asks at a timeout and when torchrun stops them after a failure): the
     error the launch raises, its failure box and the doctor say where each rank was, in one line per rank.
+    ``kind(rank, text)`` says which of the two a hidden line is: version noise is no evidence of anything, so
+    the error reports' per-rank tails leave it out too (a DCP warning printed after a rank's last words must not
+    become "what the rank was doing").
     """
+
+    VERSION, STACK = "version", "stack"
 
     def __init__(self) -> None:
         self._after_warning: set[int | None] = set()
         self._in_dump: set[int | None] = set()
 
-    def hide(self, rank: int | None, text: str) -> bool:
+    def kind(self, rank: int | None, text: str) -> str | None:
+        """``"version"``, ``"stack"`` or ``None`` (a line to show). Call once per line, in order."""
         if rank is not None and STACK_HEADER.match(text):
             self._in_dump.add(rank)
-            return True
+            return self.STACK
         if rank in self._in_dump:
             if STACK_BODY.match(text):
-                return True
+                return self.STACK
             self._in_dump.discard(rank)
         if rank in self._after_warning:
             self._after_warning.discard(rank)
             if text.startswith("  "):
-                return True
+                return self.VERSION
         if is_noise(text):
             if "Warning:" in text:
                 self._after_warning.add(rank)
-            return True
-        return False
+            return self.VERSION
+        return None
+
+    def hide(self, rank: int | None, text: str) -> bool:
+        """Whether the screen leaves this line out (``kind`` is not ``None``)."""
+        return self.kind(rank, text) is not None
 
 
 def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]:
@@ -104,9 +114,10 @@ class ThrottledPrinter:
     def _stream(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout  # resolved late: ipykernel swaps it
 
-    def emit(self, rank: int | None, text: str, show: bool = True) -> None:
-        """Record ``text`` from ``rank`` and, if ``show``, print it when the budget allows."""
-        self.tails.setdefault(rank, deque(maxlen=self.tail_lines)).append(text)
+    def emit(self, rank: int | None, text: str, show: bool = True, keep: bool = True) -> None:
+        """Record ``text`` from ``rank`` (unless not ``keep``) and, if ``show``, print it when the budget allows."""
+        if keep:
+            self.tails.setdefault(rank, deque(maxlen=self.tail_lines)).append(text)
         if not show:
             return
         now = time.monotonic()
