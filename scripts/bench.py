@@ -46,8 +46,8 @@ import torch  # noqa: E402
 import tutorial_lib as tl  # noqa: E402
 from tutorial_lib.launcher import build_command, build_env, free_port  # noqa: E402
 
-SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu", "soak")
-DEFAULT_SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu")  # soak only when asked for
+SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu", "soak", "matrix")
+DEFAULT_SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
 
 
 def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
@@ -250,7 +250,7 @@ def failure_matrix(root: Path, repeats: int) -> list[dict]:
     cases["06 a taken port"] = taken_port
     rows = []
     for name, run in cases.items():
-        verdicts = []
+        verdicts, ranks = [], []
         for _ in range(repeats):
             try:
                 result = run()
@@ -258,8 +258,11 @@ def failure_matrix(root: Path, repeats: int) -> list[dict]:
             except tl.LaunchError as e:
                 d = tl.diagnose(e)
             verdicts.append(d.cause + (" (recovered)" if d.recovered else ""))
+            ranks.append(d.rank)
         counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
-        note = "; ".join(f"{v}: {n}/{repeats}" for v, n in counts.items())
+        # The rank named: where every rank's collective timed out, whichever timer fired first (either is right).
+        named = ", ".join(f"rank {r}: {ranks.count(r)}" for r in sorted(set(ranks), key=str))
+        note = "; ".join(f"{v}: {n}/{repeats}" for v, n in counts.items()) + f" (named {named})"
         print(f"[bench] failure matrix, {name}: {note}", flush=True)
         rows.append(row(f"soak: different diagnoses, {name}", len(counts), 1, "count", note))
     return rows
@@ -290,6 +293,7 @@ def main() -> int:
                   "memory": lambda: bench_memory(root), "workbook": lambda: bench_workbook(root),
                   "gpu": lambda: bench_gpu(root),
                   "soak": lambda: soak_launches(root, args.soak_launches) + failure_matrix(root, args.soak_repeats),
+                  "matrix": lambda: failure_matrix(root, args.soak_repeats),
                   }[section]
             rows += fn()
             print(f"[bench] {section} done in {time.monotonic() - start:.0f} s", flush=True)

@@ -45,7 +45,7 @@ def job_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def wait_no_job_processes(marker: str, within_s: float = 5.0) -> list[psutil.Process]:
+def wait_no_job_processes(marker: str, within_s: float = 30.0) -> list[psutil.Process]:
     """Poll until no job process remains (returns []) or ``within_s`` passes (returns the survivors)."""
     deadline = time.monotonic() + within_s
     while True:
@@ -53,6 +53,17 @@ def wait_no_job_processes(marker: str, within_s: float = 5.0) -> list[psutil.Pro
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def printed_before_stacks(run_dir: Path, text: str) -> bool:
+    """Whether a rank printed a line containing ``text`` before the first stack dump in ``output.log``.
+
+    Tests of a limit (a timeout, a stopped job) ask this for the state a rank was in when the limit fired, so
+    they assert what follows from that state instead of assuming how far a rank gets in a number of seconds.
+    """
+    log = (Path(run_dir) / "output.log").read_text().splitlines()
+    dump = next((i for i, line in enumerate(log) if "(most recent call first)" in line), len(log))
+    return any(text in line for line in log[:dump])
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import printed_before_stacks
 
 import tutorial_lib as tl
 
@@ -80,16 +81,18 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
                                 args=["--max-steps", 50, "--fail-rank", 1, "--fail-step", 3, "--fail-mode", "hang",
                                       "--pg-timeout-s", 600]))
     elapsed = time.monotonic() - start
-    assert 25 <= elapsed < 25 + 2 + 10 + 30, elapsed  # + grace + stack dump + slack for a busy machine
+    assert 25 <= elapsed < 25 + 2 + 10 + 60, elapsed  # + grace + stack dump + slack for a busy machine
     e = info.value
-    assert e.timeout_s == 25 and e.last_steps == {0: 2, 1: 2}
-    assert "timed out after 25 s" in str(e) and "last step per rank: {0: 2, 1: 2}" in str(e)
+    # What follows holds once rank 1 is in its hang: asserted from the state the log shows, not from a speed.
+    assert printed_before_stacks(e.run_dir, "rank 1: hanging at step 3"), "rank 1 never reached its hang in 25 s"
+    assert e.timeout_s == 25 and e.last_steps == {0: 2, 1: 2}, e.last_steps  # both finished step 2's all_reduce
+    assert "timed out after 25 s" in str(e) and f"last step per rank: {e.last_steps}" in str(e)
     record = json.loads((e.run_dir / "run.json").read_text())  # the run directory says so too (bench, doctor)
     assert record["status"] == "timeout" and record["timeout_s"] == 25 and record["wall_time_s"] >= 25
     assert "inject_failure" in record["where"]["1"], record["where"]
     alone = tl.diagnose(e.run_dir)  # e.g. `python -m tutorial_lib doctor RUN_DIR` after a notebook's timeout
     assert alone.cause == tl.diagnose(e).cause == "hang (wall-clock timeout)" and alone.timeout_s == 25
-    assert alone.where == e.where and alone.last_steps == {0: 2, 1: 2}
+    assert alone.where == e.where and alone.last_steps == e.last_steps
 
 
 def test_a_stall_ends_the_job_after_stall_timeout_s_without_progress_whatever_the_start_up_time(run_root):
