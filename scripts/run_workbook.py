@@ -4,11 +4,14 @@
     python scripts/run_workbook.py -p NPROC 4 -p DEVICE cuda
     python scripts/run_workbook.py --only 01_ddp --output-dir outputs
 
+    python scripts/run_workbook.py -y 'RANK_ENV: {NCCL_P2P_DISABLE: "1"}' -f my_params.yaml
+
 Executed notebooks go to ``<output-dir>/<name>.ipynb``, run directories of the training jobs to
-``<output-dir>/runs/``. Parameters (``-p NAME VALUE``, values typed as papermill's own ``-p`` does:
-``2`` is an int, ``1e-5`` a float, ``None``/``True``/``False`` what they say, ``[1, 2]`` a list) reach the
-notebooks' ``parameters`` cell and through it the training subprocesses. Every notebook gets a row in
-the summary table, whatever it raised; exits 1 if any notebook fails.
+``<output-dir>/runs/``. Parameters are given as papermill's own CLI takes them, and merged in its order
+(later wins): ``-f FILE`` (YAML file), ``-y YAML``, ``-p NAME VALUE`` (``2`` an int, ``1e-5`` a float,
+``None``/``True``/``False`` what they say, anything else a string), ``-r NAME VALUE`` (always a string).
+They reach the notebooks' ``parameters`` cell and through it the training subprocesses. Every notebook
+gets a row in the summary table, whatever it raised; exits 1 if any notebook fails.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-dir", type=Path, default=ROOT / "outputs", help="executed notebooks and runs/ go here")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="notebook parameter, e.g. -p NPROC 2 (typed like papermill's -p)")
+    p.add_argument("-r", "--parameter-raw", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="notebook parameter taken as a string, e.g. -r DEVICE cpu")
+    p.add_argument("-y", "--parameters-yaml", action="append", default=[], metavar="YAML",
+                   help="parameters as YAML, e.g. -y 'RANK_ENV: {NCCL_P2P_DISABLE: \"1\"}'")
+    p.add_argument("-f", "--parameters-file", type=Path, action="append", default=[], metavar="FILE",
+                   help="parameters from a YAML file")
     p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS, help="folder of NN_name.ipynb notebooks")
     p.add_argument("--only", nargs="+", default=None, help="notebook names (without .ipynb) to run")
     p.add_argument("--timeout-s", type=int, default=600, help="limit per cell (seconds)")
@@ -43,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parameter_value(text: str) -> object:
-    """``-p`` values typed as papermill's CLI types them (``None``, ``True``, ints, floats), lists/dicts as YAML."""
+    """A ``-p`` value typed exactly as papermill's CLI types it: ``True``/``False``/``None``, an int, a float, or
+    the string itself (lists and dicts: use ``-y``)."""
     special = {"None": None, "True": True, "False": False}
     if text in special:
         return special[text]
@@ -52,9 +62,34 @@ def parameter_value(text: str) -> object:
             return kind(text)
         except ValueError:
             pass
-    if text.startswith(("[", "{")):
-        return yaml.safe_load(text)
     return text
+
+
+def merged_parameters(args: argparse.Namespace) -> dict:
+    """``-f`` files, then ``-y`` strings, then ``-p``, then ``-r`` (papermill's order; later wins).
+
+    Raises:
+        SystemExit: a file that cannot be read, or YAML that is not a mapping of names to values (the message
+            names the file or the text).
+    """
+    parameters: dict = {}
+    sources = [(f"-f {str(path)!r}", path) for path in args.parameters_file]
+    sources += [(f"-y {text!r}", text) for text in args.parameters_yaml]
+    for label, source in sources:
+        try:
+            text = source.read_text() if isinstance(source, Path) else source
+            value = yaml.safe_load(text)
+        except (OSError, yaml.YAMLError) as e:
+            raise SystemExit(f"{label}: cannot read parameters: {e}") from None
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise SystemExit(f"{label}: parameters must be a YAML mapping of names to values, e.g. 'NPROC: 2'; "
+                             f"got {type(value).__name__}")
+        parameters.update(value)
+    parameters.update({name: parameter_value(value) for name, value in args.parameter})
+    parameters.update(dict(args.parameter_raw))
+    return parameters
 
 
 def describe(name: str, message: object, width: int = 100) -> str:
@@ -103,7 +138,7 @@ class IPCKernelManager(AsyncKernelManager):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    parameters = {name: parameter_value(value) for name, value in args.parameter}
+    parameters = merged_parameters(args)
     notebooks_dir = args.notebooks_dir.resolve()
     notebooks = sorted(notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:

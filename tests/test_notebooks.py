@@ -109,15 +109,27 @@ def test_run_workbook_gives_every_notebook_its_row_even_a_bare_assert(tmp_path):
     assert re.search(r"^torch \S+, Python 3\.\d+", proc.stdout, re.M), "the runner says which torch ran"
 
 
-def test_run_workbook_types_parameters_like_papermill():
+def test_run_workbook_types_parameters_like_papermill(tmp_path):
+    from papermill.cli import _resolve_type  # papermill's own -p typing: ours must be the same
+
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        from run_workbook import parameter_value
+        from run_workbook import merged_parameters, parameter_value, parse_args
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    assert parameter_value("None") is None and parameter_value("True") is True
-    assert parameter_value("2") == 2 and parameter_value("1e-5") == 1e-5 and parameter_value("cpu") == "cpu"
-    assert parameter_value("[1, 2]") == [1, 2]
+    for text in ["None", "True", "False", "2", "-3", "1e-5", "0.5", "nan", "cpu", "[1, 2]", "{a: 1}", "none", ""]:
+        assert parameter_value(text) == _resolve_type(text) or text == "nan", text
+        assert type(parameter_value(text)) is type(_resolve_type(text)), text
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text("NPROC: 4\nRANK_ENV: {NCCL_P2P_DISABLE: '1'}\nDEVICE: cuda\n")
+    args = parse_args(["-f", str(params_file), "-y", "NPROC: 3\nMAX_STEPS: 7", "-p", "NPROC", "None",
+                       "-p", "SMALL_LOSS_WEIGHT", "1e-5", "-r", "TAG", "2"])
+    assert merged_parameters(args) == {"NPROC": None, "RANK_ENV": {"NCCL_P2P_DISABLE": "1"}, "DEVICE": "cuda",
+                                       "MAX_STEPS": 7, "SMALL_LOSS_WEIGHT": 1e-5, "TAG": "2"}
+    with pytest.raises(SystemExit, match="-y '\\[1, 2\\]': parameters must be a YAML mapping"):
+        merged_parameters(parse_args(["-y", "[1, 2]"]))
+    with pytest.raises(SystemExit, match="cannot read parameters"):
+        merged_parameters(parse_args(["-f", str(tmp_path / "missing.yaml")]))
 
 
 @pytest.mark.parametrize("live", ["widgets", "text"])
