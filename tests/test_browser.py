@@ -138,7 +138,7 @@ def notebook_with_a_long_run(notebook_dir: Path) -> tuple[Path, int]:
     """Copy 01_ddp.ipynb (nothing in the repository is modified) and append a run that outlasts the test."""
     nb = nbformat.read(ROOT / "notebooks" / "01_ddp.ipynb", as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    max_steps = int(re.search(r"^MAX_STEPS = (\d+)", params.source, re.M).group(1))
+    max_steps = int(re.search(r"^MAX_STEPS: int = (\d+)", params.source, re.M).group(1))
     nb.cells += [
         nbformat.v4.new_markdown_cell("## Added by tests/test_browser.py: a failing run (caught), and a long run to "
                                       "interrupt from the toolbar"),

@@ -23,7 +23,7 @@ def test_notebook_is_thin_and_parameterised(path):
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and code.index(tagged[0]) == 1, "second code cell is the papermill parameters cell"
     for name in ("NPROC", "DEVICE", "RUNS_DIR", "TIMEOUT_S", "RANK_ENV"):
-        assert f"{name} = " in tagged[0].source
+        assert re.search(rf"^{name}: [\w\[\]]+ = ", tagged[0].source, re.M), name  # typed, for tl.check_parameters
     assert all(len(c.source.splitlines()) <= 15 for c in code), "cells stay short: the logic is in tutorial_lib"
     checked = [c for c in code if "NBVAL_CHECK_OUTPUT" in c.source]
     assert checked, "claims are checked by nbval"
@@ -76,9 +76,19 @@ def test_run_workbook_reports_a_failing_notebook_and_exits_non_zero(tmp_path):
                            "--only", "00_environment_check", "-p", "NPROC", "two"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    assert "ConfigError" in proc.stdout and "nproc_per_node must be a positive integer, got 'two'" in proc.stdout
+    # The notebook's first cell checks the declared parameter types and names the flag that gives a good value.
+    assert ("ConfigError: parameter NPROC must be int or None, got 'two' (str); from the command line: -p NPROC 2"
+            in proc.stdout), proc.stdout[-3000:]
     assert "0 passed, 1 failed" in proc.stdout
     assert not list((tmp_path / "runs").glob("*/command.txt")), "nothing was launched"
+
+
+def test_run_workbook_passes_none_as_none_like_papermill(tmp_path):
+    """Issue 17's input 2: `-p NPROC None` used to reach the notebook as the string 'None' and fail."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--output-dir", str(tmp_path),
+                           "--only", "00_environment_check", "-p", "NPROC", "None"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "1 passed, 0 failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def test_run_workbook_gives_every_notebook_its_row_even_a_bare_assert(tmp_path):

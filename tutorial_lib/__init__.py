@@ -18,6 +18,7 @@ from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
 from .launcher import LaunchResult, LaunchSpec, launch, run_in_process, run_script
 from .live import enable_inline_figures
+from .parameters import check_parameters
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
                       summarize_runs)
@@ -29,7 +30,7 @@ from .scripts import available_scripts, new_run_dir, show_script, write_script
 __all__ = [
     "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
     "MetricsError", "RankFailure", "StateBytes", "TutorialError", "autocast_op_dtypes", "autocast_supported",
-    "available_scripts", "block_units", "bytes_per_parameter", "checkpoint_costs", "checkpoint_files", "collective_timeout_s",
+    "available_scripts", "block_units", "bytes_per_parameter", "check_parameters", "checkpoint_costs", "checkpoint_files", "collective_timeout_s",
     "cpu_low_precision_flags", "diagnose", "diff_state_dicts", "environment_report", "float_formats", "latest_checkpoint",
     "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
     "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
