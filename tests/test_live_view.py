@@ -150,3 +150,22 @@ def test_the_red_box_survives_a_failure_that_left_no_traceback_or_log(tmp_path, 
     box = view._alert.value
     assert "t.py failed on rank 0 (exit code -6)" in box
     assert (f"cause: {cause}" in box) if cause else "cause:" not in box
+
+
+def test_a_run_with_fewer_than_two_logged_steps_draws_no_figure(tmp_path, monkeypatch):
+    """One dot is no curve: a 1-step (or early-failed) run says so in text; from two steps on, the figure."""
+    drawn = []
+    monkeypatch.setattr("tutorial_lib.live.plot_run", lambda records, rss: drawn.append(len(records)) or "figure")
+    shown = []
+    handle = SimpleNamespace(update=shown.append)  # a display handle, as a kernel gives one
+    monkeypatch.setattr("IPython.display.display", lambda *args, **kwargs: handle)
+    view = NotebookView(widgets=False, run_dir=tmp_path)
+    view.start()
+    view.add([{"step": 1, "max_steps": 5, "rank": 0, "loss_local": 1.0}, {"step": 1, "max_steps": 5, "rank": 1}])
+    view.update(1.0, [], final=True)
+    view.finish(2.0, [], "failed: t.py failed on rank 1 (exit code 1)")
+    assert drawn == [], "no figure for one step"
+    assert any("1 step logged: too few for a curve" in repr(x) for x in shown), shown
+    view.add([{"step": 2, "max_steps": 5, "rank": 0, "loss_local": 0.9}])
+    view.finish(3.0, [], "finished in 3.0 s")
+    assert drawn == [3], "two steps: the figure, with every record"

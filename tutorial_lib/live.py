@@ -110,6 +110,9 @@ class TerminalView(LiveView):
         sys.stdout.write(f"[launcher] {status}\n")
 
 
+MIN_PLOT_STEPS = 2  # distinct steps before the live view draws the loss/memory figure
+
+
 class NotebookView(LiveView):
     """Progress (widgets or text) and the loss/memory figure, each redrawn in place via a display handle.
 
@@ -153,7 +156,7 @@ class NotebookView(LiveView):
             self._box_handle = display(self._widget_bundle("starting torchrun ..."), raw=True, display_id=True)
         else:
             self._progress = display(_Text("starting torchrun ..."), display_id=True)
-        self._plot = display(_Text("(the loss and memory plot appears with the first step)"), display_id=True)
+        self._plot = display(_Text("(the loss and memory plot appears once two steps are logged)"), display_id=True)
 
     def _widget_bundle(self, text: str) -> dict:
         """The box's display data; ``text/plain`` (what a notebook saved without widget state shows) is ``text``."""
@@ -206,9 +209,12 @@ class NotebookView(LiveView):
         self._alert.layout.display = None
 
     def _draw_plot(self, rss_samples, final=False):
-        if not self.records:
+        steps = {r.get("step") for r in self.records}
+        if len(steps) < MIN_PLOT_STEPS:  # one dot is no curve: a 1-step or early-failed run draws no figure
             if final:
-                self._plot.update(_Text("(no per-step metrics: this script writes none)"))
+                self._plot.update(_Text("(no per-step metrics: this script writes none)" if not self.records else
+                                        f"({len(steps)} step logged: too few for a curve; metrics in "
+                                        f"{Path(self.run_dir) / 'metrics' if self.run_dir else 'metrics/'})"))
             return
         fig = plot_run(pd.DataFrame(self.records), pd.DataFrame(rss_samples) if rss_samples else None)
         self._plot.update(fig)
