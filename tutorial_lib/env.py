@@ -109,6 +109,84 @@ class EnvironmentReport:
         p.text(self.to_text())
 
 
+def _record_problem(report: EnvironmentReport, what: str, probe) -> None:
+    """Run one probe; a probe that raises leaves its fields ``None`` and adds a line to ``report.problems``."""
+    try:
+        probe(report)
+    except Exception as e:  # noqa: BLE001 - the report must survive any broken probe
+        report.problems.append(f"{what}: {type(e).__name__}: {e}")
+
+
+def _torch_probe(report: EnvironmentReport) -> None:
+    import torch
+
+    report.torch_version = torch.__version__
+    report.cuda_version = torch.version.cuda
+    report.cuda_available = bool(torch.cuda.is_available())
+    if torch.backends.cudnn.is_available():
+        report.cudnn_version = torch.backends.cudnn.version()
+
+
+def _dist_probe(report: EnvironmentReport) -> None:
+    import torch.distributed as dist
+
+    report.backends = {
+        "gloo": dist.is_available() and dist.is_gloo_available(),
+        "nccl": dist.is_available() and dist.is_nccl_available(),
+        "mpi": dist.is_available() and dist.is_mpi_available(),
+    }
+    if report.backends["nccl"] and report.cuda_available:
+        import torch
+
+        report.nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
+
+
+def _gpu_probe(report: EnvironmentReport) -> None:
+    import torch
+
+    if not report.cuda_available:
+        return
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        report.gpus.append(GPUInfo(i, props.name, int(props.total_memory), f"{props.major}.{props.minor}"))
+
+
+def _peer_probe(report: EnvironmentReport) -> None:
+    import torch
+
+    if len(report.gpus) < 2:
+        return
+    indices = [g.index for g in report.gpus]
+    for i, a in enumerate(indices):
+        for b in indices[i + 1:]:  # directional in CUDA: a pair has it only if both directions do
+            report.peer_access[(a, b)] = bool(torch.cuda.can_device_access_peer(a, b)
+                                              and torch.cuda.can_device_access_peer(b, a))
+
+
+def _cpu_probe(report: EnvironmentReport) -> None:
+    report.cpu_cores_logical = os.cpu_count()
+    report.cpu_cores_usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _ram_probe(report: EnvironmentReport) -> None:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    report.ram_total_bytes, report.ram_available_bytes = int(vm.total), int(vm.available)
+
+
+def _disk_probe(report: EnvironmentReport) -> None:
+    path = Path(report.disk_path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    report.disk_free_bytes = shutil.disk_usage(path).free
+
+
+# (what, probe) in order: later probes read what earlier ones found (CUDA before the GPUs, GPUs before peer access).
+_PROBES = [("torch", _torch_probe), ("torch.distributed", _dist_probe), ("gpus", _gpu_probe),
+           ("peer access", _peer_probe), ("cpu", _cpu_probe), ("ram", _ram_probe), ("disk", _disk_probe)]
+
+
 def environment_report(disk_path: str | os.PathLike = ".") -> EnvironmentReport:
     """Collect the environment report; never raises.
 
@@ -120,76 +198,6 @@ def environment_report(disk_path: str | os.PathLike = ".") -> EnvironmentReport:
         to ``report.problems``.
     """
     report = EnvironmentReport(python=sys.version.split()[0], platform=platform.platform(), disk_path=str(disk_path))
-
-    def probe(what: str, fn) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - the report must survive any broken probe
-            report.problems.append(f"{what}: {type(e).__name__}: {e}")
-
-    def torch_probe() -> None:
-        import torch
-
-        report.torch_version = torch.__version__
-        report.cuda_version = torch.version.cuda
-        report.cuda_available = bool(torch.cuda.is_available())
-        if torch.backends.cudnn.is_available():
-            report.cudnn_version = torch.backends.cudnn.version()
-
-    def dist_probe() -> None:
-        import torch.distributed as dist
-
-        report.backends = {
-            "gloo": dist.is_available() and dist.is_gloo_available(),
-            "nccl": dist.is_available() and dist.is_nccl_available(),
-            "mpi": dist.is_available() and dist.is_mpi_available(),
-        }
-        if report.backends["nccl"] and report.cuda_available:
-            import torch
-
-            report.nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
-
-    def gpu_probe() -> None:
-        import torch
-
-        if not report.cuda_available:
-            return
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            report.gpus.append(GPUInfo(i, props.name, int(props.total_memory), f"{props.major}.{props.minor}"))
-
-    def peer_probe() -> None:
-        import torch
-
-        if len(report.gpus) < 2:
-            return
-        indices = [g.index for g in report.gpus]
-        for i, a in enumerate(indices):
-            for b in indices[i + 1:]:  # directional in CUDA: a pair has it only if both directions do
-                report.peer_access[(a, b)] = bool(torch.cuda.can_device_access_peer(a, b)
-                                                  and torch.cuda.can_device_access_peer(b, a))
-
-    def cpu_probe() -> None:
-        report.cpu_cores_logical = os.cpu_count()
-        report.cpu_cores_usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-    def ram_probe() -> None:
-        import psutil
-
-        vm = psutil.virtual_memory()
-        report.ram_total_bytes, report.ram_available_bytes = int(vm.total), int(vm.available)
-
-    def disk_probe() -> None:
-        path = Path(disk_path)
-        while not path.exists() and path != path.parent:
-            path = path.parent
-        report.disk_free_bytes = shutil.disk_usage(path).free
-
-    probe("torch", torch_probe)
-    probe("torch.distributed", dist_probe)
-    probe("gpus", gpu_probe)
-    probe("peer access", peer_probe)
-    probe("cpu", cpu_probe)
-    probe("ram", ram_probe)
-    probe("disk", disk_probe)
+    for what, probe in _PROBES:
+        _record_problem(report, what, probe)
     return report
