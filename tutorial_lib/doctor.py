@@ -29,7 +29,7 @@ from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, Rank
                      stopped_ranks_stacks)
 from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
-from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
+from .output import NoiseFilter, ThrottledPrinter, rank_lines
 
 
 @dataclass(frozen=True)
@@ -366,8 +366,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
     lines, by_rank, ranked = [], {}, []
     noise = NoiseFilter()
-    for line in evidence_output.splitlines():
-        rank, text = split_rank_prefix(line)
+    for rank, text in rank_lines(evidence_output):  # output.log of an older launch has ranks' chunks on one line
         ranked.append((rank, text))
         if noise.kind(rank, text) == NoiseFilter.VERSION:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it

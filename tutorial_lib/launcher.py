@@ -42,7 +42,7 @@ from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, inner
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
-from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
+from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
 
@@ -573,9 +573,15 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     exited_at = None
     torchrun_traceback = False
     noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
+    tee = TeeSplitter()  # one rank's piece per line, in output.log and on screen
 
     def take(node: int, line: str) -> None:
-        """Log, keep and (throttled) show one output line of ``node``'s agent."""
+        """Log, keep and (throttled) show one output line of ``node``'s agent, piece by piece: torchrun writes a
+        rank's unfinished line (a ``\\r`` progress bar) and the next rank's chunk on one line (``split_tee_line``)."""
+        for piece in tee.split(line):
+            take_piece(node, piece)
+
+    def take_piece(node: int, line: str) -> None:
         nonlocal torchrun_traceback
         output_log.write(line + "\n")
         transcript.append(line)
