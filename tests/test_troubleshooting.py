@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.doctor import CAUSES, signal_name
+from tutorial_lib.doctor import CAUSES, exit_code_meaning, signal_name
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
@@ -187,6 +188,68 @@ def test_on_simulated_nodes_the_earliest_error_file_names_the_global_rank(tmp_pa
     assert d.rank == 3 and d.exit_code == 1 and d.cause == "Python exception (ValueError)"
 
 
+# torchrun's summary when rank 1 ended without an error file and rank 0 then failed on the lost connection
+# (measured on torch 2.13): its "Root Cause" is rank 0, the only rank with an error file.
+PEER_LOST_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+rank1_exits.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_20:32:41
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : {exit_code} (pid: 31158)
+  error_file: <N/A>
+  traceback : {traceback}
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_20:32:41
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 31157)
+  error_file: {error_file}
+  traceback : RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:45973.
+============================================================"""
+
+
+@pytest.mark.parametrize("exit_code, lines, cause, evidence, fix", [
+    (3, ["[default1]:rank 1 reached step 1"], "exited with code 3 without a traceback",
+     "the rank's last line was 'rank 1 reached step 1'", "sys.exit(3), exit(3) or os._exit(3)"),
+    (2, ["[default1]:usage: train.py [-h] [--lr LR]", "[default1]:train.py: error: unrecognized arguments: --lr2"],
+     "exited with code 2 without a traceback", "unrecognized arguments: --lr2", "argparse's code for bad"),
+    (-8, ["[default1]:Fatal Python error: Floating point exception", "[default1]:",
+          "[default1]:Current thread 0x00007f4a (most recent call first):",
+          '[default1]:  File "/runs/x/train.py", line 18 in main'],
+     "killed by SIGFPE", "Fatal Python error: Floating point exception at train.py:18 in main", "integer division"),
+    (-4, ["[default1]:Fatal Python error: Illegal instruction"], "killed by SIGILL",
+     "Fatal Python error: Illegal instruction", "built for a newer CPU"),
+    (-7, ["[default1]:Fatal Python error: Bus error"], "killed by SIGBUS", "Fatal Python error: Bus error",
+     "/dev/shm"),
+])
+def test_a_rank_that_left_no_error_file_is_blamed_not_the_peer_whose_file_says_the_connection_was_lost(
+        tmp_path, exit_code, lines, cause, evidence, fix):
+    peer = traceback_of("RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:45973.")
+    run_dir = make_run(tmp_path, lines=lines, other_errors={0: peer})
+    (run_dir / "logs" / "none_abc" / "attempt_0" / "1").mkdir()
+    summary = PEER_LOST_SUMMARY.format(
+        exit_code=exit_code, error_file=run_dir / "logs" / "none_abc" / "attempt_0" / "0" / "error.json",
+        traceback=f"Signal {-exit_code} received by PID 31158" if exit_code < 0 else "To enable traceback see: ...")
+    with open(run_dir / "output.log", "a") as f:
+        f.write(summary + "\n")
+    d = tl.diagnose(run_dir)
+    assert (d.rank, d.exit_code, d.cause) == (1, exit_code, cause), str(d)
+    assert evidence in d.evidence and fix in d.fix and "(07, section" in d.fix
+    assert not d.error, "the peer's lost connection is not rank 1's error"
+
+
+def test_exit_codes_without_a_traceback_are_explained():
+    assert "argparse" in exit_code_meaning(2) and "sys.exit('message')" in exit_code_meaning(1)
+    assert exit_code_meaning(137) == "137 = 128 + 9: a shell's way of saying its child was killed by SIGKILL"
+    assert "script's own number" in exit_code_meaning(3) and "not found" in exit_code_meaning(127)
+
+
 def test_the_causes_are_checked_specific_first():
     names = [c.name for c in CAUSES]
     assert names.index("out of memory") < names.index("collective timeout (hang)")
@@ -319,6 +382,29 @@ def test_a_crashing_rank_is_named_with_its_traceback(run_root):
     d = tl.diagnose(e.run_dir)
     assert e.rank == d.rank == 1 and d.exit_code == 1 and d.cause == "Python exception (RuntimeError)"
     assert d.error == "RuntimeError: injected failure on rank 1 at step 2 (--fail-rank/--fail-step)"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how, exit_code, cause", [
+    ("exit:3", 3, "exited with code 3 without a traceback"),
+    ("os_exit:3", 3, "exited with code 3 without a traceback"),
+    ("SIGFPE", -8, "killed by SIGFPE"),
+])
+def test_a_rank_that_ends_without_a_traceback_is_named_not_the_peer_that_lost_it(run_root, how, exit_code, cause):
+    """torchrun names rank 0 as the root cause (the only error file: "Connection closed by peer"); rank 1 did it."""
+    run_dir = tl.new_run_dir("rank1-exits", run_root)
+    script = Path(shutil.copy(Path(__file__).parent / "fixtures" / "rank1_exits.py", run_dir))
+    with pytest.raises(tl.LaunchError) as info:
+        tl.launch(tl.LaunchSpec(script, args=[how], device="cpu", nproc_per_node=2, timeout_s=120, live="off"))
+    e = info.value
+    assert (e.rank, e.exit_code) == (1, exit_code), str(e)
+    for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
+        assert (d.rank, d.exit_code, d.cause) == (1, exit_code, cause), str(d)
+    if exit_code > 0:
+        assert e.cause == "exited with code 3 without a traceback; its last line was 'rank 1 reached step 1'"
+        assert "sys.exit(3)" in d.fix and d.evidence == "the rank's last line was 'rank 1 reached step 1'"
+    else:
+        assert d.evidence == "Fatal Python error: Floating point exception at rank1_exits.py:25 in main", d.evidence
 
 
 @pytest.mark.integration

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
-                     stopped_ranks_stacks)
+                     last_meaningful_line, stopped_ranks_stacks)
 from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import NoiseFilter, ThrottledPrinter, rank_lines
@@ -93,7 +93,35 @@ _SIGNAL_FIXES = {
                "rank's stderr in logs/ (07, section 1 'Hang')",
     "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
                "interrupt): look for the rank that failed first",
+    "SIGFPE": "no traceback: an arithmetic fault in native code, most often an integer division by zero in C/C++ (an "
+              "extension, a custom op); Python and torch raise ZeroDivisionError or give inf/nan instead. The "
+              "faulthandler stack in the rank's log names the Python line that called it (07, section 2 'A crashing "
+              "rank')",
+    "SIGBUS": "no traceback: a bad memory access in native code, typically a memory-mapped file (a dataset, a "
+              "checkpoint) truncated or deleted while in use, or /dev/shm full (DataLoader workers pass tensors "
+              "through it: df -h /dev/shm; in Docker raise --shm-size) (07, section 2 'A crashing rank')",
+    "SIGILL": "no traceback: the CPU met an instruction it does not have: a binary (torch, numpy, an extension) "
+              "built for a newer CPU (AVX-512, ...) than this machine's, or a corrupt install; reinstall the wheels "
+              "for this machine (07, section 2 'A crashing rank')",
+    "SIGTRAP": "no traceback: a native breakpoint or assertion trap (__builtin_trap) in C/C++ code, or a debugger "
+               "attached to the rank; the faulthandler stack in the rank's log shows the Python line (07, section 2 "
+               "'A crashing rank')",
+    "SIGSYS": "no traceback: a system call the sandbox forbids (seccomp in a container); run with the container's "
+              "default profile or allow the call (07, section 2 'A crashing rank')",
+    "SIGXCPU": "no traceback: the rank used up its CPU-time limit (ulimit -t, or the batch scheduler's); raise the "
+               "limit or ask for more time (07, section 2 'A crashing rank')",
+    "SIGXFSZ": "no traceback: a write went past the file-size limit (ulimit -f), e.g. a checkpoint or log; raise the "
+               "limit (07, section 2 'A crashing rank')",
+    "SIGPIPE": "no traceback: the rank wrote to a pipe or socket whose reader was gone (output piped into a command "
+               "that exited, such as head) (07, section 2 'A crashing rank')",
+    "SIGINT": "interrupted (Ctrl-C in a terminal, a kernel interrupt in Jupyter): nothing failed by itself",
+    "SIGHUP": "its terminal or session closed (an ssh session ended): start long runs under nohup, tmux or a "
+              "batch scheduler",
 }
+_EXIT_FIX = ("rank {rank} ended itself with exit code {code} and left no traceback: sys.exit({code}), exit({code}) or "
+             "os._exit({code}) in its script or in a library it calls ({meaning}); search the code for sys.exit, "
+             "exit( and os._exit, and raise an exception there instead so @record keeps the traceback (07, section 2 "
+             "'A crashing rank')")
 # NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
 _P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
@@ -133,6 +161,7 @@ class Diagnosis:
         last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
         cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
+            ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),
             ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
             ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"unknown"``,
             or ``"none"`` for a run that finished).
@@ -218,6 +247,26 @@ def signal_name(exit_code: int | None) -> str | None:
         return signal.Signals(-exit_code).name
     except ValueError:
         return f"signal {-exit_code}"
+
+
+def exit_code_meaning(code: int) -> str:
+    """What a positive exit code usually means when a process leaves no traceback, in a few words.
+
+    Args:
+        code: the exit code (1..255) torchrun reported for the rank.
+    """
+    if code == 1:
+        return "1 is also what sys.exit('message') gives: the message is then the rank's last line"
+    if code == 2:
+        return "2 is argparse's code for bad command-line arguments: look for 'usage:' and 'error:' in its log"
+    if code in (126, 127):
+        return f"{code} is a shell's 'command {'not executable' if code == 126 else 'not found'}': a wrapper script"
+    if 128 < code < 128 + 65:
+        name = signal_name(128 - code)
+        return f"{code} = 128 + {code - 128}: a shell's way of saying its child was killed by {name}"
+    if code == 255:
+        return "255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"
+    return f"no library here exits with {code} on its own: it is most likely the script's own number"
 
 
 def _error_files(run_dir: Path) -> dict[int | None, str]:
@@ -445,6 +494,13 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
         diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
             (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
+    elif failure.rank is not None and not traceback and (failure.exit_code or 0) > 0:
+        # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
+        code = failure.exit_code
+        diagnosis.cause = f"exited with code {code} without a traceback"
+        diagnosis.fix = _EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
+        last = last_meaningful_line(failure.log_tail)
+        diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
     elif failure.rank is not None and not traceback and failure.exit_code is None:
         # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
         # peers failed on the lost connection: the rank died outside Python.

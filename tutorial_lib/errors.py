@@ -98,12 +98,17 @@ class LaunchError(TutorialError):
     def cause(self) -> str:
         """One line that says what went wrong, for a cell or a status line; ``""`` when the run left nothing.
 
-        The exception line of the root-cause traceback; else (a rank killed by a signal writes no traceback:
-        NCCL's watchdog abort, the OOM killer) the last meaningful line of that rank's log; else of torchrun's
-        output. Faulthandler's frame lines and its "Extension modules" list are skipped. Never raises, whatever
-        is empty.
+        The exception line of the root-cause traceback; else, for a rank that exited with a code of its own and
+        no traceback (``sys.exit(3)``), ``"exited with code 3 without a traceback"`` and its last line; else (a rank
+        killed by a signal writes no traceback: NCCL's watchdog abort, the OOM killer) the last meaningful line of
+        that rank's log; else of torchrun's output. Faulthandler's frame lines and its "Extension modules" list are
+        skipped. Never raises, whatever is empty.
         """
         failure = self.failure
+        if failure is not None and not (failure.traceback or "").strip() and (failure.exit_code or 0) > 0:
+            last = last_meaningful_line(failure.log_tail)
+            return f"exited with code {failure.exit_code} without a traceback" + (f"; its last line was {last!r}" if last
+                                                                                   else "")
         for lines in ((failure.traceback or "").splitlines() if failure else [], failure.log_tail if failure else [],
                       self.output_tail):
             line = last_meaningful_line(lines)
