@@ -19,6 +19,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.doctor import CAUSES, exit_code_meaning, signal_name
+from tutorial_lib.errors import last_traceback
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
@@ -103,6 +104,9 @@ FIXTURES = {
                                           "ProcessGroupNCCL.cpp:1970, unhandled system error"), "NCCL error"),
     "python exception": (["[default0]:RuntimeError: Connection closed by peer [127.0.0.1]:1234"], 1, 1,
                          traceback_of("ValueError: bad batch shape (3, 5)"), "Python exception (ValueError)"),
+    "checkpoint of another model": ([], 0, 1, traceback_of("ValueError: Size mismatch between saved torch.Size([4, 128]) "
+                                                          "and current: torch.Size([128, 128]) for model.net.6.weight",
+                                                          "load_checkpoint"), "checkpoint does not match the model"),
     "sigkill": (["[default1]:step 2/50 loss 0.1"], 1, -9, "", "killed by SIGKILL"),
     "abort at exit": (["[default1]:step 20/20 loss 0.1", "[default1]:terminate called without an active exception",
                        "[default1]:Fatal Python error: Aborted"], 1, -6, "", "abort at interpreter exit"),
@@ -248,6 +252,62 @@ def test_exit_codes_without_a_traceback_are_explained():
     assert "argparse" in exit_code_meaning(2) and "sys.exit('message')" in exit_code_meaning(1)
     assert exit_code_meaning(137) == "137 = 128 + 9: a shell's way of saying its child was killed by SIGKILL"
     assert "script's own number" in exit_code_meaning(3) and "not found" in exit_code_meaning(127)
+
+
+@pytest.mark.parametrize("line, evidence", [
+    # dcp.load (DCP's planner), torch 2.8 and 2.13
+    ("ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for "
+     "model.net.6.weight", "model.net.6.weight: saved [4, 128], this model [128, 128]"),
+    ("RuntimeError: Missing key in checkpoint state_dict: model.net.9.weight.",
+     "model.net.9.weight: in this model, not in the checkpoint"),
+    # set_state_dict's strict check; nn.Module.load_state_dict of a full checkpoint
+    ("RuntimeError: Missing key: net.9.weight.", "net.9.weight: in this model, not in the checkpoint"),
+    ("\tsize mismatch for net.6.weight: copying a param with shape torch.Size([4, 128]) from checkpoint, the shape in "
+     "current model is torch.Size([128, 128]).", "net.6.weight: saved [4, 128], this model [128, 128]"),
+    ('\tMissing key(s) in state_dict: "net.9.weight", "net.9.bias". ',
+     '"net.9.weight", "net.9.bias": in this model, not in the checkpoint'),
+    ('\tUnexpected key(s) in state_dict: "module.net.0.weight". ',
+     '"module.net.0.weight": in the checkpoint, not in this model'),
+])
+def test_a_checkpoint_of_another_model_is_named_with_the_key_and_both_shapes(line, evidence):
+    cause = next(c for c in CAUSES if c.name == "checkpoint does not match the model")
+    assert cause.pattern.search(line) and cause.describe(line) == evidence
+    assert "arguments it was saved with" in cause.fix and "(05, section 3" in cause.fix
+
+
+def test_a_traceback_only_printed_to_the_log_is_the_root_cause(tmp_path):
+    """DCP's CheckpointException is a BaseException: @record writes no error file, the traceback is only in the log
+    (both ranks print it, with the other rank's traceback nested in the message; measured on torch 2.13)."""
+    inner = ['Traceback (most recent call last): (RANK {r})',
+             '  File "/x/torch/distributed/checkpoint/default_planner.py", line 505, in create_default_local_load_plan',
+             '    raise ValueError(',
+             'ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for '
+             'model.net.6.weight']
+    rank_log = ["step 0", "Traceback (most recent call last):",
+                '  File "/runs/x/checkpoint_train.py", line 353, in load_checkpoint',
+                "    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())",
+                "torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1])",
+                *[line.format(r=r) for r in (0, 1) for line in inner], ""]
+    lines = [f"[default{r}]:[rank{r}]: {text}" if text else f"[default{r}]:" for r in (0, 1) for text in rank_log]
+    run_dir = make_run(tmp_path, lines=lines)
+    summary = PEER_LOST_SUMMARY.format(exit_code=1, error_file="<N/A>", traceback="To enable traceback see: ...")
+    with open(run_dir / "output.log", "a") as f:
+        f.write(summary.replace("Connection closed by peer [127.0.0.1]:45973.", "To enable traceback see: ...") + "\n")
+    d = tl.diagnose(run_dir)
+    assert (d.rank, d.exit_code, d.cause) == (0, 1, "checkpoint does not match the model"), str(d)
+    assert d.error == inner[-1] and d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"
+    assert "arguments it was saved with" in d.fix
+    assert last_traceback(rank_log) == "\n".join(rank_log[1:-1]), "from the outer Traceback to the last error line"
+
+
+def test_the_last_traceback_of_a_log_spans_its_chain_and_stops_before_later_output():
+    chained = ["step 3", "Traceback (most recent call last):", '  File "a.py", line 1, in f', "KeyError: 'x'", "",
+               "During handling of the above exception, another exception occurred:", "",
+               "Traceback (most recent call last):", '  File "a.py", line 3, in g', "ValueError: bad x",
+               "[W1130 12:00:00 ProcessGroupGloo.cpp:1] Warning: destroyed", "rank 1 done"]
+    assert last_traceback(chained) == "\n".join(chained[1:10])
+    assert last_traceback(["Traceback (most recent call last):", '  File "a.py", line 1, in f']) == "", "cut short"
+    assert last_traceback(["step 1", "step 2"]) == "" and last_traceback([]) == ""
 
 
 def test_the_causes_are_checked_specific_first():
@@ -405,6 +465,26 @@ def test_a_rank_that_ends_without_a_traceback_is_named_not_the_peer_that_lost_it
         assert "sys.exit(3)" in d.fix and d.evidence == "the rank's last line was 'rank 1 reached step 1'"
     else:
         assert d.evidence == "Fatal Python error: Floating point exception at rank1_exits.py:25 in main", d.evidence
+
+
+@pytest.mark.integration
+def test_resuming_a_checkpoint_into_a_model_of_another_shape_names_the_key_and_both_shapes(run_root):
+    """dcp.load raises DCP's CheckpointException (a BaseException: no error file) on both ranks; the traceback is
+    recovered from the log, ends with the size mismatch, and the doctor names the cause."""
+    saved = tl.run_script("checkpoint_train", ["--format", "dcp", "--save-every", 2, "--max-steps", 2],
+                          runs_dir=run_root, device="cpu", nproc_per_node=2, timeout_s=120, live="off")
+    step = saved.run_dir / "checkpoints" / "step-2"
+    e, _ = launch_failure(run_root, "checkpoint_train", ["--format", "dcp", "--resume", step, "--max-steps", 4,
+                                                        "--layers", 3], nproc_per_node=2, timeout_s=120)
+    mismatch = ("ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for "
+                "model.net.6.weight")
+    assert e.exit_code == 1 and e.failure.traceback.splitlines()[-1] == mismatch and e.cause == mismatch
+    assert f"Root-cause traceback (rank {e.rank}):" in str(e)
+    shown_tail = str(e).split(f"Last lines of rank {e.rank}'s log:\n")[1].split("\n\n")[0]
+    assert shown_tail.endswith("\n  " + mismatch), "the log's tail ends with the error, not a blank line after it"
+    for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
+        assert d.cause == "checkpoint does not match the model" and d.error == mismatch, str(d)
+        assert d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"
 
 
 @pytest.mark.integration

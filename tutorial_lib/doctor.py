@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +35,48 @@ from .output import NoiseFilter, ThrottledPrinter, rank_lines
 
 @dataclass(frozen=True)
 class Cause:
-    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught."""
+    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught.
+
+    ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
+    """
 
     name: str
     pattern: re.Pattern
     fix: str
+    describe: Callable[[str], str] | None = None
+
+
+# A checkpoint loaded into a model of another shape: DCP's planner (dcp.load), set_state_dict's strict check, and
+# nn.Module.load_state_dict (a full checkpoint), as torch 2.8 and 2.13 word them.
+_SIZE_MISMATCH = (re.compile(r"Size mismatch between saved (?P<saved>torch\.Size\(\[[^\]]*\]\)) and current: "
+                             r"(?P<current>torch\.Size\(\[[^\]]*\]\)) for (?P<key>[\w.]*\w)"),
+                  re.compile(r"size mismatch for (?P<key>[\w.]*\w): copying a param with shape (?P<saved>torch\.Size\("
+                             r"\[[^\]]*\]\)) from checkpoint, the shape in current model is (?P<current>torch\.Size\("
+                             r"\[[^\]]*\]\))"))
+_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]*\w)|Missing key: (?P<key2>[\w.]*\w)|"
+                          r"Missing key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+_UNEXPECTED_KEY = re.compile(r"Unexpected key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+
+
+def describe_checkpoint_mismatch(line: str) -> str:
+    """``"model.net.6.weight: saved [4, 128], this model [128, 128]"`` from a size mismatch message (or the key a
+    missing/unexpected-key message names); the line itself when it is neither.
+
+    Args:
+        line: a line that ``CAUSES``' "checkpoint does not match the model" pattern matched.
+    """
+    for pattern in _SIZE_MISMATCH:
+        m = pattern.search(line)
+        if m:
+            saved, current = (m[name].removeprefix("torch.Size(").removesuffix(")") for name in ("saved", "current"))
+            return f"{m['key']}: saved {saved}, this model {current}"
+    m = _MISSING_KEY.search(line)
+    if m:
+        return f"{m['key'] or m['key2'] or m['keys']}: in this model, not in the checkpoint"
+    m = _UNEXPECTED_KEY.search(line)
+    if m:
+        return f"{m['keys']}: in the checkpoint, not in this model"
+    return line
 
 
 # In priority order: the first cause whose pattern occurs in any rank's traceback or output wins. Specific
@@ -55,6 +93,14 @@ CAUSES = (
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
           "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
           "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
+    Cause("checkpoint does not match the model",
+          re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
+                     r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
+                     r"Unexpected key\(s\) in state_dict"),
+          "the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
+          "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
+          "folder records only the step, world size, format and strategy), or start without --resume "
+          "(05, section 3 'Sharded checkpoints')", describe_checkpoint_mismatch),
     # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
     # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
     Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
@@ -472,6 +518,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
                 line = match.string.strip()
                 start = max(0, match.start() - len(match.string) + len(line) - 100)
                 evidence = line if start == 0 else "..." + line[start:]
+                evidence = cause.describe(line) if cause.describe else evidence
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
                 nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(run_dir, _run_record(run_dir)) or 0) > 1:

@@ -37,12 +37,12 @@ import pandas as pd
 import psutil
 
 from .devices import DevicePlan, check_positive_int, resolve_device
-from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame,
+from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame, last_traceback,
                      stopped_ranks_stacks)
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
-from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
+from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, rank_lines, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
 
@@ -373,6 +373,8 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     left none is the cause, whether a fatal signal killed it or it exited with a code of its own (``sys.exit(3)``,
     ``os._exit``; an exception in a script without ``@record``). Exit codes come from the summary.
 
+    A rank that exited with a code and no error file gets the last traceback it printed (``last_traceback``), if any.
+
     ``recovered``: the run restarted and finished (``max_restarts``), so torchrun printed no summary: the
     attempt that failed is the last one with error files, exit codes come from the agent's ``failed
     (exitcode: N) local_rank: R`` lines (one node: rank = local rank).
@@ -415,6 +417,10 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
         return None
     rank, exit_code = exit_codes.get(local_rank, (local_rank, None))
     traceback = _read_error_file(error_files[local_rank]) if local_rank in error_files else ""
+    if not traceback and (exit_code or 0) > 0:
+        # It exited on its own without an error file, and may have printed its traceback: an exception @record
+        # does not catch (DCP's CheckpointException is a BaseException), or a script without @record.
+        traceback = last_traceback(text for r, text in rank_lines(output) if r == rank)
     return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
 
 
