@@ -5,6 +5,7 @@ Every test uses the ``run_root`` fixture, which fails the test if any process of
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -201,3 +202,23 @@ def wait_for_steps(run_dir, child=None, timeout_s=60):
             raise AssertionError(f"launcher exited early: {child.stdout.read().decode()[-2000:]}")
         time.sleep(0.2)
     raise AssertionError(f"no steps in {run_dir} after {timeout_s} s")
+
+
+def test_progress_bars_drawn_with_carriage_returns_stay_with_their_rank(run_root, capsys):
+    """torchrun's --tee writes a rank's unfinished line (``\\r`` updates: its reader turns each ``\\r`` into a line
+    break and copies what it has read so far) and the next chunk of any rank on one line; each piece goes to its
+    rank, in output.log and on screen."""
+    script = fixture_script(run_root, "progress_bars.py")
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, timeout_s=120, live="off",
+                                     max_output_lines_per_s=1000))
+    shown = capsys.readouterr().out.splitlines()
+    log = (result.run_dir / "output.log").read_text().splitlines()
+    assert not [line for line in log if re.search(r".\[default\d\]:", line)], "no rank's prefix inside a line"
+    for rank in (0, 1):
+        mine = [line for line in log if line.startswith(f"[default{rank}]:")]
+        assert all(f"r{1 - rank} " not in line for line in mine), f"rank {1 - rank}'s progress in rank {rank}'s lines"
+        assert f"[default{rank}]:r{rank} 50/50" in mine and f"[default{rank}]:rank {rank} done" in mine
+        on_screen = [line for line in shown if line.startswith(f"[rank {rank}] ")]
+        assert f"[rank {rank}] r{rank} 50/50" in on_screen and f"[rank {rank}] rank {rank} done" in on_screen
+        assert all(f"r{1 - rank} " not in line and "[default" not in line for line in on_screen), on_screen
+    assert sum(line.endswith("]:") for line in log) <= 2, "the empty pieces that end an unfinished chunk are dropped"

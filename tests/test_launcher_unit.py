@@ -13,7 +13,7 @@ from tutorial_lib import ConfigError, LaunchSpec, write_script
 from tutorial_lib.devices import DevicePlan
 from tutorial_lib.launcher import (build_command, build_env, command_text, find_root_cause, free_port,
                                    node_visible_devices)
-from tutorial_lib.output import ThrottledPrinter, split_rank_prefix
+from tutorial_lib.output import TeeSplitter, ThrottledPrinter, rank_lines, split_rank_prefix, split_tee_line
 
 CPU2 = DevicePlan("cpu", "gloo", 2, 0)
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -147,6 +147,30 @@ def test_rank_prefix_is_split_and_torchrun_lines_have_no_rank():
     assert split_rank_prefix("[trainer12]:x", rank_offset=4) == (16, "x")
     assert split_rank_prefix("[1]:") == (None, "[1]:"), "torchrun's failure summary is not a rank's line"
     assert split_rank_prefix("W1130 12:00 api.py:1] Sending process 7 closing signal SIGTERM")[0] is None
+
+
+def test_a_line_where_torchrun_wrote_several_ranks_chunks_is_split_at_each_ranks_prefix():
+    """torchrun's --tee copies an unfinished line of a rank (a ``\\r`` progress bar: its reader turns each ``\\r``
+    into a line break) without a newline, so the next chunk of any rank continues the line (measured, torch 2.13)."""
+    assert split_tee_line("[default0]:7/50[default1]:") == ["[default0]:7/50", "[default1]:"]
+    assert split_tee_line("[default1]:10/50[default0]:8/50") == ["[default1]:10/50", "[default0]:8/50"]
+    assert split_tee_line("[default1]:[rank1]: Traceback (most recent call last):") == [
+        "[default1]:[rank1]: Traceback (most recent call last):"], "torch's own [rankN]: is no other rank's chunk"
+    # several nodes: the launcher's prefix template is [rank<global rank>]:, torch's excepthook adds its own again
+    assert split_tee_line("[rank3]:7/50[rank2]:[rank2]: Traceback") == ["[rank3]:7/50", "[rank2]:[rank2]: Traceback"]
+    assert split_tee_line("W1130 12:00 api.py:1] [default0]: x") == ["W1130 12:00 api.py:1] [default0]: x"]
+
+    # The lines of a real run (rank 0's and rank 1's bars, then rank 0's print on stdout): every piece to its rank;
+    # the empty pieces that only end an unfinished chunk (the newline or next \r arriving alone) are dropped.
+    tee = TeeSplitter()
+    raw = ["[default0]:", "[default0]:6/50", "[default0]:7/50[default1]:", "[default1]:1/50",
+           "[default1]:5/50[default1]:", "[default1]:6/50", "[default0]:", "[default1]:10/50[default0]:8/50",
+           "[default0]:46/50[default0]:rank 0 done", "[default0]:"]
+    pieces = [piece for line in raw for piece in tee.split(line)]
+    assert [split_rank_prefix(p) for p in pieces] == [
+        (0, ""), (0, "6/50"), (0, "7/50"), (1, ""), (1, "1/50"), (1, "5/50"), (1, "6/50"), (1, "10/50"), (0, "8/50"),
+        (0, "46/50"), (0, "rank 0 done")]
+    assert rank_lines("\n".join(raw))[-3:] == [(0, "8/50"), (0, "46/50"), (0, "rank 0 done")]
 
 
 def test_printer_throttles_a_flood_but_keeps_every_rank_tail(monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.doctor import CAUSES, signal_name
+from tutorial_lib.doctor import CAUSES, exit_code_meaning, signal_name
+from tutorial_lib.errors import last_traceback
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
@@ -102,6 +104,9 @@ FIXTURES = {
                                           "ProcessGroupNCCL.cpp:1970, unhandled system error"), "NCCL error"),
     "python exception": (["[default0]:RuntimeError: Connection closed by peer [127.0.0.1]:1234"], 1, 1,
                          traceback_of("ValueError: bad batch shape (3, 5)"), "Python exception (ValueError)"),
+    "checkpoint of another model": ([], 0, 1, traceback_of("ValueError: Size mismatch between saved torch.Size([4, 128]) "
+                                                          "and current: torch.Size([128, 128]) for model.net.6.weight",
+                                                          "load_checkpoint"), "checkpoint does not match the model"),
     "sigkill": (["[default1]:step 2/50 loss 0.1"], 1, -9, "", "killed by SIGKILL"),
     "abort at exit": (["[default1]:step 20/20 loss 0.1", "[default1]:terminate called without an active exception",
                        "[default1]:Fatal Python error: Aborted"], 1, -6, "", "abort at interpreter exit"),
@@ -185,6 +190,124 @@ def test_on_simulated_nodes_the_earliest_error_file_names_the_global_rank(tmp_pa
         f.write("  rank      : 3 (local_rank: 1)\n  exitcode  : 1 (pid: 7)\n")
     d = tl.diagnose(run_dir)
     assert d.rank == 3 and d.exit_code == 1 and d.cause == "Python exception (ValueError)"
+
+
+# torchrun's summary when rank 1 ended without an error file and rank 0 then failed on the lost connection
+# (measured on torch 2.13): its "Root Cause" is rank 0, the only rank with an error file.
+PEER_LOST_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+rank1_exits.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_20:32:41
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : {exit_code} (pid: 31158)
+  error_file: <N/A>
+  traceback : {traceback}
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_20:32:41
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 31157)
+  error_file: {error_file}
+  traceback : RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:45973.
+============================================================"""
+
+
+@pytest.mark.parametrize("exit_code, lines, cause, evidence, fix", [
+    (3, ["[default1]:rank 1 reached step 1"], "exited with code 3 without a traceback",
+     "the rank's last line was 'rank 1 reached step 1'", "sys.exit(3), exit(3) or os._exit(3)"),
+    (2, ["[default1]:usage: train.py [-h] [--lr LR]", "[default1]:train.py: error: unrecognized arguments: --lr2"],
+     "exited with code 2 without a traceback", "unrecognized arguments: --lr2", "argparse's code for bad"),
+    (-8, ["[default1]:Fatal Python error: Floating point exception", "[default1]:",
+          "[default1]:Current thread 0x00007f4a (most recent call first):",
+          '[default1]:  File "/runs/x/train.py", line 18 in main'],
+     "killed by SIGFPE", "Fatal Python error: Floating point exception at train.py:18 in main", "integer division"),
+    (-4, ["[default1]:Fatal Python error: Illegal instruction"], "killed by SIGILL",
+     "Fatal Python error: Illegal instruction", "built for a newer CPU"),
+    (-7, ["[default1]:Fatal Python error: Bus error"], "killed by SIGBUS", "Fatal Python error: Bus error",
+     "/dev/shm"),
+])
+def test_a_rank_that_left_no_error_file_is_blamed_not_the_peer_whose_file_says_the_connection_was_lost(
+        tmp_path, exit_code, lines, cause, evidence, fix):
+    peer = traceback_of("RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:45973.")
+    run_dir = make_run(tmp_path, lines=lines, other_errors={0: peer})
+    (run_dir / "logs" / "none_abc" / "attempt_0" / "1").mkdir()
+    summary = PEER_LOST_SUMMARY.format(
+        exit_code=exit_code, error_file=run_dir / "logs" / "none_abc" / "attempt_0" / "0" / "error.json",
+        traceback=f"Signal {-exit_code} received by PID 31158" if exit_code < 0 else "To enable traceback see: ...")
+    with open(run_dir / "output.log", "a") as f:
+        f.write(summary + "\n")
+    d = tl.diagnose(run_dir)
+    assert (d.rank, d.exit_code, d.cause) == (1, exit_code, cause), str(d)
+    assert evidence in d.evidence and fix in d.fix and "(07, section" in d.fix
+    assert not d.error, "the peer's lost connection is not rank 1's error"
+
+
+def test_exit_codes_without_a_traceback_are_explained():
+    assert "argparse" in exit_code_meaning(2) and "sys.exit('message')" in exit_code_meaning(1)
+    assert exit_code_meaning(137) == "137 = 128 + 9: a shell's way of saying its child was killed by SIGKILL"
+    assert "script's own number" in exit_code_meaning(3) and "not found" in exit_code_meaning(127)
+
+
+@pytest.mark.parametrize("line, evidence", [
+    # dcp.load (DCP's planner), torch 2.8 and 2.13
+    ("ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for "
+     "model.net.6.weight", "model.net.6.weight: saved [4, 128], this model [128, 128]"),
+    ("RuntimeError: Missing key in checkpoint state_dict: model.net.9.weight.",
+     "model.net.9.weight: in this model, not in the checkpoint"),
+    # set_state_dict's strict check; nn.Module.load_state_dict of a full checkpoint
+    ("RuntimeError: Missing key: net.9.weight.", "net.9.weight: in this model, not in the checkpoint"),
+    ("\tsize mismatch for net.6.weight: copying a param with shape torch.Size([4, 128]) from checkpoint, the shape in "
+     "current model is torch.Size([128, 128]).", "net.6.weight: saved [4, 128], this model [128, 128]"),
+    ('\tMissing key(s) in state_dict: "net.9.weight", "net.9.bias". ',
+     '"net.9.weight", "net.9.bias": in this model, not in the checkpoint'),
+    ('\tUnexpected key(s) in state_dict: "module.net.0.weight". ',
+     '"module.net.0.weight": in the checkpoint, not in this model'),
+])
+def test_a_checkpoint_of_another_model_is_named_with_the_key_and_both_shapes(line, evidence):
+    cause = next(c for c in CAUSES if c.name == "checkpoint does not match the model")
+    assert cause.pattern.search(line) and cause.describe(line) == evidence
+    assert "arguments it was saved with" in cause.fix and "(05, section 3" in cause.fix
+
+
+def test_a_traceback_only_printed_to_the_log_is_the_root_cause(tmp_path):
+    """DCP's CheckpointException is a BaseException: @record writes no error file, the traceback is only in the log
+    (both ranks print it, with the other rank's traceback nested in the message; measured on torch 2.13)."""
+    inner = ['Traceback (most recent call last): (RANK {r})',
+             '  File "/x/torch/distributed/checkpoint/default_planner.py", line 505, in create_default_local_load_plan',
+             '    raise ValueError(',
+             'ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for '
+             'model.net.6.weight']
+    rank_log = ["step 0", "Traceback (most recent call last):",
+                '  File "/runs/x/checkpoint_train.py", line 353, in load_checkpoint',
+                "    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())",
+                "torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1])",
+                *[line.format(r=r) for r in (0, 1) for line in inner], ""]
+    lines = [f"[default{r}]:[rank{r}]: {text}" if text else f"[default{r}]:" for r in (0, 1) for text in rank_log]
+    run_dir = make_run(tmp_path, lines=lines)
+    summary = PEER_LOST_SUMMARY.format(exit_code=1, error_file="<N/A>", traceback="To enable traceback see: ...")
+    with open(run_dir / "output.log", "a") as f:
+        f.write(summary.replace("Connection closed by peer [127.0.0.1]:45973.", "To enable traceback see: ...") + "\n")
+    d = tl.diagnose(run_dir)
+    assert (d.rank, d.exit_code, d.cause) == (0, 1, "checkpoint does not match the model"), str(d)
+    assert d.error == inner[-1] and d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"
+    assert "arguments it was saved with" in d.fix
+    assert last_traceback(rank_log) == "\n".join(rank_log[1:-1]), "from the outer Traceback to the last error line"
+
+
+def test_the_last_traceback_of_a_log_spans_its_chain_and_stops_before_later_output():
+    chained = ["step 3", "Traceback (most recent call last):", '  File "a.py", line 1, in f', "KeyError: 'x'", "",
+               "During handling of the above exception, another exception occurred:", "",
+               "Traceback (most recent call last):", '  File "a.py", line 3, in g', "ValueError: bad x",
+               "[W1130 12:00:00 ProcessGroupGloo.cpp:1] Warning: destroyed", "rank 1 done"]
+    assert last_traceback(chained) == "\n".join(chained[1:10])
+    assert last_traceback(["Traceback (most recent call last):", '  File "a.py", line 1, in f']) == "", "cut short"
+    assert last_traceback(["step 1", "step 2"]) == "" and last_traceback([]) == ""
 
 
 def test_the_causes_are_checked_specific_first():
@@ -319,6 +442,49 @@ def test_a_crashing_rank_is_named_with_its_traceback(run_root):
     d = tl.diagnose(e.run_dir)
     assert e.rank == d.rank == 1 and d.exit_code == 1 and d.cause == "Python exception (RuntimeError)"
     assert d.error == "RuntimeError: injected failure on rank 1 at step 2 (--fail-rank/--fail-step)"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how, exit_code, cause", [
+    ("exit:3", 3, "exited with code 3 without a traceback"),
+    ("os_exit:3", 3, "exited with code 3 without a traceback"),
+    ("SIGFPE", -8, "killed by SIGFPE"),
+])
+def test_a_rank_that_ends_without_a_traceback_is_named_not_the_peer_that_lost_it(run_root, how, exit_code, cause):
+    """torchrun names rank 0 as the root cause (the only error file: "Connection closed by peer"); rank 1 did it."""
+    run_dir = tl.new_run_dir("rank1-exits", run_root)
+    script = Path(shutil.copy(Path(__file__).parent / "fixtures" / "rank1_exits.py", run_dir))
+    with pytest.raises(tl.LaunchError) as info:
+        tl.launch(tl.LaunchSpec(script, args=[how], device="cpu", nproc_per_node=2, timeout_s=120, live="off"))
+    e = info.value
+    assert (e.rank, e.exit_code) == (1, exit_code), str(e)
+    for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
+        assert (d.rank, d.exit_code, d.cause) == (1, exit_code, cause), str(d)
+    if exit_code > 0:
+        assert e.cause == "exited with code 3 without a traceback; its last line was 'rank 1 reached step 1'"
+        assert "sys.exit(3)" in d.fix and d.evidence == "the rank's last line was 'rank 1 reached step 1'"
+    else:
+        assert d.evidence == "Fatal Python error: Floating point exception at rank1_exits.py:25 in main", d.evidence
+
+
+@pytest.mark.integration
+def test_resuming_a_checkpoint_into_a_model_of_another_shape_names_the_key_and_both_shapes(run_root):
+    """dcp.load raises DCP's CheckpointException (a BaseException: no error file) on both ranks; the traceback is
+    recovered from the log, ends with the size mismatch, and the doctor names the cause."""
+    saved = tl.run_script("checkpoint_train", ["--format", "dcp", "--save-every", 2, "--max-steps", 2],
+                          runs_dir=run_root, device="cpu", nproc_per_node=2, timeout_s=120, live="off")
+    step = saved.run_dir / "checkpoints" / "step-2"
+    e, _ = launch_failure(run_root, "checkpoint_train", ["--format", "dcp", "--resume", step, "--max-steps", 4,
+                                                        "--layers", 3], nproc_per_node=2, timeout_s=120)
+    mismatch = ("ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for "
+                "model.net.6.weight")
+    assert e.exit_code == 1 and e.failure.traceback.splitlines()[-1] == mismatch and e.cause == mismatch
+    assert f"Root-cause traceback (rank {e.rank}):" in str(e)
+    shown_tail = str(e).split(f"Last lines of rank {e.rank}'s log:\n")[1].split("\n\n")[0]
+    assert shown_tail.endswith("\n  " + mismatch), "the log's tail ends with the error, not a blank line after it"
+    for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
+        assert d.cause == "checkpoint does not match the model" and d.error == mismatch, str(d)
+        assert d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"
 
 
 @pytest.mark.integration

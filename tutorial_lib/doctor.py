@@ -22,23 +22,61 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
-                     stopped_ranks_stacks)
+                     last_meaningful_line, stopped_ranks_stacks)
 from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
-from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
+from .output import NoiseFilter, ThrottledPrinter, rank_lines
 
 
 @dataclass(frozen=True)
 class Cause:
-    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught."""
+    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught.
+
+    ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
+    """
 
     name: str
     pattern: re.Pattern
     fix: str
+    describe: Callable[[str], str] | None = None
+
+
+# A checkpoint loaded into a model of another shape: DCP's planner (dcp.load), set_state_dict's strict check, and
+# nn.Module.load_state_dict (a full checkpoint), as torch 2.8 and 2.13 word them.
+_SIZE_MISMATCH = (re.compile(r"Size mismatch between saved (?P<saved>torch\.Size\(\[[^\]]*\]\)) and current: "
+                             r"(?P<current>torch\.Size\(\[[^\]]*\]\)) for (?P<key>[\w.]*\w)"),
+                  re.compile(r"size mismatch for (?P<key>[\w.]*\w): copying a param with shape (?P<saved>torch\.Size\("
+                             r"\[[^\]]*\]\)) from checkpoint, the shape in current model is (?P<current>torch\.Size\("
+                             r"\[[^\]]*\]\))"))
+_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]*\w)|Missing key: (?P<key2>[\w.]*\w)|"
+                          r"Missing key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+_UNEXPECTED_KEY = re.compile(r"Unexpected key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+
+
+def describe_checkpoint_mismatch(line: str) -> str:
+    """``"model.net.6.weight: saved [4, 128], this model [128, 128]"`` from a size mismatch message (or the key a
+    missing/unexpected-key message names); the line itself when it is neither.
+
+    Args:
+        line: a line that ``CAUSES``' "checkpoint does not match the model" pattern matched.
+    """
+    for pattern in _SIZE_MISMATCH:
+        m = pattern.search(line)
+        if m:
+            saved, current = (m[name].removeprefix("torch.Size(").removesuffix(")") for name in ("saved", "current"))
+            return f"{m['key']}: saved {saved}, this model {current}"
+    m = _MISSING_KEY.search(line)
+    if m:
+        return f"{m['key'] or m['key2'] or m['keys']}: in this model, not in the checkpoint"
+    m = _UNEXPECTED_KEY.search(line)
+    if m:
+        return f"{m['keys']}: in the checkpoint, not in this model"
+    return line
 
 
 # In priority order: the first cause whose pattern occurs in any rank's traceback or output wins. Specific
@@ -55,6 +93,14 @@ CAUSES = (
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
           "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
           "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
+    Cause("checkpoint does not match the model",
+          re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
+                     r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
+                     r"Unexpected key\(s\) in state_dict"),
+          "the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
+          "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
+          "folder records only the step, world size, format and strategy), or start without --resume "
+          "(05, section 3 'Sharded checkpoints')", describe_checkpoint_mismatch),
     # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
     # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
     Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
@@ -93,7 +139,35 @@ _SIGNAL_FIXES = {
                "rank's stderr in logs/ (07, section 1 'Hang')",
     "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
                "interrupt): look for the rank that failed first",
+    "SIGFPE": "no traceback: an arithmetic fault in native code, most often an integer division by zero in C/C++ (an "
+              "extension, a custom op); Python and torch raise ZeroDivisionError or give inf/nan instead. The "
+              "faulthandler stack in the rank's log names the Python line that called it (07, section 2 'A crashing "
+              "rank')",
+    "SIGBUS": "no traceback: a bad memory access in native code, typically a memory-mapped file (a dataset, a "
+              "checkpoint) truncated or deleted while in use, or /dev/shm full (DataLoader workers pass tensors "
+              "through it: df -h /dev/shm; in Docker raise --shm-size) (07, section 2 'A crashing rank')",
+    "SIGILL": "no traceback: the CPU met an instruction it does not have: a binary (torch, numpy, an extension) "
+              "built for a newer CPU (AVX-512, ...) than this machine's, or a corrupt install; reinstall the wheels "
+              "for this machine (07, section 2 'A crashing rank')",
+    "SIGTRAP": "no traceback: a native breakpoint or assertion trap (__builtin_trap) in C/C++ code, or a debugger "
+               "attached to the rank; the faulthandler stack in the rank's log shows the Python line (07, section 2 "
+               "'A crashing rank')",
+    "SIGSYS": "no traceback: a system call the sandbox forbids (seccomp in a container); run with the container's "
+              "default profile or allow the call (07, section 2 'A crashing rank')",
+    "SIGXCPU": "no traceback: the rank used up its CPU-time limit (ulimit -t, or the batch scheduler's); raise the "
+               "limit or ask for more time (07, section 2 'A crashing rank')",
+    "SIGXFSZ": "no traceback: a write went past the file-size limit (ulimit -f), e.g. a checkpoint or log; raise the "
+               "limit (07, section 2 'A crashing rank')",
+    "SIGPIPE": "no traceback: the rank wrote to a pipe or socket whose reader was gone (output piped into a command "
+               "that exited, such as head) (07, section 2 'A crashing rank')",
+    "SIGINT": "interrupted (Ctrl-C in a terminal, a kernel interrupt in Jupyter): nothing failed by itself",
+    "SIGHUP": "its terminal or session closed (an ssh session ended): start long runs under nohup, tmux or a "
+              "batch scheduler",
 }
+_EXIT_FIX = ("rank {rank} ended itself with exit code {code} and left no traceback: sys.exit({code}), exit({code}) or "
+             "os._exit({code}) in its script or in a library it calls ({meaning}); search the code for sys.exit, "
+             "exit( and os._exit, and raise an exception there instead so @record keeps the traceback (07, section 2 "
+             "'A crashing rank')")
 # NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
 _P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
@@ -133,6 +207,7 @@ class Diagnosis:
         last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
         cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
+            ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),
             ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
             ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"unknown"``,
             or ``"none"`` for a run that finished).
@@ -218,6 +293,26 @@ def signal_name(exit_code: int | None) -> str | None:
         return signal.Signals(-exit_code).name
     except ValueError:
         return f"signal {-exit_code}"
+
+
+def exit_code_meaning(code: int) -> str:
+    """What a positive exit code usually means when a process leaves no traceback, in a few words.
+
+    Args:
+        code: the exit code (1..255) torchrun reported for the rank.
+    """
+    if code == 1:
+        return "1 is also what sys.exit('message') gives: the message is then the rank's last line"
+    if code == 2:
+        return "2 is argparse's code for bad command-line arguments: look for 'usage:' and 'error:' in its log"
+    if code in (126, 127):
+        return f"{code} is a shell's 'command {'not executable' if code == 126 else 'not found'}': a wrapper script"
+    if 128 < code < 128 + 65:
+        name = signal_name(128 - code)
+        return f"{code} = 128 + {code - 128}: a shell's way of saying its child was killed by {name}"
+    if code == 255:
+        return "255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"
+    return f"no library here exits with {code} on its own: it is most likely the script's own number"
 
 
 def _error_files(run_dir: Path) -> dict[int | None, str]:
@@ -366,8 +461,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
     lines, by_rank, ranked = [], {}, []
     noise = NoiseFilter()
-    for line in evidence_output.splitlines():
-        rank, text = split_rank_prefix(line)
+    for rank, text in rank_lines(evidence_output):  # output.log of an older launch has ranks' chunks on one line
         ranked.append((rank, text))
         if noise.kind(rank, text) == NoiseFilter.VERSION:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
@@ -424,6 +518,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
                 line = match.string.strip()
                 start = max(0, match.start() - len(match.string) + len(line) - 100)
                 evidence = line if start == 0 else "..." + line[start:]
+                evidence = cause.describe(line) if cause.describe else evidence
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
                 nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(run_dir, _run_record(run_dir)) or 0) > 1:
@@ -446,6 +541,13 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
         diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
             (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
+    elif failure.rank is not None and not traceback and (failure.exit_code or 0) > 0:
+        # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
+        code = failure.exit_code
+        diagnosis.cause = f"exited with code {code} without a traceback"
+        diagnosis.fix = _EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
+        last = last_meaningful_line(failure.log_tail)
+        diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
     elif failure.rank is not None and not traceback and failure.exit_code is None:
         # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
         # peers failed on the lost connection: the rank died outside Python.

@@ -98,12 +98,17 @@ class LaunchError(TutorialError):
     def cause(self) -> str:
         """One line that says what went wrong, for a cell or a status line; ``""`` when the run left nothing.
 
-        The exception line of the root-cause traceback; else (a rank killed by a signal writes no traceback:
-        NCCL's watchdog abort, the OOM killer) the last meaningful line of that rank's log; else of torchrun's
-        output. Faulthandler's frame lines and its "Extension modules" list are skipped. Never raises, whatever
-        is empty.
+        The exception line of the root-cause traceback; else, for a rank that exited with a code of its own and
+        no traceback (``sys.exit(3)``), ``"exited with code 3 without a traceback"`` and its last line; else (a rank
+        killed by a signal writes no traceback: NCCL's watchdog abort, the OOM killer) the last meaningful line of
+        that rank's log; else of torchrun's output. Faulthandler's frame lines and its "Extension modules" list are
+        skipped. Never raises, whatever is empty.
         """
         failure = self.failure
+        if failure is not None and not (failure.traceback or "").strip() and (failure.exit_code or 0) > 0:
+            last = last_meaningful_line(failure.log_tail)
+            said = f"; its last line was {last!r}" if last else ""
+            return f"exited with code {failure.exit_code} without a traceback{said}"
         for lines in ((failure.traceback or "").splitlines() if failure else [], failure.log_tail if failure else [],
                       self.output_tail):
             line = last_meaningful_line(lines)
@@ -116,9 +121,12 @@ class LaunchError(TutorialError):
         if self.failure is not None:
             if self.failure.traceback:
                 lines += ["", f"Root-cause traceback (rank {self.failure.rank}):", self.failure.traceback.rstrip()]
-            if self.failure.log_tail:
+            tail = list(self.failure.log_tail)
+            while tail and not tail[-1].strip():
+                tail.pop()  # the tail ends with what the rank said last
+            if tail:
                 lines += ["", f"Last lines of rank {self.failure.rank}'s log:"]
-                lines += ["  " + line for line in self.failure.log_tail]
+                lines += ["  " + line for line in tail]
         elif self.output_tail:
             lines += ["", "Last lines of output:"] + ["  " + line for line in self.output_tail]
         if self.where and not isinstance(self, LaunchTimeout):
@@ -218,6 +226,45 @@ def last_meaningful_line(lines) -> str:
         if line.strip() and not _NOT_A_CAUSE.match(line):
             return line.strip()
     return ""
+
+
+_TRACEBACK_START = "Traceback (most recent call last):"
+_CHAINED = re.compile(r"^(During handling of the above exception, another exception occurred|"
+                      r"The above exception was the direct cause of the following exception):$")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: |:?$)")  # "ValueError: ...", "pkg.mod.SomeError: ...", "KeyboardInterrupt"
+
+
+def last_traceback(lines) -> str:
+    """The last Python traceback printed in ``lines`` (a rank's log), from its ``Traceback (most recent call last):``
+    (the first of a chain of exceptions) to its exception line; ``""`` if there is none.
+
+    For a rank that left no error file but printed its traceback: an exception ``@record`` does not catch (DCP's
+    ``CheckpointException`` is a ``BaseException``), or a script without ``@record``. The traceback ends at the last
+    exception line before the first line that is no part of it (a later print, a C++ warning); nested tracebacks
+    inside an exception's message (DCP's ``Traceback (most recent call last): (RANK 1)``) are kept.
+    """
+    lines = [line.rstrip() for line in lines or []]
+    starts = [i for i, line in enumerate(lines) if line == _TRACEBACK_START]
+    if not starts:
+        return ""
+    start = starts[-1]
+    while True:  # back over "During handling of the above exception ..." to the first traceback of the chain
+        earlier = [i for i in starts if i < start]
+        between = [line for line in lines[earlier[-1]:start] if line.strip()] if earlier else []
+        if not earlier or not any(_CHAINED.match(line) for line in between[-1:]):
+            break
+        start = earlier[-1]
+    end = None
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if line.startswith(_TRACEBACK_START) or _CHAINED.match(line):
+            continue
+        if not line.strip() or line[0] in " \t":
+            continue  # frames, source lines, carets, an indented message
+        if not _EXCEPTION.match(line):
+            break  # output printed after the traceback
+        end = i
+    return "\n".join(lines[start:end + 1]) if end is not None else ""
 
 
 def innermost_frame(stack: str) -> str:

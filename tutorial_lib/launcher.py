@@ -37,12 +37,12 @@ import pandas as pd
 import psutil
 
 from .devices import DevicePlan, check_positive_int, resolve_device
-from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame,
+from .errors import (ConfigError, LaunchError, LaunchTimeout, RankFailure, innermost_frame, last_traceback,
                      stopped_ranks_stacks)
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
-from .output import NoiseFilter, ThrottledPrinter, split_rank_prefix
+from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, rank_lines, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .scripts import check_script_args, new_run_dir, write_script
 
@@ -348,7 +348,12 @@ def _last_attempt_error_files(log_dir: Path, failed_attempt: bool = False) -> di
 _AGENT_FAILED = re.compile(r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)")
 
 
-_FATAL_SIGNAL_EXIT_CODES = {-int(signal.SIGKILL), -int(signal.SIGSEGV), -int(signal.SIGABRT), -int(signal.SIGBUS)}
+# Signals that end a rank by themselves (their default action kills the process), unlike the SIGTERM torchrun sends
+# to stop the others: the OOM killer's or a user's SIGKILL, native crashes (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP),
+# aborts (SIGABRT), a forbidden system call (SIGSYS), resource limits (SIGXCPU, SIGXFSZ).
+_FATAL_SIGNAL_EXIT_CODES = {-int(s) for s in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS,
+                                              signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGSYS,
+                                              signal.SIGXCPU, signal.SIGXFSZ)}
 _PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|"
                         r"connectFullMesh|Socket closed|peer closed", re.I)
 
@@ -364,7 +369,11 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     on their own if there are any (a rank torchrun SIGTERMed while it was already failing wrote its file
     but reports the signal); the summary decides only when its root cause left no error file (a rank
     killed by a signal). A rank whose error is a lost connection (``Connection closed by peer``, ...)
-    is named only if no other rank has an error of its own. Exit codes come from the summary.
+    is named only if no other rank has an error of its own: when every error file is such a loss, the rank that
+    left none is the cause, whether a fatal signal killed it or it exited with a code of its own (``sys.exit(3)``,
+    ``os._exit``; an exception in a script without ``@record``). Exit codes come from the summary.
+
+    A rank that exited with a code and no error file gets the last traceback it printed (``last_traceback``), if any.
 
     ``recovered``: the run restarted and finished (``max_restarts``), so torchrun printed no summary: the
     attempt that failed is the last one with error files, exit codes come from the agent's ``failed
@@ -377,10 +386,13 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     roots = list(_ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
     error_files = _last_attempt_error_files(log_dir, failed_attempt=recovered)
-    # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT; not the
-    # SIGTERM torchrun sends to stop the others) writes no error file; its peers then fail on the lost
-    # connection and do write one. If every error file is such a lost connection, the killed rank is the cause.
-    killed = [r for r, (_, code) in exit_codes.items() if code in _FATAL_SIGNAL_EXIT_CODES and r not in error_files]
+    # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT, ...; not the
+    # SIGTERM torchrun sends to stop the others) writes no error file, nor does one that exits with a code
+    # (@record lets SystemExit through); its peers then fail on the lost connection and do write one. If every
+    # error file is such a lost connection, the rank that left none is the cause (a killed one first).
+    killed = sorted((r for r, (_, code) in exit_codes.items()
+                     if r not in error_files and (code in _FATAL_SIGNAL_EXIT_CODES or code > 0)),
+                    key=lambda r: exit_codes[r][1] > 0)
     all_lost = all(_PEER_LOST.search(_read_error_file(f)) for f in error_files.values())
     if not killed and error_files and all_lost:
         # torchrun reports only the failures it saw first (one line when it restarts the group): a rank that left
@@ -405,6 +417,10 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
         return None
     rank, exit_code = exit_codes.get(local_rank, (local_rank, None))
     traceback = _read_error_file(error_files[local_rank]) if local_rank in error_files else ""
+    if not traceback and (exit_code or 0) > 0:
+        # It exited on its own without an error file, and may have printed its traceback: an exception @record
+        # does not catch (DCP's CheckpointException is a BaseException), or a script without @record.
+        traceback = last_traceback(text for r, text in rank_lines(output) if r == rank)
     return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
 
 
@@ -573,9 +589,15 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     exited_at = None
     torchrun_traceback = False
     noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
+    tee = TeeSplitter()  # one rank's piece per line, in output.log and on screen
 
     def take(node: int, line: str) -> None:
-        """Log, keep and (throttled) show one output line of ``node``'s agent."""
+        """Log, keep and (throttled) show one output line of ``node``'s agent, piece by piece: torchrun writes a
+        rank's unfinished line (a ``\\r`` progress bar) and the next rank's chunk on one line (``split_tee_line``)."""
+        for piece in tee.split(line):
+            take_piece(node, piece)
+
+    def take_piece(node: int, line: str) -> None:
         nonlocal torchrun_traceback
         output_log.write(line + "\n")
         transcript.append(line)

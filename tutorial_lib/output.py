@@ -1,7 +1,8 @@
 """Rank-prefixed, throttled streaming of torchrun's output into a cell or a terminal.
 
 torchrun's ``--tee 3`` prefixes every worker line with ``[<role><local_rank>]:``; the launcher
-rewrites that to ``[rank N]`` and marks torchrun's own lines ``[torchrun]``. All lines go to
+splits a line where torchrun wrote the chunks of several ranks (``split_tee_line``: a ``\\r`` progress bar),
+rewrites the prefix to ``[rank N]`` and marks torchrun's own lines ``[torchrun]``. All lines go to
 ``output.log`` in the run directory; the screen gets at most ``max_lines_per_s`` lines a second
 (a token bucket), so a chatty script cannot flood the notebook or hit papermill's IOPub limits.
 """
@@ -91,6 +92,72 @@ def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]
         text = text[len(torch_prefix):]
         text = text[1:] if text.startswith(" ") else text
     return rank, text
+
+
+def split_tee_line(line: str) -> list[str]:
+    """The pieces of one line of torchrun's ``--tee`` output, each with its own ``[<role><local_rank>]:`` prefix.
+
+    torchrun copies a rank's log to its own output one chunk at a time, prefix first; a chunk is a line of the
+    rank's log, or what the rank has written of its current line so far (a ``print`` caught between its text and
+    its newline; a progress bar that redraws itself with ``\\r``, each update of which torchrun's text-mode reader
+    turns into a line break). Such an unfinished chunk has no newline, so the next chunk of any rank continues the
+    same line: ``[default1]:7/50[default0]:step 3``. This splits ``line`` before every later prefix of the same
+    role as its first one (``default`` on one node; ``rank`` with the launcher's multi-node prefix template),
+    except a prefix right after a prefix (torch's ``[rankN]:`` in front of each traceback line). A line that does
+    not start with a prefix (torchrun's own) is returned whole.
+
+    Args:
+        line: one line of torchrun's output, without its newline.
+
+    Returns:
+        The pieces in order; every piece but the last is an unfinished chunk of its rank.
+    """
+    m = _PREFIX.match(line)
+    if m is None:
+        return [line]
+    pieces, start, prefix_end = [], 0, m.start("text")
+    for embedded in re.finditer(rf"\[{re.escape(m['role'])}\d+\]:", line):
+        if embedded.start() == 0 or embedded.start() == prefix_end:
+            prefix_end = embedded.end()  # the line's own prefix, or a prefix right after one
+            continue
+        pieces.append(line[start:embedded.start()])
+        start, prefix_end = embedded.start(), embedded.end()
+    return pieces + [line[start:]]
+
+
+class TeeSplitter:
+    """``split(line)``: ``split_tee_line`` over torchrun's output, line after line, less the empty pieces that only
+    end a rank's unfinished chunk (its newline, or the ``\\r`` of a progress bar's next update, arrived as a chunk
+    of its own). Keeps which ranks have an unfinished chunk; one splitter per output, fed its lines in order."""
+
+    def __init__(self) -> None:
+        self._unfinished: set[str] = set()  # prefixes whose last piece was an unfinished chunk
+
+    def split(self, line: str) -> list[str]:
+        """The pieces of ``line`` to log and show (see ``split_tee_line``); may be empty."""
+        pieces = split_tee_line(line)
+        kept = []
+        for i, piece in enumerate(pieces):
+            m = _PREFIX.match(piece)
+            if m is None:
+                kept.append(piece)
+                continue
+            prefix = piece[:m.start("text")]
+            if m["text"] == "" and prefix in self._unfinished:
+                self._unfinished.discard(prefix)  # the end of that rank's earlier unfinished chunk: nothing to show
+                continue
+            if i < len(pieces) - 1:
+                self._unfinished.add(prefix)
+            # A finished chunk of the same prefix may be the rest of that chunk, or a line of the rank's other
+            # stream (stdout and stderr share the prefix): the mark stays; at worst an empty line goes unshown.
+            kept.append(piece)
+        return kept
+
+
+def rank_lines(output: str) -> list[tuple[int | None, str]]:
+    """``(rank, text)`` of every piece of torchrun's ``output`` (``TeeSplitter``, then ``split_rank_prefix``)."""
+    splitter = TeeSplitter()
+    return [split_rank_prefix(piece) for line in output.splitlines() for piece in splitter.split(line)]
 
 
 class ThrottledPrinter:
