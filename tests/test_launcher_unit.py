@@ -366,3 +366,22 @@ def test_version_noise_is_kept_out_of_a_ranks_last_lines_but_a_stack_dump_is_not
         printer.emit(1, text, show=kind is None, keep=kind != NoiseFilter.VERSION)
     assert printer.tail(1) == ["step 3", "rank 1: killed by SIGKILL in the middle of the step-6 save",
                                "Current thread 0x01 (most recent call first):", '  File "a.py", line 3 in f']
+
+
+def test_the_screen_shows_a_tracebacks_exception_line_not_its_frames():
+    """A failed run's cell shows the cause (the exception line) per rank; frames stay in output.log and the error."""
+    from tutorial_lib.errors import without_tracebacks
+    from tutorial_lib.output import NoiseFilter
+    noise = NoiseFilter()
+    lines = [(1, "step 1"), (1, "Traceback (most recent call last):"), (1, '  File "t.py", line 3, in main'),
+             (1, "    raise KeyError('x')"), (1, "KeyError: 'x'"), (1, ""),
+             (1, "During handling of the above exception, another exception occurred:"), (1, ""),
+             (1, "Traceback (most recent call last):"), (1, '  File "t.py", line 5, in main'),
+             (1, "           ^^^^^^"), (1, "RuntimeError: injected failure"), (1, "after"),
+             (None, "E1130 20:31:20.15 123 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 9) of binary: x"),
+             (None, "W1130 20:31:20.15 123 api.py:1028] Sending process 7 closing signal SIGTERM")]
+    shown = [t for r, t in lines if noise.kind(r, t) is None]
+    assert shown == ["step 1", "KeyError: 'x'", "RuntimeError: injected failure", "after",
+                     "W1130 20:31:20.15 123 api.py:1028] Sending process 7 closing signal SIGTERM"]
+    assert noise.traceback_lines == 9
+    assert without_tracebacks([t for r, t in lines if r == 1]) == ["step 1", "after"]

@@ -480,8 +480,10 @@ def test_resuming_a_checkpoint_into_a_model_of_another_shape_names_the_key_and_b
                 "model.net.6.weight")
     assert e.exit_code == 1 and e.failure.traceback.splitlines()[-1] == mismatch and e.cause == mismatch
     assert f"Root-cause traceback (rank {e.rank}):" in str(e)
-    shown_tail = str(e).split(f"Last lines of rank {e.rank}'s log:\n")[1].split("\n\n")[0]
-    assert shown_tail.endswith("\n  " + mismatch), "the log's tail ends with the error, not a blank line after it"
+    root = str(e).split(f"Root-cause traceback (rank {e.rank}):\n")[1].split("\n\n")[0]
+    assert root.endswith("\n" + mismatch), "the traceback ends with the error"
+    tail = str(e).split("Last lines of rank")[1] if "Last lines of rank" in str(e) else ""
+    assert mismatch not in tail, "the log's tail shown below the traceback leaves the traceback out"
     for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
         assert d.cause == "checkpoint does not match the model" and d.error == mismatch, str(d)
         assert d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"

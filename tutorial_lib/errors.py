@@ -121,12 +121,16 @@ class LaunchError(TutorialError):
         if self.failure is not None:
             if self.failure.traceback:
                 lines += ["", f"Root-cause traceback (rank {self.failure.rank}):", self.failure.traceback.rstrip()]
+            # What the rank printed, less any traceback (the root-cause one is printed in full above).
             tail = list(self.failure.log_tail)
+            if self.failure.traceback:
+                tail = without_tracebacks(tail, inside=bool(tail) and tail[0][:1].isspace())
             while tail and not tail[-1].strip():
                 tail.pop()  # the tail ends with what the rank said last
             if tail:
-                lines += ["", f"Last lines of rank {self.failure.rank}'s log:"]
-                lines += ["  " + line for line in tail]
+                lines += ["", f"Last lines of rank {self.failure.rank}'s log" +
+                          (" (before its traceback):" if self.failure.traceback else ":")]
+                lines += ["  " + line for line in tail[-10:]]
         elif self.output_tail:
             lines += ["", "Last lines of output:"] + ["  " + line for line in self.output_tail]
         if self.where and not isinstance(self, LaunchTimeout):
@@ -166,6 +170,29 @@ class LaunchTimeout(LaunchError):
         for rank, stack in sorted(self.stacks.items()):
             lines += [f"rank {rank}:"] + ["  " + line for line in stack.splitlines()]
         return text + "\n" + "\n".join(lines)
+
+
+CHAINED_HEADER = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
+
+
+def without_tracebacks(lines: list[str], inside: bool = False) -> list[str]:
+    """``lines`` less every Python traceback in them: header, frames, the exception line, and the blank lines
+    and header that chain it to the next one. ``inside``: the lines start within a traceback (a log's tail that
+    begins with a frame)."""
+    kept, after = [], False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last):"):
+            inside, after = True, False
+        elif inside and line.strip() and not line[0].isspace() and not CHAINED_HEADER.match(line):
+            inside, after = False, True  # the exception line ends it
+            continue
+        elif after and (not line.strip() or CHAINED_HEADER.match(line)):
+            continue
+        else:
+            after = False
+        if not inside:
+            kept.append(line)
+    return kept
 
 
 STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")

@@ -722,6 +722,9 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             if proc.stdout:
                 proc.stdout.close()
         printer.flush_suppressed()
+        if noise.traceback_lines:
+            printer.note(f"{noise.traceback_lines} traceback line(s) not shown (the exception line is); "
+                         f"every line is in {run_dir / 'output.log'}")
         del store  # closes the rendezvous store (and its socket) once every agent is gone
 
     wall_time_s = time.monotonic() - start

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import TextIO
 
-from .errors import STACK_BODY, STACK_HEADER
+from .errors import CHAINED_HEADER, STACK_BODY, STACK_HEADER
 
 _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*)$")
 # Lines a torch version prints that teach nothing and that the learner cannot act on. They stay in output.log;
@@ -35,25 +35,35 @@ def is_noise(text: str) -> bool:
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b.*: |^Fatal Python error")
 
 
+# torchrun's own log lines that repeat what the launcher says when it reports the failure (they stay in output.log).
+_AGENT_REPEATS = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+|no error file defined for parent")
+
+
 class NoiseFilter:
     """``hide(rank, text)``: True for lines the screen does without (``output.log`` keeps them all).
 
-    Version noise; the source line Python prints under a noisy warning; and ``faulthandler`` stack dumps (the
-    ranks print them when the launcher asks at a timeout and when torchrun stops them after a failure): the
-    error the launch raises, its failure box and the doctor say where each rank was, in one line per rank.
-    ``kind(rank, text)`` says which of the two a hidden line is: version noise is no evidence of anything, so
-    the error reports' per-rank tails leave it out too (a DCP warning printed after a rank's last words must not
-    become "what the rank was doing").
+    Version noise; the source line Python prints under a noisy warning; ``faulthandler`` stack dumps (the ranks
+    print them when the launcher asks at a timeout and when torchrun stops them after a failure): the error the
+    launch raises, its failure box and the doctor say where each rank was, in one line per rank; the body of a
+    rank's Python traceback (the cell shows its exception line, the cause; the frames are in ``output.log`` and
+    in the raised error); torchrun's own "failed (exitcode ...)" lines, which the launcher's failure line repeats.
+    ``kind(rank, text)`` says which a hidden line is: version noise is no evidence of anything, so the error
+    reports' per-rank tails leave it out too (a DCP warning printed after a rank's last words must not become
+    "what the rank was doing"); the other kinds stay in the tails.
     """
 
-    VERSION, STACK = "version", "stack"
+    VERSION, STACK, TRACEBACK, AGENT = "version", "stack", "traceback", "agent"
 
     def __init__(self) -> None:
         self._after_warning: set[int | None] = set()
         self._in_dump: set[int | None] = set()
+        self._in_traceback: set[int | None] = set()
+        self._after_exception: set[int | None] = set()
+        self.traceback_lines = 0  # hidden so far: the launcher says where they are
 
     def kind(self, rank: int | None, text: str) -> str | None:
-        """``"version"``, ``"stack"`` or ``None`` (a line to show). Call once per line, in order."""
+        """``"version"``, ``"stack"``, ``"traceback"``, ``"agent"`` or ``None`` (a line to show). Call once per
+        line, in order."""
         if rank is not None and STACK_HEADER.match(text):
             self._in_dump.add(rank)
             return self.STACK
@@ -61,6 +71,22 @@ class NoiseFilter:
             if STACK_BODY.match(text):
                 return self.STACK
             self._in_dump.discard(rank)
+        if rank is not None and text.startswith("Traceback (most recent call last):"):
+            self._in_traceback.add(rank)
+            self.traceback_lines += 1
+            return self.TRACEBACK
+        if rank in self._in_traceback:
+            if not text.strip() or text[0].isspace() or CHAINED_HEADER.match(text):
+                self.traceback_lines += 1
+                return self.TRACEBACK  # a frame, its source line, its ^^^ marker, or a chained exception's header
+            self._in_traceback.discard(rank)  # the exception line: the cause, shown
+            self._after_exception.add(rank)
+            return None
+        if rank in self._after_exception:
+            if not text.strip() or CHAINED_HEADER.match(text):  # a chained exception's header, before its traceback
+                self.traceback_lines += 1
+                return self.TRACEBACK
+            self._after_exception.discard(rank)
         if rank in self._after_warning:
             self._after_warning.discard(rank)
             if text.startswith("  "):
@@ -69,6 +95,8 @@ class NoiseFilter:
             if "Warning:" in text:
                 self._after_warning.add(rank)
             return self.VERSION
+        if rank is None and _AGENT_REPEATS.search(text):
+            return self.AGENT
         return None
 
     def hide(self, rank: int | None, text: str) -> bool:
@@ -197,6 +225,10 @@ class ThrottledPrinter:
         self.flush_suppressed()
         label = "torchrun" if rank is None else f"rank {rank}"
         self._stream().write(f"[{label}] {text}\n")
+
+    def note(self, text: str) -> None:
+        """Print one ``[launcher]`` line (not throttled, not kept in a rank's tail)."""
+        self._stream().write(f"[launcher] {text}\n")
 
     def flush_suppressed(self) -> None:
         """Say how many lines were not shown, if any, and reset the count."""
