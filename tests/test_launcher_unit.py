@@ -379,9 +379,11 @@ def test_the_screen_shows_a_tracebacks_exception_line_not_its_frames():
              (1, "Traceback (most recent call last):"), (1, '  File "t.py", line 5, in main'),
              (1, "           ^^^^^^"), (1, "RuntimeError: injected failure"), (1, "after"),
              (None, "E1130 20:31:20.15 123 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 9) of binary: x"),
-             (None, "W1130 20:31:20.15 123 api.py:1028] Sending process 7 closing signal SIGTERM")]
+             (None, "W1130 20:31:20.15 123 api.py:1028] Sending process 7 closing signal SIGTERM"),
+             (0, "Fatal Python error: Aborted"), (0, "Extension modules: numpy._core, torch._C (total: 2)"),
+             (None, "W1130 20:31:21.00 123 api.py:900] the agent's own warning")]
     shown = [t for r, t in lines if noise.kind(r, t) is None]
-    assert shown == ["step 1", "KeyError: 'x'", "RuntimeError: injected failure", "after",
-                     "W1130 20:31:20.15 123 api.py:1028] Sending process 7 closing signal SIGTERM"]
+    assert shown == ["step 1", "KeyError: 'x'", "RuntimeError: injected failure", "after", "Fatal Python error: Aborted",
+                     "W1130 20:31:21.00 123 api.py:900] the agent's own warning"]
     assert noise.traceback_lines == 9
     assert without_tracebacks([t for r, t in lines if r == 1]) == ["step 1", "after"]

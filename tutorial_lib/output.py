@@ -36,7 +36,8 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b.*: |
 
 
 # torchrun's own log lines that repeat what the launcher says when it reports the failure (they stay in output.log).
-_AGENT_REPEATS = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+|no error file defined for parent")
+_AGENT_REPEATS = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+|no error file defined for parent|"
+                            r"\] Sending process \d+ closing signal SIG")
 
 
 class NoiseFilter:
@@ -64,6 +65,8 @@ class NoiseFilter:
     def kind(self, rank: int | None, text: str) -> str | None:
         """``"version"``, ``"stack"``, ``"traceback"``, ``"agent"`` or ``None`` (a line to show). Call once per
         line, in order."""
+        if rank is not None and text.startswith("Extension modules: "):  # faulthandler's list after a fatal error
+            return self.STACK
         if rank is not None and STACK_HEADER.match(text):
             self._in_dump.add(rank)
             return self.STACK
