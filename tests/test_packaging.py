@@ -62,3 +62,16 @@ def test_the_benchmark_runs_and_prints_its_ratio_table(tmp_path):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     ratio = next(r for r in rows if r["benchmark"].startswith("memory: FSDP2"))["value"]
     assert 0 < ratio < 1
+
+
+def test_no_library_module_imports_another_modules_private_names():
+    """Seams: a name starting with "_" is its module's own; what another module needs is public (issue 17)."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "tutorial_lib").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                offenders += [f"{path.name}: from .{node.module} import {a.name}" for a in node.names
+                              if a.name.startswith("_")]
+    assert offenders == []

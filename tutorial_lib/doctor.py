@@ -28,9 +28,9 @@ from pathlib import Path
 
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
                      last_meaningful_line, stopped_ranks_stacks)
-from .launcher import _AGENT_FAILED, _FAILURE, _ROOT_CAUSE, _read_error_file, find_root_cause
 from .metrics import read_metrics
 from .output import NoiseFilter, ThrottledPrinter, rank_lines
+from .torchrun_logs import AGENT_FAILED, FAILURE_ENTRY, ROOT_CAUSE, find_root_cause, read_error_file
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,7 @@ def _error_files(run_dir: Path) -> dict[int | None, str]:
     """Tracebacks of every error file under ``logs/`` (any attempt, any node), keyed by local rank."""
     found = {}
     for path in sorted((run_dir / "logs").rglob("attempt_*/*/error.json")):
-        text = _read_error_file(path)
+        text = read_error_file(path)
         if text:
             found[int(path.parent.name) if path.parent.name.isdigit() else None] = text
     return found
@@ -364,7 +364,7 @@ def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter, recovered: 
                        key=lambda p: int(p.name[4:]))
     if not node_dirs:
         return find_root_cause(output, run_dir / "logs", tails, recovered=recovered)
-    exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(output)}
+    exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in FAILURE_ENTRY.finditer(output)}
     errors = []  # (exited on its own, mtime, global rank, path)
     for node_dir in node_dirs:
         attempts = [p for p in node_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
@@ -378,9 +378,9 @@ def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter, recovered: 
                 errors.append((exit_codes.get(rank, 1) <= 0, path.stat().st_mtime_ns, rank, path))
     if errors:
         _, _, rank, path = min(errors)
-        traceback = _read_error_file(path)
+        traceback = read_error_file(path)
     else:
-        roots = list(_ROOT_CAUSE.finditer(output))
+        roots = list(ROOT_CAUSE.finditer(output))
         if not roots:
             return None
         rank, traceback = int(roots[0]["rank"]), ""
@@ -455,7 +455,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     # "failed (exitcode: ...)" line: what the restarted attempt printed is not evidence).
     record = _run_record(run_dir) if error is None else {}
     recovered = record.get("status") == "finished" and record.get("returncode") == 0
-    agent_failures = list(_AGENT_FAILED.finditer(output)) if recovered else []
+    agent_failures = list(AGENT_FAILED.finditer(output)) if recovered else []
     evidence_output = output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
 
     tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
