@@ -387,3 +387,22 @@ def test_the_screen_shows_a_tracebacks_exception_line_not_its_frames():
                      "W1130 20:31:21.00 123 api.py:900] the agent's own warning"]
     assert noise.traceback_lines == 9
     assert without_tracebacks([t for r, t in lines if r == 1]) == ["step 1", "after"]
+
+
+def test_run_json_has_one_schema_and_reads_back(tmp_path):
+    """run.json is written by RunRecord only; an older or partial record still reads (unknown shape: None)."""
+    import json
+
+    from tutorial_lib.run_record import RunRecord, RunStatus
+    RunRecord(RunStatus.TIMEOUT, 12.5, nnodes=2, nproc_per_node=2, device="cpu", summary="t.py timed out",
+              timeout_s=5, limit="stall_timeout_s", where={1: "t.py:3 in main"}).write(tmp_path)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["status"] == "timeout" and data["where"] == {"1": "t.py:3 in main"} and data["in_process"] is False
+    assert set(data) == set(RunRecord.__dataclass_fields__)
+    back = RunRecord.read(tmp_path)
+    assert back.status == RunStatus.TIMEOUT == "timeout" and back.where == {1: "t.py:3 in main"} and back.timeout_s == 5
+    (tmp_path / "run.json").write_text(json.dumps({"status": "failed", "returncode": 1}))
+    old = RunRecord.read(tmp_path)
+    assert old.status == RunStatus.FAILED and old.returncode == 1 and old.nproc_per_node is None
+    (tmp_path / "run.json").write_text("{not json")
+    assert RunRecord.read(tmp_path) is None

@@ -18,7 +18,6 @@ wrong specific cause on purpose.
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import signal
@@ -30,6 +29,7 @@ from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, Rank
                      last_meaningful_line, stopped_ranks_stacks)
 from .metrics import read_metrics
 from .output import NoiseFilter, ThrottledPrinter, rank_lines
+from .run_record import RunRecord, RunStatus
 from .torchrun_logs import AGENT_FAILED, FAILURE_ENTRY, ROOT_CAUSE, find_root_cause, read_error_file
 
 
@@ -404,25 +404,17 @@ def _check_run_dir(run_dir: Path) -> None:
                           "pass the folder a launch created")
 
 
-def _ranks_on_this_machine(run_dir: Path, record: dict) -> int | None:
+def _ranks_on_this_machine(run_dir: Path, record: RunRecord | None) -> int | None:
     """How many ranks the launch ran on this machine: ``nnodes * nproc_per_node`` from ``run.json`` (simulated
     nodes share the machine), else the sum of ``--nproc-per-node`` over ``command.txt`` (one line per node).
     ``None`` when neither says."""
-    if isinstance(record.get("nproc_per_node"), int):
-        return record["nproc_per_node"] * int(record.get("nnodes", 1))
+    if record is not None and isinstance(record.nproc_per_node, int):
+        return record.nproc_per_node * int(record.nnodes or 1)
     try:
         counts = re.findall(r"--nproc[-_]per[-_]node[ =](\d+)", (run_dir / "command.txt").read_text())
     except OSError:
         return None
     return sum(map(int, counts)) if counts else None
-
-
-def _run_record(run_dir: Path) -> dict:
-    """The launcher's ``run.json`` (status, wall time; for a timeout where each rank was), or {}."""
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
@@ -453,8 +445,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     # run.json says how the launch ended: a timeout is then diagnosed from the run directory alone, and a run
     # that finished after a restart by the failure it recovered from (the output up to the agent's last
     # "failed (exitcode: ...)" line: what the restarted attempt printed is not evidence).
-    record = _run_record(run_dir) if error is None else {}
-    recovered = record.get("status") == "finished" and record.get("returncode") == 0
+    record = RunRecord.read(run_dir) if error is None else None
+    recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
     agent_failures = list(AGENT_FAILED.finditer(output)) if recovered else []
     evidence_output = output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
 
@@ -476,14 +468,14 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         failure = _root_cause(run_dir, output, tails, recovered=recovered)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout)
-    timed_out = timed_out or record.get("status") == "timeout"
+    timed_out = timed_out or (record is not None and record.status == RunStatus.TIMEOUT)
     failed = (error is not None or timed_out or failure is not None or bool(error_files)
               or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
 
     last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
     last_steps = {**_last_steps(run_dir), **last_steps}
     where = dict(getattr(error, "where", {}) or {})
-    where = where or {int(rank): w for rank, w in (record.get("where") or {}).items()}
+    where = where or (dict(record.where) if record is not None else {})
     recovered = recovered and failed
     if not failed:
         return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
@@ -503,9 +495,9 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         run_dir=run_dir, failed=not recovered, recovered=recovered, rank=failure.rank, exit_code=failure.exit_code,
         signal=signal_name(failure.exit_code), error=error_line,
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
-        timeout_s=error.timeout_s if isinstance(error, LaunchTimeout) else record.get("timeout_s"),
+        timeout_s=error.timeout_s if isinstance(error, LaunchTimeout) else record.timeout_s if record else None,
         limit=(getattr(error, "limit", "timeout_s") if isinstance(error, LaunchTimeout)
-               else record.get("limit", "timeout_s") if timed_out else ""),
+               else (record.limit if record and record.limit else "timeout_s") if timed_out else ""),
     )
     # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
     texts = [traceback, *error_files.values(), *(getattr(error, "output_tail", None) or []), *lines]
@@ -521,7 +513,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
                 evidence = cause.describe(line) if cause.describe else evidence
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
                 nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
-                if nccl_timeout and (_ranks_on_this_machine(run_dir, _run_record(run_dir)) or 0) > 1:
+                if nccl_timeout and (_ranks_on_this_machine(run_dir, RunRecord.read(run_dir)) or 0) > 1:
                     diagnosis.fix += _P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
                 return diagnosis
     if timed_out:

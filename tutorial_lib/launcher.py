@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import queue
@@ -43,6 +42,7 @@ from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
 from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
+from .run_record import RunRecord, RunStatus
 from .scripts import check_script_args, new_run_dir, write_script
 from .torchrun_logs import find_root_cause, last_attempt_error_files
 
@@ -402,7 +402,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
     nodes = list(spec.start_nodes) if spec.start_nodes is not None else list(range(spec.nnodes))
     nproc = plan.nproc_per_node
-    shape = {"nnodes": spec.nnodes, "nproc_per_node": nproc, "device": plan.device}  # in every run.json (the doctor)
+    shape = dict(nnodes=spec.nnodes, nproc_per_node=nproc, device=plan.device)  # in every run.json (the doctor)
     store = None
     if spec.nnodes > 1:
         # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
@@ -583,17 +583,14 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                                   run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
                                   output_tail=transcript[-30:])
-            (run_dir / "run.json").write_text(json.dumps({**shape, "status": "timeout", "returncode": None,
-                                                           "wall_time_s": elapsed, "timeout_s": limit_s, "limit": limit,
-                                                           "summary": summary,
-                                                           "where": {str(r): innermost_frame(s_) for r, s_ in stacks.items()}}))
+            RunRecord(RunStatus.TIMEOUT, elapsed, **shape, summary=summary, timeout_s=limit_s, limit=limit,
+                      where={r: innermost_frame(s_) for r, s_ in stacks.items()}).write(run_dir)
             safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what.split(' (')[0]}")
             safe_draw(view.fail, error)  # the live view says where each rank was
             raise error from None
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
-        (run_dir / "run.json").write_text(json.dumps({**shape, "status": status, "returncode": None,
-                                                      "wall_time_s": elapsed, "summary": what}))
+        status = RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.STOPPED
+        RunRecord(status, elapsed, **shape, summary=what).write(run_dir)
         safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
         sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                          f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
@@ -645,16 +642,14 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         if where:
             summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))
         safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary.split("; when stopped")[0])
-        (run_dir / "run.json").write_text(json.dumps({**shape, "status": "failed", "returncode": returncode,
-                                                       "wall_time_s": wall_time_s, "summary": summary,
-                                                       "where": {str(r): w for r, w in where.items()}}))
+        RunRecord(RunStatus.FAILED, wall_time_s, **shape, returncode=returncode, summary=summary,
+                  where=where).write(run_dir)
         error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
                             output_tail=transcript[-30:], stacks=stacks)
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
         raise error
     safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
-    (run_dir / "run.json").write_text(json.dumps({**shape, "status": "finished", "returncode": 0,
-                                                   "wall_time_s": wall_time_s}))
+    RunRecord(RunStatus.FINISHED, wall_time_s, **shape, returncode=0).write(run_dir)
     return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
 
 
@@ -760,7 +755,7 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
             torch.cuda.reset_peak_memory_stats(index)
     saved_argv, saved_cwd, saved_threads = sys.argv, os.getcwd(), torch.get_num_threads()
     start = time.monotonic()
-    status, error = "failed", None
+    status, error = RunStatus.FAILED, None
     try:
         sys.argv = [str(script), *argv]
         os.chdir(run_dir)
@@ -770,21 +765,20 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
             # descriptor: torch then warns; the run itself is unaffected.
             warnings.filterwarnings("ignore", "Unable to enable fault handler", UserWarning)
             module.main()
-        status = "finished"
+        status = RunStatus.FINISHED
     except SystemExit as e:  # a script's own usage error or message
         if e.code not in (0, None):
             error = ConfigError(f"{script.name} exited with {e.code!r}")
         else:
-            status = "finished"
+            status = RunStatus.FINISHED
     finally:
         sys.argv = saved_argv
         os.chdir(saved_cwd)
         torch.set_num_threads(saved_threads)
         wall_time_s = time.monotonic() - start
         (run_dir / "output.log").write_text(output.getvalue())
-        (run_dir / "run.json").write_text(json.dumps({"status": status, "in_process": True,
-                                                       "wall_time_s": wall_time_s, "nnodes": 1,
-                                                       "nproc_per_node": 1, "device": plan.device}))
+        RunRecord(status, wall_time_s, device=plan.device, returncode=0 if status == RunStatus.FINISHED else None,
+                  in_process=True).write(run_dir)
         sys.stdout.write(output.getvalue())
     if error is not None:
         raise error
