@@ -51,13 +51,13 @@ def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
 
 @pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])
 def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, mode, per_step):
-    result = run("grad_accum", ["--accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
+    result = run("grad_accum", ["--grad-accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
     calls = result.metrics().groupby(["rank", "step"])["allreduce_calls"].first()
     assert (calls == per_step).all(), calls  # this small model fits one gradient bucket
     p0, p1 = (torch.load(result.run_dir / "metrics" / f"params_rank{r}.pt") for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0), "replicas stay identical"
     # The reference as notebook 02 computes it: one process on the whole batch, in this process.
-    single = tl.run_in_process("grad_accum", ["--accum-steps", 1, "--micro-batch-size", 3 * 2 * 8, "--max-steps", 2],
+    single = tl.run_in_process("grad_accum", ["--grad-accum-steps", 1, "--batch-size", 3 * 2 * 8, "--max-steps", 2],
                                runs_dir=run_root)
     assert not dist.is_initialized(), "the in-process run joins no process group"
     ref = torch.load(single.run_dir / "metrics" / "params_rank0.pt")
