@@ -132,7 +132,8 @@ def make_data(args, rank, world_size):
     dataset = TeacherDataset(args.dataset_size, args.input_dim, args.output_dim, seed=args.seed)
     # Every rank shuffles with the same seed, so all ranks agree on the permutation and each takes every
     # world_size-th index of it: no sample is seen by two ranks in an epoch. drop_last=True drops the tail that
-    # does not split evenly (the default pads it with repeated samples). One process: a plain shuffled sampler.
+    # does not split evenly (the default pads it with repeated samples). num_replicas and rank are explicit, so
+    # the same line runs without a process group: with one process it is a plain shuffled sampler.
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
                                  drop_last=True)
     # drop_last here too: every step has a full batch on every rank, so every step equals one process's step
@@ -227,12 +228,12 @@ def main():
         cleanup()  # also after an error: leave the process group cleanly, the peers see this rank go
 
 
-# =====================================================================================================================
+# ---------------------------------------------------------------------------------------------------------------
 # Workbook instrumentation: not needed to train on a cluster.
-# What the notebooks use to measure this script and to break it on purpose, each called from the loop above in one
-# line: flag checks, the per-step metrics record (one JSON line per step per rank; the workbook's plots read its
-# keys), memory and gradient statistics, --save-grads-dir, and failure injection (--fail-rank/--fail-step/--fail-mode).
-# =====================================================================================================================
+# What the notebooks use to measure this script and to break it on purpose, each called from the loop above in
+# one line: flag checks, the per-step metrics record (one JSON line per step per rank, whose keys the workbook's
+# plots read), gradient and memory statistics, --save-grads-dir, and failure injection (--fail-*).
+# ---------------------------------------------------------------------------------------------------------------
 
 def add_workbook_flags(p):
     p.add_argument("--metrics-dir", type=str, default="metrics",
@@ -287,7 +288,7 @@ def check_args(p, args):
 
 
 def autocast_supported(dtype, device_type):
-    """Whether this torch autocasts to ``dtype`` on ``device_type`` (an unsupported one only warns and does nothing)."""
+    """Whether this torch autocasts to ``dtype`` on ``device_type`` (an unsupported dtype only warns)."""
     if dtype is None:
         return True
     with warnings.catch_warnings():
@@ -395,7 +396,7 @@ def memory_fields(model, optimizer, device):
 
 
 def skips_collective(args, rank, step):
-    """--fail-mode skip-collective: this rank skips the loss all_reduce of --fail-step (as one inside `if rank == 0:`)."""
+    """--fail-mode skip-collective: this rank skips --fail-step's loss all_reduce (like one under `if rank == 0:`)."""
     return args.fail_mode == "skip-collective" and rank == args.fail_rank and step == args.fail_step
 
 
