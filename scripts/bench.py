@@ -234,7 +234,7 @@ def failure_matrix(root: Path, repeats: int) -> list[dict]:
                                                                  "--pg-timeout-s", 3], **cpu),
         "07 skipped collective": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "skip-collective",
                                                        "--pg-timeout-s", 600], **cpu),
-        "07 mismatch under DETAIL": lambda: tl.run_script("collective_mismatch", ["--skip-rank", 1, "--skip-step", 2,
+        "07 mismatch under DETAIL": lambda: tl.run_script("collective_mismatch", ["--fail-rank", 1, "--fail-step", 2,
                                                           "--max-steps", 4], env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
                                                           **cpu),
         "07 crashing rank": lambda: tl.run_script("ddp_train", [*fail, "--fail-mode", "raise"], **cpu),

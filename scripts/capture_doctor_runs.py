@@ -38,7 +38,7 @@ CASES = {
     "07-hang-stall-timeout": r"--fail-mode hang --pg-timeout-s 600",
     "07-hang-collective-timeout": r"--fail-mode hang --pg-timeout-s \d$",
     "07-skipped-collective": r"--fail-mode skip-collective",
-    "07-detail-mismatch": r"collective_mismatch\.py --skip-rank",
+    "07-detail-mismatch": r"collective_mismatch\.py --fail-rank",
     "07-crashing-rank": r"--fail-mode raise",
     "07-out-of-memory": r"--fail-mode oom",
 }

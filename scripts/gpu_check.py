@@ -62,7 +62,7 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "ddp_train": (("--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10),
                   "rank r on cuda:r, peak_allocated_bytes > 0 on every step, the global loss falls; NVML samples"),
     "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
-                   "FSDP2 with fp16 + GradScaler (CUDA only): a grad_scale and peak_allocated_bytes > 0 every step"),
+                   "FSDP2 with fp16 + GradScaler (CUDA only): a loss_scale and peak_allocated_bytes > 0 every step"),
     "grad_accum": ((), SUCCESS_IS_THE_CHECK),
     "model_parallel": ((), "each rank's halves on the devices pick_devices() gives it, no GPU shared by two ranks, "
                            "split across two GPUs when there is a pair per rank; output equals one device's"),
@@ -299,8 +299,8 @@ def verify_sync_batchnorm(result: tl.LaunchResult, launch: Launch, gpus: int) ->
 
 def verify_fsdp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
     m = result.metrics()
-    assert (m["peak_allocated_bytes"] > 0).all() and m["grad_scale"].notna().all()
-    return (f"fp16 + GradScaler: scale {m['grad_scale'].iloc[-1]:g}, loss {m['loss_global'].iloc[-1]:.3f}, "
+    assert (m["peak_allocated_bytes"] > 0).all() and m["loss_scale"].notna().all()
+    return (f"fp16 + GradScaler: scale {m['loss_scale'].iloc[-1]:g}, loss {m['loss_global'].iloc[-1]:.3f}, "
             f"peak_allocated {m['peak_allocated_bytes'].max() / 2**20:.0f} MiB")
 
 

@@ -1,5 +1,5 @@
-"""The lesson scripts of notebooks 02 and 01 (its DDP pitfalls) on 2 CPU ranks: what each shows, and its
-intended failures.
+"""The lesson scripts of notebooks 02 and 01 (ddp_train.py's proof, its DDP pitfalls) on 2 CPU ranks: what each
+shows, and its intended failures.
 
 Every test uses ``run_root``, which fails the test if any process of its jobs survives.
 """
@@ -51,13 +51,13 @@ def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
 
 @pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])
 def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, mode, per_step):
-    result = run("grad_accum", ["--accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
+    result = run("grad_accum", ["--grad-accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
     calls = result.metrics().groupby(["rank", "step"])["allreduce_calls"].first()
     assert (calls == per_step).all(), calls  # this small model fits one gradient bucket
     p0, p1 = (torch.load(result.run_dir / "metrics" / f"params_rank{r}.pt") for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0), "replicas stay identical"
     # The reference as notebook 02 computes it: one process on the whole batch, in this process.
-    single = tl.run_in_process("grad_accum", ["--accum-steps", 1, "--micro-batch-size", 3 * 2 * 8, "--max-steps", 2],
+    single = tl.run_in_process("grad_accum", ["--grad-accum-steps", 1, "--batch-size", 3 * 2 * 8, "--max-steps", 2],
                                runs_dir=run_root)
     assert not dist.is_initialized(), "the in-process run joins no process group"
     ref = torch.load(single.run_dir / "metrics" / "params_rank0.pt")
@@ -74,6 +74,27 @@ def test_uneven_inputs_hang_becomes_an_error_within_the_group_timeout_and_join_f
     assert time.monotonic() - start < 3 + 20
     steps = run("uneven_inputs", ["--join", "--pg-timeout-s", 3], run_root).metrics().groupby("rank")["step"].max()
     assert steps.to_dict() == {0: 4, 1: 6}
+
+
+def test_ddp_on_two_ranks_equals_one_process_with_the_union_of_their_batches(run_root):
+    """Notebook 01's proof, over two epochs. DistributedSampler with the same seed, shuffle and drop_last: rank r takes
+    every 2nd index of the epoch's permutation from r on, so the ranks' step-k batches together are exactly the
+    step-k batch of one process with twice the batch; DDP averages the ranks' gradients, so only the order of the
+    floating-point sums differs: allclose with a tight tolerance, not bitwise."""
+    common = ["--dataset-size", 96, "--max-steps", 5, "--optimizer", "sgd", "--lr", 0.05, "--save-grads-dir", "grads"]
+    ddp = run("ddp_train", common + ["--batch-size", 16], run_root)
+    single = tl.run_in_process("ddp_train", common + ["--batch-size", 32], runs_dir=run_root, label="single")
+    grads = [torch.load(ddp.run_dir / "grads" / f"grads_rank{r}.pt") for r in (0, 1)]
+    ref = torch.load(single.run_dir / "grads" / "grads_rank0.pt")
+    assert set(grads[0]) == set(ref) and all(torch.equal(grads[0][k], grads[1][k]) for k in ref), "ranks agree bitwise"
+    assert max((grads[0][k] - ref[k]).abs().max().item() for k in ref) < 1e-6
+    assert all(torch.allclose(grads[0][k], ref[k], rtol=1e-5, atol=1e-7) for k in ref)
+    # 96 samples, 32 a step: 3 steps an epoch, so steps 4 and 5 come from the second epoch's shuffle (set_epoch).
+    losses = ddp.metrics().query("rank == 0").sort_values("step")["loss_global"].to_numpy()
+    reference = single.metrics().sort_values("step")["loss_global"].to_numpy()
+    assert len(losses) == len(reference) == 5
+    assert abs(losses - reference).max() < 1e-5 * reference.max(), (losses, reference)
+    assert "epoch 1" in (ddp.run_dir / "output.log").read_text()
 
 
 def test_unused_parameter_fails_with_ddp_reduction_error_and_the_flag_fixes_it(run_root):

@@ -60,7 +60,7 @@ def test_show_script_numbers_lines_and_finds_functions(tmp_path):
     source = path.read_text().splitlines()
     listing = str(tl.show_script(path, "setup"))
     first = next(i for i, line in enumerate(source, 1) if line.startswith("def setup("))
-    assert listing.splitlines()[1] == f"{first}  def setup(args):"
+    assert listing.splitlines()[1].lstrip() == f"{first}  def setup(args):"  # numbers right-aligned to the widest shown
     assert "@record" in str(tl.show_script(path, "main")), "decorators are part of the listing"
     both = str(tl.show_script(path, "cleanup", "setup"))
     assert both.index("def cleanup") < both.index("\n...\n") < both.index("def setup")

@@ -1,10 +1,14 @@
 """The shipped training scripts on their own: `python x.py` works, flags are checked, imports are torch + stdlib."""
 
+import argparse
 import ast
+import functools
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -116,3 +120,94 @@ def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_rank_runners_exit
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
     assert "usage:" in text and "C stdio line, as NCCL INFO writes it" in text
+
+
+# --- one name per concept across the scripts (issue 17) ---------------------------------------------------------
+
+# A concept the scripts share -> its one flag, and the names it once had in some script (which must not come back).
+FLAG_SYNONYMS = {
+    "--grad-scaler": {"--no-grad-scaler", "--scaler", "--use-scaler", "--amp-scaler"},
+    "--grad-accum-steps": {"--accum-steps", "--accumulation-steps", "--gradient-accumulation-steps"},
+    "--batch-size": {"--micro-batch-size", "--micro-batch"},
+    "--fail-rank": {"--skip-rank"},
+    "--fail-step": {"--skip-step"},
+    "--n-layers": {"--layers", "--num-layers"},
+    "--input-dim": {"--features", "--in-features"},
+    "--pg-timeout-s": {"--timeout", "--timeout-s", "--pg-timeout"},
+}
+
+
+def parser_of(name):
+    """The script's own ArgumentParser, as its parse_args builds it (caught at its ``p.parse_args`` call)."""
+    spec = importlib.util.spec_from_file_location(f"_flags_of_{name}", SCRIPTS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Caught(Exception):
+        pass
+
+    def catch(parser, *args, **kwargs):
+        raise Caught(parser)
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch), pytest.raises(Caught) as info:
+        module.parse_args([])
+    return info.value.args[0]
+
+
+@functools.lru_cache(maxsize=1)
+def flag_table():
+    """{flag: {script: (action class, type name, choices)}} over every shipped script."""
+    table = {}
+    for name in SCRIPTS:
+        for action in parser_of(name)._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    table.setdefault(flag, {})[name] = (type(action).__name__, getattr(action.type, "__name__", None),
+                                                        tuple(action.choices) if action.choices else None)
+    return table
+
+
+def test_a_shared_concept_has_one_flag_name_in_every_script():
+    table = flag_table()
+    for canonical, synonyms in FLAG_SYNONYMS.items():
+        found = {flag: sorted(table[flag]) for flag in synonyms if flag in table}
+        assert not found, f"use {canonical} for this concept, not {found}"
+    # Every script with fp16 (so a gradient scaler), accumulation or failure injection names it the same way.
+    for name in SCRIPTS:
+        source = (SCRIPTS_DIR / f"{name}.py").read_text()
+        flags = {flag for flag, scripts in table.items() if name in scripts}
+        if "fp16" in (table.get("--precision", {}).get(name) or (None, None, ()))[2]:  # fp16: a scaler to switch
+            assert "--grad-scaler" in flags and table["--grad-scaler"][name][2] == ("auto", "on", "off"), name
+        if "no_sync()" in source and "micro" in source:
+            assert {"--grad-accum-steps", "--batch-size"} <= flags, name
+        if "--fail-" in source:
+            assert {"--fail-rank", "--fail-step"} <= flags, name
+
+
+PER_SCRIPT_CHOICES = {"--fail-mode", "--strategy"}  # each script lists what it can do; shared values mean the same
+
+
+def test_a_flag_has_the_same_type_and_choices_in_every_script_that_has_it():
+    for flag, scripts in flag_table().items():
+        if flag in PER_SCRIPT_CHOICES:
+            assert len({(kind, type_name) for kind, type_name, _ in scripts.values()}) == 1, (flag, scripts)
+        else:
+            assert len(set(scripts.values())) == 1, (flag, scripts)
+
+
+def test_the_training_scripts_write_the_same_metric_keys_for_the_same_quantities(tmp_path):
+    """One contract for the per-step lines: a loss scale is ``loss_scale`` (the scale the step's backward used) and
+    ``grad_scaler`` says whether a scaler ran, in ddp_train.py and fsdp_train.py alike."""
+    ddp = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 1, "--precision", "bf16", "--grad-scaler", "on",
+               "--metrics-dir", "ddp"], tmp_path)
+    fsdp = run([SCRIPTS_DIR / "fsdp_train.py", "--max-steps", 1, "--strategy", "ddp", "--precision", "bf16",
+                "--grad-scaler", "on", "--dim", 32, "--n-layers", 1, "--metrics-dir", "fsdp"], tmp_path)
+    assert ddp.returncode == 0 and fsdp.returncode == 0, (ddp.stderr[-1000:], fsdp.stderr[-1000:])
+    rows = [json.loads((tmp_path / d / "rank0.jsonl").read_text().splitlines()[0]) for d in ("ddp", "fsdp")]
+    shared = {"step", "max_steps", "rank", "world_size", "device", "precision", "loss_local", "loss_global",
+              "step_time_s", "samples_per_s", "grad_scaler", "loss_scale", "param_bytes", "grad_bytes",
+              "optimizer_state_bytes", "rss_bytes", "peak_rss_bytes"}
+    for row in rows:
+        assert shared <= set(row), shared - set(row)
+        assert row["grad_scaler"] is True and row["loss_scale"] == 2.0**16
+        assert not {"grad_scale", "scale", "accum_steps"} & set(row)

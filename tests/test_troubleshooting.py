@@ -389,7 +389,7 @@ def test_a_skipped_collective_is_caught_by_gloo_at_once(run_root):
 
 @pytest.mark.integration
 def test_detail_debug_names_both_ranks_collectives(run_root):
-    e, _ = launch_failure(run_root, "collective_mismatch", ["--skip-rank", 1, "--skip-step", 2, "--max-steps", 4,
+    e, _ = launch_failure(run_root, "collective_mismatch", ["--fail-rank", 1, "--fail-step", 2, "--max-steps", 4,
                                                            "--pg-timeout-s", 30],
                           env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert e.rank in (0, 1) and e.exit_code == 1, "a Python error, no abort"

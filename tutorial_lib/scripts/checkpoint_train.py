@@ -82,7 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--dataset-size", type=int, default=256, help="samples in the synthetic dataset (count)")
     p.add_argument("--input-dim", type=int, default=32, help="features per sample (count)")
     p.add_argument("--hidden-dim", type=int, default=128, help="width of the hidden layers (count)")
-    p.add_argument("--layers", type=int, default=2, help="hidden layers (count)")
+    p.add_argument("--n-layers", type=int, default=2, help="hidden layers (count)")
     p.add_argument("--output-dim", type=int, default=4, help="targets per sample (count)")
     p.add_argument("--dropout", type=float, default=0.1,
                    help="dropout probability (0..1); its random masks make the RNG state part of the checkpoint")
@@ -106,7 +106,7 @@ def parse_args(argv=None):
     p.add_argument("--fail-mode", choices=["raise", "kill-during-save"], default="raise",
                    help="raise: RuntimeError; kill-during-save: SIGKILL after writing part of the checkpoint")
     args = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "layers", "output_dim"):
+    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "n_layers", "output_dim"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     for name in ("save_every", "stop_at_step", "warmup_steps"):
@@ -171,7 +171,7 @@ class MLP(nn.Module):
 def build_model(args, device):
     # Same seed on every rank: DDP would broadcast rank 0's weights, FSDP2 does not.
     torch.manual_seed(args.seed)
-    model = MLP(args.input_dim, args.hidden_dim, args.output_dim, args.layers, args.dropout).to(device)
+    model = MLP(args.input_dim, args.hidden_dim, args.output_dim, args.n_layers, args.dropout).to(device)
     if not dist.is_initialized():
         return model  # one process: nothing to wrap
     if args.strategy == "ddp":

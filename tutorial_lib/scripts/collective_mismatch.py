@@ -2,13 +2,13 @@
 
 Run card
     python collective_mismatch.py --max-steps 5                     # one process: nothing to mismatch
-    torchrun --nproc-per-node 2 collective_mismatch.py --skip-rank 1 --skip-step 3 --pg-timeout-s 5
-    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --nproc-per-node 2 collective_mismatch.py --skip-rank 1 --skip-step 3
+    torchrun --nproc-per-node 2 collective_mismatch.py --fail-rank 1 --fail-step 3 --pg-timeout-s 5
+    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --nproc-per-node 2 collective_mismatch.py --fail-rank 1 --fail-step 3
 
 What it shows
     * every collective is a rendezvous: all ranks must call the same collectives, in the same order, with
       tensors of the same size; the n-th collective of one rank is matched with the n-th of the others;
-    * when rank ``--skip-rank`` skips the loss all_reduce of step ``--skip-step``, its next collective (the
+    * when rank ``--fail-rank`` skips the loss all_reduce of step ``--fail-step``, its next collective (the
       first gradient of the next step, 4096 floats) meets the peers' loss all_reduce (1 float): gloo notices
       the size difference and aborts the process ("Received data size doesn't match expected size");
     * with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps the process group and compares every collective's
@@ -41,20 +41,21 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=5, help="optimizer steps to run (count)")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (count)")
     p.add_argument("--dim", type=int, default=64, help="features per sample and hidden width (count)")
-    p.add_argument("--skip-rank", type=int, default=-1, help="global rank that skips a collective (-1: none)")
-    p.add_argument("--skip-step", type=int, default=3, help="step whose loss all_reduce that rank skips (count)")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="global rank that skips a collective, as ddp_train.py --fail-mode skip-collective (-1: none)")
+    p.add_argument("--fail-step", type=int, default=3, help="step whose loss all_reduce that rank skips (count)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the synthetic data")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout of the process group (s)")
     args = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "dim", "skip_step"):
+    for name in ("max_steps", "batch_size", "dim", "fail_step"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.pg_timeout_s <= 0:
         p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
-    if args.skip_rank >= 0 and args.skip_step >= args.max_steps:
-        p.error(f"--skip-step must be < --max-steps ({args.max_steps}) so a later collective meets the skipped "
-                f"one, got {args.skip_step}")
+    if args.fail_rank >= 0 and args.fail_step >= args.max_steps:
+        p.error(f"--fail-step must be < --max-steps ({args.max_steps}) so a later collective meets the skipped "
+                f"one, got {args.fail_step}")
     return args
 
 
@@ -100,12 +101,12 @@ def train(args, rank, world_size):
                     p.grad /= world_size
             optimizer.step()
             loss_global = loss.detach().clone()
-            skip = rank == args.skip_rank and step == args.skip_step
+            skip = rank == args.fail_rank and step == args.fail_step
             if dist.is_initialized() and not skip:  # skip: the mistake, e.g. a collective under `if rank == 0`
                 dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
                 loss_global /= world_size
             if skip:
-                sys.stdout.write(f"rank {rank}: skipping the loss all_reduce of step {step} (--skip-rank)\n")
+                sys.stdout.write(f"rank {rank}: skipping the loss all_reduce of step {step} (--fail-rank)\n")
             metrics_file.write(json.dumps({
                 "step": step, "max_steps": args.max_steps, "rank": rank, "world_size": world_size,
                 "loss_local": loss.item(), "loss_global": loss_global.item(),

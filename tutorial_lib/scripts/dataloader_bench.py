@@ -31,7 +31,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset-size", type=int, default=384, help="samples in the dataset (count)")
     p.add_argument("--batch-size", type=int, default=16, help="samples per batch per rank (count)")
-    p.add_argument("--features", type=int, default=1024, help="float32 values per sample (count)")
+    p.add_argument("--input-dim", type=int, default=1024, help="float32 values per sample (count)")
     p.add_argument("--sample-delay-ms", type=float, default=2.0, help="simulated load time per sample (ms)")
     p.add_argument("--epochs", type=int, default=2, help="epochs per configuration (count)")
     p.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="worker counts to try (count)")
@@ -39,7 +39,7 @@ def parse_args(argv=None):
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for loader_rank<RANK>.json")
     args = p.parse_args(argv)
-    for name in ("dataset_size", "batch_size", "features", "epochs"):
+    for name in ("dataset_size", "batch_size", "input_dim", "epochs"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.sample_delay_ms < 0 or any(n < 0 for n in args.num_workers):
@@ -109,7 +109,7 @@ def main():
     rank, world_size, device = setup(args)
     use_cuda, distributed = device.type == "cuda", dist.is_initialized()
     try:
-        dataset = SlowDataset(args.dataset_size, args.features, args.sample_delay_ms / 1000)
+        dataset = SlowDataset(args.dataset_size, args.input_dim, args.sample_delay_ms / 1000)
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
         rows = []
         for config in configurations(args.num_workers, use_cuda):

@@ -1,4 +1,4 @@
-"""DDP training on synthetic regression data, one JSON line of metrics per step per rank.
+"""DDP training of a small MLP on a synthetic dataset, one JSON line of metrics per step per rank.
 
 Run card
     python ddp_train.py --max-steps 20                       # one process, no process group
@@ -14,16 +14,20 @@ Run card
                                                              # skip-collective or oom
 
 What it shows
-    * device from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
-    * every rank trains on its own slice of one global batch, so a DDP step equals one
-      single-process step on the concatenated batch (DDP averages gradients across ranks);
+    * the device comes from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
+    * a map-style Dataset read through a DistributedSampler: each rank gets its own 1/world_size of every
+      epoch's shuffle, and ``sampler.set_epoch(epoch)`` reshuffles each epoch, the same way on every rank;
+    * DDP averages the gradients across ranks during ``backward()``, so W ranks with batch B take the same step as
+      one process with batch W*B on the same samples (up to the order of floating-point sums);
     * the loss a rank computes is its *local* loss; the global loss needs an all_reduce;
-    * mixed precision with the current API (``torch.autocast(device_type, dtype)`` and
-      ``torch.amp.GradScaler(device_type)``, not the deprecated ``torch.cuda.amp``): the forward and the
-      loss run inside autocast, the scaler multiplies the loss before backward so small fp16 gradients do
-      not underflow to zero, gradients are unscaled before anyone reads them (clipping), and a step whose
-      gradients hold inf/NaN is skipped, not applied.
+    * mixed precision with ``torch.autocast(device_type, dtype)`` and ``torch.amp.GradScaler(device_type)``
+      (not the deprecated ``torch.cuda.amp``): the scaler multiplies the loss before backward so small fp16
+      gradients do not underflow to zero, gradients are unscaled before clipping reads them, and a step whose
+      gradients hold inf/NaN is skipped;
+    * ``init_process_group`` with a short timeout, ``@record`` on ``main``, ``destroy_process_group`` in ``finally``.
 
+Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook's
+notebooks use to measure it and to break it on purpose (metrics, memory, failure injection, flag checks).
 Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl``.
 Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
 """
@@ -43,80 +47,42 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # --precision -> autocast dtype
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--max-steps", type=int, default=50, help="optimizer steps to run (count)")
+    p.add_argument("--max-steps", type=int, default=50, help="optimizer steps to run, over as many epochs as needed")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (count)")
+    p.add_argument("--dataset-size", type=int, default=8192, help="samples in the synthetic dataset (count)")
     p.add_argument("--input-dim", type=int, default=64, help="features per sample (count)")
     p.add_argument("--hidden-dim", type=int, default=256, help="width of the hidden layers (count)")
     p.add_argument("--output-dim", type=int, default=8, help="targets per sample (count)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (unitless)")
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="optimizer")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model and the synthetic data")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the dataset and the shuffle")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
-    p.add_argument("--metrics-dir", type=str, default="metrics",
-                   help="folder for rank<RANK>.jsonl (created if missing)")
-    p.add_argument("--save-grads-dir", type=str, default="",
-                   help="if set, save each rank's gradients after the first backward to "
-                        "<dir>/grads_rank<RANK>.pt (to compare DDP with one process)")
-    p.add_argument("--no-metrics", action="store_true",
-                   help="write no per-step metrics (the benchmark measures what they cost)")
-    p.add_argument("--log-every", type=int, default=10, help="print a line every N steps (count)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
-                   help="collective timeout of the process group (seconds); the default of "
-                        "torch is 30 minutes, far too long to notice a hang in a lesson")
-    p.add_argument("--step-delay-s", type=float, default=0.0,
-                   help="extra sleep per step (seconds), to slow a demo down")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="collective timeout of the process group (seconds); torch's default of 30 minutes "
+                        "is far too long to notice a hang")
+    p.add_argument("--log-every", type=int, default=10, help="print a line every N steps (count)")
+    p.add_argument("--precision", choices=list(AMP_DTYPES), default="fp32",
                    help="compute dtype of the forward pass under torch.autocast; parameters, gradients "
                         "and optimizer state stay fp32")
     p.add_argument("--grad-scaler", choices=["auto", "on", "off"], default="auto",
-                   help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range "
-                        "and needs none); off with fp16 shows gradients underflowing")
-    p.add_argument("--init-scale", type=float, default=2.0 ** 16,
-                   help="the scaler's first loss scale (unitless, > 0); too large a value overflows "
-                        "and the first steps are skipped while the scale halves")
+                   help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range)")
     p.add_argument("--clip-grad-norm", type=float, default=0.0,
                    help="clip the global gradient L2 norm to this value (0: no clipping)")
-    p.add_argument("--clip-before-unscale", action="store_true",
-                   help="the mistake: clip the still-scaled gradients (their norm is scale times too "
-                        "large, so clipping shrinks every step far too much)")
-    p.add_argument("--loss-weight", type=float, default=1.0,
-                   help="multiply the loss by this weight (unitless, > 0), as a weighted auxiliary loss "
-                        "does; small weights make every gradient small, which is how fp16 gradients "
-                        "underflow (AdamW itself is almost insensitive to the gradients' scale)")
-    p.add_argument("--fail-rank", type=int, default=-1,
-                   help="inject a failure on this global rank (-1: none)")
-    p.add_argument("--fail-step", type=int, default=0, help="step at which the failure happens")
-    p.add_argument("--fail-mode", choices=["raise", "hang", "skip-collective", "oom"], default="raise",
-                   help="raise: RuntimeError on that rank; hang: that rank sleeps forever "
-                        "while the others wait in the next collective; skip-collective: that rank skips "
-                        "the loss all_reduce of that step, so the ranks' collectives no longer match; "
-                        "oom: that rank allocates far more memory than the machine has (4x the RAM on "
-                        "CPU, 2x the GPU's memory on CUDA) and fails with the allocator's error")
-    args = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "input_dim", "hidden_dim", "output_dim", "log_every"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if args.pg_timeout_s <= 0:
-        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
-    for name in ("init_scale", "loss_weight"):
-        if not getattr(args, name) > 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if args.clip_grad_norm < 0:
-        p.error(f"--clip-grad-norm must be >= 0 (0: off), got {args.clip_grad_norm}")
-    if args.clip_before_unscale and not args.clip_grad_norm:
-        p.error("--clip-before-unscale needs --clip-grad-norm > 0")
-    return args
+    add_workbook_flags(p)
+    return check_args(p, p.parse_args(argv))
 
 
 def setup(args):
     """Join the process group when launched by torchrun; return (rank, local_rank, world_size, device)."""
-    distributed = "RANK" in os.environ  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", 0))  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -126,10 +92,10 @@ def setup(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if distributed:
+    if "RANK" in os.environ:  # under torchrun; `python ddp_train.py` trains alone, without a process group
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
-            timeout=timedelta(seconds=args.pg_timeout_s),
+            timeout=timedelta(seconds=args.pg_timeout_s),  # a hang becomes an error after this, not 30 minutes
             device_id=device if use_cuda else None,
         )
     return rank, local_rank, world_size, device
@@ -138,6 +104,45 @@ def setup(args):
 def cleanup():
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class TeacherDataset(Dataset):
+    """``size`` fixed samples: x ~ N(0, 1), y = a fixed random two-layer "teacher" network of x, plus noise.
+
+    The teacher makes the targets learnable. Everything comes from ``seed``, so every rank (and a single
+    process) builds the very same dataset, and the sampler decides who reads which sample.
+    """
+
+    def __init__(self, size, input_dim, output_dim, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(size, input_dim, generator=g)
+        w1 = torch.randn(input_dim, 32, generator=g) / input_dim ** 0.5
+        w2 = torch.randn(32, output_dim, generator=g) / 32 ** 0.5
+        self.y = torch.tanh(self.x @ w1) @ w2 + 0.01 * torch.randn(size, output_dim, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def make_data(args, rank, world_size):
+    """(sampler, loader): this rank's batches of the shared dataset."""
+    dataset = TeacherDataset(args.dataset_size, args.input_dim, args.output_dim, seed=args.seed)
+    # Every rank shuffles with the same seed, so all ranks agree on the permutation and each takes every
+    # world_size-th index of it: no sample is seen by two ranks in an epoch. drop_last=True drops the tail that
+    # does not split evenly (the default pads it with repeated samples). num_replicas and rank are explicit, so
+    # the same line runs without a process group: with one process it is a plain shuffled sampler.
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed,
+                                 drop_last=True)
+    # drop_last here too: every step has a full batch on every rank, so every step equals one process's step
+    # with batch world_size * batch_size.
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    if len(loader) == 0:
+        raise SystemExit(f"--dataset-size {args.dataset_size} leaves each of {world_size} ranks fewer samples "
+                         f"than --batch-size {args.batch_size}")
+    return sampler, loader
 
 
 class MLP(nn.Module):
@@ -153,19 +158,218 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def global_batch(step, args, world_size):
-    """The whole step's batch, identical on every rank: (world_size * batch_size) samples.
+def make_model(args, local_rank, device):
+    # Same seed on every rank: DDP would broadcast rank 0's weights anyway, but FSDP does not,
+    # and a single-process reference run must start from the same weights.
+    torch.manual_seed(args.seed)
+    model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)  # fp32 weights in every precision
+    if dist.is_initialized():
+        # DDP broadcasts rank 0's parameters, then hooks backward() to all-reduce (average) the gradients.
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    return model
 
-    A fixed teacher network (seeded by --seed) makes the targets learnable; the inputs of
-    each step come from their own seed, so any rank (or a single process) can rebuild them.
+
+def train(args, rank, local_rank, world_size, device):
+    sampler, loader = make_data(args, rank, world_size)
+    model = make_model(args, local_rank, device)
+    optimizer_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
+    optimizer = optimizer_class(model.parameters(), lr=args.lr)
+    amp_dtype = AMP_DTYPES[args.precision]  # None: fp32, autocast off
+    use_scaler = args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16")
+    # enabled=False turns every scaler call into a pass-through, so one loop serves all precisions.
+    scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale, enabled=use_scaler)
+    loss_fn = nn.MSELoss()
+    recorder = StepRecorder(args, rank, local_rank, world_size, device, model, optimizer, scaler)  # workbook
+    step, epoch = 0, 0
+    while step < args.max_steps:  # --max-steps counts optimizer steps, over as many epochs as it takes
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank; without it epochs repeat
+        for x, y in loader:
+            step += 1
+            inject_failure(args, rank, step, device)  # workbook: --fail-rank/--fail-step, a no-op by default
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                # The loss belongs inside autocast as well: autocast runs mse_loss in fp32 on its own.
+                loss = loss_fn(model(x), y)
+            # DDP all-reduces (averages) the fp32 gradient buckets while backward runs. The scaler first
+            # multiplies the loss by its scale, so fp16 gradients stay above fp16's smallest value (6e-8).
+            scaler.scale(loss * args.loss_weight).backward()
+            if not args.clip_before_unscale:  # (--clip-before-unscale: notebook 03's mistake, on purpose)
+                scaler.unscale_(optimizer)  # divide by the scale now: clipping must see the true gradients
+            recorder.gradients(step)  # workbook: gradient norm and zeros before clipping; --save-grads-dir
+            if args.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            scaler.step(optimizer)  # calls optimizer.step() only if every gradient is finite
+            scaler.update()  # halves the scale after a skipped step, doubles it after 2000 good ones
+            # loss is this rank's *local* loss, over its own samples; the global mean needs one more collective.
+            loss_global = loss.detach().float().clone()  # a copy: all_reduce works in place
+            if dist.is_initialized() and not skips_collective(args, rank, step):  # workbook: skip-collective
+                dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # SUM / world_size: gloo has no AVG
+                loss_global /= world_size
+            if step % args.log_every == 0 or step == args.max_steps:  # one write per line: ranks never interleave
+                sys.stdout.write(f"step {step}/{args.max_steps} epoch {epoch} loss_local {loss.item():.5f} "
+                                 f"loss_global {loss_global.item():.5f}\n")
+            recorder.step_done(step, loss, loss_global)  # workbook: one JSON line per step; --step-delay-s
+            if step == args.max_steps:
+                break
+        epoch += 1
+    recorder.close()
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears the process group down while a peer still uses it
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    rank, local_rank, world_size, device = setup(args)
+    try:
+        train(args, rank, local_rank, world_size, device)
+    finally:
+        cleanup()  # also after an error: leave the process group cleanly, the peers see this rank go
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workbook instrumentation: not needed to train on a cluster.
+# What the notebooks use to measure this script and to break it on purpose, each called from the loop above in
+# one line: flag checks, the per-step metrics record (one JSON line per step per rank, whose keys the workbook's
+# plots read), gradient and memory statistics, --save-grads-dir, and failure injection (--fail-*).
+# ---------------------------------------------------------------------------------------------------------------
+
+def add_workbook_flags(p):
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl (created if missing)")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="write no per-step metrics (the benchmark measures what they cost)")
+    p.add_argument("--save-grads-dir", type=str, default="",
+                   help="if set, save each rank's gradients after the first backward to "
+                        "<dir>/grads_rank<RANK>.pt (to compare DDP with one process)")
+    p.add_argument("--step-delay-s", type=float, default=0.0,
+                   help="extra sleep per step (seconds), to slow a demo down")
+    p.add_argument("--init-scale", type=float, default=2.0 ** 16,
+                   help="the scaler's first loss scale (unitless, > 0); too large a value overflows "
+                        "and the first steps are skipped while the scale halves")
+    p.add_argument("--loss-weight", type=float, default=1.0,
+                   help="multiply the loss by this weight (unitless, > 0), as a weighted auxiliary loss "
+                        "does; small weights make every gradient small, which is how fp16 gradients "
+                        "underflow (AdamW itself is almost insensitive to the gradients' scale)")
+    p.add_argument("--clip-before-unscale", action="store_true",
+                   help="the mistake: clip the still-scaled gradients (their norm is scale times too "
+                        "large, so clipping shrinks every step far too much)")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="inject a failure on this global rank (-1: none)")
+    p.add_argument("--fail-step", type=int, default=0, help="step at which the failure happens")
+    p.add_argument("--fail-mode", choices=["raise", "hang", "skip-collective", "oom"], default="raise",
+                   help="raise: RuntimeError on that rank; hang: that rank sleeps forever "
+                        "while the others wait in the next collective; skip-collective: that rank skips "
+                        "the loss all_reduce of that step, so the ranks' collectives no longer match; "
+                        "oom: that rank allocates far more memory than the machine has (4x the RAM on "
+                        "CPU, 2x the GPU's memory on CUDA) and fails with the allocator's error")
+
+
+def check_args(p, args):
+    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
+    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "output_dim", "log_every"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("pg_timeout_s", "init_scale", "loss_weight"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.clip_grad_norm < 0:
+        p.error(f"--clip-grad-norm must be >= 0 (0: off), got {args.clip_grad_norm}")
+    if args.clip_before_unscale and not args.clip_grad_norm:
+        p.error("--clip-before-unscale needs --clip-grad-norm > 0")
+    if args.batch_size > args.dataset_size:
+        p.error(f"--batch-size {args.batch_size} is larger than --dataset-size {args.dataset_size}")
+    device_type = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if not autocast_supported(AMP_DTYPES[args.precision], device_type):
+        p.error(f"--precision {args.precision}: torch {torch.__version__} has no {AMP_DTYPES[args.precision]} "
+                f"autocast on {device_type}; use --precision fp32 or bf16, or run on a GPU")
+    return args
+
+
+def autocast_supported(dtype, device_type):
+    """Whether this torch autocasts to ``dtype`` on ``device_type`` (an unsupported dtype only warns)."""
+    if dtype is None:
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast(device_type, dtype=dtype):
+            return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype
+
+
+class StepRecorder:
+    """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` (unless --no-metrics).
+
+    The keys are the workbook's contract with its plots and notebooks: step, max_steps, rank, local_rank,
+    world_size, device, precision, loss_local, loss_global, step_time_s, samples_per_s, global_samples_per_s,
+    elapsed_s, grad_scaler, loss_scale, step_skipped, optimizer_steps, grad_norm, grad_zero_fraction, and the
+    memory fields of ``memory_fields``. A step's time runs from the end of the previous step, data loading included.
     """
-    teacher = torch.Generator().manual_seed(args.seed + 1_000_003)
-    w1 = torch.randn(args.input_dim, 32, generator=teacher) / args.input_dim ** 0.5
-    w2 = torch.randn(32, args.output_dim, generator=teacher) / 32 ** 0.5
-    g = torch.Generator().manual_seed(args.seed * 100_003 + step)
-    x = torch.randn(world_size * args.batch_size, args.input_dim, generator=g)
-    y = torch.tanh(x @ w1) @ w2 + 0.01 * torch.randn(x.shape[0], args.output_dim, generator=g)
-    return x, y
+
+    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, scaler):
+        self.args, self.rank, self.device, self.model, self.optimizer, self.scaler = (
+            args, rank, device, model, optimizer, scaler)
+        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
+                       "world_size": world_size, "device": str(device), "precision": args.precision}
+        self.applied_steps = 0  # optimizer.step() calls that really ran (the scaler skips inf/NaN steps)
+        optimizer.register_step_post_hook(lambda *_: setattr(self, "applied_steps", self.applied_steps + 1))
+        metrics_dir = Path(args.metrics_dir)
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.file = None if args.no_metrics else open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+        self.start = self.step_start = time.perf_counter()
+        if rank == 0 and args.precision == "fp16" and device.type == "cpu":
+            sys.stdout.write("note: fp16 on CPU has no fast kernels; this run shows fp16 numerics, not speed\n")
+
+    def gradients(self, step):
+        """After backward (and unscale_), before clipping: the gradients' norm and zeros, the scale they used."""
+        if self.args.save_grads_dir and step == 1:
+            save_grads(self.model, self.args.save_grads_dir, self.rank)
+        self.grad_norm, self.grad_zero_fraction = grad_stats(self.model)
+        self.loss_scale = self.scaler.get_scale()  # before update(): the scale this step's backward used
+        self.steps_before = self.applied_steps
+
+    def step_done(self, step, loss, loss_global):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # CUDA runs asynchronously: wait before reading the clock
+        now = time.perf_counter()
+        step_time_s, batch = now - self.step_start, self.args.batch_size
+        if self.file is not None:
+            self.file.write(json.dumps({
+                "step": step, **self.static, "loss_local": loss.item(), "loss_global": loss_global.item(),
+                "step_time_s": step_time_s, "samples_per_s": batch / step_time_s,
+                "global_samples_per_s": self.static["world_size"] * batch / step_time_s,
+                "elapsed_s": now - self.start, "grad_scaler": self.scaler.is_enabled(),
+                "loss_scale": self.loss_scale, "step_skipped": self.applied_steps == self.steps_before,
+                "optimizer_steps": self.applied_steps, "grad_norm": self.grad_norm,
+                "grad_zero_fraction": self.grad_zero_fraction,
+                **memory_fields(self.model, self.optimizer, self.device),
+            }) + "\n")
+        if self.args.step_delay_s:
+            time.sleep(self.args.step_delay_s)
+        self.step_start = time.perf_counter()
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+
+
+def grad_stats(model):
+    """(L2 norm of all gradients, fraction of gradient entries exactly zero) as floats.
+
+    A fraction near 1 means the gradients underflowed: fp16's smallest value is about 6e-8, so a
+    gradient below it becomes 0 and that weight never learns. With fp32 almost no entry is exactly 0.
+    """
+    grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    zeros = sum(int((g == 0).sum()) for g in grads)
+    return norm.item(), zeros / sum(g.numel() for g in grads)
+
+
+def save_grads(model, out_dir, rank):
+    inner = model.module if isinstance(model, DDP) else model  # no "module." prefix in the names
+    grads = {name: p.grad.detach().cpu().clone() for name, p in inner.named_parameters()}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    torch.save(grads, Path(out_dir) / f"grads_rank{rank}.pt")
 
 
 def tensor_bytes(tensors):
@@ -191,18 +395,23 @@ def memory_fields(model, optimizer, device):
     return fields
 
 
+def skips_collective(args, rank, step):
+    """--fail-mode skip-collective: this rank skips --fail-step's loss all_reduce (like one under `if rank == 0:`)."""
+    return args.fail_mode == "skip-collective" and rank == args.fail_rank and step == args.fail_step
+
+
 def inject_failure(args, rank, step, device):
     if rank != args.fail_rank or step != args.fail_step:
         return
     if args.fail_mode == "raise":
         raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
     if args.fail_mode == "skip-collective":
-        return  # the training loop skips this step's loss all_reduce on this rank
+        return  # the training loop skips this step's loss all_reduce on this rank (skips_collective)
     if args.fail_mode == "oom":
         allocate_too_much(rank, step, device)
     sys.stdout.write(f"rank {rank}: hanging at step {step} (--fail-mode hang)\n")
     sys.stdout.flush()
-    while True:  # the other ranks now block in the next all_reduce until --pg-timeout-s
+    while True:  # the other ranks now block in the next collective until --pg-timeout-s
         time.sleep(1)
 
 
@@ -223,136 +432,6 @@ def allocate_too_much(rank, step, device):
     sys.stdout.write(f"rank {rank}: allocating {size / 2**30:.0f} GiB at step {step} (--fail-mode oom)\n")
     sys.stdout.flush()
     return torch.empty(size, dtype=torch.uint8, device=device)
-
-
-@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
-def main():
-    args = parse_args()
-    rank, local_rank, world_size, device = setup(args)
-    try:
-        train(args, rank, local_rank, world_size, device)
-    finally:
-        cleanup()
-
-
-def train(args, rank, local_rank, world_size, device):
-    amp_dtype = autocast_dtype(args.precision, device)
-    # Same seed on every rank: DDP would broadcast rank 0's weights anyway, but FSDP does not,
-    # and a single-process reference run must start from the same weights.
-    torch.manual_seed(args.seed)
-    model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)  # fp32 weights in every precision
-    if dist.is_initialized():
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    if args.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    applied_steps = []  # one entry per optimizer.step() that really ran (the scaler skips inf/NaN steps)
-    optimizer.register_step_post_hook(lambda *_: applied_steps.append(1))
-    use_scaler = args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16")
-    # enabled=False turns every scaler call into a pass-through, so one loop serves all precisions.
-    scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale, enabled=use_scaler)
-    loss_fn = nn.MSELoss()
-    if rank == 0 and args.precision == "fp16" and device.type == "cpu":
-        sys.stdout.write("note: fp16 on CPU has no fast kernels; this run shows fp16 numerics, not speed\n")
-
-    metrics_dir = Path(args.metrics_dir)
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    metrics_file = None if args.no_metrics else open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
-    start = time.perf_counter()
-    for step in range(1, args.max_steps + 1):
-        inject_failure(args, rank, step, device)
-        t0 = time.perf_counter()
-        x, y = global_batch(step, args, world_size)
-        # This rank's slice of the global batch: ranks never see the same sample in a step.
-        x = x[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
-        y = y[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-            # The loss belongs inside autocast as well: autocast runs mse_loss in fp32 on its own.
-            loss = loss_fn(model(x), y)
-        # DDP all-reduces (averages) the fp32 gradient buckets while backward runs. The scaler first
-        # multiplies the loss by its scale, so fp16 gradients stay above fp16's smallest value (6e-8).
-        scaler.scale(loss * args.loss_weight).backward()
-        if not args.clip_before_unscale:
-            scaler.unscale_(optimizer)  # divide by the scale now: clipping must see the true gradients
-        if args.save_grads_dir and step == 1:
-            save_grads(model, args.save_grads_dir, rank)
-        grad_norm, grad_zero_fraction = grad_stats(model)
-        if args.clip_grad_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-        loss_scale = scaler.get_scale()
-        steps_before = len(applied_steps)
-        scaler.step(optimizer)  # calls optimizer.step() only if every gradient is finite
-        scaler.update()  # halves the scale after a skipped step, doubles it after 2000 good ones
-        # loss is this rank's *local* loss; the global mean needs one more collective.
-        loss_global = loss.detach().float().clone()  # a copy: all_reduce works in place
-        skip = args.fail_mode == "skip-collective" and rank == args.fail_rank and step == args.fail_step
-        if dist.is_initialized() and not skip:  # skip: this rank's next collective is the peers' wrong one
-            dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
-            loss_global /= world_size
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_time_s = time.perf_counter() - t0
-        if metrics_file is not None:
-            record_ = {
-                "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
-                "world_size": world_size, "device": str(device), "precision": args.precision,
-                "loss_local": loss.item(), "loss_global": loss_global.item(),
-                "step_time_s": step_time_s, "samples_per_s": args.batch_size / step_time_s,
-                "global_samples_per_s": world_size * args.batch_size / step_time_s,
-                "elapsed_s": time.perf_counter() - start,
-                "grad_scaler": use_scaler, "loss_scale": loss_scale,
-                "step_skipped": len(applied_steps) == steps_before, "optimizer_steps": len(applied_steps),
-                "grad_norm": grad_norm, "grad_zero_fraction": grad_zero_fraction,
-                **memory_fields(model, optimizer, device),
-            }
-            metrics_file.write(json.dumps(record_) + "\n")
-        if step % args.log_every == 0 or step == args.max_steps:
-            # One write per line: two ranks printing at once then never interleave mid-line.
-            scale_text = f" loss_scale {loss_scale:g}" if use_scaler else ""
-            sys.stdout.write(f"step {step}/{args.max_steps} loss_local {loss.item():.5f} "
-                             f"loss_global {loss_global.item():.5f} step_time_s {step_time_s:.4f}{scale_text}\n")
-        if args.step_delay_s:
-            time.sleep(args.step_delay_s)
-    if metrics_file is not None:
-        metrics_file.close()
-    if dist.is_initialized():
-        dist.barrier()  # nobody tears the process group down while a peer still uses it
-
-
-def autocast_dtype(precision, device):
-    """The autocast dtype for --precision (None for fp32); SystemExit if this torch lacks it on device."""
-    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    if dtype is None:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unsupported dtype only warns and disables autocast
-        with torch.autocast(device.type, dtype=dtype):
-            supported = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == dtype
-    if not supported:
-        raise SystemExit(f"--precision {precision}: torch {torch.__version__} has no {dtype} autocast on "
-                         f"{device.type}; use --precision fp32 or bf16, or run on a GPU")
-    return dtype
-
-
-def grad_stats(model):
-    """(L2 norm of all gradients, fraction of gradient entries exactly zero) as floats.
-
-    A fraction near 1 means the gradients underflowed: fp16's smallest value is about 6e-8, so a
-    gradient below it becomes 0 and that weight never learns. With fp32 almost no entry is exactly 0.
-    """
-    grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    zeros = sum(int((g == 0).sum()) for g in grads)
-    return norm.item(), zeros / sum(g.numel() for g in grads)
-
-
-def save_grads(model, out_dir, rank):
-    inner = model.module if isinstance(model, DDP) else model  # no "module." prefix in the names
-    grads = {name: p.grad.detach().cpu().clone() for name, p in inner.named_parameters()}
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    torch.save(grads, Path(out_dir) / f"grads_rank{rank}.pt")
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def parse_args(argv=None):
                    help="ddp: replicate; fsdp2: torch.distributed.fsdp.fully_shard; fsdp1: FullyShardedDataParallel")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32; bf16: compute in bfloat16, fp32 shards and reduce; fp16: CUDA only, with a grad scaler")
-    p.add_argument("--no-grad-scaler", action="store_true",
-                   help="with --precision fp16: train without a scaler, the seed's mistake (gradients underflow)")
+    p.add_argument("--grad-scaler", choices=["auto", "on", "off"], default="auto",
+                   help="torch.amp.GradScaler (ShardedGradScaler with fsdp1): auto = on for fp16 only; off with "
+                        "fp16 is the seed's mistake (gradients underflow)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward (non-reentrant checkpoint)")
     p.add_argument("--wrap", choices=WRAPS, default="block",
@@ -93,8 +94,6 @@ def parse_args(argv=None):
         p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
     if args.cpu_offload and args.strategy != "fsdp2":
         p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
-    if args.no_grad_scaler and args.precision != "fp16":
-        p.error(f"--no-grad-scaler only makes sense with --precision fp16, got --precision {args.precision}")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.precision == "fp16" and not use_cuda:
         # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
@@ -344,12 +343,12 @@ def train(args, rank, world_size, device):
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     scaler = None
-    if args.precision == "fp16" and not args.no_grad_scaler:
+    if args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16"):
         if args.strategy == "fsdp1":
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-            scaler = ShardedGradScaler()  # unscales and checks inf/nan across all ranks' shards
+            scaler = ShardedGradScaler(device.type)  # unscales and checks inf/nan across all ranks' shards
         else:
-            scaler = torch.amp.GradScaler("cuda")  # not the deprecated torch.cuda.amp.GradScaler of seed 000
+            scaler = torch.amp.GradScaler(device.type)  # not the deprecated torch.cuda.amp.GradScaler of seed 000
     # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
     autocast = args.strategy == "ddp" and args.precision != "fp32"
     counter = SavedActivations()
@@ -394,6 +393,7 @@ def train(args, rank, world_size, device):
             loss_sum += loss.detach()
         if args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
             zero_grads = sum(int((local(p.grad) == 0).sum()) for p in model.parameters() if p.grad is not None)
+        loss_scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
         if scaler:
             scaler.step(optimizer)  # unscales, and skips the step if any rank's gradients hold inf/nan
             scaler.update()
@@ -411,9 +411,9 @@ def train(args, rank, world_size, device):
                "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
                "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
                "fsdp_units": len(units), "activation_bytes": saved_bytes, "block_forwards": block_forwards[0],
-               **memory_fields(model, optimizer, device)}
+               "grad_scaler": scaler is not None, **memory_fields(model, optimizer, device)}
         if scaler:
-            row["grad_scale"] = scaler.get_scale()
+            row["loss_scale"] = loss_scale
         if zero_grads is not None:
             row["zero_grad_elements"] = zero_grads
         metrics_file.write(json.dumps(row) + "\n")

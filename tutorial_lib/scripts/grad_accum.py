@@ -1,15 +1,15 @@
 """Gradient accumulation under DDP: no_sync() vs an all-reduce on every micro-batch, counted.
 
 Run card
-    python grad_accum.py --accum-steps 1 --micro-batch-size 64        # one process, the whole batch at once
-    torchrun --nproc-per-node 2 grad_accum.py --accum-steps 4 --micro-batch-size 8
-    torchrun --nproc-per-node 2 grad_accum.py --accum-steps 4 --micro-batch-size 8 \
-        --accumulation every_micro_step                                  # the seeds' loop
+    python grad_accum.py --grad-accum-steps 1 --batch-size 64             # one process, the whole batch at once
+    torchrun --nproc-per-node 2 grad_accum.py --grad-accum-steps 4 --batch-size 8
+    torchrun --nproc-per-node 2 grad_accum.py --grad-accum-steps 4 --batch-size 8 \
+        --accumulation every_micro_step                                     # the seeds' loop
 
-One optimizer step consumes a global batch of accum_steps * world_size * micro_batch_size samples:
-on every micro-step each rank takes its own slice. Each micro-batch loss is divided by accum_steps,
-so the accumulated gradient is the gradient of the *mean* loss over the global batch, the same as
-one process computing the whole batch at once (and DDP averages over ranks on top).
+One optimizer step consumes a global batch of grad_accum_steps * world_size * batch_size samples (batch_size:
+per rank per micro-batch): on every micro-step each rank takes its own slice. Each micro-batch loss is divided
+by grad_accum_steps, so the accumulated gradient is the gradient of the *mean* loss over the global batch, the
+same as one process computing the whole batch at once (and DDP averages over ranks on top).
 
 During backward DDP all-reduces every gradient bucket. Inside ``model.no_sync()`` it only
 accumulates locally, so with no_sync on the first K-1 micro-batches there is one round of
@@ -38,8 +38,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-steps", type=int, default=3, help="optimizer steps (count)")
-    p.add_argument("--accum-steps", type=int, default=4, help="micro-batches per optimizer step (count)")
-    p.add_argument("--micro-batch-size", type=int, default=8, help="samples per rank per micro-batch (count)")
+    p.add_argument("--grad-accum-steps", type=int, default=4, help="micro-batches per optimizer step (count)")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per rank per micro-batch (count)")
     p.add_argument("--accumulation", choices=["no_sync", "every_micro_step"], default="no_sync",
                    help="no_sync: all-reduce only on the last micro-batch; every_micro_step: the seeds' loop")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (unitless)")
@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl and params")
     args = p.parse_args(argv)
-    for name in ("max_steps", "accum_steps", "micro_batch_size"):
+    for name in ("max_steps", "grad_accum_steps", "batch_size"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     return args
@@ -80,9 +80,9 @@ def counting_allreduce_hook(counter, bucket):
 
 
 def global_batch(step, args, world_size):
-    """The samples of one optimizer step: (accum_steps * world_size * micro_batch_size) rows, same on every rank."""
+    """The samples of one optimizer step: (grad_accum_steps * world_size * batch_size) rows, same on every rank."""
     g = torch.Generator().manual_seed(args.seed * 100_003 + step)
-    n = args.accum_steps * world_size * args.micro_batch_size
+    n = args.grad_accum_steps * world_size * args.batch_size
     x = torch.randn(n, 32, generator=g)
     y = x[:, :4].sin() + 0.1 * torch.randn(n, 4, generator=g)
     return x, y
@@ -112,19 +112,19 @@ def train(args, device):
     loss_fn = nn.MSELoss()
     Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
     log = open(Path(args.metrics_dir) / f"rank{rank}.jsonl", "a", buffering=1)
-    mb = args.micro_batch_size
+    mb = args.batch_size
     for step in range(1, args.max_steps + 1):
         t0 = time.perf_counter()
         x, y = global_batch(step, args, world_size)
         calls_before = counter.calls
         loss_sum = 0.0
-        for k in range(args.accum_steps):
+        for k in range(args.grad_accum_steps):
             rows = slice((k * world_size + rank) * mb, (k * world_size + rank + 1) * mb)  # this rank's slice
-            last = k == args.accum_steps - 1
+            last = k == args.grad_accum_steps - 1
             # Skip the gradient all-reduce on all but the last micro-batch: gradients accumulate locally.
             sync_off = args.accumulation == "no_sync" and not last and isinstance(model, DDP)
             with model.no_sync() if sync_off else contextlib.nullcontext():
-                loss = loss_fn(model(x[rows].to(device)), y[rows].to(device)) / args.accum_steps
+                loss = loss_fn(model(x[rows].to(device)), y[rows].to(device)) / args.grad_accum_steps
                 loss.backward()
             loss_sum += loss.item()
         optimizer.step()
@@ -133,10 +133,10 @@ def train(args, device):
             torch.cuda.synchronize(device)
         log.write(json.dumps({
             "step": step, "max_steps": args.max_steps, "rank": rank, "world_size": world_size,
-            "accumulation": args.accumulation, "accum_steps": args.accum_steps,
+            "accumulation": args.accumulation, "grad_accum_steps": args.grad_accum_steps,
             "loss_local": loss_sum, "allreduce_calls": counter.calls - calls_before,
             "step_time_s": time.perf_counter() - t0,
-            "samples_per_s": args.accum_steps * mb / (time.perf_counter() - t0),
+            "samples_per_s": args.grad_accum_steps * mb / (time.perf_counter() - t0),
         }) + "\n")
     log.close()
     inner = model.module if isinstance(model, DDP) else model

@@ -30,9 +30,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch-size", type=int, default=4, help="samples per rank (count)")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for syncbn_rank<RANK>.json")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
-                   help="process-group backend (gloo also moves cuda tensors: tl.run_in_process uses it so no NCCL "
-                        "runs inside a notebook's kernel)")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="process-group backend; auto: nccl (this script runs on GPUs only; gloo also moves cuda "
+                        "tensors: tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
     args = p.parse_args(argv)
     if args.batch_size <= 1:
         p.error(f"--batch-size must be > 1 (BatchNorm needs a variance), got {args.batch_size}")
@@ -47,11 +47,12 @@ def main():
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank)  # LOCAL_RANK picks this node's GPU
     torch.cuda.set_device(device)
-    device_id = device if args.backend == "nccl" else None
+    backend = "nccl" if args.backend == "auto" else args.backend
+    device_id = device if backend == "nccl" else None
     if "RANK" in os.environ:
-        dist.init_process_group(args.backend, timeout=timedelta(seconds=60), device_id=device_id)
+        dist.init_process_group(backend, timeout=timedelta(seconds=60), device_id=device_id)
     else:
-        dist.init_process_group(args.backend, init_method="tcp://127.0.0.1:29511", rank=0, world_size=1,
+        dist.init_process_group(backend, init_method="tcp://127.0.0.1:29511", rank=0, world_size=1,
                                 timeout=timedelta(seconds=60), device_id=device_id)
     try:
         rank, world_size = dist.get_rank(), dist.get_world_size()
