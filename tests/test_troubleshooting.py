@@ -475,7 +475,7 @@ def test_resuming_a_checkpoint_into_a_model_of_another_shape_names_the_key_and_b
                           runs_dir=run_root, device="cpu", nproc_per_node=2, timeout_s=120, live="off")
     step = saved.run_dir / "checkpoints" / "step-2"
     e, _ = launch_failure(run_root, "checkpoint_train", ["--format", "dcp", "--resume", step, "--max-steps", 4,
-                                                        "--layers", 3], nproc_per_node=2, timeout_s=120)
+                                                        "--n-layers", 3], nproc_per_node=2, timeout_s=120)
     mismatch = ("ValueError: Size mismatch between saved torch.Size([4, 128]) and current: torch.Size([128, 128]) for "
                 "model.net.6.weight")
     assert e.exit_code == 1 and e.failure.traceback.splitlines()[-1] == mismatch and e.cause == mismatch
