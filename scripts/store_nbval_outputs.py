@@ -3,7 +3,7 @@
     python scripts/store_nbval_outputs.py              # every notebook in notebooks/
     python scripts/store_nbval_outputs.py 01_ddp       # one
 
-nbval (``--nbval-lax``, as ``make test`` runs it) compares only cells marked ``# NBVAL_CHECK_OUTPUT``:
+nbval (``--nbval-lax``, as ``make test`` runs it) compares only cells tagged ``nbval-check-output``:
 the asserted claims. Those keep their output and execution count; every other cell is stored
 without outputs, so the notebooks in git stay small and diff cleanly (no images, no timings).
 Run this after changing a claim's printed text, on the CPU default (2 ranks).
@@ -20,7 +20,11 @@ import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-MARKER = "NBVAL_CHECK_OUTPUT"
+TAG = "nbval-check-output"  # nbval's cell tag for a checked cell
+
+
+def checked(cell) -> bool:
+    return cell.cell_type == "code" and TAG in cell.metadata.get("tags", [])
 
 
 def store(path: Path) -> None:
@@ -31,13 +35,11 @@ def store(path: Path) -> None:
         NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}},
                        record_timing=False).execute()
     for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        if MARKER not in cell.source:
+        if cell.cell_type == "code" and not checked(cell):
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
-    print(f"stored reference outputs of {sum(MARKER in c.source for c in nb.cells)} checked cell(s) in {path.name}")
+    print(f"stored reference outputs of {sum(map(checked, nb.cells))} checked cell(s) in {path.name}")
 
 
 def main(names: list[str]) -> int:

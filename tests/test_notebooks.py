@@ -25,7 +25,8 @@ def test_notebook_is_thin_and_parameterised(path):
     for name in ("NPROC", "DEVICE", "RUNS_DIR", "TIMEOUT_S", "RANK_ENV"):
         assert re.search(rf"^{name}: [\w\[\]]+ = ", tagged[0].source, re.M), name  # typed, for tl.check_parameters
     assert all(len(c.source.splitlines()) <= 15 for c in code), "cells stay short: the logic is in tutorial_lib"
-    checked = [c for c in code if "NBVAL_CHECK_OUTPUT" in c.source]
+    checked = [c for c in code if "nbval-check-output" in c.metadata.get("tags", [])]
+    assert not any("NBVAL_" in c.source for c in code), "nbval's cell tags, not comments in the code a learner reads"
     assert checked, "claims are checked by nbval"
     for cell in checked:
         assert "assert" in cell.source and cell.execution_count and cell.outputs, \
@@ -39,7 +40,7 @@ DEVICE_DEPENDENT = re.compile(r"\{[^}]*\b(world_size|plan\b|nproc_per_node|gpu_c
 def test_checked_outputs_do_not_depend_on_the_device_or_the_rank_count(path):
     """nbval compares the stored text on GPUs too: a checked cell prints no rank count, device or backend."""
     nb = nbformat.read(path, as_version=4)
-    for cell in (c for c in nb.cells if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source):
+    for cell in (c for c in nb.cells if c.cell_type == "code" and "nbval-check-output" in c.metadata.get("tags", [])):
         for line in cell.source.splitlines():
             if ("print(" in line or line.lstrip().startswith(('f"', "f'"))) and "# same on every device" not in line:
                 assert not DEVICE_DEPENDENT.search(line), f"device-dependent checked output: {line.strip()}"
