@@ -37,8 +37,20 @@ def test_memory_plot_uses_samples_in_mib_or_falls_back_to_metrics(metrics, sampl
     ax = tl.plot_memory(samples).axes[0]
     assert len(ax.get_lines()) == 2 and "RSS" in ax.get_ylabel()
     assert ax.get_lines()[0].get_ydata()[0] == 250
-    ax = tl.plot_memory(None, metrics).axes[0]
+    without_tensor_bytes = metrics.drop(columns=[c for c in ("param_bytes", "grad_bytes") if c in metrics])
+    ax = tl.plot_memory(None, without_tensor_bytes).axes[0]
     assert ax.get_xlabel() == "step" and ax.get_lines()[0].get_ydata()[0] == 300
+
+
+def test_on_cpu_the_memory_panel_stacks_what_a_rank_holds_not_rss(metrics, samples):
+    """RSS on CPU is mostly `import torch`; the lesson is parameters, gradients, optimizer state (issue 17)."""
+    tensors = metrics.assign(param_bytes=2 * 2**20, grad_bytes=2 * 2**20, optimizer_state_bytes=4 * 2**20)
+    ax = tl.plot_run(tensors, samples).axes[1]
+    assert ax.get_title().startswith("tensor memory per rank") and ax.get_ylabel() == "MiB"
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:3] == ["parameters", "gradients", "optimizer state"]
+    assert max(line.get_ydata().max() for line in ax.get_lines()) == 8, "the other rank's total: 2 + 2 + 4 MiB"
+    on_gpu = tl.plot_run(tensors, samples.assign(gpu_used_bytes=2**30)).axes[1]
+    assert "GPU" in on_gpu.get_ylabel(), "on a GPU the sampled device memory stays the panel"
 
 
 def test_gpu_memory_per_process_is_preferred_when_sampled(samples):

@@ -39,6 +39,33 @@ def draw_loss(ax, metrics: pd.DataFrame) -> None:
     ax.legend(fontsize=8)
 
 
+TENSOR_BYTES = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state",
+                "activation_bytes": "activations (saved for backward)"}
+
+
+def draw_tensor_bytes(ax, metrics: pd.DataFrame) -> None:
+    """Stack what one rank holds per step: parameters, gradients, optimizer state, saved activations (MiB).
+
+    Rank 0's parts are stacked; every other rank's total is a dashed line (equal under DDP, shards under FSDP).
+    The columns are the exact tensor bytes the training scripts log each step (``*_bytes`` metrics); a column a
+    script does not log is left out.
+    """
+    columns = [c for c in TENSOR_BYTES if c in metrics.columns and metrics[c].notna().any()]
+    by_rank = {rank: df.sort_values("step") for rank, df in metrics.groupby("rank")}
+    first = min(by_rank)
+    df = by_rank[first]
+    ax.stackplot(df["step"], *[df[c].fillna(0) / MIB for c in columns], labels=[TENSOR_BYTES[c] for c in columns],
+                 alpha=0.8)
+    for rank, other in by_rank.items():
+        if rank != first:
+            ax.plot(other["step"], other[columns].fillna(0).sum(axis=1) / MIB, ls="--", lw=1, color="black",
+                    label=f"rank {rank} total")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MiB")
+    ax.set_title(f"tensor memory per rank (rank {first} stacked)")
+    ax.legend(fontsize=7, loc="lower right")
+
+
 def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None,
                 notes: Sequence[str] | None = None) -> None:
     """Draw memory per rank against time: GPU memory per process when sampled, else RSS.
@@ -53,8 +80,12 @@ def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame |
     if notes:
         ax.text(0.02, 0.98, "\n".join(textwrap.fill(note, 70) for note in notes), transform=ax.transAxes,
                 va="top", ha="left", fontsize=7, color="#b71c1c")
+    on_gpu = samples is not None and "gpu_used_bytes" in samples and samples["gpu_used_bytes"].notna().any()
+    if not on_gpu and metrics is not None and len(metrics) and {"param_bytes", "grad_bytes"} <= set(metrics.columns):
+        draw_tensor_bytes(ax, metrics)  # on CPU, RSS is mostly `import torch`: show what the lesson is about
+        return
     if samples is not None and len(samples):
-        column = "gpu_used_bytes" if "gpu_used_bytes" in samples and samples["gpu_used_bytes"].notna().any() else "rss_bytes"
+        column = "gpu_used_bytes" if on_gpu else "rss_bytes"
         for rank, df in samples.groupby("rank"):
             ax.plot(df["time_s"], df[column] / MIB, lw=1.2, label=f"rank {rank}")
         ax.set_xlabel("time since launch (s)")
