@@ -66,8 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
-                   help="collective timeout of the process group (seconds); torch's default of 30 minutes "
-                        "is far too long to notice a hang")
+                   help="collective timeout of the process group (seconds); torch's default (10 minutes on "
+                        "NCCL, 30 on gloo) is far too long to notice a hang")
     p.add_argument("--log-every", type=int, default=10, help="print a line every N steps (count)")
     p.add_argument("--precision", choices=list(AMP_DTYPES), default="fp32",
                    help="compute dtype of the forward pass under torch.autocast; parameters, gradients "
@@ -95,7 +95,7 @@ def setup(args):
     if "RANK" in os.environ:  # under torchrun; `python ddp_train.py` trains alone, without a process group
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
-            timeout=timedelta(seconds=args.pg_timeout_s),  # a hang becomes an error after this, not 30 minutes
+            timeout=timedelta(seconds=args.pg_timeout_s),  # a hang becomes an error after this, not 10-30 minutes
             device_id=device if use_cuda else None,
         )
     return rank, local_rank, world_size, device

@@ -80,7 +80,7 @@ def parse_args(argv=None):
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
-                   help="collective timeout of the process group (seconds); torch's default is 30 minutes")
+                   help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, 30 on gloo")
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                    help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
                         "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
