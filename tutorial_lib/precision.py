@@ -161,7 +161,8 @@ def float_formats() -> pd.DataFrame:
 
     Columns: ``bits``, ``max``, ``smallest_normal``, ``smallest_subnormal``, ``eps`` (the gap above 1.0).
     bf16 keeps fp32's 8 exponent bits (same range, fewer digits); fp16 has 5, so values below about
-    6e-8 become 0 and values above 65504 become inf.
+    6e-5 lose digits (subnormals), below about 3e-8 (half the smallest subnormal, 6e-8) become 0, and values
+    above 65504 become inf.
     """
     rows = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):

@@ -192,7 +192,7 @@ def train(args, rank, local_rank, world_size, device):
                 # The loss belongs inside autocast as well: autocast runs mse_loss in fp32 on its own.
                 loss = loss_fn(model(x), y)
             # DDP all-reduces (averages) the fp32 gradient buckets while backward runs. The scaler first
-            # multiplies the loss by its scale, so fp16 gradients stay above fp16's smallest value (6e-8).
+            # multiplies the loss by its scale, so fp16 gradients stay above the 3e-8 below which fp16 rounds to 0.
             scaler.scale(loss * args.loss_weight).backward()
             if not args.clip_before_unscale:  # (--clip-before-unscale: notebook 03's mistake, on purpose)
                 scaler.unscale_(optimizer)  # divide by the scale now: clipping must see the true gradients
@@ -356,8 +356,8 @@ class StepRecorder:
 def grad_stats(model):
     """(L2 norm of all gradients, fraction of gradient entries exactly zero) as floats.
 
-    A fraction near 1 means the gradients underflowed: fp16's smallest value is about 6e-8, so a
-    gradient below it becomes 0 and that weight never learns. With fp32 almost no entry is exactly 0.
+    A fraction near 1 means the gradients underflowed: fp16's smallest value is about 6e-8 and anything
+    below about 3e-8 rounds to 0, so that weight never learns. With fp32 almost no entry is exactly 0.
     """
     grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
