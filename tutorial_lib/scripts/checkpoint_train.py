@@ -18,7 +18,8 @@ What it shows
       (no gather), and a different number of ranks can load them (resharding);
     * ``--format full``: the full state dict is *gathered on every rank* (a collective under FSDP)
       and written by rank 0 only; ``--save-mode rank0-only`` is seed 001's mistake (the gather is
-      entered on rank 0 alone) and hangs until ``--pg-timeout-s``;
+      entered on rank 0 alone) and hangs until ``--pg-timeout-s``; ``--load-mode rank0-only`` is its
+      load: plain tensors loaded into FSDP2's DTensor parameters on rank 0 only, which raises;
     * crash safety: a save goes to ``<checkpoint-dir>/.tmp-step-N/`` and becomes ``step-N/`` (with its
       ``checkpoint.json``) only once every rank has finished writing; a folder without both never
       counts, so a process killed during a save leaves the previous checkpoint as the newest one;
@@ -78,6 +79,9 @@ def parse_args(argv=None):
                         "file of the gathered state, written by rank 0")
     p.add_argument("--save-mode", choices=["correct", "rank0-only"], default="correct",
                    help="rank0-only: seed 001's mistake, the full state dict gathered on rank 0 only (hangs)")
+    p.add_argument("--load-mode", choices=["correct", "rank0-only"], default="correct",
+                   help="rank0-only: seed 001's load, model.load_state_dict(torch.load(...)) on rank 0 only "
+                        "(--format full); into FSDP2's sharded parameters it raises")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (count)")
     p.add_argument("--dataset-size", type=int, default=256, help="samples in the synthetic dataset (count)")
     p.add_argument("--input-dim", type=int, default=32, help="features per sample (count)")
@@ -358,6 +362,8 @@ def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, ra
         # Seed 001 loads on rank 0 only into a sharded model. Instead: rank 0 reads the file and
         # broadcast_from_rank0 sends every rank its part (its shards under FSDP, everything under DDP).
         full = torch.load(path / FULL_FILE, map_location="cpu", weights_only=True) if rank == 0 else {}
+        if args.load_mode == "rank0-only" and rank == 0:  # seed 001's load: whole tensors into this rank's model
+            model.load_state_dict(full["model"])  # FSDP2: "got mixed torch.Tensor and DTensor"
         options = full_options(broadcast_from_rank0=dist.is_initialized())
         set_model_state_dict(model, full.get("model", {}), options=options)
         set_optimizer_state_dict(model, optimizer, full.get("optim", {}), options=options)
