@@ -417,6 +417,179 @@ def _ranks_on_this_machine(run_dir: Path, record: RunRecord | None) -> int | Non
     return sum(map(int, counts)) if counts else None
 
 
+@dataclass
+class _RankOutput:
+    """``output.log`` read rank by rank.
+
+    Attributes:
+        ranked: every ``(rank, line)`` in order (``rank`` is ``None`` for torchrun's own lines).
+        by_rank: each rank's lines, without version noise (e.g. DCP's TypedStorage warning).
+        lines: the lines that are evidence: no version noise, no C++ log lines or DETAIL fingerprints.
+        tails: every rank's last lines, as the launcher keeps them (nothing printed).
+    """
+
+    ranked: list[tuple[int | None, str]] = field(default_factory=list)
+    by_rank: dict[int | None, list[str]] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    tails: ThrottledPrinter = field(default_factory=ThrottledPrinter)
+
+
+def _read_output(run_dir: Path, error: LaunchError | None) -> str:
+    """The run's ``output.log`` (``""`` if there is none), after checking that ``run_dir`` is a run directory.
+
+    Raises:
+        ConfigError: not a run directory, or (given a folder, not an error) one whose launch did not start.
+    """
+    _check_run_dir(run_dir)
+    log_path = run_dir / "output.log"
+    output = log_path.read_text(errors="replace") if log_path.exists() else ""
+    if error is None and output == "" and not (run_dir / "logs").exists():
+        raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
+    return output
+
+
+def _evidence_output(output: str, recovered: bool) -> str:
+    """The output that is evidence: all of it, or for a run that finished after a restart, the output up to the
+    agent's last "failed (exitcode: ...)" line (what the restarted attempt printed is not evidence)."""
+    agent_failures = list(AGENT_FAILED.finditer(output)) if recovered else []
+    return output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
+
+
+def _split_ranks(output: str) -> _RankOutput:
+    """``output`` rank by rank (see ``_RankOutput``)."""
+    ranks = _RankOutput()
+    noise = NoiseFilter()
+    for rank, text in rank_lines(output):  # output.log of an older launch has ranks' chunks on one line
+        ranks.ranked.append((rank, text))
+        if noise.kind(rank, text) == NoiseFilter.VERSION:
+            continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
+        ranks.tails.emit(rank, text, show=False)
+        ranks.by_rank.setdefault(rank, []).append(text)
+        if not _NOISE.search(text):
+            ranks.lines.append(text)
+    return ranks
+
+
+def _run_failed(error: LaunchError | None, timed_out: bool, failure: RankFailure | None,
+                error_files: dict[int | None, str], output: str) -> bool:
+    """Whether anything says the run failed: an error, a timeout, a root cause, an error file, a traceback."""
+    return (error is not None or timed_out or failure is not None or bool(error_files)
+            or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
+
+
+def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
+    """Every rank's last metrics step; a ``LaunchTimeout``'s own ``last_steps`` win over the metrics files."""
+    last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
+    return {**_last_steps(run_dir), **last_steps}
+
+
+def _where(run_dir: Path, error: LaunchError | None, record: RunRecord | None, ranked: list[tuple[int | None, str]],
+           failed_rank: int | None, timed_out: bool) -> dict[int, str]:
+    """``{rank: "file:line in function"}``: the error's or ``run.json``'s stacks, else (not on a timeout) those
+    the other ranks printed when torchrun stopped them (SIGTERM)."""
+    where = dict(getattr(error, "where", {}) or {})
+    where = where or (dict(record.where) if record is not None else {})
+    if not where and not timed_out:
+        stacks = stopped_ranks_stacks(ranked, run_dir / "logs", one_node=not any((run_dir / "logs").glob("node*")),
+                                      failed_rank=failed_rank)
+        where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+    return where
+
+
+def _error_line(failure: RankFailure, timed_out: bool, lines: list[str]) -> str:
+    """The root cause's exception line; when no rank failed (torchrun itself did), torchrun's own last one."""
+    error_line = _exception_line(failure.traceback) if failure.traceback else ""
+    if not error_line and failure.rank is None and not timed_out:  # torchrun's own traceback is in the output
+        torchrun_errors = [t for t in lines if _EXCEPTION_LINE.match(t.strip()) and "ChildFailedError" not in t]
+        error_line = torchrun_errors[-1].strip() if torchrun_errors else ""
+    return error_line
+
+
+def _limits(error: LaunchError | None, record: RunRecord | None, timed_out: bool) -> tuple[float | None, str]:
+    """``(timeout_s, limit)`` of ``Diagnosis``: from a ``LaunchTimeout``, else from ``run.json``."""
+    timeout_s = error.timeout_s if isinstance(error, LaunchTimeout) else record.timeout_s if record else None
+    limit = (getattr(error, "limit", "timeout_s") if isinstance(error, LaunchTimeout)
+             else (record.limit if record and record.limit else "timeout_s") if timed_out else "")
+    return timeout_s, limit
+
+
+def _failed_diagnosis(run_dir: Path, error: LaunchError | None, record: RunRecord | None, failure: RankFailure,
+                      ranks: _RankOutput, timed_out: bool, recovered: bool, last_steps: dict[int, int]) -> Diagnosis:
+    """The ``Diagnosis`` of a failed run before its cause is known: who failed, how, where every rank was."""
+    tb_lines = [line for line in (failure.traceback or "").splitlines() if line.strip()]
+    timeout_s, limit = _limits(error, record, timed_out)
+    return Diagnosis(
+        run_dir=run_dir, failed=not recovered, recovered=recovered, rank=failure.rank, exit_code=failure.exit_code,
+        signal=signal_name(failure.exit_code), error=_error_line(failure, timed_out, ranks.lines),
+        traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps,
+        where=_where(run_dir, error, record, ranks.ranked, failure.rank, timed_out), timeout_s=timeout_s, limit=limit,
+    )
+
+
+def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> bool:
+    """Set the first of ``CAUSES`` whose pattern a line of ``texts`` matches (in ``texts``' order); ``False`` if
+    none does. On a timeout, the causes from "collective timeout (hang)" on are not tried: the stacks say more."""
+    for cause in CAUSES:
+        if timed_out and cause.name in ("collective timeout (hang)", "NCCL error"):
+            return False  # a wall-clock timeout is a hang; the stacks say more than a message
+        for text in texts:
+            match = next((m for m in map(cause.pattern.search, text.splitlines()) if m), None)
+            if match:
+                line = match.string.strip()
+                start = max(0, match.start() - len(match.string) + len(line) - 100)
+                evidence = line if start == 0 else "..." + line[start:]
+                evidence = cause.describe(line) if cause.describe else evidence
+                diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
+                nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
+                if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
+                                     or 0) > 1:
+                    diagnosis.fix += _P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
+                return True
+    return False
+
+
+def _last_words(failure: RankFailure, rank_lines_: list[str]) -> str:
+    """A rank's faulthandler report, else the last line of its log tail (not faulthandler's module list)."""
+    return _fatal_error(rank_lines_) or next(
+        (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
+
+
+def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: list[str], timed_out: bool) -> None:
+    """Set the cause when no message of ``CAUSES`` matched: from the timeout, the exception, the signal or the
+    exit code. ``rank_lines_``: the failed rank's lines of output."""
+    if timed_out:
+        diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"
+        diagnosis.fix = _HANG_FIX
+        diagnosis.evidence = f"last step per rank {diagnosis.last_steps}" if diagnosis.last_steps else ""
+    elif diagnosis.error and diagnosis.signal is None:
+        name = diagnosis.error.split(":", 1)[0]
+        diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", diagnosis.error
+        diagnosis.fix = _EXCEPTION_FIX.format(rank=failure.rank)
+    elif _aborted_in_collective(diagnosis.signal, rank_lines_):
+        mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
+        diagnosis.cause, diagnosis.fix = mismatch.name, mismatch.fix
+        diagnosis.evidence = _fatal_error(rank_lines_)
+    elif diagnosis.signal is not None:
+        diagnosis.cause = f"killed by {diagnosis.signal}"
+        diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
+        diagnosis.evidence = _last_words(failure, rank_lines_)
+    elif failure.rank is not None and not failure.traceback and (failure.exit_code or 0) > 0:
+        # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
+        code = failure.exit_code
+        diagnosis.cause = f"exited with code {code} without a traceback"
+        diagnosis.fix = _EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
+        last = last_meaningful_line(failure.log_tail)
+        diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
+    elif failure.rank is not None and not failure.traceback and failure.exit_code is None:
+        # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
+        # peers failed on the lost connection: the rank died outside Python.
+        diagnosis.cause = "died without a Python error"
+        diagnosis.fix = _NO_ERROR_FIX
+        diagnosis.evidence = _last_words(failure, rank_lines_)
+    else:
+        diagnosis.fix = "no known pattern: read output.log and logs/*/attempt_*/<local_rank>/ in the run directory"
+
+
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """Summarise a failed run: who failed first, how, where every rank was, the suspected cause and the fix.
 
@@ -436,117 +609,23 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """
     error = run if isinstance(run, LaunchError) else None
     run_dir = Path(error.run_dir if error is not None else run)
-    _check_run_dir(run_dir)
-    log_path = run_dir / "output.log"
-    output = log_path.read_text(errors="replace") if log_path.exists() else ""
-    if error is None and output == "" and not (run_dir / "logs").exists():
-        raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
-
-    # run.json says how the launch ended: a timeout is then diagnosed from the run directory alone, and a run
-    # that finished after a restart by the failure it recovered from (the output up to the agent's last
-    # "failed (exitcode: ...)" line: what the restarted attempt printed is not evidence).
+    output = _read_output(run_dir, error)
+    # run.json: a timeout is diagnosed from the folder alone, a run finished after a restart by what it recovered from
     record = RunRecord.read(run_dir) if error is None else None
     recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
-    agent_failures = list(AGENT_FAILED.finditer(output)) if recovered else []
-    evidence_output = output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
-
-    tails = ThrottledPrinter()  # only keeps every rank's last lines (emit with show=False prints nothing)
-    lines, by_rank, ranked = [], {}, []
-    noise = NoiseFilter()
-    for rank, text in rank_lines(evidence_output):  # output.log of an older launch has ranks' chunks on one line
-        ranked.append((rank, text))
-        if noise.kind(rank, text) == NoiseFilter.VERSION:
-            continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
-        tails.emit(rank, text, show=False)
-        by_rank.setdefault(rank, []).append(text)
-        if not _NOISE.search(text):
-            lines.append(text)
-
-    if error is not None:
-        failure = error.failure
-    else:
-        failure = _root_cause(run_dir, output, tails, recovered=recovered)
+    ranks = _split_ranks(_evidence_output(output, recovered))
+    failure = error.failure if error is not None else _root_cause(run_dir, output, ranks.tails, recovered=recovered)
     error_files = _error_files(run_dir)
-    timed_out = isinstance(error, LaunchTimeout)
-    timed_out = timed_out or (record is not None and record.status == RunStatus.TIMEOUT)
-    failed = (error is not None or timed_out or failure is not None or bool(error_files)
-              or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
-
-    last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
-    last_steps = {**_last_steps(run_dir), **last_steps}
-    where = dict(getattr(error, "where", {}) or {})
-    where = where or (dict(record.where) if record is not None else {})
-    recovered = recovered and failed
-    if not failed:
+    timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
+    last_steps = _run_last_steps(run_dir, error)
+    if not _run_failed(error, timed_out, failure, error_files, output):
         return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
 
     failure = failure or RankFailure(rank=None, exit_code=None)
-    if not where and not timed_out:  # the other ranks' stacks, printed when torchrun stopped them (SIGTERM)
-        stacks = stopped_ranks_stacks(ranked, run_dir / "logs", one_node=not any((run_dir / "logs").glob("node*")),
-                                      failed_rank=failure.rank)
-        where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
-    traceback = failure.traceback or ""
-    tb_lines = [line for line in traceback.splitlines() if line.strip()]
-    error_line = _exception_line(traceback) if traceback else ""
-    if not error_line and failure.rank is None and not timed_out:  # torchrun itself failed: its own traceback is in the output
-        torchrun_errors = [t for t in lines if _EXCEPTION_LINE.match(t.strip()) and "ChildFailedError" not in t]
-        error_line = torchrun_errors[-1].strip() if torchrun_errors else ""
-    diagnosis = Diagnosis(
-        run_dir=run_dir, failed=not recovered, recovered=recovered, rank=failure.rank, exit_code=failure.exit_code,
-        signal=signal_name(failure.exit_code), error=error_line,
-        traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps, where=where,
-        timeout_s=error.timeout_s if isinstance(error, LaunchTimeout) else record.timeout_s if record else None,
-        limit=(getattr(error, "limit", "timeout_s") if isinstance(error, LaunchTimeout)
-               else (record.limit if record and record.limit else "timeout_s") if timed_out else ""),
-    )
+    diagnosis = _failed_diagnosis(run_dir, error, record, failure, ranks, timed_out, recovered, last_steps)
     # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
-    texts = [traceback, *error_files.values(), *(getattr(error, "output_tail", None) or []), *lines]
-    for cause in CAUSES:
-        if timed_out and cause.name in ("collective timeout (hang)", "NCCL error"):
-            break  # a wall-clock timeout is a hang; the stacks below say more than a message
-        for text in texts:
-            match = next((m for m in map(cause.pattern.search, text.splitlines()) if m), None)
-            if match:
-                line = match.string.strip()
-                start = max(0, match.start() - len(match.string) + len(line) - 100)
-                evidence = line if start == 0 else "..." + line[start:]
-                evidence = cause.describe(line) if cause.describe else evidence
-                diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
-                nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
-                if nccl_timeout and (_ranks_on_this_machine(run_dir, RunRecord.read(run_dir)) or 0) > 1:
-                    diagnosis.fix += _P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
-                return diagnosis
-    if timed_out:
-        diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"
-        diagnosis.fix = _HANG_FIX
-        diagnosis.evidence = f"last step per rank {last_steps}" if last_steps else ""
-    elif error_line and diagnosis.signal is None:
-        name = error_line.split(":", 1)[0]
-        diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", error_line
-        diagnosis.fix = _EXCEPTION_FIX.format(rank=failure.rank)
-    elif _aborted_in_collective(diagnosis.signal, by_rank.get(failure.rank, [])):
-        mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
-        diagnosis.cause, diagnosis.fix = mismatch.name, mismatch.fix
-        diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, []))
-    elif diagnosis.signal is not None:
-        diagnosis.cause = f"killed by {diagnosis.signal}"
-        diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
-        diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
-            (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
-    elif failure.rank is not None and not traceback and (failure.exit_code or 0) > 0:
-        # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
-        code = failure.exit_code
-        diagnosis.cause = f"exited with code {code} without a traceback"
-        diagnosis.fix = _EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
-        last = last_meaningful_line(failure.log_tail)
-        diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
-    elif failure.rank is not None and not traceback and failure.exit_code is None:
-        # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
-        # peers failed on the lost connection: the rank died outside Python.
-        diagnosis.cause = "died without a Python error"
-        diagnosis.fix = _NO_ERROR_FIX
-        diagnosis.evidence = _fatal_error(by_rank.get(failure.rank, [])) or next(
-            (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
-    else:
-        diagnosis.fix = "no known pattern: read output.log and logs/*/attempt_*/<local_rank>/ in the run directory"
+    texts = [failure.traceback or "", *error_files.values(), *(getattr(error, "output_tail", None) or []),
+             *ranks.lines]
+    if not _match_cause(diagnosis, texts, timed_out):
+        _fallback_cause(diagnosis, failure, ranks.by_rank.get(failure.rank, []), timed_out)
     return diagnosis
