@@ -406,3 +406,81 @@ def test_run_json_has_one_schema_and_reads_back(tmp_path):
     assert old.status == RunStatus.FAILED and old.returncode == 1 and old.nproc_per_node is None
     (tmp_path / "run.json").write_text("{not json")
     assert RunRecord.read(tmp_path) is None
+
+
+# --- launch()'s parts, each without launching: plan, output pump, limits, outcome -------------------------------------
+
+def _pump_for(tmp_path, nodes=(0,), nnodes=1):
+    import io
+
+    from tutorial_lib.launcher import _OutputPump
+    script = tmp_path / "t.py"
+    script.write_text("")
+    spec = LaunchSpec(script, nnodes=nnodes, device="cpu")
+    log = io.StringIO()
+    return _OutputPump(spec, tmp_path, list(nodes), ThrottledPrinter(io.StringIO()), log), log
+
+
+def test_the_plan_builds_each_nodes_command_and_writes_command_txt_but_starts_nothing(tmp_path):
+    from tutorial_lib.launcher import _plan_launch
+    script = tmp_path / "t.py"
+    script.write_text("")
+    lp = _plan_launch(LaunchSpec(script, args=["--x", 1], nproc_per_node=2, device="cpu", master_port=29511))
+    assert lp.nodes == [0] and lp.store is None and lp.command == lp.commands[0]
+    assert lp.command[lp.command.index("--master-port") + 1] == "29511" and lp.command[-2:] == ["--x", "1"]
+    assert lp.node_log_dir(0) == tmp_path.resolve() / "logs" and lp.envs[0]["OMP_NUM_THREADS"] == "1"
+    assert lp.shape == {"nnodes": 1, "nproc_per_node": 2, "device": "cpu"}
+    assert shlex.join(lp.command) in (tmp_path / "command.txt").read_text()
+    assert not (tmp_path / "output.log").exists() and not (tmp_path / "run.json").exists()
+
+
+def test_the_limit_check_names_the_limit_and_a_stall_needs_a_first_metrics_line(tmp_path):
+    from tutorial_lib.launcher import limit_reached
+    script = tmp_path / "t.py"
+    script.write_text("")
+    spec = LaunchSpec(script, timeout_s=10, stall_timeout_s=3)
+    assert limit_reached(spec, 9.0, None) is None
+    assert limit_reached(spec, 10.5, 9.0) == "timeout_s"
+    assert limit_reached(spec, 8.0, None) is None, "no metrics line yet: start-up is not a stall"
+    assert limit_reached(spec, 8.0, 4.5) == "stall_timeout_s" and limit_reached(spec, 8.0, 5.5) is None
+    assert limit_reached(LaunchSpec(script, timeout_s=10), 9.9, 0.0) is None, "stall_timeout_s=None: off"
+
+
+def test_the_pump_logs_every_piece_keeps_transcripts_and_labels_a_nodes_agent_lines(tmp_path):
+    pump, log = _pump_for(tmp_path, nodes=(0, 1), nnodes=2)
+    pump.lines.put((1, "[rank2]:step 1"))
+    pump.lines.put((0, "I1130 agent line"))
+    pump.lines.put((0, None))
+    assert pump.read_lines(0.01) and pump.open_streams == {1}
+    assert log.getvalue() == "[rank2]:step 1\nI1130 agent line\n"
+    assert pump.node_transcripts == {0: ["I1130 agent line"], 1: ["[rank2]:step 1"]}
+    assert pump.ranked == [(2, "step 1"), (None, "I1130 agent line")]
+    assert not pump.read_lines(0.01), "nothing more arrived"
+
+
+def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(tmp_path):
+    from tutorial_lib.launcher import _failure_error, _LaunchPlan
+    from tutorial_lib.run_record import RunStatus
+    pump, _ = _pump_for(tmp_path)
+    for line in ["torch.distributed.DistNetworkError: address already in use (EADDRINUSE)"]:
+        pump.take(0, line)
+    lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
+    error, record = _failure_error(lp, pump, {0: 1}, 2.5)
+    assert str(error).startswith("t.py failed: torchrun exited with code 1: port None is already in use")
+    assert error.returncode == 1 and error.failure is None and error.output_tail == pump.transcript
+    assert record.status == RunStatus.FAILED and record.returncode == 1 and record.summary == error.summary
+    assert not (tmp_path / "run.json").exists(), "launch writes the record after the view's last word"
+
+
+def test_the_failure_outcome_names_the_rank_whose_error_file_torchrun_summarised(tmp_path):
+    from tutorial_lib.launcher import _failure_error, _LaunchPlan
+    pump, _ = _pump_for(tmp_path)
+    for line in (FIXTURES / "torchrun_failure_summary.txt").read_text().splitlines():
+        pump.take(0, line)
+    error_dir = tmp_path / "logs" / "none_abc" / "attempt_0" / "1"
+    error_dir.mkdir(parents=True)
+    (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
+    lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
+    error, record = _failure_error(lp, pump, {0: 1}, 2.5)
+    assert record.summary.startswith("t.py failed on rank 1 (exit code 1)")
+    assert "ValueError: boom on rank 1" in error.failure.traceback

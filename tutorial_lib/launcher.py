@@ -349,7 +349,11 @@ def catches_signal(pid: int, sig: int) -> bool:
 
 
 class _Timeout(Exception):
-    pass
+    """A limit of the job was reached; ``limit`` names it (``"timeout_s"`` or ``"stall_timeout_s"``)."""
+
+    def __init__(self, limit: str = "timeout_s") -> None:
+        super().__init__(limit)
+        self.limit = limit
 
 
 @contextlib.contextmanager
@@ -379,6 +383,364 @@ def safe_draw(draw, *args) -> None:
         log.warning("the live view could not draw", exc_info=True)
 
 
+# --- plan: everything decided before a process starts ---------------------------------------------------------------
+
+@dataclass
+class _LaunchPlan:
+    """What ``launch`` starts, worked out before anything runs: one torchrun command and environment per node."""
+
+    spec: LaunchSpec
+    plan: DevicePlan
+    script: Path
+    run_dir: Path
+    nodes: list[int]  # the node ranks this launch starts
+    job_env: dict[str, str]
+    commands: dict[int, list[str]] = field(default_factory=dict)
+    envs: dict[int, dict[str, str]] = field(default_factory=dict)
+    store: object = None  # simulated nodes: the rendezvous store, hosted here until every agent is gone
+
+    @property
+    def command(self) -> list[str]:
+        return self.commands[self.nodes[0]]
+
+    @property
+    def shape(self) -> dict:
+        """The job's shape, in every run.json (the doctor reads it)."""
+        return dict(nnodes=self.spec.nnodes, nproc_per_node=self.plan.nproc_per_node, device=self.plan.device)
+
+    def node_log_dir(self, node: int) -> Path:
+        return self.run_dir / "logs" / f"node{node}" if self.spec.nnodes > 1 else self.run_dir / "logs"
+
+
+def _rendezvous(spec: LaunchSpec) -> tuple[object, int]:
+    """The rendezvous store (simulated nodes only, else ``None``) and port."""
+    if spec.nnodes == 1:
+        return None, spec.master_port or free_port()
+    # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
+    # while the other agents still wait at torchrun's exit barrier (an error with a C++ trace).
+    # It listens on a socket bound to 127.0.0.1 (TCPStore alone would listen on every interface).
+    from torch.distributed import TCPStore
+    listener = socket.create_server((LOOPBACK, spec.master_port or 0))
+    port = listener.getsockname()[1]
+    store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach(),
+                     timeout=timedelta(seconds=spec.rendezvous_timeout_s))  # the store now owns the socket
+    return store, port
+
+
+def _plan_launch(spec: LaunchSpec) -> _LaunchPlan:
+    """Validate ``spec``, resolve the device, host the rendezvous, build each node's command and environment,
+    and write ``command.txt``; nothing is started."""
+    plan = spec.validate()
+    script = Path(spec.script).resolve()
+    run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
+    nodes = list(spec.start_nodes) if spec.start_nodes is not None else list(range(spec.nnodes))
+    store, port = _rendezvous(spec)
+    job_env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
+    lp = _LaunchPlan(spec, plan, script, run_dir, nodes, job_env, store=store)
+    for node in nodes:
+        lp.commands[node] = build_command(script, spec.args, plan, master_port=port, log_dir=lp.node_log_dir(node),
+                                          max_restarts=spec.max_restarts, nnodes=spec.nnodes,
+                                          rendezvous_id=run_dir.name, rendezvous_timeout_s=spec.rendezvous_timeout_s)
+        lp.envs[node] = dict(job_env)
+        if spec.nnodes > 1:
+            # Node ranks come from the rendezvous, so lines are labelled with the global rank.
+            lp.envs[node].setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+            if plan.device == "cuda":  # each simulated node its own GPUs
+                lp.envs[node]["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, plan.nproc_per_node,
+                                                                             plan.gpu_count)
+    (run_dir / "command.txt").write_text("".join(
+        (f"# node {node}\n" if spec.nnodes > 1 else "") + command_text(lp.commands[node], lp.envs[node], run_dir, os.environ)
+        for node in nodes))
+    return lp
+
+
+# --- pump: every output line, from the reader threads to output.log, the transcripts and the cell --------------------
+
+class _OutputPump:
+    """What the job's output lines go through and into: the tee splitter, the noise filter, the throttled
+    printer, ``output.log``, the whole transcript, each node's transcript, and the (rank, text) of every line.
+
+    The reader threads put ``(node, line)`` on ``lines`` (``(node, None)`` when a node's stream ends); only the
+    launching thread takes them off, with ``read_lines``.
+    """
+
+    def __init__(self, spec: LaunchSpec, run_dir: Path, nodes: Sequence[int], printer: ThrottledPrinter,
+                 output_log) -> None:
+        self.spec, self.run_dir, self.printer, self.output_log = spec, run_dir, printer, output_log
+        self.lines: queue.Queue = queue.Queue()
+        self.transcript: list[str] = []
+        self.node_transcripts: dict[int, list[str]] = {node: [] for node in nodes}
+        self.ranked: list[tuple[int | None, str]] = []  # (global rank or None, text) of every line
+        self.open_streams = set(nodes)
+        self.noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
+        self.tee = TeeSplitter()  # one rank's piece per line, in output.log and on screen
+        self.torchrun_traceback = False
+
+    def take(self, node: int, line: str) -> None:
+        """Log, keep and (throttled) show one output line of ``node``'s agent, piece by piece: torchrun writes a
+        rank's unfinished line (a ``\\r`` progress bar) and the next rank's chunk on one line (``split_tee_line``)."""
+        for piece in self.tee.split(line):
+            self.take_piece(node, piece)
+
+    def take_piece(self, node: int, line: str) -> None:
+        self.output_log.write(line + "\n")
+        self.transcript.append(line)
+        self.node_transcripts[node].append(line)
+        rank, text = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
+        self.ranked.append((rank, text))
+        if rank is None and self.spec.nnodes > 1:
+            text = f"[node {node}] {text}"
+        # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
+        # it stays in output.log and the error's output_tail, not on screen.
+        self.torchrun_traceback = self.torchrun_traceback or (rank is None and "Traceback" in text)
+        kind = self.noise.kind(rank, text)
+        self.printer.emit(rank, text, show=not (rank is None and self.torchrun_traceback) and kind is None,
+                          keep=kind != NoiseFilter.VERSION)  # version noise is no rank's last words
+
+    def read_lines(self, wait_s: float) -> bool:
+        """Take every line available within ``wait_s``; True if any arrived."""
+        got = False
+        try:
+            item = self.lines.get(timeout=wait_s)
+            while True:
+                node, line = item
+                if line is None:
+                    self.open_streams.discard(node)
+                else:
+                    self.take(node, line)
+                    got = True
+                item = self.lines.get_nowait()
+        except queue.Empty:
+            pass
+        return got
+
+    def dump_stacks(self, tree: ProcessTree) -> dict[int, str]:
+        """Ask every rank that catches SIGUSR1 (faulthandler) for its Python stack; collect what they print."""
+        targets = {rank: proc for rank, proc in tree.rank_processes().items()
+                   if catches_signal(proc.pid, STACK_DUMP_SIGNAL)}
+        mark = len(self.ranked)
+        for proc in targets.values():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(STACK_DUMP_SIGNAL)
+        deadline = time.monotonic() + (STACK_DUMP_WAIT_S if targets else 0)
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            if self.read_lines(0.1):
+                quiet_since = time.monotonic()
+            answered = {rank for rank, text in self.ranked[mark:]
+                        if rank is not None and text.startswith(("Current", "Thread"))}
+            if answered >= set(targets) and time.monotonic() - quiet_since > 0.5:
+                break
+        stacks: dict[int, list[str]] = {}
+        for rank, text in self.ranked[mark:]:
+            if rank in targets and _STACK_LINE.match(text):
+                stacks.setdefault(rank, []).append(text)
+        return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
+
+    def finish(self) -> None:
+        """After the output log is closed: show what was held back, and say how many traceback lines were not shown."""
+        self.printer.flush_suppressed()
+        if self.noise.traceback_lines:
+            self.printer.note(f"{self.noise.traceback_lines} traceback line(s) not shown (the exception line is); "
+                              f"every line is in {self.run_dir / 'output.log'}")
+
+
+def limit_reached(spec: LaunchSpec, elapsed: float, progress_at: float | None) -> str | None:
+    """The limit the job has gone past ``elapsed`` s after its start (``"timeout_s"`` or ``"stall_timeout_s"``), or
+    ``None``; ``progress_at``: when a rank last logged a metrics line (``None``: none yet, no stall possible)."""
+    if elapsed > spec.timeout_s:
+        return "timeout_s"
+    if spec.stall_timeout_s and progress_at is not None and elapsed - progress_at > spec.stall_timeout_s:
+        return "stall_timeout_s"
+    return None
+
+
+# --- start and watch: the node processes, their readers, the memory sampler, the live view ---------------------------
+
+class _RunningJob:
+    """The started torchrun agents (one per node), their process tree, output readers and memory sampler."""
+
+    def __init__(self, lp: _LaunchPlan, pump: _OutputPump, view) -> None:
+        self.lp, self.pump, self.view = lp, pump, view
+        self.metrics_tail = JsonlTail(lp.run_dir / METRICS_SUBDIR, "rank*.jsonl")
+        self.start = time.monotonic()
+        safe_draw(view.start)
+        self.procs: dict[int, subprocess.Popen] = {}
+        try:
+            for node in lp.nodes:
+                self.procs[node] = subprocess.Popen(
+                    lp.commands[node], cwd=lp.run_dir, env=lp.envs[node], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=set_parent_death_signal,
+                )
+        except BaseException:
+            for proc in self.procs.values():
+                ProcessTree(proc.pid).stop(proc, lp.spec.shutdown_grace_s)
+            pump.output_log.close()
+            raise
+        self.tree = ProcessTree(*(proc.pid for proc in self.procs.values()))
+        # The job's GPUs, numbered as its ranks see them (simulated nodes: node n's cuda:i is the job's n * nproc + i).
+        self.sampler = MemorySampler(self.tree, lp.run_dir, hz=lp.spec.sample_memory_hz,
+                                     sample_gpus=lp.plan.device == "cuda", env=lp.job_env)
+        self.sampler.start()
+        self.readers = [threading.Thread(target=_reader, args=(proc.stdout, pump.lines, node),
+                                         name=f"tutorial_lib-reader-{node}", daemon=True)
+                        for node, proc in self.procs.items()]
+        for reader in self.readers:
+            reader.start()
+        log.info("launched %s (pids %s) in %s", shlex.join(lp.command), [p.pid for p in self.procs.values()],
+                 lp.run_dir)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def wait(self) -> dict[int, int]:
+        """Pump output and update the view until every agent exited and its output is read; the return codes.
+
+        Raises ``_Timeout`` past a limit (``limit_reached``)."""
+        last_view, progress_at, exited_at = 0.0, None, None
+        while self.pump.open_streams or any(proc.poll() is None for proc in self.procs.values()):
+            self.pump.read_lines(0.1)
+            elapsed = self.elapsed()
+            if elapsed - last_view >= 0.25:
+                last_view = elapsed
+                new_records = self.metrics_tail.read_new()
+                if new_records:
+                    progress_at = elapsed
+                self.view.add(new_records)
+                safe_draw(self.view.update, elapsed, self.sampler.rss_samples)
+            if limit := limit_reached(self.lp.spec, elapsed, progress_at):
+                raise _Timeout(limit)
+            if self.pump.open_streams and all(proc.poll() is not None for proc in self.procs.values()):
+                exited_at = exited_at or elapsed
+                if elapsed - exited_at > 2.0:  # torchrun is gone but orphans still hold the pipe open
+                    self.tree.kill_leftovers()
+        return {node: proc.wait() for node, proc in self.procs.items()}
+
+    def close(self) -> None:
+        """On every path: stop sampling, kill leftovers, read the last lines, close the log and the pipes."""
+        self.sampler.stop()
+        self.tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
+        for reader in self.readers:
+            reader.join(timeout=5)
+        self.pump.read_lines(0)  # lines that arrived after the loop ended
+        self.pump.output_log.close()
+        for proc in self.procs.values():
+            if proc.stdout:
+                proc.stdout.close()
+        self.pump.finish()
+
+
+# --- outcome: the error or result, run.json, and the live view's last word ------------------------------------------
+
+def _timeout_error(lp: _LaunchPlan, pump: _OutputPump, limit: str, elapsed: float, ranks_running: list[int],
+                   last_steps: dict[int, int], stacks: dict[int, str], returncode: int | None) -> LaunchTimeout:
+    """The ``LaunchTimeout`` of a job stopped at ``limit``; writes its run.json."""
+    limit_s, what = _limit_text(lp.spec, limit)
+    summary = (f"{lp.script.name} {what} and was stopped; "
+               f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
+    if stacks:
+        summary += "; where each rank was: " + "; ".join(
+            f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
+    error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
+                          run_dir=lp.run_dir, command=lp.command, returncode=returncode,
+                          output_tail=pump.transcript[-30:])
+    RunRecord(RunStatus.TIMEOUT, elapsed, **lp.shape, summary=summary, timeout_s=limit_s, limit=limit,
+              where={r: innermost_frame(s_) for r, s_ in stacks.items()}).write(lp.run_dir)
+    return error
+
+
+def _limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str]:
+    """The value of ``limit`` in ``spec`` and what the job did to reach it."""
+    if limit == "stall_timeout_s":
+        return spec.stall_timeout_s, (f"made no progress for {spec.stall_timeout_s:g} s "
+                                      "(no rank logged a step; limit stall_timeout_s)")
+    return spec.timeout_s, f"timed out after {spec.timeout_s:g} s (limit timeout_s)"
+
+
+def _stop_job(job: _RunningJob, exc: BaseException) -> LaunchTimeout | None:
+    """Stop the job (after asking its ranks for their stacks on a timeout) and report why: the ``LaunchTimeout``
+    to raise, or ``None`` after saying that an interrupt or another exception stopped it (it is re-raised)."""
+    lp, pump, view = job.lp, job.pump, job.view
+    ranks_running = job.tree.ranks_alive()
+    stacks = {}
+    if isinstance(exc, _Timeout):
+        with sigint_deferred():
+            stacks = pump.dump_stacks(job.tree)
+    with sigint_deferred():  # a second interrupt must not cut the cleanup short
+        killed = job.tree.stop(list(job.procs.values()), lp.spec.shutdown_grace_s)
+    elapsed = job.elapsed()
+    view.add(job.metrics_tail.read_new())
+    if isinstance(exc, _Timeout):
+        last_steps = {rank: r["step"] for rank, r in view.latest.items()}
+        error = _timeout_error(lp, pump, exc.limit, elapsed, ranks_running, last_steps, stacks,
+                               job.procs[lp.nodes[0]].returncode)
+        what = _limit_text(lp.spec, exc.limit)[1]
+        safe_draw(view.finish, elapsed, job.sampler.rss_samples, f"failed: {what.split(' (')[0]}")
+        safe_draw(view.fail, error)  # the live view says where each rank was
+        return error
+    what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
+    status = RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.STOPPED
+    RunRecord(status, elapsed, **lp.shape, summary=what).write(lp.run_dir)
+    safe_draw(view.finish, elapsed, job.sampler.rss_samples, f"failed: {what}")
+    sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
+                     f"({killed} needed SIGKILL); nothing is left running. Logs: {lp.run_dir}\n")
+    return None
+
+
+def _failure_error(lp: _LaunchPlan, pump: _OutputPump, returncodes: dict[int, int],
+                   wall_time_s: float) -> tuple[LaunchError, RunRecord]:
+    """The ``LaunchError`` of a job where some agent exited non-zero, and its run.json (not yet written): the rank
+    that failed first (or torchrun's own failure, explained), and where the stopped ranks were."""
+    spec, script, nproc = lp.spec, lp.script, lp.plan.nproc_per_node
+    failed = [node for node in lp.nodes if returncodes[node] != 0]
+    returncode = returncodes[failed[0]]
+    failures = [(node, f) for node in failed if (f := find_root_cause(
+        "\n".join(pump.node_transcripts[node]), lp.node_log_dir(node), pump.printer)) is not None]
+
+    def first_failed(item: tuple[int, RankFailure]) -> tuple[bool, int]:
+        # Across nodes the rank that failed first wrote the earliest error file; one without a
+        # traceback (a rank killed by a signal, or an agent whose rendezvous failed) comes last.
+        node, f = item
+        error_file = last_attempt_error_files(lp.node_log_dir(node)).get((f.rank or 0) % nproc)
+        return not f.traceback, error_file.stat().st_mtime_ns if error_file else 2**63
+
+    failure = min(failures, key=first_failed, default=(None, None))[1]
+    if failure is not None and failure.rank is not None:
+        summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
+    else:
+        where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
+        summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
+        reason = explain_agent_failure("\n".join(pump.transcript), spec, lp.nodes)
+        summary += f": {reason}" if reason else ""
+    # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
+    # collective timeout the failing rank is the one that waited, and these show where the culprit was.
+    stacks = stopped_ranks_stacks(pump.ranked, lp.run_dir / "logs", one_node=spec.nnodes == 1,
+                                  failed_rank=failure.rank if failure else None)
+    where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+    if where:
+        summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))
+    record = RunRecord(RunStatus.FAILED, wall_time_s, **lp.shape, returncode=returncode, summary=summary, where=where)
+    error = LaunchError(summary, run_dir=lp.run_dir, command=lp.command, returncode=returncode, failure=failure,
+                        output_tail=pump.transcript[-30:], stacks=stacks)
+    return error, record
+
+
+def _outcome(job: _RunningJob, returncodes: dict[int, int], wall_time_s: float) -> LaunchResult:
+    """The ``LaunchResult`` of a job that exited; raises its ``LaunchError`` if an agent failed."""
+    lp, view = job.lp, job.view
+    view.add(job.metrics_tail.read_new())
+    if any(returncodes[node] != 0 for node in lp.nodes):
+        error, record = _failure_error(lp, job.pump, returncodes, wall_time_s)
+        safe_draw(view.finish, wall_time_s, job.sampler.rss_samples, "failed: " + record.summary.split("; when stopped")[0])
+        record.write(lp.run_dir)
+        safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
+        raise error
+    safe_draw(view.finish, wall_time_s, job.sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
+    RunRecord(RunStatus.FINISHED, wall_time_s, **lp.shape, returncode=0).write(lp.run_dir)
+    return LaunchResult(run_dir=lp.run_dir, command=lp.command, returncode=0, wall_time_s=wall_time_s, plan=lp.plan)
+
+
 def launch(spec: LaunchSpec) -> LaunchResult:
     """Run ``spec.script`` under torchrun and wait for it, streaming output and a live view.
 
@@ -397,260 +759,23 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         KeyboardInterrupt: re-raised after the job was stopped (a kernel interrupt).
         In every case no process of the job survives.
     """
-    plan = spec.validate()
-    script = Path(spec.script).resolve()
-    run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
-    nodes = list(spec.start_nodes) if spec.start_nodes is not None else list(range(spec.nnodes))
-    nproc = plan.nproc_per_node
-    shape = dict(nnodes=spec.nnodes, nproc_per_node=nproc, device=plan.device)  # in every run.json (the doctor)
-    store = None
-    if spec.nnodes > 1:
-        # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
-        # while the other agents still wait at torchrun's exit barrier (an error with a C++ trace).
-        # It listens on a socket bound to 127.0.0.1 (TCPStore alone would listen on every interface).
-        from torch.distributed import TCPStore
-        listener = socket.create_server((LOOPBACK, spec.master_port or 0))
-        port = listener.getsockname()[1]
-        store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach(),
-                         timeout=timedelta(seconds=spec.rendezvous_timeout_s))  # the store now owns the socket
-    else:
-        port = spec.master_port or free_port()
-
-    def node_log_dir(node: int) -> Path:
-        return run_dir / "logs" / f"node{node}" if spec.nnodes > 1 else run_dir / "logs"
-
-    commands, envs = {}, {}
-    job_env = build_env(plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
-    for node in nodes:
-        commands[node] = build_command(script, spec.args, plan, master_port=port, log_dir=node_log_dir(node),
-                                       max_restarts=spec.max_restarts, nnodes=spec.nnodes,
-                                       rendezvous_id=run_dir.name, rendezvous_timeout_s=spec.rendezvous_timeout_s)
-        envs[node] = dict(job_env)
-        if spec.nnodes > 1:
-            # Node ranks come from the rendezvous, so lines are labelled with the global rank.
-            envs[node].setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
-            if plan.device == "cuda":  # each simulated node its own GPUs
-                envs[node]["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, nproc, plan.gpu_count)
-    command = commands[nodes[0]]
-    (run_dir / "command.txt").write_text("".join(
-        (f"# node {node}\n" if spec.nnodes > 1 else "") + command_text(commands[node], envs[node], run_dir, os.environ)
-        for node in nodes))
-
-    view = make_view(spec.live, run_dir=run_dir)
+    lp = _plan_launch(spec)
+    view = make_view(spec.live, run_dir=lp.run_dir)
     printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=spec.max_output_lines_per_s,
-                               log_name=str(run_dir / "output.log"))
-    metrics_tail = JsonlTail(run_dir / METRICS_SUBDIR, "rank*.jsonl")
-    lines: queue.Queue = queue.Queue()
-    output_log = open(run_dir / "output.log", "w")
-    transcript: list[str] = []
-    node_transcripts: dict[int, list[str]] = {node: [] for node in nodes}
-    ranked: list[tuple[int | None, str]] = []  # (global rank or None, text) of every line
-    start = time.monotonic()
-    safe_draw(view.start)
-    procs: dict[int, subprocess.Popen] = {}
+                               log_name=str(lp.run_dir / "output.log"))
+    pump = _OutputPump(spec, lp.run_dir, lp.nodes, printer, open(lp.run_dir / "output.log", "w"))
+    job = _RunningJob(lp, pump, view)
     try:
-        for node in nodes:
-            procs[node] = subprocess.Popen(
-                commands[node], cwd=run_dir, env=envs[node], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=set_parent_death_signal,
-            )
-    except BaseException:
-        for proc in procs.values():
-            ProcessTree(proc.pid).stop(proc, spec.shutdown_grace_s)
-        output_log.close()
-        raise
-    tree = ProcessTree(*(proc.pid for proc in procs.values()))
-    # The job's GPUs, numbered as its ranks see them (simulated nodes: node n's cuda:i is the job's n * nproc + i).
-    sampler = MemorySampler(tree, run_dir, hz=spec.sample_memory_hz, sample_gpus=plan.device == "cuda", env=job_env)
-    sampler.start()
-    readers = [threading.Thread(target=_reader, args=(proc.stdout, lines, node), name=f"tutorial_lib-reader-{node}",
-                                daemon=True) for node, proc in procs.items()]
-    for reader in readers:
-        reader.start()
-    log.info("launched %s (pids %s) in %s", shlex.join(command), [p.pid for p in procs.values()], run_dir)
-
-    open_streams = set(nodes)
-    last_view = 0.0
-    progress_at: float | None = None  # when a rank last logged a metrics line (seconds since start)
-    stalled = False
-    exited_at = None
-    torchrun_traceback = False
-    noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
-    tee = TeeSplitter()  # one rank's piece per line, in output.log and on screen
-
-    def take(node: int, line: str) -> None:
-        """Log, keep and (throttled) show one output line of ``node``'s agent, piece by piece: torchrun writes a
-        rank's unfinished line (a ``\\r`` progress bar) and the next rank's chunk on one line (``split_tee_line``)."""
-        for piece in tee.split(line):
-            take_piece(node, piece)
-
-    def take_piece(node: int, line: str) -> None:
-        nonlocal torchrun_traceback
-        output_log.write(line + "\n")
-        transcript.append(line)
-        node_transcripts[node].append(line)
-        rank, text = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
-        ranked.append((rank, text))
-        if rank is None and spec.nnodes > 1:
-            text = f"[node {node}] {text}"
-        # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
-        # it stays in output.log and the error's output_tail, not on screen.
-        torchrun_traceback = torchrun_traceback or (rank is None and "Traceback" in text)
-        kind = noise.kind(rank, text)
-        printer.emit(rank, text, show=not (rank is None and torchrun_traceback) and kind is None,
-                     keep=kind != NoiseFilter.VERSION)  # version noise is no rank's last words
-
-    def read_lines(wait_s: float) -> bool:
-        """Take every line available within ``wait_s``; True if any arrived."""
-        got = False
-        try:
-            item = lines.get(timeout=wait_s)
-            while True:
-                node, line = item
-                if line is None:
-                    open_streams.discard(node)
-                else:
-                    take(node, line)
-                    got = True
-                item = lines.get_nowait()
-        except queue.Empty:
-            pass
-        return got
-
-    def dump_stacks() -> dict[int, str]:
-        """Ask every rank that catches SIGUSR1 (faulthandler) for its Python stack; collect what they print."""
-        targets = {rank: proc for rank, proc in tree.rank_processes().items()
-                   if catches_signal(proc.pid, STACK_DUMP_SIGNAL)}
-        mark = len(ranked)
-        for proc in targets.values():
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(STACK_DUMP_SIGNAL)
-        deadline = time.monotonic() + (STACK_DUMP_WAIT_S if targets else 0)
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            if read_lines(0.1):
-                quiet_since = time.monotonic()
-            answered = {rank for rank, text in ranked[mark:] if rank is not None and text.startswith(("Current", "Thread"))}
-            if answered >= set(targets) and time.monotonic() - quiet_since > 0.5:
-                break
-        stacks: dict[int, list[str]] = {}
-        for rank, text in ranked[mark:]:
-            if rank in targets and _STACK_LINE.match(text):
-                stacks.setdefault(rank, []).append(text)
-        return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
-
-    try:
-        while open_streams or any(proc.poll() is None for proc in procs.values()):
-            read_lines(0.1)
-            elapsed = time.monotonic() - start
-            if elapsed - last_view >= 0.25:
-                last_view = elapsed
-                new_records = metrics_tail.read_new()
-                if new_records:
-                    progress_at = elapsed
-                view.add(new_records)
-                safe_draw(view.update, elapsed, sampler.rss_samples)
-            if elapsed > spec.timeout_s:
-                raise _Timeout
-            if spec.stall_timeout_s and progress_at is not None and elapsed - progress_at > spec.stall_timeout_s:
-                stalled = True
-                raise _Timeout
-            if open_streams and all(proc.poll() is not None for proc in procs.values()):
-                exited_at = exited_at or elapsed
-                if elapsed - exited_at > 2.0:  # torchrun is gone but orphans still hold the pipe open
-                    tree.kill_leftovers()
-        returncodes = {node: proc.wait() for node, proc in procs.items()}
+        returncodes = job.wait()
     except BaseException as exc:
-        ranks_running = tree.ranks_alive()
-        stacks = {}
-        if isinstance(exc, _Timeout):
-            with sigint_deferred():
-                stacks = dump_stacks()
-        with sigint_deferred():  # a second interrupt must not cut the cleanup short
-            killed = tree.stop(list(procs.values()), spec.shutdown_grace_s)
-        elapsed = time.monotonic() - start
-        view.add(metrics_tail.read_new())
-        if isinstance(exc, _Timeout):
-            last_steps = {rank: r["step"] for rank, r in view.latest.items()}
-            limit, limit_s = ("stall_timeout_s", spec.stall_timeout_s) if stalled else ("timeout_s", spec.timeout_s)
-            what = (f"made no progress for {limit_s:g} s (no rank logged a step; limit stall_timeout_s)" if stalled
-                    else f"timed out after {limit_s:g} s (limit timeout_s)")
-            summary = (f"{script.name} {what} and was stopped; "
-                       f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
-            if stacks:
-                summary += "; where each rank was: " + "; ".join(
-                    f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
-            error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
-                                  run_dir=run_dir, command=command, returncode=procs[nodes[0]].returncode,
-                                  output_tail=transcript[-30:])
-            RunRecord(RunStatus.TIMEOUT, elapsed, **shape, summary=summary, timeout_s=limit_s, limit=limit,
-                      where={r: innermost_frame(s_) for r, s_ in stacks.items()}).write(run_dir)
-            safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what.split(' (')[0]}")
-            safe_draw(view.fail, error)  # the live view says where each rank was
+        error = _stop_job(job, exc)
+        if error is not None:
             raise error from None
-        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
-        status = RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.STOPPED
-        RunRecord(status, elapsed, **shape, summary=what).write(run_dir)
-        safe_draw(view.finish, elapsed, sampler.rss_samples, f"failed: {what}")
-        sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
-                         f"({killed} needed SIGKILL); nothing is left running. Logs: {run_dir}\n")
         raise
     finally:
-        sampler.stop()
-        tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
-        for reader in readers:
-            reader.join(timeout=5)
-        read_lines(0)  # lines that arrived after the loop ended
-        output_log.close()
-        for proc in procs.values():
-            if proc.stdout:
-                proc.stdout.close()
-        printer.flush_suppressed()
-        if noise.traceback_lines:
-            printer.note(f"{noise.traceback_lines} traceback line(s) not shown (the exception line is); "
-                         f"every line is in {run_dir / 'output.log'}")
-        del store  # closes the rendezvous store (and its socket) once every agent is gone
-
-    wall_time_s = time.monotonic() - start
-    view.add(metrics_tail.read_new())
-    failed = [node for node in nodes if returncodes[node] != 0]
-    if failed:
-        returncode = returncodes[failed[0]]
-        failures = [(node, f) for node in failed if (f := find_root_cause(
-            "\n".join(node_transcripts[node]), node_log_dir(node), printer)) is not None]
-
-        def first_failed(item: tuple[int, RankFailure]) -> tuple[bool, int]:
-            # Across nodes the rank that failed first wrote the earliest error file; one without a
-            # traceback (a rank killed by a signal, or an agent whose rendezvous failed) comes last.
-            node, f = item
-            error_file = last_attempt_error_files(node_log_dir(node)).get((f.rank or 0) % nproc)
-            return not f.traceback, error_file.stat().st_mtime_ns if error_file else 2**63
-
-        failure = min(failures, key=first_failed, default=(None, None))[1]
-        if failure is not None and failure.rank is not None:
-            summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
-        else:
-            where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
-            summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
-            reason = explain_agent_failure("\n".join(transcript), spec, nodes)
-            summary += f": {reason}" if reason else ""
-        # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
-        # collective timeout the failing rank is the one that waited, and these show where the culprit was.
-        stacks = stopped_ranks_stacks(ranked, run_dir / "logs", one_node=spec.nnodes == 1,
-                                      failed_rank=failure.rank if failure else None)
-        where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
-        if where:
-            summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))
-        safe_draw(view.finish, wall_time_s, sampler.rss_samples, "failed: " + summary.split("; when stopped")[0])
-        RunRecord(RunStatus.FAILED, wall_time_s, **shape, returncode=returncode, summary=summary,
-                  where=where).write(run_dir)
-        error = LaunchError(summary, run_dir=run_dir, command=command, returncode=returncode, failure=failure,
-                            output_tail=transcript[-30:], stacks=stacks)
-        safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
-        raise error
-    safe_draw(view.finish, wall_time_s, sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
-    RunRecord(RunStatus.FINISHED, wall_time_s, **shape, returncode=0).write(run_dir)
-    return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
+        job.close()
+        lp.store = None  # closes the rendezvous store (and its socket) once every agent is gone
+    return _outcome(job, returncodes, job.elapsed())
 
 
 def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
@@ -718,24 +843,7 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
             try to join it.
         Exception: whatever the script raises (its traceback is the script's own).
     """
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"device={device!r}: use 'cpu' or 'cuda'")
-    if "RANK" in os.environ:
-        raise ConfigError(f"RANK={os.environ['RANK']!r} is set in this process: run_in_process would make {name}.py "
-                          "join that job's process group; use run_script, or unset RANK")
-    import torch  # only here: launching alone never imports torch in this process
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        raise ConfigError("this process already has a torch.distributed process group; the script would use it. "
-                          "Use run_script, or call dist.destroy_process_group() first")
-    if num_threads is not None:
-        check_positive_int("num_threads", num_threads)
-    argv = [str(a) for a in args]
-    if "--backend=nccl" in argv or any(a == "--backend" and b == "nccl" for a, b in zip(argv, argv[1:])):
-        raise ConfigError(f"{name}: --backend nccl inside this process: run_in_process runs no NCCL in the notebook's "
-                          "kernel (its communicators and watchdog would outlive the run); drop the flag (gloo is "
-                          "used), or launch the script with run_script")
+    argv = _in_process_argv(name, args, device, num_threads)
     plan = resolve_device(device, 1, backend="gloo")
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)
@@ -748,6 +856,38 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
     command = [sys.executable, script.name, *argv]
     (run_dir / "command.txt").write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
                                          + shlex.join(["python", *command[1:]]) + "\n")
+    wall_time_s = _run_main_here(module, [str(script), *argv], run_dir, plan, num_threads)
+    return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
+
+
+def _in_process_argv(name: str, args: Sequence[object], device: str, num_threads: int | None) -> list[str]:
+    """``args`` as strings, once this process may run ``name`` (``run_in_process``'s checks); raises ``ConfigError``."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r}: use 'cpu' or 'cuda'")
+    if "RANK" in os.environ:
+        raise ConfigError(f"RANK={os.environ['RANK']!r} is set in this process: run_in_process would make {name}.py "
+                          "join that job's process group; use run_script, or unset RANK")
+    import torch.distributed as dist  # only here: launching alone never imports torch in this process
+
+    if dist.is_available() and dist.is_initialized():
+        raise ConfigError("this process already has a torch.distributed process group; the script would use it. "
+                          "Use run_script, or call dist.destroy_process_group() first")
+    if num_threads is not None:
+        check_positive_int("num_threads", num_threads)
+    argv = [str(a) for a in args]
+    if "--backend=nccl" in argv or any(a == "--backend" and b == "nccl" for a, b in zip(argv, argv[1:])):
+        raise ConfigError(f"{name}: --backend nccl inside this process: run_in_process runs no NCCL in the notebook's "
+                          "kernel (its communicators and watchdog would outlive the run); drop the flag (gloo is "
+                          "used), or launch the script with run_script")
+    return argv
+
+
+def _run_main_here(module, argv: list[str], run_dir: Path, plan: DevicePlan, num_threads: int | None) -> float:
+    """Run ``module.main()`` with ``sys.argv = argv`` in ``run_dir``, its printed lines in ``output.log`` and then this
+    cell; write run.json and restore argv, working directory and threads. Returns the wall time; raises
+    ``ConfigError`` if the script exited with an error code, or what the script raised."""
+    import torch
+
     output = io.StringIO()
     if torch.cuda.is_initialized():  # an earlier run's cached blocks and peaks would count in this run's numbers
         torch.cuda.empty_cache()
@@ -757,7 +897,7 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
     start = time.monotonic()
     status, error = RunStatus.FAILED, None
     try:
-        sys.argv = [str(script), *argv]
+        sys.argv = argv
         os.chdir(run_dir)
         torch.set_num_threads(num_threads or saved_threads)
         with contextlib.redirect_stdout(output), warnings.catch_warnings():
@@ -768,7 +908,7 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
         status = RunStatus.FINISHED
     except SystemExit as e:  # a script's own usage error or message
         if e.code not in (0, None):
-            error = ConfigError(f"{script.name} exited with {e.code!r}")
+            error = ConfigError(f"{Path(argv[0]).name} exited with {e.code!r}")
         else:
             status = RunStatus.FINISHED
     finally:
@@ -782,4 +922,4 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
         sys.stdout.write(output.getvalue())
     if error is not None:
         raise error
-    return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
+    return wall_time_s
