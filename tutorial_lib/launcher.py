@@ -78,7 +78,7 @@ class LaunchSpec:
             gives the agents their node ranks (``GROUP_RANK``). On CUDA each node gets its own GPUs.
         start_nodes: the node ranks this launch starts (``None``: all). Starting fewer than ``nnodes``
             simulates a node that never arrives: rendezvous fails after ``rendezvous_timeout_s``.
-        rendezvous_timeout_s: how long an agent waits for the other nodes (``--rdzv-conf timeout=``,
+        rendezvous_timeout_s: how long an agent waits for the other nodes (``--rdzv-conf join_timeout=``,
             seconds; multi-node only).
         master_port: rendezvous port on 127.0.0.1 (1024-65535); ``None`` picks a free one.
         live: live view mode: ``"auto"``, ``"widgets"``, ``"text"`` or ``"off"`` (see ``tutorial_lib.live``).
