@@ -75,3 +75,16 @@ def test_no_library_module_imports_another_modules_private_names():
                 offenders += [f"{path.name}: from .{node.module} import {a.name}" for a in node.names
                               if a.name.startswith("_")]
     assert offenders == []
+
+
+def test_library_functions_stay_short():
+    """Seams (issue 17): launch() is a short sequence of named parts, and no library function runs past 80 lines."""
+    import ast
+
+    lengths = {}
+    for path in sorted((ROOT / "tutorial_lib").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lengths[f"{path.name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert lengths["launcher.py:launch"] < 60, lengths["launcher.py:launch"]
+    assert {name: n for name, n in lengths.items() if n > 80} == {}
