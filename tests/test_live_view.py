@@ -81,6 +81,7 @@ def test_a_failing_rank_is_named_in_a_red_box_with_its_cause_and_logs(tmp_path, 
     assert {b["bar_style"] for b in bars} == {"danger"}
     log = next(h for h in html if "tutorial-lib-log" in h)
     assert "[rank 1] RuntimeError: injected failure on rank 1 at step 2" in log, "the traceback is in the output area"
+    assert "in inject_failure" in log, "with its frames: one click away (a text-mode cell shows the exception line)"
     outputs = nb.cells[-1].outputs
     assert any(o.output_type == "stream" and o.text == "caught 1\n" for o in outputs)
 

@@ -494,8 +494,11 @@ class _OutputPump:
         # it stays in output.log and the error's output_tail, not on screen.
         self.torchrun_traceback = self.torchrun_traceback or (rank is None and "Traceback" in text)
         kind = self.noise.kind(rank, text)
-        self.printer.emit(rank, text, show=not (rank is None and self.torchrun_traceback) and kind is None,
-                          keep=kind != NoiseFilter.VERSION)  # version noise is no rank's last words
+        # A rank's traceback frames: in the widget view's collapsible output area (one click away), not in a
+        # text-mode cell, where the exception line says the cause and output.log keeps every frame.
+        frame = kind == NoiseFilter.TRACEBACK and self.printer.keeps_full_tracebacks
+        self.printer.emit(rank, text, show=not (rank is None and self.torchrun_traceback) and (kind is None or frame),
+                          keep=kind != NoiseFilter.VERSION, force=frame)  # version noise is no rank's last words
 
     def read_lines(self, wait_s: float) -> bool:
         """Take every line available within ``wait_s``; True if any arrived."""
@@ -540,7 +543,7 @@ class _OutputPump:
     def finish(self) -> None:
         """After the output log is closed: show what was held back, and say how many traceback lines were not shown."""
         self.printer.flush_suppressed()
-        if self.noise.traceback_lines:
+        if self.noise.traceback_lines and not self.printer.keeps_full_tracebacks:
             self.printer.note(f"{self.noise.traceback_lines} traceback line(s) not shown (the exception line is); "
                               f"every line is in {self.run_dir / 'output.log'}")
 
@@ -763,6 +766,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     view = make_view(spec.live, run_dir=lp.run_dir)
     printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=spec.max_output_lines_per_s,
                                log_name=str(lp.run_dir / "output.log"))
+    printer.keeps_full_tracebacks = view.log_stream is not None  # the widget view's collapsible output area
     pump = _OutputPump(spec, lp.run_dir, lp.nodes, printer, open(lp.run_dir / "output.log", "w"))
     job = _RunningJob(lp, pump, view)
     try:

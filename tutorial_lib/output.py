@@ -207,13 +207,15 @@ class ThrottledPrinter:
         self.last_refill = time.monotonic()
         self.suppressed = 0
         self.tails: dict[int | None, deque[str]] = {}
+        self.keeps_full_tracebacks = False  # True where the lines land in a collapsible area (the widget view)
         self.tail_lines = tail_lines
 
     def _stream(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout  # resolved late: ipykernel swaps it
 
-    def emit(self, rank: int | None, text: str, show: bool = True, keep: bool = True) -> None:
-        """Record ``text`` from ``rank`` (unless not ``keep``) and, if ``show``, print it when the budget allows."""
+    def emit(self, rank: int | None, text: str, show: bool = True, keep: bool = True, force: bool = False) -> None:
+        """Record ``text`` from ``rank`` (unless not ``keep``) and, if ``show``, print it when the budget allows
+        (always if ``force``: a traceback's frames in the widget view, finite and wanted whole)."""
         if keep:
             self.tails.setdefault(rank, deque(maxlen=self.tail_lines)).append(text)
         if not show:
@@ -221,7 +223,7 @@ class ThrottledPrinter:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.last_refill) * self.rate)
         self.last_refill = now
-        if self.tokens < 1 and not _ERROR_LINE.match(text):  # an error line always gets through
+        if self.tokens < 1 and not force and not _ERROR_LINE.match(text):  # an error line always gets through
             self.suppressed += 1
             return
         self.tokens = max(0.0, self.tokens - 1)
