@@ -574,7 +574,10 @@ class _RunningJob:
                 self.procs[node] = subprocess.Popen(
                     lp.commands[node], cwd=lp.run_dir, env=lp.envs[node], stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=set_parent_death_signal,
+                    # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its
+                    # kernel died stopped its ranks, then hung at exit joining its tee threads (never told to stop),
+                    # an orphan for good. Its ranks die with it all the same (the rank runner's own PDEATHSIG).
+                    preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
                 )
         except BaseException:
             for proc in self.procs.values():

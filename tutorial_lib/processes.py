@@ -28,8 +28,8 @@ _PR_SET_PDEATHSIG = 1
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
     """In a child before ``exec``: ask Linux to send ``sig`` when the launching thread dies.
 
-    The safety net for a kernel that is killed outright: torchrun then gets SIGTERM and stops its
-    workers. A no-op where ``prctl`` is unavailable (not Linux).
+    The safety net for a kernel that is killed outright: the launcher gives torchrun SIGKILL (its ranks then
+    get their own, set by the rank runner). A no-op where ``prctl`` is unavailable (not Linux).
     """
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
