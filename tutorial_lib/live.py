@@ -227,6 +227,13 @@ class NotebookView(LiveView):
             self._draw_plot(rss_samples)
 
     def finish(self, elapsed_s, rss_samples, status):
+        # The figure first: when the status line says "finished", the final figure is already there.
+        # After a success the memory curve is completed; after a failure only new steps are drawn, and after an
+        # interrupt the figure stays as it is (at most plot_interval_s old) unless none was drawn yet, so the
+        # cell says "interrupted" without waiting for a redraw.
+        stale = len(self.records) != self._plotted_records
+        if not status.startswith("failed") or (stale and (status != "failed: interrupted" or self._plotted_records < 0)):
+            self._draw_plot(rss_samples, final=True)
         self._draw_progress(elapsed_s, status)
         if status.startswith("failed"):
             what = status.removeprefix("failed: ")
@@ -236,12 +243,6 @@ class NotebookView(LiveView):
             self._draw_alert(what, details)
         if self.use_widgets:
             self._box_handle.update(self._widget_bundle("\n".join(self.progress_lines(elapsed_s) + [status])), raw=True)
-        # After a success the memory curve is completed; after a failure only new steps are drawn, and after an
-        # interrupt the figure stays as it is (at most plot_interval_s old) unless none was drawn yet, so the
-        # cell says "interrupted" without waiting for a redraw.
-        stale = len(self.records) != self._plotted_records
-        if not status.startswith("failed") or (stale and (status != "failed: interrupted" or self._plotted_records < 0)):
-            self._draw_plot(rss_samples, final=True)
 
     def _steps_line(self) -> str:
         steps = ", ".join(f"rank {k} at step {r.get('step')}" for k, r in sorted(self.latest.items()))
