@@ -48,7 +48,8 @@ lab: $(STAMP)  ## open JupyterLab on the notebooks with the project's environmen
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -e ".[lab]"
 	cd notebooks && ../$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-bench: $(STAMP)  ## benchmarks as ratios (launcher, metrics, memory, workbook; GPU when present)
+bench: $(STAMP)  ## benchmarks as ratios (launcher, warm starts, metrics, memory, workbook; GPU when present)
+	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 env: $(STAMP)  ## print the environment report

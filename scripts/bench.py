@@ -5,12 +5,16 @@
     python scripts/bench.py --reps 5 --out bench.json
 
 Sections (targets in brackets; a ratio over its target is printed as MISSED, and the exit code is 1):
-    launcher   tutorial_lib's launch of ddp_train.py vs bare ``python -m torch.distributed.run`` with the same
+    launcher   tutorial_lib's cold launch of ddp_train.py vs bare ``python -m torch.distributed.run`` with the same
                argv and environment, alternating, median wall time ratio [<= 1.05]
+    warm       the same 20-step 2-rank DDP job four ways, alternating: launch() warm (ranks forked from the kernel's
+               warm-start helper), launch() cold, bare torchrun, accelerate's ``notebook_launcher`` (forks this
+               process; ``pip install -e .[bench]``): warm / bare [<= 0.45], warm / notebook_launcher [<= 1.1];
+               and, with ``workbook`` also asked for, the whole workbook on each path: warm / cold [<= 0.6]
     metrics    ddp_train.py (hidden width 1024) with per-step metrics vs ``--no-metrics``, both launched [<= 1.02]
     memory     fsdp_train.py at 2 ranks: FSDP2 per-rank parameter + gradient + AdamW bytes vs DDP [<= 0.52],
                and the analytic model's largest relative error vs measurement [<= 10%]
-    workbook   every notebook with papermill: seconds each [<= 60] and the whole workbook's wall time vs the sum
+    workbook   every notebook with papermill (on the warm path): seconds each [<= 60] and the whole workbook's wall time vs the sum
                of the runs inside it (from each run's run.json: torchrun launches, including failed and
                timed-out ones, and ``tl.run_in_process`` runs) [<= 1.3]
     gpu        when CUDA exists: nccl all_reduce bus bandwidth for a size sweep, bf16 vs fp32 step time,
@@ -19,8 +23,8 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                launches of a short lesson script and as many of a plain script that ends the way the seeds'
                do (``destroy_process_group()`` and return): spurious failures [<= 0], and every exit abort
                (``terminate called without an active exception``) seen in the ranks' output, named; then the
-               failures notebooks 02, 05, 06 and 07 make, ``--soak-repeats`` times each: the number of
-               different diagnoses per failure [<= 1]
+               failures notebooks 02, 05, 06 and 07 make, ``--soak-repeats`` times each on both launch paths
+               (warm and cold): the number of different diagnoses per failure [<= 1]
 Machine load distorts every ratio: run it on an otherwise idle machine.
 """
 
@@ -46,8 +50,8 @@ import torch  # noqa: E402
 import tutorial_lib as tl  # noqa: E402
 from tutorial_lib.launcher import build_command, build_env, free_port  # noqa: E402
 
-SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu", "soak", "matrix")
-DEFAULT_SECTIONS = ("launcher", "metrics", "memory", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
+SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu", "soak", "matrix")
+DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
 
 
 def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
@@ -62,7 +66,7 @@ def bench_launcher(root: Path, reps: int) -> list[dict]:
     library, bare = [], []
     for i in range(reps):
         result = tl.run_script("ddp_train", args, runs_dir=root, label=f"bench-lib{i}", device="cpu",
-                               nproc_per_node=2, live="off")
+                               nproc_per_node=2, live="off", warm=False)
         library.append(result.wall_time_s)
         run_dir = tl.new_run_dir(f"bench-bare{i}", root)
         script = tl.write_script("ddp_train", run_dir)
@@ -74,6 +78,78 @@ def bench_launcher(root: Path, reps: int) -> list[dict]:
     ratio = statistics.median(library) / statistics.median(bare)
     return [row("launcher overhead: launch() / bare torchrun", ratio, 1.05,
                 note=f"median {statistics.median(library):.2f} s vs {statistics.median(bare):.2f} s, {reps} each")]
+
+
+WARM_JOB = ["--max-steps", 20, "--log-every", 20]  # the 20-step 2-rank DDP job of the warm section
+
+
+def _accelerate_job(run_dir: str) -> None:
+    """One rank of ``WARM_JOB`` under accelerate's ``notebook_launcher``: ddp_train.py's ``main`` in the fork."""
+    import importlib.util
+
+    os.chdir(run_dir)
+    spec = importlib.util.spec_from_file_location("ddp_train_forked", Path(run_dir) / "ddp_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.argv = ["ddp_train.py", *map(str, WARM_JOB)]
+    module.main()
+
+
+def bench_warm(root: Path, reps: int) -> list[dict]:
+    """Median wall time of one job four ways, alternating (the helper is started before the first warm timing)."""
+    try:
+        from accelerate import notebook_launcher
+    except ImportError:
+        notebook_launcher = None
+    plan = tl.resolve_device("cpu", 2)
+    times: dict[str, list[float]] = {"warm": [], "cold": [], "bare": [], "accelerate": []}
+    tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=root, label="bench-warmup", device="cpu", live="off")
+    for i in range(reps):
+        for path in ("warm", "cold"):
+            start = time.monotonic()
+            tl.run_script("ddp_train", WARM_JOB, runs_dir=root, label=f"bench-{path}{i}", device="cpu",
+                          nproc_per_node=2, live="off", warm=path == "warm")
+            times[path].append(time.monotonic() - start)
+        run_dir = tl.new_run_dir(f"bench-bare{i}", root)
+        command = build_command(tl.write_script("ddp_train", run_dir), WARM_JOB, plan, master_port=free_port(),
+                                log_dir=run_dir / "logs")
+        start = time.monotonic()
+        subprocess.run(command, cwd=run_dir, env=build_env(plan), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=True)
+        times["bare"].append(time.monotonic() - start)
+        if notebook_launcher is not None:
+            run_dir = tl.new_run_dir(f"bench-accelerate{i}", root)
+            tl.write_script("ddp_train", run_dir)
+            start = time.monotonic()
+            with _environ(build_env(plan)):
+                notebook_launcher(_accelerate_job, (str(run_dir),), num_processes=2, use_port=str(free_port()))
+            times["accelerate"].append(time.monotonic() - start)
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    note = ", ".join(f"{k} {v:.2f} s" for k, v in med.items()) + f" (median of {reps})"
+    print(f"[bench] warm: {note}", flush=True)
+    rows = [row("warm start: warm launch / bare torchrun", med["warm"] / med["bare"], 0.45, note=note),
+            row("warm start: warm launch / cold launch", med["warm"] / med["cold"], None)]
+    if "accelerate" in med:
+        rows.append(row("warm start: warm launch / accelerate notebook_launcher", med["warm"] / med["accelerate"], 1.1))
+    else:
+        rows.append(row("warm start: accelerate not installed (pip install -e .[bench])", 0.0, None, unit="-"))
+    return rows
+
+
+class _environ:
+    """``os.environ`` replaced by ``env`` inside the block (notebook_launcher's ranks inherit this process's)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env, self.saved = env, None
+
+    def __enter__(self):
+        self.saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        os.environ.clear()
+        os.environ.update(self.saved)
 
 
 def bench_metrics(root: Path, reps: int) -> list[dict]:
@@ -112,7 +188,21 @@ def bench_memory(root: Path) -> list[dict]:
             row("memory: analytic model's largest relative error", error, 0.10, unit="fraction")]
 
 
-def bench_workbook(root: Path) -> list[dict]:
+def bench_workbook(root: Path, paths: tuple[str, ...] = ("warm",)) -> list[dict]:
+    """The workbook on each launch path in ``paths`` ("warm", "cold"); per-notebook rows for the first."""
+    rows, totals = [], {}
+    for path in paths:
+        with _environ({**os.environ, "TUTORIAL_LIB_WARM": "1" if path == "warm" else "0"}):
+            path_rows, totals[path] = _workbook_once(root / f"workbook-{path}")
+        rows += path_rows if path == paths[0] else [r for r in path_rows if "total" in r["benchmark"]]
+        rows[-1]["benchmark"] += f" ({path})"
+    if len(totals) == 2:
+        rows.append(row("workbook: warm / cold wall time", totals["warm"] / totals["cold"], 0.6,
+                        note=f"{totals['warm']:.0f} s vs {totals['cold']:.0f} s"))
+    return rows
+
+
+def _workbook_once(root: Path) -> tuple[list[dict], float]:
     import papermill as pm
 
     rows, total, launches, in_process = [], 0.0, 0.0, 0.0
@@ -136,7 +226,7 @@ def bench_workbook(root: Path) -> list[dict]:
     runs_s = launches + in_process
     rows.append(row("workbook: total / sum of its runs", total / runs_s if runs_s else float("nan"), 1.3,
                     note=f"{total:.0f} s vs {launches:.0f} s in launches + {in_process:.0f} s in-process"))
-    return rows
+    return rows, total
 
 
 def bench_gpu(root: Path) -> list[dict]:
@@ -212,7 +302,8 @@ def soak_launches(root: Path, launches: int) -> list[dict]:
 
 
 def failure_matrix(root: Path, repeats: int) -> list[dict]:
-    """The failures notebooks 02, 05, 06 and 07 make on purpose, each ``repeats`` times: the doctor's verdicts."""
+    """The failures notebooks 02, 05, 06 and 07 make on purpose, each ``repeats`` times on each launch path (warm
+    and cold): the doctor's verdicts."""
     import socket
     cpu = dict(runs_dir=root, device="cpu", nproc_per_node=2, live="off", timeout_s=120)
     fail = ["--max-steps", 6, "--log-every", 1, "--fail-rank", 1, "--fail-step", 2]
@@ -251,18 +342,22 @@ def failure_matrix(root: Path, repeats: int) -> list[dict]:
     rows = []
     for name, run in cases.items():
         verdicts, ranks = [], []
-        for _ in range(repeats):
-            try:
-                result = run()
-                d = tl.diagnose(result.run_dir)
-            except tl.LaunchError as e:
-                d = tl.diagnose(e)
-            verdicts.append(d.cause + (" (recovered)" if d.recovered else ""))
-            ranks.append(d.rank)
+        for i in range(repeats):
+            for path in ("warm", "cold"):  # each repeat on both launch paths: one diagnosis for both
+                with _environ({**os.environ, "TUTORIAL_LIB_WARM": "1" if path == "warm" else "0"}):
+                    try:
+                        result = run()
+                        d = tl.diagnose(result.run_dir)
+                    except tl.LaunchError as e:
+                        d = tl.diagnose(e)
+                verdicts.append(d.cause + (" (recovered)" if d.recovered else ""))
+                ranks.append(d.rank)
+                print(f"[bench] failure matrix, {name}, {path} start: {verdicts[-1]} (rank {d.rank})", flush=True)
+        repeats_both = 2 * repeats
         counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
         # The rank named: where every rank's collective timed out, whichever timer fired first (either is right).
         named = ", ".join(f"rank {r}: {ranks.count(r)}" for r in sorted(set(ranks), key=str))
-        note = "; ".join(f"{v}: {n}/{repeats}" for v, n in counts.items()) + f" (named {named})"
+        note = "; ".join(f"{v}: {n}/{repeats_both}" for v, n in counts.items()) + f" (named {named}; warm and cold)"
         print(f"[bench] failure matrix, {name}: {note}", flush=True)
         rows.append(row(f"soak: different diagnoses, {name}", len(counts), 1, "count", note))
     return rows
@@ -290,7 +385,8 @@ def main() -> int:
         for section in args.only:
             start = time.monotonic()
             fn = {"launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
-                  "memory": lambda: bench_memory(root), "workbook": lambda: bench_workbook(root),
+                  "memory": lambda: bench_memory(root), "workbook": lambda: bench_workbook(root, ("warm", "cold") if "warm" in args.only else ("warm",)),
+                  "warm": lambda: bench_warm(root, args.reps),
                   "gpu": lambda: bench_gpu(root),
                   "soak": lambda: soak_launches(root, args.soak_launches) + failure_matrix(root, args.soak_repeats),
                   "matrix": lambda: failure_matrix(root, args.soak_repeats),

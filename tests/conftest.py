@@ -34,13 +34,15 @@ def pytest_configure(config):
 
 
 def job_processes(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line mentions ``marker`` (a run folder: torchrun and workers)."""
+    """Live (non-zombie) processes whose command line mentions ``marker`` (a run folder: torchrun and workers),
+    or that work in a folder under it (warm starts: a forked agent or rank has the warm-start helper's command
+    line, and the run folder as its working folder)."""
     found = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+    for p in psutil.process_iter(["pid", "cmdline", "status", "cwd"]):
         if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         cmdline = " ".join(p.info["cmdline"] or [])
-        if marker in cmdline:
+        if marker in cmdline or (p.info["cwd"] or "").startswith(marker):
             found.append(p)
     return found
 

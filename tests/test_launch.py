@@ -1,4 +1,5 @@
-"""Real torchrun jobs on 2 CPU ranks: success, a raising rank, a killed rank, hangs, interrupts, floods.
+"""Real torchrun jobs on 2 CPU ranks: success, a raising rank, a killed rank, hangs, interrupts, floods; each test on
+both launch paths (warm: forked from the warm-start helper; cold).
 
 Every test uses the ``run_root`` fixture, which fails the test if any process of its jobs survives.
 """
@@ -21,6 +22,13 @@ import tutorial_lib as tl
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True, params=["warm", "cold"])
+def start_path(request, monkeypatch):
+    """Every launch test on both paths: forked from the warm-start helper, and cold (``tutorial_lib.warm``)."""
+    monkeypatch.setenv("TUTORIAL_LIB_WARM", "1" if request.param == "warm" else "0")
+    return request.param
 
 
 def ddp(run_root, name="ddp"):

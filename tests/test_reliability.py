@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
+from tutorial_lib.processes import warm_client_child
 from tutorial_lib.devices import DevicePlan
 from tutorial_lib.launcher import LaunchSpec, build_command
 
@@ -218,7 +219,9 @@ def test_the_launchers_rendezvous_store_listens_on_loopback_only(run_root):
         for child in psutil.Process().children(recursive=True):
             cmdline = child.cmdline()
             if "torch.distributed.run" not in cmdline and any(part.endswith("ddp_train.py") for part in cmdline):
-                workers_listening.update(c.laddr.ip for c in child.net_connections(kind="inet")
+                _, forked, _ = warm_client_child(child)  # a warm start: the rank is the helper's child
+                rank = psutil.Process(forked) if forked else child
+                workers_listening.update(c.laddr.ip for c in rank.net_connections(kind="inet")
                                          if c.status == psutil.CONN_LISTEN)
 
     watcher = threading.Thread(target=watch)

@@ -41,7 +41,9 @@ from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
 from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
+from . import warm
 from .processes import ProcessTree, set_parent_death_signal
+from .warm_start import SOCKET_ENV
 from .run_record import RunRecord, RunStatus
 from .scripts import check_script_args, new_run_dir, write_script
 from .torchrun_logs import find_root_cause, last_attempt_error_files
@@ -85,6 +87,10 @@ class LaunchSpec:
         sample_memory_hz: memory samples per second (> 0).
         max_output_lines_per_s: lines per second shown in the cell; the rest go to ``output.log`` only.
         shutdown_grace_s: how long torchrun gets to stop its workers after SIGTERM before SIGKILL (s).
+        warm: fork torchrun's agent and the ranks from this kernel's warm-start helper, which has imported
+            torch once (``tutorial_lib.warm``; same processes, exit codes, error files and signals as cold
+            starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default on). Falls back to cold starts,
+            saying why once, whenever the helper cannot serve the job.
     """
 
     script: str | os.PathLike
@@ -104,6 +110,7 @@ class LaunchSpec:
     sample_memory_hz: float = 5.0
     max_output_lines_per_s: float = 20.0
     shutdown_grace_s: float = 5.0
+    warm: bool | None = None
 
     def validate(self, gpu_count: int | None = None) -> DevicePlan:
         """Check every field; return the device plan. Raises ``ConfigError`` naming the bad value."""
@@ -127,6 +134,9 @@ class LaunchSpec:
             raise ConfigError(f"master_port must be an integer in 1024..65535 or None (free port), got {self.master_port!r}")
         if self.live not in LIVE_MODES:
             raise ConfigError(f"live must be one of {LIVE_MODES}, got {self.live!r}")
+        if self.warm not in (None, True, False):
+            raise ConfigError(f"warm must be True, False or None (${warm.WARM_ENV}, default on), got {self.warm!r}")
+        warm.warm_enabled(self.warm)  # a bad $TUTORIAL_LIB_WARM fails here, before anything starts
         if isinstance(self.args, (str, bytes)):
             raise ConfigError(f"args must be a list of arguments, not one string: got {self.args!r}; "
                               f"use shlex.split({self.args!r})")
@@ -398,6 +408,7 @@ class _LaunchPlan:
     commands: dict[int, list[str]] = field(default_factory=dict)
     envs: dict[int, dict[str, str]] = field(default_factory=dict)
     store: object = None  # simulated nodes: the rendezvous store, hosted here until every agent is gone
+    start: str = "cold"  # "warm" once the nodes were started from the warm-start helper
 
     @property
     def command(self) -> list[str]:
@@ -406,7 +417,8 @@ class _LaunchPlan:
     @property
     def shape(self) -> dict:
         """The job's shape, in every run.json (the doctor reads it)."""
-        return dict(nnodes=self.spec.nnodes, nproc_per_node=self.plan.nproc_per_node, device=self.plan.device)
+        return dict(nnodes=self.spec.nnodes, nproc_per_node=self.plan.nproc_per_node, device=self.plan.device,
+                    start=self.start)
 
     def node_log_dir(self, node: int) -> Path:
         return self.run_dir / "logs" / f"node{node}" if self.spec.nnodes > 1 else self.run_dir / "logs"
@@ -560,6 +572,23 @@ def limit_reached(spec: LaunchSpec, elapsed: float, progress_at: float | None) -
 
 # --- start and watch: the node processes, their readers, the memory sampler, the live view ---------------------------
 
+def _start_commands(lp: _LaunchPlan, printer: ThrottledPrinter) -> dict[int, tuple[list[str], dict[str, str]]]:
+    """Each node's command and environment as started: warm (forked from the kernel's helper) or cold.
+
+    ``command.txt`` keeps the cold form, the one to copy to a cluster."""
+    cold = {node: (lp.commands[node], lp.envs[node]) for node in lp.nodes}
+    if not warm.warm_enabled(lp.spec.warm):
+        return cold
+    socket_path, reason = warm.warm_path(lp.envs[lp.nodes[0]])
+    if socket_path is None:
+        if warm.say_once(reason):
+            printer.note(f"warm start off ({reason}): torchrun and the ranks start cold, importing torch each")
+        return cold
+    lp.start = "warm"
+    return {node: (warm.warm_command(lp.commands[node], RANK_RUNNER), {**lp.envs[node], SOCKET_ENV: socket_path})
+            for node in lp.nodes}
+
+
 class _RunningJob:
     """The started torchrun agents (one per node), their process tree, output readers and memory sampler."""
 
@@ -569,10 +598,11 @@ class _RunningJob:
         self.start = time.monotonic()
         safe_draw(view.start)
         self.procs: dict[int, subprocess.Popen] = {}
+        starts = _start_commands(lp, pump.printer)
         try:
             for node in lp.nodes:
                 self.procs[node] = subprocess.Popen(
-                    lp.commands[node], cwd=lp.run_dir, env=lp.envs[node], stdin=subprocess.DEVNULL,
+                    starts[node][0], cwd=lp.run_dir, env=starts[node][1], stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                     # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its
                     # kernel died stopped its ranks, then hung at exit joining its tee threads (never told to stop),

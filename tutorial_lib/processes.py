@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from .warm_start import SOCKET_ENV, forked_pid
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -35,6 +37,14 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _environ_rank(proc: psutil.Process) -> int | None:
+    try:
+        value = proc.environ().get("RANK")
+        return int(value) if value is not None else None
+    except (psutil.Error, ValueError):
+        return None
 
 
 def is_alive(proc: psutil.Process) -> bool:
@@ -53,6 +63,29 @@ class Worker:
     rank: int | None
 
 
+def warm_client_child(proc: psutil.Process) -> tuple[bool, int | None, int | None]:
+    """Whether ``proc`` is a warm-start client (``python [-u] warm_start.py run ...``, see ``tutorial_lib.warm``),
+    the pid the helper forked for it (``None`` until forked) and the client's ``RANK`` (``None`` if it has none).
+
+    A warm job's agent and ranks are the helper's children, not torchrun's: each stands behind its client, which
+    torchrun (or the launcher) started and which has the environment torchrun gave it.
+    """
+    try:
+        cmdline = proc.cmdline()
+        is_client = any(a.endswith("warm_start.py") and cmdline[i + 1:i + 2] == ["run"]
+                        for i, a in enumerate(cmdline[1:4], start=1))
+        if not is_client:
+            return False, None, None
+        env = proc.environ()
+    except psutil.Error:
+        return False, None, None
+    try:
+        rank = int(env["RANK"]) if "RANK" in env else None
+    except ValueError:
+        rank = None
+    return True, forked_pid(env.get(SOCKET_ENV, ""), proc.pid), rank
+
+
 class ProcessTree:
     """The processes below the roots (one torchrun agent per simulated node), recorded as they appear.
 
@@ -66,30 +99,55 @@ class ProcessTree:
         self._lock = threading.Lock()
         self._seen: dict[int, Worker] = {}
         self._parent: dict[int, int] = {}
+        self._agents: set[int] = set()  # warm starts: the agents the roots (their clients) stand for
 
     def refresh(self) -> dict[int, Worker]:
-        """Record any new descendants of the roots; return ``{pid: Worker}`` of all ever seen."""
-        children = []
-        for root in self.roots:
-            try:
-                children += root.children(recursive=True)
-            except psutil.Error:
-                pass
+        """Record any new descendants of the roots; return ``{pid: Worker}`` of all ever seen.
+
+        Warm starts: the process a warm-start client stands for (forked by the helper) is recorded with the
+        client's ``RANK`` and the client's parent as its parent, and its own descendants are followed; the
+        client itself is recorded without a rank (it is killed with the rest, never sampled or asked for stacks).
+        """
+        found: dict[int, tuple[psutil.Process, int | None, int | None]] = {}  # pid -> (process, rank, parent)
         with self._lock:
-            for child in children:
+            known = {pid for pid, w in self._seen.items() if w.rank is not None}
+        pending = list(self.roots)
+        while pending:
+            top = pending.pop()
+            try:
+                below = top.children(recursive=True)
+            except psutil.Error:
+                below = []
+            for proc in [top, *below]:
+                if proc.pid in known:
+                    continue
+                is_client, child_pid, rank = warm_client_child(proc)
+                if not is_client:
+                    if proc is not top or top not in self.roots:
+                        found.setdefault(proc.pid, (proc, _environ_rank(proc), None))
+                    continue
+                if proc is not top or top not in self.roots:
+                    found[proc.pid] = (proc, None, None)
+                if child_pid is not None and child_pid not in found:
+                    with contextlib.suppress(psutil.Error):
+                        child = psutil.Process(child_pid)
+                        parent = None if proc in self.roots else proc.ppid()
+                        found[child_pid] = (child, rank, parent)
+                        if proc in self.roots:
+                            self._agents.add(child_pid)
+                        pending.append(child)
+        with self._lock:
+            for pid, (proc, rank, parent) in found.items():
                 # A child seen between torchrun's fork and its exec still has torchrun's environment (no RANK):
                 # read it again at the next refresh, or that rank would never be sampled or asked for its stack.
-                if child.pid in self._seen and self._seen[child.pid].rank is not None:
+                if pid in self._seen and self._seen[pid].rank is not None:
                     continue
-                rank = None
-                try:
-                    value = child.environ().get("RANK")
-                    rank = int(value) if value is not None else None
-                except (psutil.Error, ValueError):
-                    pass
-                self._seen[child.pid] = Worker(child, rank)
-                with contextlib.suppress(psutil.Error):
-                    self._parent[child.pid] = child.ppid()
+                self._seen[pid] = Worker(proc, rank)
+                if parent is not None:
+                    self._parent[pid] = parent
+                else:
+                    with contextlib.suppress(psutil.Error):
+                        self._parent[pid] = proc.ppid()
             return dict(self._seen)
 
     def alive(self) -> list[Worker]:
@@ -103,9 +161,9 @@ class ProcessTree:
 
         A rank's own children (DataLoader workers) inherit ``RANK`` but are left out.
         """
-        roots = {root.pid for root in self.roots}
         with self._lock:
             parents = dict(self._parent)
+            roots = {root.pid for root in self.roots} | self._agents
         return {w.rank: w.process for w in self.alive()
                 if w.rank is not None and parents.get(w.process.pid) in roots}
 

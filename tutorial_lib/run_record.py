@@ -16,6 +16,8 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
 ``limit``             which limit: ``"timeout_s"`` (wall clock) or ``"stall_timeout_s"`` (no progress)
 ``where``             ``{rank: "file:line in function"}``: where each rank was when it was stopped
 ``in_process``        ``True`` for ``run_in_process`` (no torchrun)
+``start``             ``"warm"`` (torchrun and the ranks forked from the kernel's warm-start helper, see
+                      ``tutorial_lib.warm``) or ``"cold"`` (each imported torch itself)
 ====================  =====================================================================================
 """
 
@@ -55,6 +57,7 @@ class RunRecord:
     limit: str | None = None
     where: dict[int, str] = field(default_factory=dict)
     in_process: bool = False
+    start: str = "cold"
 
     def write(self, run_dir: str | os.PathLike) -> Path:
         """Write ``<run_dir>/run.json``; returns its path."""

@@ -1,0 +1,122 @@
+"""Warm starts (``tutorial_lib.warm``): the same jobs, outcomes and clean-up as cold starts, and the fallbacks.
+
+The launch tests in ``test_launch.py`` run on both paths too (their ``start_path`` fixture).
+"""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+import tutorial_lib as tl
+from tutorial_lib import warm
+from tutorial_lib.launcher import RANK_RUNNER
+from tutorial_lib.run_record import RunRecord
+
+pytestmark = pytest.mark.integration
+
+METRIC_COLUMNS = ["rank", "step", "loss_local", "loss_global", "grad_norm"]
+
+
+def test_warm_command_wraps_the_agent_and_each_rank():
+    cold = ["/py", "-m", "torch.distributed.run", "--nproc-per-node", "2", str(RANK_RUNNER), "train.py", "--x", "1"]
+    hot = warm.warm_command(cold, RANK_RUNNER)
+    start = str(warm.WARM_START)
+    assert hot == ["/py", start, "run", "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                   start, "run", str(RANK_RUNNER), "train.py", "--x", "1"]
+    with pytest.raises(ValueError, match="not a torchrun command"):
+        warm.warm_command(["/py", "train.py"], RANK_RUNNER)
+
+
+def test_bad_warm_settings_are_refused_before_launch(run_root, monkeypatch):
+    script = tl.write_script("ddp_train", tl.new_run_dir("bad", run_root))
+    with pytest.raises(tl.ConfigError, match="warm must be True, False or None"):
+        tl.launch(tl.LaunchSpec(script, device="cpu", warm="yes"))
+    monkeypatch.setenv("TUTORIAL_LIB_WARM", "maybe")
+    with pytest.raises(tl.ConfigError, match="TUTORIAL_LIB_WARM='maybe'"):
+        tl.launch(tl.LaunchSpec(script, device="cpu"))
+    assert not (script.parent / "output.log").exists(), "nothing was started"
+
+
+def _metrics(result):
+    m = result.metrics()
+    return m[[c for c in METRIC_COLUMNS if c in m]].sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def test_warm_and_cold_runs_give_bitwise_equal_metrics_and_the_warm_one_is_forked(run_root):
+    args = ["--max-steps", 8, "--log-every", 4]
+    cold = tl.run_script("ddp_train", args, runs_dir=run_root, device="cpu", live="off", warm=False)
+    hot = tl.run_script("ddp_train", args, runs_dir=run_root, device="cpu", live="off", warm=True)
+    assert RunRecord.read(cold.run_dir).start == "cold" and RunRecord.read(hot.run_dir).start == "warm"
+    assert _metrics(hot).equals(_metrics(cold)), "the same losses and gradient norms, bit for bit"
+    assert set(hot.memory_samples()["rank"]) == {0, 1}, "the forked ranks are sampled under their ranks"
+    helper = psutil.Process(warm._helper.proc.pid)
+    assert helper.is_running() and "serve" in helper.cmdline()
+
+
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_a_rank_killed_by_a_signal_and_a_raising_rank_end_the_same_on_both_paths(run_root, start):
+    args = ["--max-steps", 20, "--log-every", 1, "--fail-rank", 1, "--fail-step", 2]
+    with pytest.raises(tl.LaunchError) as info:
+        tl.run_script("ddp_train", [*args, "--fail-mode", "raise"], runs_dir=run_root, device="cpu",
+                      live="off", warm=start == "warm", timeout_s=120)
+    e = info.value
+    assert (e.rank, e.exit_code) == (1, 1) and RunRecord.read(e.run_dir).start == start
+    assert "RuntimeError: injected failure on rank 1 at step 2" in e.failure.traceback
+    assert tl.diagnose(e).rank == 1
+
+
+def test_a_job_stopped_by_its_timeout_leaves_nothing_and_the_stacks_come_from_the_forked_ranks(run_root):
+    args = ["--max-steps", 20, "--log-every", 1, "--fail-rank", 1, "--fail-step", 2, "--fail-mode", "hang",
+            "--pg-timeout-s", 600]
+    with pytest.raises(tl.LaunchTimeout) as info:
+        tl.run_script("ddp_train", args, runs_dir=run_root, device="cpu", live="off", warm=True, stall_timeout_s=5)
+    e = info.value
+    assert RunRecord.read(e.run_dir).start == "warm"
+    assert set(e.stacks) == {0, 1}, "SIGUSR1 reached both forked ranks"
+    assert "inject_failure" in e.stacks[1] or "sleep" in e.stacks[1]
+    # run_root's fixture asserts that no process working in the run folder is left (forked ones included)
+
+
+def test_a_start_up_variable_the_helper_lacks_runs_cold_and_says_so_once(run_root, capsys):
+    env = {"PYTHONHASHSEED": "123"}
+    for _ in range(2):
+        result = tl.run_script("ddp_train", ["--max-steps", 2], runs_dir=run_root, device="cpu", live="text",
+                               warm=True, env=env)
+        assert RunRecord.read(result.run_dir).start == "cold"
+    out = capsys.readouterr().out
+    assert out.count("warm start off") == 1 and "PYTHONHASHSEED" in out
+
+
+def test_a_dead_helper_is_restarted(run_root):
+    tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
+    old = warm._helper.proc.pid
+    os.kill(old, signal.SIGKILL)
+    psutil.Process(old).wait(timeout=10) if psutil.pid_exists(old) else None
+    result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
+    assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid != old
+
+
+def test_the_helper_dies_with_the_process_that_started_it(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import tutorial_lib as tl, sys; "
+            f"tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(tmp_path)!r}, device='cpu', live='off'); "
+            "from tutorial_lib import warm; print('HELPER', warm._helper.proc.pid, flush=True); sys.stdin.read()")
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__))))
+    line = ""
+    while not line.startswith("HELPER"):
+        line = kernel.stdout.readline()
+        assert line, "the child kernel ended before it printed the helper's pid"
+    helper = int(line.split()[-1])
+    assert psutil.pid_exists(helper)
+    kernel.kill()
+    kernel.wait()
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(helper) and psutil.Process(helper).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the warm-start helper outlived its kernel"
+        time.sleep(0.1)

@@ -1,0 +1,371 @@
+"""Warm starts: a helper process that has imported torch once forks each process of a job on request.
+
+    python warm_start.py serve SOCKET_PATH        # the helper (one per kernel; started by tutorial_lib)
+    python warm_start.py run ARGV...              # a client: "run python ARGV", forked from the helper
+
+Every process of a launch pays for ``import torch`` (about 1.7 s here, 3-4 s with ``torch.distributed.run``
+and DDP): torchrun's agent once, then every rank. accelerate's ``notebook_launcher`` avoids it by forking the
+kernel, and pays with a kernel that must never touch CUDA. Here the forking process is a separate *helper*
+that the kernel starts once: it imports torch and the modules the lessons use, never initialises CUDA, never
+starts a thread of its own, and from then on only forks.
+
+torchrun stays the agent and sees ordinary processes: the launcher starts ``python warm_start.py run -m
+torch.distributed.run ...`` instead of ``python -m torch.distributed.run ...``, and torchrun starts ``python
+-u warm_start.py run rank_runner.py SCRIPT ARGS`` for each rank. Each client sends the helper its argv,
+environment, working folder and stdio (the file descriptors themselves, ``SCM_RIGHTS``); the helper forks a
+child that takes all of them and runs the argv as ``python`` would (``-m module`` or a script path). The client
+relays the signals it gets to its child and leaves with the child's exit status (an exit code, or the same
+signal), so torchrun's error files, exit codes and restarts behave as on the cold path. If the client dies, the
+helper kills the child's process group; if the helper dies, its children die with it (``PR_SET_PDEATHSIG``).
+
+Any doubt falls back to the cold path: no helper, a refused request (a different Python, or an environment
+variable that Python or torch read at start-up differs from the helper's), or an error before the fork; the
+client then ``exec``s ``python ARGV`` itself and says nothing (the launcher says once why it went cold).
+
+Standard library only in the client path (it must start in milliseconds); the helper imports torch.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "TUTORIAL_LIB_WARM_SOCKET"
+_PR_SET_PDEATHSIG = 1
+_HEADER = struct.Struct("!I")
+# Read by Python, the C libraries or torch when the interpreter or torch starts, so a child forked from the helper
+# would not see a changed value: a request whose value differs from the helper's goes cold. ``TORCH_*`` counts
+# unless known to be read later (RUNTIME_ENV_PREFIXES) or re-applied in the child (APPLIED_IN_CHILD).
+STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "TORCH_",
+                        "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDA_MODULE_LOADING")
+RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+# Read at start-up too, but applied in the child: torchrun sets OMP_NUM_THREADS=1 for every rank (torch's thread
+# count), and ``import torch.distributed`` reads TORCH_DISTRIBUTED_DEBUG (c10d's debug level).
+APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
+# What the helper imports before it forks: what torchrun's agent and the lesson scripts import.
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
+           "torch.distributed.fsdp", "torch.distributed.checkpoint", "torch.distributed.tensor",
+           "torch.distributed.elastic.multiprocessing.errors", "argparse", "json", "runpy")
+RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def startup_env(env) -> dict[str, str]:
+    """The variables of ``env`` that Python or torch read at start-up (see ``STARTUP_ENV_PREFIXES``)."""
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV_PREFIXES) and k not in APPLIED_IN_CHILD
+            and not k.startswith(RUNTIME_ENV_PREFIXES)}
+
+
+def _apply_in_child(env) -> None:
+    """What a fresh process would have read at start-up from ``APPLIED_IN_CHILD``: torch's thread count from
+    ``OMP_NUM_THREADS`` (as OpenMP would), c10d's debug level from ``TORCH_DISTRIBUTED_DEBUG``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    value = env.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        torch.set_num_threads(int(value))
+    if torch.distributed.is_available():
+        torch.distributed.set_debug_level_from_env()
+
+
+def _send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    payload = _HEADER.pack(len(data)) + data
+    if fds:
+        sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.sendall(payload)
+
+
+def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
+    """One message (``None`` at end of stream) and the file descriptors that came with it."""
+    fds = array.array("i")
+    buf = b""
+    while len(buf) < _HEADER.size:
+        if with_fds and not fds:
+            chunk, ancdata, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(with_fds * fds.itemsize))
+            for level, kind, data in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        else:
+            chunk = sock.recv(4096)
+        if not chunk:
+            return None, list(fds)
+        buf += chunk
+    (size,) = _HEADER.unpack(buf[: _HEADER.size])
+    buf = buf[_HEADER.size:]
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            return None, list(fds)
+        buf += chunk
+    return json.loads(buf[:size]), list(fds)
+
+
+# ---------------------------------------------------------------------------------------------------- client
+
+
+def _exec_cold(argv: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+def _leave_like(status: int) -> None:
+    """Exit as a process whose wait status is ``status`` did: the same code, or killed by the same signal."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def client(argv: list[str]) -> None:
+    """Run ``python ARGV`` forked from the helper at ``$TUTORIAL_LIB_WARM_SOCKET``, else exec it cold."""
+    _die_with_parent()
+    path = os.environ.get(SOCKET_ENV)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path or "")
+        _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "python": sys.executable,
+                     "client_pid": os.getpid()}, [0, 1, 2])
+        reply, _ = _recv(sock)
+    except OSError:
+        reply = None
+    if not reply or "pid" not in reply:
+        sock.close()
+        if reply and reply.get("refused"):
+            print(f"[warm start] refused ({reply['refused']}): starting cold", file=sys.stderr, flush=True)
+        _exec_cold(argv)
+    child = reply["pid"]
+
+    def relay(sig, _frame):
+        try:
+            if sig in (signal.SIGUSR1, signal.SIGUSR2):
+                os.kill(child, sig)
+            else:  # as torchrun's killpg of a cold worker would: the child's DataLoader workers too
+                os.killpg(child, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in RELAYED_SIGNALS:
+        signal.signal(sig, relay)
+    while True:
+        try:
+            reply, _ = _recv(sock)
+            break
+        except InterruptedError:
+            continue
+    if reply is None:  # the helper died; its children died with it
+        _leave_like(signal.SIGKILL)
+    _leave_like(reply["status"])
+
+
+# ---------------------------------------------------------------------------------------------------- helper
+
+
+def _run_as_python(argv: list[str]) -> int:
+    """Run ``argv`` as ``python ARGV`` would (``[-u] -m module ...`` or ``[-u] script ...``); the exit code."""
+    import runpy
+    import traceback
+
+    argv = list(argv)
+    while argv and argv[0] == "-u":  # the helper's stdio is already unbuffered
+        argv.pop(0)
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            sys.modules.pop(argv[1], None)  # preloaded for its imports; runpy runs it afresh as __main__
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(argv[0])
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - as the interpreter would: print it and exit 1
+        traceback.print_exc()
+        code = 1
+    import atexit
+
+    atexit._run_exitfuncs()
+    return code
+
+
+def _child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become the requested process, run it, and exit with its status."""
+    import random
+
+    os.setsid()
+    _die_with_parent()
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()  # a fresh process draws its own seed
+    _apply_in_child(os.environ)
+    code = _run_as_python(request["argv"])
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+    os._exit(code & 0xFF)
+
+
+def registry_path(socket_path: str, client_pid: int) -> str:
+    """Where the helper records the pid it forked for client ``client_pid`` (the file holds that pid)."""
+    return os.path.join(os.path.dirname(socket_path), "pids", str(client_pid))
+
+
+def forked_pid(socket_path: str, client_pid: int) -> int | None:
+    """The pid the helper at ``socket_path`` forked for the client ``client_pid``, if it did (and still runs)."""
+    try:
+        with open(registry_path(socket_path, client_pid)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _register(path: str, client_pid: int, pid: int | None) -> None:
+    target = registry_path(path, client_pid)
+    if pid is None:
+        try:
+            os.unlink(target)
+        except OSError:
+            pass
+        return
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target + ".tmp", "w") as f:
+        f.write(str(pid))
+    os.replace(target + ".tmp", target)
+
+
+def _refusal(request: dict) -> str | None:
+    if request.get("python") != sys.executable:
+        return f"the job's Python is {request.get('python')}, the helper's {sys.executable}"
+    mine, theirs = startup_env(os.environ), startup_env(request.get("env", {}))
+    changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if changed:
+        return "start-up environment differs: " + ", ".join(changed)
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        return "CUDA is initialised in the helper"
+    return None
+
+
+def serve(path: str) -> None:
+    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request."""
+    import importlib
+
+    _die_with_parent()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    children: dict[int, socket.socket] = {}  # pid -> client connection
+    clients: dict[int, int] = {}  # pid -> client pid
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                request, fds = _recv(conn, with_fds=3)
+                reason = _refusal(request) if request else "empty request"
+                if reason or len(fds) != 3:
+                    _send(conn, {"refused": reason or "no stdio received"})
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    conn.close()
+                    for other in children.values():
+                        other.close()
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    _child(request, fds)
+                for fd in fds:
+                    os.close(fd)
+                clients[pid] = int(request.get("client_pid", 0))
+                _register(path, clients[pid], pid)
+                _send(conn, {"pid": pid})
+                children[pid] = conn
+                sel.register(conn, selectors.EVENT_READ, pid)
+            elif key.data == "wake":
+                os.read(wake_r, 4096)
+            else:  # a client's connection is readable: it died (or closed): kill its child's group
+                try:
+                    os.killpg(key.data, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                sel.unregister(key.fileobj)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            _register(path, clients.pop(pid, 0), None)
+            if conn is not None:
+                try:
+                    _send(conn, {"status": status})
+                except OSError:
+                    pass
+                try:
+                    sel.unregister(conn)
+                except (KeyError, ValueError):
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "serve":
+        serve(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "run":
+        client(sys.argv[2:])
+    else:
+        sys.exit("usage: warm_start.py serve SOCKET_PATH | run ARGV...")
