@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib import warm
+from tutorial_lib import warm, warm_start
 from tutorial_lib.launcher import RANK_RUNNER
 from tutorial_lib.run_record import RunRecord
 
@@ -28,6 +28,19 @@ def test_warm_command_wraps_the_agent_and_each_rank():
                    start, "run", str(RANK_RUNNER), "train.py", "--x", "1"]
     with pytest.raises(ValueError, match="not a torchrun command"):
         warm.warm_command(["/py", "train.py"], RANK_RUNNER)
+
+
+def test_the_helper_preloads_no_module_that_reads_variables_counted_as_read_later():
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); import warm_start; "
+            "[importlib.import_module(n) for n in warm_start.PRELOAD]; "
+            "print([m for m in ('torch._inductor.config', 'torch._dynamo.config') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, str(warm.WARM_START.parent)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", "TORCHINDUCTOR_*/TORCHDYNAMO_* would be start-up variables: add them to the prefixes"
+    assert not any(p.startswith(("TORCHINDUCTOR", "TORCHDYNAMO")) for p in warm_start.STARTUP_ENV_PREFIXES)
 
 
 def test_bad_warm_settings_are_refused_before_launch(run_root, monkeypatch):

@@ -43,8 +43,10 @@ _HEADER = struct.Struct("!I")
 # Read by Python, the C libraries or torch when the interpreter or torch starts, so a child forked from the helper
 # would not see a changed value: a request whose value differs from the helper's goes cold. ``TORCH_*`` counts
 # unless known to be read later (RUNTIME_ENV_PREFIXES) or re-applied in the child (APPLIED_IN_CHILD).
+# TORCHINDUCTOR_* and TORCHDYNAMO_* are not: ``PRELOAD`` imports neither config module (checked by a test), and
+# the kernel's own inductor sets TORCHINDUCTOR_CACHE_DIR in its environment the first time it compiles.
 STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "TORCH_",
-                        "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDA_MODULE_LOADING")
+                        "PYTORCH_", "CUDA_MODULE_LOADING")
 RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 # Read at start-up too, but applied in the child: torchrun sets OMP_NUM_THREADS=1 for every rank (torch's thread
 # count), and ``import torch.distributed`` reads TORCH_DISTRIBUTED_DEBUG (c10d's debug level).
