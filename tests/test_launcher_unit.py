@@ -429,7 +429,7 @@ def test_the_plan_builds_each_nodes_command_and_writes_command_txt_but_starts_no
     assert lp.nodes == [0] and lp.store is None and lp.command == lp.commands[0]
     assert lp.command[lp.command.index("--master-port") + 1] == "29511" and lp.command[-2:] == ["--x", "1"]
     assert lp.node_log_dir(0) == tmp_path.resolve() / "logs" and lp.envs[0]["OMP_NUM_THREADS"] == "1"
-    assert lp.shape == {"nnodes": 1, "nproc_per_node": 2, "device": "cpu"}
+    assert lp.shape == {"nnodes": 1, "nproc_per_node": 2, "device": "cpu", "start": "cold"}, "warm once started so"
     assert shlex.join(lp.command) in (tmp_path / "command.txt").read_text()
     assert not (tmp_path / "output.log").exists() and not (tmp_path / "run.json").exists()
 
