@@ -465,8 +465,9 @@ def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(
     for line in ["torch.distributed.DistNetworkError: address already in use (EADDRINUSE)"]:
         pump.take(0, line)
     lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
-    error, record = _failure_error(lp, pump, {0: 1}, 2.5)
+    error, record, outcome = _failure_error(lp, pump, {0: 1}, 2.5)
     assert str(error).startswith("t.py failed: torchrun exited with code 1: port None is already in use")
+    assert outcome.status == RunStatus.FAILED and outcome.elapsed_s == 2.5 and outcome.cause == record.summary
     assert error.returncode == 1 and error.failure is None and error.output_tail == pump.transcript
     assert record.status == RunStatus.FAILED and record.returncode == 1 and record.summary == error.summary
     assert not (tmp_path / "run.json").exists(), "launch writes the record after the view's last word"
@@ -481,6 +482,7 @@ def test_the_failure_outcome_names_the_rank_whose_error_file_torchrun_summarised
     error_dir.mkdir(parents=True)
     (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
     lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
-    error, record = _failure_error(lp, pump, {0: 1}, 2.5)
+    error, record, outcome = _failure_error(lp, pump, {0: 1}, 2.5)
     assert record.summary.startswith("t.py failed on rank 1 (exit code 1)")
+    assert outcome.text == "failed: t.py failed on rank 1 (exit code 1)", "the view's status: without where ranks were"
     assert "ValueError: boom on rank 1" in error.failure.traceback

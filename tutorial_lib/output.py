@@ -195,10 +195,12 @@ class ThrottledPrinter:
     """Print lines with a rank prefix, at most ``max_lines_per_s`` per second (burst ``2 * max``).
 
     Keeps the last ``tail_lines`` lines of every rank for error reports, whether printed or not.
+    ``keeps_full_tracebacks``: True where the lines land in a collapsible area (the widget view), so a rank's
+    traceback frames are shown whole; False in a cell's stdout or a terminal, which show its exception line.
     """
 
     def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30,
-                 log_name: str = "output.log") -> None:
+                 log_name: str = "output.log", keeps_full_tracebacks: bool = False) -> None:
         self.stream = stream
         self.log_name = log_name  # where the suppressed lines can be read in full
         self.rate = float(max_lines_per_s)
@@ -207,7 +209,7 @@ class ThrottledPrinter:
         self.last_refill = time.monotonic()
         self.suppressed = 0
         self.tails: dict[int | None, deque[str]] = {}
-        self.keeps_full_tracebacks = False  # True where the lines land in a collapsible area (the widget view)
+        self.keeps_full_tracebacks = keeps_full_tracebacks
         self.tail_lines = tail_lines
 
     def _stream(self) -> TextIO:
