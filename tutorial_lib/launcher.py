@@ -40,7 +40,7 @@ from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innerm
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
-from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
+from .output import NoiseFilter, Redraws, TeeSplitter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .run_record import Outcome, RunRecord, RunStatus
 from .scripts import check_script_args, new_run_dir, write_script
@@ -474,6 +474,7 @@ class _OutputPump:
         self.open_streams = set(nodes)
         self.noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
         self.tee = TeeSplitter()  # one rank's piece per line, in output.log and on screen
+        self.redraws = Redraws()  # lines a rank redraws with \r: their latest state
         self.torchrun_traceback = False
 
     def take(self, node: int, line: str) -> None:
@@ -483,11 +484,23 @@ class _OutputPump:
             self.take_piece(node, piece)
 
     def take_piece(self, node: int, line: str) -> None:
-        self.output_log.write(line + "\n")
-        self.transcript.append(line)
-        self.node_transcripts[node].append(line)
-        rank, text = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
-        self.ranked.append((rank, text))
+        """One rank's piece (or torchrun's line): every state of a redrawn line is logged, and shown in place at most;
+        its final state is shown as a line when the line ends (its marked newline, or the job's end: ``Redraws``)."""
+        rank, marked = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
+        text, redrawn, ended = self.redraws.take(rank, marked)
+        if text is not None:  # else only marks: the end of a line already logged
+            line = line[:len(line) - len(marked)] + text
+            self.output_log.write(line + "\n")
+            self.transcript.append(line)
+            self.node_transcripts[node].append(line)
+            self.ranked.append((rank, text))
+        if ended is None and (redrawn or text is None):
+            if text is not None:
+                self.printer.redraw(rank, text)  # in place where the view can (widgets), else not shown
+            return
+        if ended is not None:  # the redrawn line's final state: from here on a line like any other
+            self.printer.redraw(rank, None)
+            text = ended
         if rank is None and self.spec.nnodes > 1:
             text = f"[node {node}] {text}"
         # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
@@ -541,7 +554,11 @@ class _OutputPump:
         return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
 
     def finish(self) -> None:
-        """After the output log is closed: show what was held back, and say how many traceback lines were not shown."""
+        """After the output log is closed: show what was held back (the final state of every line still being redrawn,
+        the count of lines not shown), and say how many traceback lines were not shown."""
+        for rank, text in self.redraws.end_all().items():
+            self.printer.emit(rank, text)
+            self.printer.redraw(rank, None)
         self.printer.flush_suppressed()
         if self.noise.traceback_lines and not self.printer.keeps_full_tracebacks:
             self.printer.note(f"{self.noise.traceback_lines} traceback line(s) not shown (the exception line is); "

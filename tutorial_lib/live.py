@@ -311,6 +311,7 @@ class LogBuffer:
         self.maxlen = maxlen
         self._lines: deque[str] = deque(maxlen=maxlen)
         self._partial = ""
+        self._redrawn: dict[str, str] = {}  # label -> the latest state of the line that rank redraws
         self.version = 0  # bumped on every write, so the view redraws only when something arrived
 
     def write(self, text: str) -> int:
@@ -323,8 +324,17 @@ class LogBuffer:
     def flush(self) -> None:
         pass
 
+    def redraw(self, label: str, text: str | None) -> None:
+        """Show ``text`` as the line ``label`` (``"rank 0"``) redraws in place, below the others; ``None`` removes it."""
+        if text is None:
+            self._redrawn.pop(label, None)
+        else:
+            self._redrawn[label] = f"[{label}] {text}"
+        self.version += 1
+
     def lines(self) -> list[str]:
-        return list(self._lines) + ([self._partial] if self._partial else [])
+        """The kept lines, then each line being redrawn in its latest state."""
+        return list(self._lines) + ([self._partial] if self._partial else []) + list(self._redrawn.values())
 
 
 def _log_html(lines: list[str]) -> str:
