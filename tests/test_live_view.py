@@ -171,3 +171,29 @@ def test_a_run_with_fewer_than_two_logged_steps_draws_no_figure(tmp_path, monkey
     view.add([{"step": 2, "max_steps": 5, "rank": 0, "loss_local": 0.9}])
     view.finish([], Outcome(RunStatus.FINISHED, 3.0))
     assert drawn == [3], "two steps: the figure, with every record"
+
+
+def test_the_views_draw_a_typed_outcome(tmp_path, monkeypatch):
+    """The launcher says how a run ended with an ``Outcome`` (no status strings to parse): an interrupt is red, named,
+    and says that every process was stopped; a finished run is green; the text view says the same in words."""
+    shown = []
+    handle = SimpleNamespace(update=lambda *args, **kwargs: shown.append(args[0]))  # a display handle, as in a kernel
+    monkeypatch.setattr("IPython.display.display", lambda *args, **kwargs: handle)
+    view = WidgetNotebookView(run_dir=tmp_path)
+    view.start()
+    view.add([{"step": 4, "max_steps": 10, "rank": 0}])
+    interrupted = Outcome(RunStatus.INTERRUPTED, 3.0, "interrupted")
+    assert interrupted.failed and interrupted.text == "failed: interrupted"
+    view.finish([], interrupted)
+    assert "color:#c62828'>failed: interrupted<" in view._header.value
+    assert "the kernel was interrupted: torchrun and every worker were stopped" in view._alert.value
+    assert "last step reported: rank 0 at step 4" in view._alert.value
+    finished = WidgetNotebookView(run_dir=tmp_path)
+    finished.start()
+    finished.finish([], Outcome(RunStatus.FINISHED, 4.25))
+    assert "color:#2e7d32'>finished in 4.2 s<" in finished._header.value and finished._alert.value == ""
+    assert shown[-1]["text/plain"].endswith("\nfinished in 4.2 s"), "a notebook saved without widget state shows the outcome"
+    text = TextNotebookView(run_dir=tmp_path)
+    text.start()
+    text.finish([], Outcome(RunStatus.TIMEOUT, 9.0, "timed out after 8 s"))
+    assert repr(shown[-1]).endswith("elapsed 9.0 s - failed: timed out after 8 s")
