@@ -699,7 +699,8 @@ def _stop_job(job: _RunningJob, exc: BaseException) -> LaunchTimeout | None:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
         error = _timeout_error(lp, pump, exc.limit, elapsed, ranks_running, last_steps, stacks,
                                job.procs[lp.nodes[0]].returncode)
-        safe_draw(view.finish, job.sampler.rss_samples, Outcome(RunStatus.TIMEOUT, elapsed, _limit_text(lp.spec, exc.limit)[2]))
+        outcome = Outcome(RunStatus.TIMEOUT, elapsed, _limit_text(lp.spec, exc.limit)[2])
+        safe_draw(view.finish, job.sampler.rss_samples, outcome)
         safe_draw(view.fail, error)  # the live view says where each rank was
         return error
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
@@ -737,9 +738,9 @@ def _failure_error(lp: _LaunchPlan, pump: _OutputPump, returncodes: dict[int, in
         summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
         reason = explain_agent_failure("\n".join(pump.transcript), spec, lp.nodes)
         summary += f": {reason}" if reason else ""
+    outcome = Outcome(RunStatus.FAILED, wall_time_s, summary)
     # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
     # collective timeout the failing rank is the one that waited, and these show where the culprit was.
-    outcome = Outcome(RunStatus.FAILED, wall_time_s, summary)
     stacks = stopped_ranks_stacks(pump.ranked, lp.run_dir / "logs", one_node=spec.nnodes == 1,
                                   failed_rank=failure.rank if failure else None)
     where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}

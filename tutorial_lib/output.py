@@ -215,7 +215,8 @@ class Redraws:
         ends = not done and text.endswith(REDRAWN_END)
         if not (starts or ends or done):
             return text, False, None
-        core = text[len(REDRAW_START) if starts else 0:len(text) - (len(REDRAW_DONE) if done else len(REDRAWN_END) if ends else 0)]
+        end_mark = REDRAW_DONE if done else REDRAWN_END if ends else ""
+        core = text[len(REDRAW_START) if starts else 0:len(text) - len(end_mark)]
         if core:  # a new state (a terminal would show it over the previous one); an empty piece changes nothing
             self._latest[rank] = core
         return core or None, True, self._latest.pop(rank, None) if done else None
