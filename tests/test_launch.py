@@ -212,21 +212,29 @@ def wait_for_steps(run_dir, child=None, timeout_s=60):
     raise AssertionError(f"no steps in {run_dir} after {timeout_s} s")
 
 
-def test_progress_bars_drawn_with_carriage_returns_stay_with_their_rank(run_root, capsys):
-    """torchrun's --tee writes a rank's unfinished line (``\\r`` updates: its reader turns each ``\\r`` into a line
-    break and copies what it has read so far) and the next chunk of any rank on one line; each piece goes to its
-    rank, in output.log and on screen."""
+def test_progress_bars_drawn_with_carriage_returns_show_each_ranks_final_state_only(run_root, capsys):
+    """Issue 17, input 1: two ranks draw a progress bar on stderr as tqdm does (``\\r`` before each of 50 updates, one
+    ``\\n`` at the end). torchrun's --tee turns every ``\\r`` into a line break (its reader opens the rank's log as
+    text; torch 2.8 and 2.13) and writes a rank's unfinished line and the next chunk of any rank on one line. The cell
+    (the printer's lines) shows each rank's final state once, with its rank, and none of the 49 earlier ones;
+    output.log keeps all 50 per rank, each a line of its own rank."""
     script = fixture_script(run_root, "progress_bars.py")
     result = tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, timeout_s=120, live="off",
                                      max_output_lines_per_s=1000))
     shown = capsys.readouterr().out.splitlines()
     log = (result.run_dir / "output.log").read_text().splitlines()
     assert not [line for line in log if re.search(r".\[default\d\]:", line)], "no rank's prefix inside a line"
+    assert not [line for line in log if "\x1b" in line], "the rank runner's marks are not in output.log"
     for rank in (0, 1):
         mine = [line for line in log if line.startswith(f"[default{rank}]:")]
         assert all(f"r{1 - rank} " not in line for line in mine), f"rank {1 - rank}'s progress in rank {rank}'s lines"
-        assert f"[default{rank}]:r{rank} 50/50" in mine and f"[default{rank}]:rank {rank} done" in mine
+        assert [line for line in mine if line.startswith(f"[default{rank}]:r{rank} ")] == [
+            f"[default{rank}]:r{rank} {i}/50" for i in range(1, 51)], "output.log: every state, in order"
+        assert f"[default{rank}]:rank {rank} done" in mine
         on_screen = [line for line in shown if line.startswith(f"[rank {rank}] ")]
-        assert f"[rank {rank}] r{rank} 50/50" in on_screen and f"[rank {rank}] rank {rank} done" in on_screen
+        assert [line for line in on_screen if line.startswith(f"[rank {rank}] r{rank} ")] == [
+            f"[rank {rank}] r{rank} 50/50"], "on screen: the final state only"
+        assert f"[rank {rank}] rank {rank} done" in on_screen
         assert all(f"r{1 - rank} " not in line and "[default" not in line for line in on_screen), on_screen
+    assert not [line for line in shown if re.search(r"r\d \d+/50", line) and not line.startswith("[rank ")], shown
     assert sum(line.endswith("]:") for line in log) <= 2, "the empty pieces that end an unfinished chunk are dropped"

@@ -465,8 +465,9 @@ def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(
     for line in ["torch.distributed.DistNetworkError: address already in use (EADDRINUSE)"]:
         pump.take(0, line)
     lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
-    error, record = _failure_error(lp, pump, {0: 1}, 2.5)
+    error, record, outcome = _failure_error(lp, pump, {0: 1}, 2.5)
     assert str(error).startswith("t.py failed: torchrun exited with code 1: port None is already in use")
+    assert outcome.status == RunStatus.FAILED and outcome.elapsed_s == 2.5 and outcome.cause == record.summary
     assert error.returncode == 1 and error.failure is None and error.output_tail == pump.transcript
     assert record.status == RunStatus.FAILED and record.returncode == 1 and record.summary == error.summary
     assert not (tmp_path / "run.json").exists(), "launch writes the record after the view's last word"
@@ -481,6 +482,81 @@ def test_the_failure_outcome_names_the_rank_whose_error_file_torchrun_summarised
     error_dir.mkdir(parents=True)
     (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
     lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
-    error, record = _failure_error(lp, pump, {0: 1}, 2.5)
+    error, record, outcome = _failure_error(lp, pump, {0: 1}, 2.5)
     assert record.summary.startswith("t.py failed on rank 1 (exit code 1)")
+    assert outcome.text == "failed: t.py failed on rank 1 (exit code 1)", "the view's status: without where ranks were"
     assert "ValueError: boom on rank 1" in error.failure.traceback
+
+
+def _terminal(text: str) -> list[str]:
+    """What a terminal shows for ``text``: ``\\r``, ``\\n`` and the rank runner's ESC[G, ESC[A, ESC[K (a tiny emulator)."""
+    import re as _re
+
+    rows, row, col = [""], 0, 0
+    for token in _re.findall(r"\x1b\[[GAK]|\r|\n|[^\x1b\r\n]+", text):
+        if token in ("\r", "\x1b[G"):
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+            rows += [""] * (row + 1 - len(rows))
+        elif token == "\x1b[A":
+            row = max(0, row - 1)
+        elif token == "\x1b[K":
+            rows[row] = rows[row][:col]
+        else:
+            line = rows[row].ljust(col)
+            rows[row], col = line[:col] + token + line[col + len(token):], col + len(token)
+    return rows
+
+
+def test_the_rank_runner_marks_a_line_redrawn_with_carriage_returns_as_a_terminal_draws_it():
+    """torchrun's --tee turns a bare ``\\r`` into a line break, so the rank runner marks redrawn lines (issue 17, input
+    1); a terminal (``cat`` of a rank's log) shows the marked bytes exactly as it shows the script's own."""
+    import io
+
+    from tutorial_lib.rank_runner import _RedrawMarkingStream
+    buffer = io.BytesIO()
+    stream = _RedrawMarkingStream(buffer, encoding="utf-8", newline="\n", write_through=True)
+    writes = ["epoch 1\n", "\r  0%|", "\r 50%|#####", "\r100%|##########|", "\n", "done\n", "a\r\n", "\r", "b", "\n"]
+    for text in writes:
+        assert stream.write(text) == len(text)
+    marked = buffer.getvalue().decode()
+    assert marked == ("epoch 1\n\x1b[G\n\x1b[A  0%|\x1b[G\n\x1b[A 50%|#####\x1b[G\n\x1b[A100%|##########|\x1b[K\n"
+                      "done\na\r\n\x1b[G\n\x1b[Ab\x1b[K\n")
+    assert _terminal(marked) == _terminal("".join(writes)) == ["epoch 1", "100%|##########|", "done", "a", "b", ""]
+    assert "\r" not in marked.replace("\r\n", ""), "no bare \\r left for torchrun's reader to turn into a line break"
+
+
+def test_a_redrawn_line_is_shown_once_in_its_final_state_and_in_place_in_the_widget_view(tmp_path):
+    """What torchrun's --tee passes on from two ranks' marked progress bars (an unfinished chunk, its end mark arriving
+    later, a line of the rank's stdout in between): the printer shows each rank's final state once, attributed to its
+    rank; the widget view's output area shows the latest state in place meanwhile; output.log keeps every state."""
+    import io
+
+    from tutorial_lib.launcher import _OutputPump
+    from tutorial_lib.live import LogBuffer
+    script = tmp_path / "t.py"
+    script.write_text("")
+    buffer, log = LogBuffer(), io.StringIO()
+    pump = _OutputPump(LaunchSpec(script, device="cpu"), tmp_path, [0], ThrottledPrinter(buffer), log)
+    raw = ["[default0]:\x1b[G", "[default0]:\x1b[Ar0 1/50\x1b[G", "[default0]:\x1b[Ar0 2/50[default1]:\x1b[G",
+           "[default1]:\x1b[Ar1 1/50\x1b[G", "[default0]:\x1b[G", "[default0]:rank 0 done", "[default1]:\x1b[Ar1 2/50"]
+    for line in raw:
+        pump.take(0, line)
+    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 2/50", "[rank 1] r1 2/50"], "latest states, in place"
+    pump.take(0, "[default0]:\x1b[Ar0 3/50\x1b[K")  # rank 0's bar ends: its final state becomes a line
+    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 3/50", "[rank 1] r1 2/50"]
+    pump.finish()  # the job ended while rank 1 was still redrawing: its latest state is its last word
+    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 3/50", "[rank 1] r1 2/50"]
+    assert pump.printer.tail(1) == ["r1 2/50"] and pump.printer.tail(0) == ["rank 0 done", "r0 3/50"]
+    assert log.getvalue().splitlines() == ["[default0]:r0 1/50", "[default0]:r0 2/50", "[default1]:r1 1/50",
+                                           "[default0]:rank 0 done", "[default1]:r1 2/50", "[default0]:r0 3/50"]
+
+    # A text-mode cell (stdout): no line in place, only the final states, as lines.
+    out = io.StringIO()
+    pump = _OutputPump(LaunchSpec(script, device="cpu"), tmp_path, [0], ThrottledPrinter(out), io.StringIO())
+    for line in raw + ["[default0]:\x1b[Ar0 3/50\x1b[K"]:
+        pump.take(0, line)
+    assert out.getvalue() == "[rank 0] rank 0 done\n[rank 0] r0 3/50\n"
+    pump.finish()
+    assert out.getvalue() == "[rank 0] rank 0 done\n[rank 0] r0 3/50\n[rank 1] r1 2/50\n"

@@ -12,7 +12,8 @@ import papermill as pm
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.live import LogBuffer, NotebookView, TerminalView, make_view
+from tutorial_lib.live import LogBuffer, TerminalView, TextNotebookView, WidgetNotebookView, make_view
+from tutorial_lib.run_record import Outcome, RunStatus
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -90,7 +91,7 @@ def test_the_terminal_view_prints_progress_lines_and_the_status(capsys):
     view = TerminalView(interval_s=0)
     view.add([{"step": 3, "max_steps": 10, "rank": 0, "loss_local": 0.5, "samples_per_s": 1000.0}])
     view.update(1.0, [])
-    view.finish(2.0, [], "finished in 2.0 s")
+    view.finish([], Outcome(RunStatus.FINISHED, 2.0))
     out = capsys.readouterr().out
     assert "rank 0: step 3/10  loss 0.5000  samples/s 1000" in out and out.endswith("[launcher] finished in 2.0 s\n")
 
@@ -107,11 +108,11 @@ def test_the_log_buffer_keeps_the_last_lines_and_joins_partial_writes():
     buf.write("[rank 1] par")
     buf.write("tial\n")
     assert buf.lines() == ["[rank 0] line 3", "[rank 0] line 4", "[rank 1] partial"]
-    assert NotebookView(widgets=False).log_stream is None, "text mode: lines go to the cell's stdout"
+    assert TextNotebookView().log_stream is None, "text mode: lines go to the cell's stdout"
 
 
 def test_the_red_box_names_the_cause_of_a_failure_and_where_ranks_were_at_a_timeout(tmp_path, capsys):
-    view = NotebookView(widgets=True, run_dir=tmp_path)
+    view = WidgetNotebookView(run_dir=tmp_path)
     view.start()  # outside a kernel the widgets still exist; display() prints their text
     view.add([{"step": 7, "max_steps": 10, "rank": 0}, {"step": 3, "max_steps": 10, "rank": 1}])
     failure = tl.RankFailure(rank=1, exit_code=1, traceback="Traceback ...\nValueError: bad batch", log_tail=["x"])
@@ -141,7 +142,7 @@ def test_the_red_box_names_the_cause_of_a_failure_and_where_ranks_were_at_a_time
     ("", [], ["torchrun: rendezvous failed"], "torchrun: rendezvous failed"),
 ])
 def test_the_red_box_survives_a_failure_that_left_no_traceback_or_log(tmp_path, traceback, log_tail, output_tail, cause):
-    view = NotebookView(widgets=True, run_dir=tmp_path)
+    view = WidgetNotebookView(run_dir=tmp_path)
     view.start()
     error = tl.LaunchError("t.py failed on rank 0 (exit code -6)", run_dir=tmp_path, command=["t"], returncode=1,
                            failure=tl.RankFailure(rank=0, exit_code=-6, traceback=traceback, log_tail=log_tail),
@@ -160,13 +161,39 @@ def test_a_run_with_fewer_than_two_logged_steps_draws_no_figure(tmp_path, monkey
     shown = []
     handle = SimpleNamespace(update=shown.append)  # a display handle, as a kernel gives one
     monkeypatch.setattr("IPython.display.display", lambda *args, **kwargs: handle)
-    view = NotebookView(widgets=False, run_dir=tmp_path)
+    view = TextNotebookView(run_dir=tmp_path)
     view.start()
     view.add([{"step": 1, "max_steps": 5, "rank": 0, "loss_local": 1.0}, {"step": 1, "max_steps": 5, "rank": 1}])
     view.update(1.0, [], final=True)
-    view.finish(2.0, [], "failed: t.py failed on rank 1 (exit code 1)")
+    view.finish([], Outcome(RunStatus.FAILED, 2.0, "t.py failed on rank 1 (exit code 1)"))
     assert drawn == [], "no figure for one step"
     assert any("1 step logged: too few for a curve" in repr(x) for x in shown), shown
     view.add([{"step": 2, "max_steps": 5, "rank": 0, "loss_local": 0.9}])
-    view.finish(3.0, [], "finished in 3.0 s")
+    view.finish([], Outcome(RunStatus.FINISHED, 3.0))
     assert drawn == [3], "two steps: the figure, with every record"
+
+
+def test_the_views_draw_a_typed_outcome(tmp_path, monkeypatch):
+    """The launcher says how a run ended with an ``Outcome`` (no status strings to parse): an interrupt is red, named,
+    and says that every process was stopped; a finished run is green; the text view says the same in words."""
+    shown = []
+    handle = SimpleNamespace(update=lambda *args, **kwargs: shown.append(args[0]))  # a display handle, as in a kernel
+    monkeypatch.setattr("IPython.display.display", lambda *args, **kwargs: handle)
+    view = WidgetNotebookView(run_dir=tmp_path)
+    view.start()
+    view.add([{"step": 4, "max_steps": 10, "rank": 0}])
+    interrupted = Outcome(RunStatus.INTERRUPTED, 3.0, "interrupted")
+    assert interrupted.failed and interrupted.text == "failed: interrupted"
+    view.finish([], interrupted)
+    assert "color:#c62828'>failed: interrupted<" in view._header.value
+    assert "the kernel was interrupted: torchrun and every worker were stopped" in view._alert.value
+    assert "last step reported: rank 0 at step 4" in view._alert.value
+    finished = WidgetNotebookView(run_dir=tmp_path)
+    finished.start()
+    finished.finish([], Outcome(RunStatus.FINISHED, 4.25))
+    assert "color:#2e7d32'>finished in 4.2 s<" in finished._header.value and finished._alert.value == ""
+    assert shown[-1]["text/plain"].endswith("\nfinished in 4.2 s"), "a notebook saved without widget state shows the outcome"
+    text = TextNotebookView(run_dir=tmp_path)
+    text.start()
+    text.finish([], Outcome(RunStatus.TIMEOUT, 9.0, "timed out after 8 s"))
+    assert repr(shown[-1]).endswith("elapsed 9.0 s - failed: timed out after 8 s")

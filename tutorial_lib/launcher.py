@@ -40,11 +40,17 @@ from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innerm
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
+<<<<<<< HEAD
 from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
 from . import warm
 from .processes import ProcessTree, set_parent_death_signal
 from .warm_start import SOCKET_ENV
 from .run_record import RunRecord, RunStatus
+=======
+from .output import NoiseFilter, Redraws, TeeSplitter, ThrottledPrinter, split_rank_prefix
+from .processes import ProcessTree, set_parent_death_signal
+from .run_record import Outcome, RunRecord, RunStatus
+>>>>>>> view
 from .scripts import check_script_args, new_run_dir, write_script
 from .torchrun_logs import find_root_cause, last_attempt_error_files
 
@@ -486,6 +492,7 @@ class _OutputPump:
         self.open_streams = set(nodes)
         self.noise = NoiseFilter()  # what a torch version prints on every launch: in output.log, not on screen
         self.tee = TeeSplitter()  # one rank's piece per line, in output.log and on screen
+        self.redraws = Redraws()  # lines a rank redraws with \r: their latest state
         self.torchrun_traceback = False
 
     def take(self, node: int, line: str) -> None:
@@ -495,11 +502,23 @@ class _OutputPump:
             self.take_piece(node, piece)
 
     def take_piece(self, node: int, line: str) -> None:
-        self.output_log.write(line + "\n")
-        self.transcript.append(line)
-        self.node_transcripts[node].append(line)
-        rank, text = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
-        self.ranked.append((rank, text))
+        """One rank's piece (or torchrun's line): every state of a redrawn line is logged, and shown in place at most;
+        its final state is shown as a line when the line ends (its marked newline, or the job's end: ``Redraws``)."""
+        rank, marked = split_rank_prefix(line)  # global rank on several nodes (prefix template), else local
+        text, redrawn, ended = self.redraws.take(rank, marked)
+        if text is not None:  # else only marks: the end of a line already logged
+            line = line[:len(line) - len(marked)] + text
+            self.output_log.write(line + "\n")
+            self.transcript.append(line)
+            self.node_transcripts[node].append(line)
+            self.ranked.append((rank, text))
+        if ended is None and (redrawn or text is None):
+            if text is not None:
+                self.printer.redraw(rank, text)  # in place where the view can (widgets), else not shown
+            return
+        if ended is not None:  # the redrawn line's final state: from here on a line like any other
+            self.printer.redraw(rank, None)
+            text = ended
         if rank is None and self.spec.nnodes > 1:
             text = f"[node {node}] {text}"
         # torchrun's own traceback (ChildFailedError) repeats what the raised LaunchError says;
@@ -553,7 +572,11 @@ class _OutputPump:
         return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
 
     def finish(self) -> None:
-        """After the output log is closed: show what was held back, and say how many traceback lines were not shown."""
+        """After the output log is closed: show what was held back (the final state of every line still being redrawn,
+        the count of lines not shown), and say how many traceback lines were not shown."""
+        for rank, text in self.redraws.end_all().items():
+            self.printer.emit(rank, text)
+            self.printer.redraw(rank, None)
         self.printer.flush_suppressed()
         if self.noise.traceback_lines and not self.printer.keeps_full_tracebacks:
             self.printer.note(f"{self.noise.traceback_lines} traceback line(s) not shown (the exception line is); "
@@ -672,7 +695,7 @@ class _RunningJob:
 def _timeout_error(lp: _LaunchPlan, pump: _OutputPump, limit: str, elapsed: float, ranks_running: list[int],
                    last_steps: dict[int, int], stacks: dict[int, str], returncode: int | None) -> LaunchTimeout:
     """The ``LaunchTimeout`` of a job stopped at ``limit``; writes its run.json."""
-    limit_s, what = _limit_text(lp.spec, limit)
+    limit_s, what, _ = _limit_text(lp.spec, limit)
     summary = (f"{lp.script.name} {what} and was stopped; "
                f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
     if stacks:
@@ -686,12 +709,13 @@ def _timeout_error(lp: _LaunchPlan, pump: _OutputPump, limit: str, elapsed: floa
     return error
 
 
-def _limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str]:
-    """The value of ``limit`` in ``spec`` and what the job did to reach it."""
+def _limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, str]:
+    """The value of ``limit`` in ``spec``, what the job did to reach it, and the same in a few words (the live view's)."""
     if limit == "stall_timeout_s":
-        return spec.stall_timeout_s, (f"made no progress for {spec.stall_timeout_s:g} s "
-                                      "(no rank logged a step; limit stall_timeout_s)")
-    return spec.timeout_s, f"timed out after {spec.timeout_s:g} s (limit timeout_s)"
+        what = f"made no progress for {spec.stall_timeout_s:g} s"
+        return spec.stall_timeout_s, f"{what} (no rank logged a step; limit stall_timeout_s)", what
+    what = f"timed out after {spec.timeout_s:g} s"
+    return spec.timeout_s, f"{what} (limit timeout_s)", what
 
 
 def _stop_job(job: _RunningJob, exc: BaseException) -> LaunchTimeout | None:
@@ -711,23 +735,24 @@ def _stop_job(job: _RunningJob, exc: BaseException) -> LaunchTimeout | None:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
         error = _timeout_error(lp, pump, exc.limit, elapsed, ranks_running, last_steps, stacks,
                                job.procs[lp.nodes[0]].returncode)
-        what = _limit_text(lp.spec, exc.limit)[1]
-        safe_draw(view.finish, elapsed, job.sampler.rss_samples, f"failed: {what.split(' (')[0]}")
+        outcome = Outcome(RunStatus.TIMEOUT, elapsed, _limit_text(lp.spec, exc.limit)[2])
+        safe_draw(view.finish, job.sampler.rss_samples, outcome)
         safe_draw(view.fail, error)  # the live view says where each rank was
         return error
     what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped by {type(exc).__name__}"
     status = RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.STOPPED
     RunRecord(status, elapsed, **lp.shape, summary=what).write(lp.run_dir)
-    safe_draw(view.finish, elapsed, job.sampler.rss_samples, f"failed: {what}")
+    safe_draw(view.finish, job.sampler.rss_samples, Outcome(status, elapsed, what))
     sys.stdout.write(f"[launcher] {what}: stopped torchrun and its workers "
                      f"({killed} needed SIGKILL); nothing is left running. Logs: {lp.run_dir}\n")
     return None
 
 
 def _failure_error(lp: _LaunchPlan, pump: _OutputPump, returncodes: dict[int, int],
-                   wall_time_s: float) -> tuple[LaunchError, RunRecord]:
-    """The ``LaunchError`` of a job where some agent exited non-zero, and its run.json (not yet written): the rank
-    that failed first (or torchrun's own failure, explained), and where the stopped ranks were."""
+                   wall_time_s: float) -> tuple[LaunchError, RunRecord, Outcome]:
+    """The ``LaunchError`` of a job where some agent exited non-zero, its run.json (not yet written) and its outcome
+    for the live view: the rank that failed first (or torchrun's own failure, explained), and where the stopped
+    ranks were (in the error and run.json; the view's box says it in its own lines)."""
     spec, script, nproc = lp.spec, lp.script, lp.plan.nproc_per_node
     failed = [node for node in lp.nodes if returncodes[node] != 0]
     returncode = returncodes[failed[0]]
@@ -749,6 +774,7 @@ def _failure_error(lp: _LaunchPlan, pump: _OutputPump, returncodes: dict[int, in
         summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
         reason = explain_agent_failure("\n".join(pump.transcript), spec, lp.nodes)
         summary += f": {reason}" if reason else ""
+    outcome = Outcome(RunStatus.FAILED, wall_time_s, summary)
     # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
     # collective timeout the failing rank is the one that waited, and these show where the culprit was.
     stacks = stopped_ranks_stacks(pump.ranked, lp.run_dir / "logs", one_node=spec.nnodes == 1,
@@ -759,7 +785,7 @@ def _failure_error(lp: _LaunchPlan, pump: _OutputPump, returncodes: dict[int, in
     record = RunRecord(RunStatus.FAILED, wall_time_s, **lp.shape, returncode=returncode, summary=summary, where=where)
     error = LaunchError(summary, run_dir=lp.run_dir, command=lp.command, returncode=returncode, failure=failure,
                         output_tail=pump.transcript[-30:], stacks=stacks)
-    return error, record
+    return error, record, outcome
 
 
 def _outcome(job: _RunningJob, returncodes: dict[int, int], wall_time_s: float) -> LaunchResult:
@@ -767,12 +793,12 @@ def _outcome(job: _RunningJob, returncodes: dict[int, int], wall_time_s: float) 
     lp, view = job.lp, job.view
     view.add(job.metrics_tail.read_new())
     if any(returncodes[node] != 0 for node in lp.nodes):
-        error, record = _failure_error(lp, job.pump, returncodes, wall_time_s)
-        safe_draw(view.finish, wall_time_s, job.sampler.rss_samples, "failed: " + record.summary.split("; when stopped")[0])
+        error, record, outcome = _failure_error(lp, job.pump, returncodes, wall_time_s)
+        safe_draw(view.finish, job.sampler.rss_samples, outcome)
         record.write(lp.run_dir)
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
         raise error
-    safe_draw(view.finish, wall_time_s, job.sampler.rss_samples, f"finished in {wall_time_s:.1f} s")
+    safe_draw(view.finish, job.sampler.rss_samples, Outcome(RunStatus.FINISHED, wall_time_s))
     RunRecord(RunStatus.FINISHED, wall_time_s, **lp.shape, returncode=0).write(lp.run_dir)
     return LaunchResult(run_dir=lp.run_dir, command=lp.command, returncode=0, wall_time_s=wall_time_s, plan=lp.plan)
 
@@ -798,8 +824,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     lp = _plan_launch(spec)
     view = make_view(spec.live, run_dir=lp.run_dir)
     printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=spec.max_output_lines_per_s,
-                               log_name=str(lp.run_dir / "output.log"))
-    printer.keeps_full_tracebacks = view.log_stream is not None  # the widget view's collapsible output area
+                               log_name=str(lp.run_dir / "output.log"),
+                               keeps_full_tracebacks=view.log_stream is not None)  # the widget view's output area
     pump = _OutputPump(spec, lp.run_dir, lp.nodes, printer, open(lp.run_dir / "output.log", "w"))
     job = _RunningJob(lp, pump, view)
     try:

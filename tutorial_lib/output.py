@@ -2,7 +2,9 @@
 
 torchrun's ``--tee 3`` prefixes every worker line with ``[<role><local_rank>]:``; the launcher
 splits a line where torchrun wrote the chunks of several ranks (``split_tee_line``: a ``\\r`` progress bar),
-rewrites the prefix to ``[rank N]`` and marks torchrun's own lines ``[torchrun]``. All lines go to
+rewrites the prefix to ``[rank N]`` and marks torchrun's own lines ``[torchrun]``. A line a rank redraws with
+carriage returns (marked by the rank runner, ``Redraws``) is shown once, in its final state, or in place in the
+widget view; every state of it is a line of ``output.log``. All lines go to
 ``output.log`` in the run directory; the screen gets at most ``max_lines_per_s`` lines a second
 (a token bucket), so a chatty script cannot flood the notebook or hit papermill's IOPub limits.
 """
@@ -185,6 +187,46 @@ class TeeSplitter:
         return kept
 
 
+# The marks the rank runner puts on a line a rank redraws with carriage returns (``\r`` not followed by ``\n``): each
+# ``\r`` becomes ``REDRAWN_END`` + newline (torchrun's --tee would make a line break of a bare ``\r`` anyway), the
+# text written next starts with ``REDRAW_START``, and the newline that ends the line follows ``REDRAW_DONE``. A
+# terminal draws them as it draws ``\r`` (column 1; next line, cursor up; erase the rest of the line).
+REDRAWN_END, REDRAW_START, REDRAW_DONE = "\x1b[G", "\x1b[A", "\x1b[K"
+
+
+class Redraws:
+    """Each rank's latest state of a line it redraws with carriage returns (a tqdm progress bar), from the pieces of
+    its output the rank runner marked; one per output, fed every rank's pieces in order.
+
+    A redraw ends only at its own marked newline (or with the job, ``end_all``): a line of the rank's other stream
+    may arrive in between (torchrun tails a rank's stdout and stderr in separate threads) and is a line like any
+    other.
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[int | None, str] = {}  # rank -> the state its redrawn line shows now
+
+    def take(self, rank: int | None, text: str) -> tuple[str | None, bool, str | None]:
+        """One piece of ``rank``'s output: ``(text, redrawn, ended)``. ``text``: without the marks, ``None`` for a
+        piece that is only marks (nothing to log); ``redrawn``: the piece is (part of) a state of a redrawn line, to be
+        logged and at most shown in place; ``ended``: the final state of the rank's redrawn line when this piece ends
+        it (to show as a line), else ``None``."""
+        starts, done = text.startswith(REDRAW_START), text.endswith(REDRAW_DONE)
+        ends = not done and text.endswith(REDRAWN_END)
+        if not (starts or ends or done):
+            return text, False, None
+        end_mark = REDRAW_DONE if done else REDRAWN_END if ends else ""
+        core = text[len(REDRAW_START) if starts else 0:len(text) - len(end_mark)]
+        if core:  # a new state (a terminal would show it over the previous one); an empty piece changes nothing
+            self._latest[rank] = core
+        return core or None, True, self._latest.pop(rank, None) if done else None
+
+    def end_all(self) -> dict[int | None, str]:
+        """The final state of every line still being redrawn (the job ended); forgets them."""
+        ended, self._latest = self._latest, {}
+        return ended
+
+
 def rank_lines(output: str) -> list[tuple[int | None, str]]:
     """``(rank, text)`` of every piece of torchrun's ``output`` (``TeeSplitter``, then ``split_rank_prefix``)."""
     splitter = TeeSplitter()
@@ -195,10 +237,12 @@ class ThrottledPrinter:
     """Print lines with a rank prefix, at most ``max_lines_per_s`` per second (burst ``2 * max``).
 
     Keeps the last ``tail_lines`` lines of every rank for error reports, whether printed or not.
+    ``keeps_full_tracebacks``: True where the lines land in a collapsible area (the widget view), so a rank's
+    traceback frames are shown whole; False in a cell's stdout or a terminal, which show its exception line.
     """
 
     def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30,
-                 log_name: str = "output.log") -> None:
+                 log_name: str = "output.log", keeps_full_tracebacks: bool = False) -> None:
         self.stream = stream
         self.log_name = log_name  # where the suppressed lines can be read in full
         self.rate = float(max_lines_per_s)
@@ -207,7 +251,7 @@ class ThrottledPrinter:
         self.last_refill = time.monotonic()
         self.suppressed = 0
         self.tails: dict[int | None, deque[str]] = {}
-        self.keeps_full_tracebacks = False  # True where the lines land in a collapsible area (the widget view)
+        self.keeps_full_tracebacks = keeps_full_tracebacks
         self.tail_lines = tail_lines
 
     def _stream(self) -> TextIO:
@@ -230,6 +274,14 @@ class ThrottledPrinter:
         self.flush_suppressed()
         label = "torchrun" if rank is None else f"rank {rank}"
         self._stream().write(f"[{label}] {text}\n")
+
+    def redraw(self, rank: int | None, text: str | None) -> None:
+        """Show ``text`` as ``rank``'s line being redrawn (a progress bar's latest state), in place, where the stream
+        can (the widget view's ``LogBuffer.redraw``); elsewhere nothing: its final state comes as a line. ``None``
+        removes it (its final state was just emitted). Not throttled: it replaces, never adds."""
+        redraw = getattr(self._stream(), "redraw", None)
+        if redraw is not None:
+            redraw("torchrun" if rank is None else f"rank {rank}", text)
 
     def note(self, text: str) -> None:
         """Print one ``[launcher]`` line (not throttled, not kept in a rank's tail)."""

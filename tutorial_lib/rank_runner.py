@@ -17,6 +17,14 @@ otherwise each need to write themselves:
   job that hangs) and on SIGTERM (torchrun stops the other ranks with it when one fails), then SIGTERM
   terminates as before: after a collective timeout the rank that caused it shows where it was.
 * On Linux the rank dies with torchrun (``PR_SET_PDEATHSIG``): a killed launcher leaves no orphan rank.
+* A line redrawn with carriage returns (``\\r`` not followed by ``\\n``: a tqdm progress bar) written through
+  ``sys.stdout`` or ``sys.stderr`` reaches the rank's log with marks a terminal draws exactly as before (``cat``
+  of the log included): each ``\\r`` as ``ESC[G`` + newline (cursor to column 1, next line), the next text
+  written after it preceded by ``ESC[A`` (cursor up: back onto the line), and the newline that ends the line
+  preceded by ``ESC[K`` (erase the rest of the line). torchrun's ``--tee`` reads the logs as text, which turns a
+  bare ``\\r`` into a line break, so without the marks the launcher could not tell a redrawn line from 50
+  printed ones; with them, the cell shows each rank's latest state of the line (``tutorial_lib.output.Redraws``).
+  Bytes written to the streams' ``buffer`` or file descriptor pass unchanged.
 
 Standard library only, and it imports nothing of ``tutorial_lib`` (whose ``__init__`` would cost every rank
 seconds): torchrun starts it by its path.
@@ -25,12 +33,50 @@ seconds): torchrun starts it by its path.
 import atexit
 import ctypes
 import faulthandler
+import io
 import os
+import re
 import runpy
 import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+# The marks of a line redrawn with carriage returns (the launcher's tutorial_lib.output knows the same three).
+_REDRAWN_END, _REDRAW_START, _REDRAW_DONE = "\x1b[G", "\x1b[A", "\x1b[K"
+_BREAKS = re.compile(r"(\r\n|\r|\n)")
+
+
+class _RedrawMarkingStream(io.TextIOWrapper):
+    """A text stream that marks the lines redrawn with ``\\r`` (see the module docstring)."""
+
+    _redrawing = False  # a \r was written since the last newline
+    _start_pending = False  # the next text written starts a redraw
+
+    def write(self, text):
+        if not isinstance(text, str) or not (self._redrawing or "\r" in text):
+            return super().write(text)
+        out = []
+        for part in _BREAKS.split(text):
+            if part == "\r":
+                out.append(_REDRAWN_END + "\n")
+                self._redrawing = self._start_pending = True
+            elif part in ("\n", "\r\n"):
+                out.append((_REDRAW_DONE if self._redrawing else "") + part)
+                self._redrawing = self._start_pending = False
+            elif part:
+                out.append((_REDRAW_START if self._start_pending else "") + part)
+                self._start_pending = False
+        super().write("".join(out))
+        return len(text)
+
+
+def _mark_redraws(stream):
+    """``stream`` (``sys.stdout`` or ``sys.stderr``) as a ``_RedrawMarkingStream`` on the same buffer; unchanged
+    if it has no buffer. The original stays referenced as ``sys.__stdout__``/``sys.__stderr__`` (its buffer open)."""
+    if not isinstance(stream, io.TextIOWrapper):
+        return stream
+    return _RedrawMarkingStream(stream.buffer, encoding=stream.encoding, errors=stream.errors, newline="\n",
+                                line_buffering=stream.line_buffering, write_through=stream.write_through)
 
 
 def _die_with_parent() -> None:
@@ -93,6 +139,7 @@ def main() -> None:
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    sys.stdout, sys.stderr = _mark_redraws(sys.stdout), _mark_redraws(sys.stderr)
     code = run(sys.argv[1:])
     _flush()
     if code == -int(signal.SIGINT):  # an uncaught KeyboardInterrupt ends the process by SIGINT, as python does

@@ -85,3 +85,30 @@ class RunRecord:
         if "nproc_per_node" not in data:
             record.nproc_per_node = record.nnodes = None  # type: ignore[assignment]  # unknown, see docstring
         return record
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a launch ended, as the launcher tells the live view (``LiveView.finish``).
+
+    Attributes:
+        status: ``RunStatus`` (the same value ``run.json`` records).
+        elapsed_s: seconds from the launch to its end.
+        cause: what ended a run that did not finish, in a few words: the launcher's summary of a failure
+            (``"t.py failed on rank 1 (exit code 1)"``), ``"timed out after 30 s"``, ``"interrupted"``,
+            ``"stopped by RuntimeError"``; ``""`` for a finished run.
+    """
+
+    status: RunStatus
+    elapsed_s: float
+    cause: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run did not finish (failed, timed out, interrupted or stopped)."""
+        return self.status != RunStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``."""
+        return f"failed: {self.cause}" if self.failed else f"finished in {self.elapsed_s:.1f} s"
