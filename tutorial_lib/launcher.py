@@ -40,17 +40,11 @@ from .errors import ConfigError, LaunchError, LaunchTimeout, RankFailure, innerm
 from .live import LIVE_MODES, make_view
 from .memory import MemorySampler, parse_visible_devices
 from .metrics import METRICS_SUBDIR, JsonlTail, read_memory_notes, read_memory_samples, read_metrics
-<<<<<<< HEAD
-from .output import NoiseFilter, TeeSplitter, ThrottledPrinter, split_rank_prefix
 from . import warm
-from .processes import ProcessTree, set_parent_death_signal
-from .warm_start import SOCKET_ENV
-from .run_record import RunRecord, RunStatus
-=======
 from .output import NoiseFilter, Redraws, TeeSplitter, ThrottledPrinter, split_rank_prefix
 from .processes import ProcessTree, set_parent_death_signal
 from .run_record import Outcome, RunRecord, RunStatus
->>>>>>> view
+from .warm_start import SOCKET_ENV
 from .scripts import check_script_args, new_run_dir, write_script
 from .torchrun_logs import find_root_cause, last_attempt_error_files
 
