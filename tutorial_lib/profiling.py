@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import MetricsError
-from .metrics import _metrics_dir
+from .metrics import METRICS_SUBDIR
 
 TRACE_PREFIX = "trace"
 PHASES = ("forward", "backward", "optimizer", "all-reduce", "other collective")
@@ -54,7 +54,7 @@ def trace_files(run_dir: str | os.PathLike) -> dict[int, Path]:
         MetricsError: no trace there (the script ran without ``--profile-steps``, or did not reach the end of its
             recorded steps).
     """
-    folder = _metrics_dir(run_dir)
+    folder = Path(run_dir) if Path(run_dir).name == METRICS_SUBDIR else Path(run_dir) / METRICS_SUBDIR
     files = {}
     for path in folder.glob(f"{TRACE_PREFIX}_rank*.json"):
         match = re.fullmatch(rf"{TRACE_PREFIX}_rank(\d+)\.json", path.name)
