@@ -95,7 +95,10 @@ def test_gpu_kernels_take_the_phase_of_the_cpu_interval_that_launched_them(tmp_p
               launch(4, t0 + 3100), kernel("multi_tensor_apply_kernel", 4, t0 + 3200, 100, 7),
               launch(5, t0 + 3600), kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                                            5, t0 + 3700, 50, 21),
-              kernel("orphan_kernel_without_launch", 99, t0 + 100, 10, 7)]
+              kernel("orphan_kernel_without_launch", 99, t0 + 100, 10, 7),
+              # the GPU's copies of the annotations, spanning their kernels: not host phases or steps
+              x("ProfilerStep#2", t0 + 1500, 2250, tid=7, cat="gpu_user_annotation"),
+              x("DistributedDataParallel.forward", t0 + 1500, 1500, tid=7, cat="gpu_user_annotation")]
     iv = tl.read_trace_intervals(write_traces(tmp_path, {0: events}))
     assert list(zip(iv["phase"], iv["lane"], iv["where"])) == [
         ("forward", "compute", "cuda:0 stream 7"), ("backward", "compute", "cuda:0 stream 7"),

@@ -45,6 +45,9 @@ _FORWARD = "DistributedDataParallel.forward"
 _OPTIMIZER_PREFIX = "Optimizer.step#"
 _CPU_COLLECTIVE = re.compile(r"^gloo:(\w+)$")  # gloo's collectives, on its worker threads: gloo:all_reduce, ...
 _LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# Events on the GPU's timeline; the rest are the host's. With CUDA activity the trace repeats every annotation
+# (ProfilerStep#k, DistributedDataParallel.forward, ...) as a "gpu_user_annotation" spanning its kernels.
+_DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 
 
 def trace_files(run_dir: str | os.PathLike) -> dict[int, Path]:
@@ -127,7 +130,8 @@ def _gpu_rows(rank: int, step: int, events: list[dict], window: tuple[float, flo
 
 
 def _rank_rows(rank: int, events: list[dict]) -> list[dict]:
-    steps = sorted((e for e in events if _STEP.match(e["name"])), key=lambda e: e["ts"])
+    host = [e for e in events if e.get("cat") not in _DEVICE_CATEGORIES]
+    steps = sorted((e for e in host if _STEP.match(e["name"])), key=lambda e: e["ts"])
     gpu = any(e.get("cat") == "kernel" for e in events)
     launches = {e.get("args", {}).get("correlation"): e["ts"] for e in events
                 if e.get("cat") in _LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
@@ -135,7 +139,7 @@ def _rank_rows(rank: int, events: list[dict]) -> list[dict]:
     for step_event in steps:
         step = int(_STEP.match(step_event["name"]).group(1)) + 1  # ProfilerStep#0 is the script's step 1
         window = (step_event["ts"], step_event["ts"] + step_event["dur"])
-        inside = [e for e in events if window[0] <= e["ts"] < window[1]]
+        inside = [e for e in host if window[0] <= e["ts"] < window[1]]
         phases = _cpu_phases(inside)
         if gpu:
             rows += _gpu_rows(rank, step, events, window, phases, launches)
