@@ -193,6 +193,15 @@ def test_sdpa_backends_on_cpu_match_math_and_name_the_default():
     assert (table.loc[~table["available"], "why_not"].str.len() > 0).all(), "a backend that did not run says why"
 
 
+def test_default_backend_is_math_where_only_math_may_run():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tutorial_lib.attention import default_backend
+    q = torch.randn(1, 2, 16, 8)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert default_backend(q, q, q) == "MATH"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"device": "tpu"}, "device must be 'cpu' or 'cuda', got 'tpu'"),
     ({"repeats": 0}, "repeats must be an integer >= 1, got 0"),

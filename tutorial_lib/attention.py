@@ -64,10 +64,11 @@ def _time_ms(run, device: torch.device, repeats: int) -> float:
 
 def default_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> str:
     """The backend a plain SDPA call (no ``sdpa_kernel``) picks for these inputs, read from the aten op it
-    dispatched to (``BACKEND_OPS``); ``"unknown"`` when none of them ran."""
+    dispatched to (``BACKEND_OPS``). ``"MATH"`` when no fused kernel ran: the math composite is decomposed into
+    matmul and softmax before the dispatcher's Python hook sees it, so it shows up as those."""
     with _OpRecorder() as recorder:
         _attention(q, k, v, causal)
-    return next((BACKEND_OPS[op] for op in recorder.ops if op in BACKEND_OPS), "unknown")
+    return next((BACKEND_OPS[op] for op in recorder.ops if op in BACKEND_OPS), "MATH")
 
 
 def sdpa_backends(device: str = "cpu", dtype: torch.dtype = torch.float32, *, batch: int = 4, heads: int = 8,
