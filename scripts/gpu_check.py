@@ -90,6 +90,8 @@ NOTEBOOK_ASSERTS = {
                      "port fail naming the cause",
     "07_troubleshooting": "hangs, a skipped collective, DETAIL's mismatch and a crash diagnosed (on 2 CPU ranks); "
                           "a real CUDA out-of-memory named",
+    "08_performance": "a profiler trace per rank with NCCL's all-reduce kernels overlapping backward's on the GPU; "
+                      "SDPA backends in bf16 match math; NVML samples, nvidia-smi and torch.cuda.memory_summary",
 }
 
 
@@ -157,6 +159,8 @@ def notebook_check(path: Path, gpus: int) -> Check:
     asserts = NOTEBOOK_ASSERTS.get(path.stem, "the notebook's own asserts")
     if path.stem.startswith("05_") and gpus < 2:
         asserts += " (1 GPU: the lesson runs on 2 CPU ranks instead, as it says)"
+    if path.stem.startswith("08_") and gpus < 2:
+        asserts += " (1 GPU: the profiled DDP runs use 2 CPU ranks, as it says; the rest runs on the GPU)"
     if path.stem.startswith("06_"):
         # NPROC is per node: 2 nodes x NPROC GPU ranks must fit. None on 1 GPU: the notebook falls back to 2 x 2 CPU ranks.
         parameters.update(NNODES=2, NPROC=gpus // 2 if gpus >= 2 else None)

@@ -9,6 +9,7 @@ The handful of names the notebooks use::
     tl.plot_run(result.metrics(), result.memory_samples())
 """
 
+from .attention import sdpa_backends
 from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
                           load_checkpoint_state)
 from .cluster import node_commands, slurm_script
@@ -23,8 +24,9 @@ from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_
 from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
                       summarize_runs)
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_tradeoff)
+                    plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
+from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
 from .scripts import available_scripts, new_run_dir, show_script, write_script
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
     "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process",
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
+    "overlap_intervals", "plot_timeline", "read_trace_intervals", "sdpa_backends", "step_breakdown",
 ]
 __version__ = "0.1.0"
 

@@ -23,9 +23,14 @@ _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*
 # Lines a torch version prints that teach nothing and that the learner cannot act on. They stay in output.log;
 # the cell does not show them. torch 2.8: gloo reports each rank's connections ("[Gloo] Rank 0 is connected to
 # 1 peer ranks. Expected number of connected peer ranks is : 1"), and DCP's own filesystem.py warns about
-# TypedStorage on every save (Python's warning line, then the source line it points at).
+# TypedStorage on every save (Python's warning line, then the source line it points at). torch.profiler (kineto):
+# torch 2.13 logs "USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start" (and _stop) at each
+# start and stop; torch 2.8's CUDA wheel on a machine without a GPU logs "ERROR:<time> <pid>:<tid>
+# DeviceProperties.cpp:47] gpuGetDeviceCount failed with code 35" when a profiler starts.
 _VERSION_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks|"
-                            r"torch/distributed/checkpoint/filesystem\.py:\d+: UserWarning: TypedStorage is deprecated")
+                            r"torch/distributed/checkpoint/filesystem\.py:\d+: UserWarning: TypedStorage is deprecated|"
+                            r"^USDT:.* SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$|"
+                            r"^ERROR:.* DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed with code \d+$")
 
 
 def is_noise(text: str) -> bool:

@@ -296,3 +296,45 @@ def plot_resume(metrics: pd.DataFrame, reference: pd.DataFrame | None = None, ti
     ax.set_title(title or "loss across attempts")
     ax.legend(fontsize=8)
     return fig
+
+
+TIMELINE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c", "all-reduce": "#d62728",
+                   "other collective": "#7f7f7f"}
+
+
+def plot_timeline(intervals: pd.DataFrame, overlaps: pd.DataFrame | None = None, title: str = "") -> Figure:
+    """Each rank's profiled steps against time: compute on one row, communication on the row below.
+
+    Args:
+        intervals: ``read_trace_intervals`` (optionally filtered to some steps): columns ``rank``, ``phase``,
+            ``lane`` (``"compute"`` / ``"communication"``), ``start_ms``, ``end_ms``.
+        overlaps: optional ``overlap_intervals`` (columns ``rank``, ``start_ms``, ``end_ms``): hatched in black on
+            the communication row, where an all-reduce ran while backward computed.
+        title: axes title.
+
+    Forward, backward and optimizer bars are coloured by phase on the compute row; all-reduces (red) and other
+    collectives (grey) on the communication row. Bars that overlap on one row (two gloo threads) are translucent.
+    """
+    ranks = sorted(intervals["rank"].unique())
+    fig, (ax,) = _figure(width_in=10.0, height_in=1.0 + 0.9 * len(ranks))
+    rows = {(rank, lane): 2 * i + (lane == "communication") for i, rank in enumerate(ranks)
+            for lane in ("compute", "communication")}
+    for (rank, lane, phase), df in intervals.groupby(["rank", "lane", "phase"]):
+        y = rows[(rank, lane)]
+        ax.broken_barh(list(zip(df["start_ms"], df["end_ms"] - df["start_ms"])), (y - 0.38, 0.76),
+                       facecolors=TIMELINE_COLORS.get(phase, "black"), alpha=0.75, label=phase)
+    if overlaps is not None and len(overlaps):
+        for rank, df in overlaps.groupby("rank"):
+            y = rows[(rank, "communication")]
+            ax.broken_barh(list(zip(df["start_ms"], df["end_ms"] - df["start_ms"])), (y - 0.45, 0.9),
+                           facecolors="none", edgecolors="black", hatch="////", lw=0.8,
+                           label="all-reduce during backward")
+    found = {artist.get_label(): artist for artist in ax.collections}
+    handles = {label: found[label] for label in [*TIMELINE_COLORS, "all-reduce during backward"] if label in found}
+    ax.legend(handles.values(), handles.keys(), fontsize=8, ncol=min(6, len(handles)), loc="upper center",
+              bbox_to_anchor=(0.5, -0.28))
+    ax.set_yticks(list(rows.values()), [f"rank {rank} {lane}" for rank, lane in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms) from the first recorded step")
+    ax.set_title(title or "profiled steps per rank")
+    return fig

@@ -12,6 +12,8 @@ Run card
     torchrun --nproc-per-node 2 ddp_train.py --fail-rank 1 --fail-step 2 --fail-mode hang --pg-timeout-s 3
                                                              # a failure on purpose (notebook 07): raise, hang,
                                                              # skip-collective or oom
+    torchrun --standalone --nproc-per-node 2 ddp_train.py --profile-steps 3
+                                                             # torch.profiler: a Chrome trace per rank (notebook 08)
 
 What it shows
     * the device comes from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
@@ -255,6 +257,9 @@ def add_workbook_flags(p):
     p.add_argument("--clip-before-unscale", action="store_true",
                    help="the mistake: clip the still-scaled gradients (their norm is scale times too "
                         "large, so clipping shrinks every step far too much)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="record this many steps with torch.profiler after 2 warm-up steps and write this rank's "
+                        "Chrome trace to <metrics-dir>/trace_rank<RANK>.json (0: no profiler)")
     p.add_argument("--fail-rank", type=int, default=-1,
                    help="inject a failure on this global rank (-1: none)")
     p.add_argument("--fail-step", type=int, default=0, help="step at which the failure happens")
@@ -274,6 +279,9 @@ def check_args(p, args):
     for name in ("pg_timeout_s", "init_scale", "loss_weight"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.profile_steps < 0 or (args.profile_steps and args.profile_steps + PROFILE_SKIP_STEPS > args.max_steps):
+        p.error(f"--profile-steps {args.profile_steps} needs --max-steps >= {args.profile_steps + PROFILE_SKIP_STEPS} "
+                f"(the first {PROFILE_SKIP_STEPS} steps are not recorded), got --max-steps {args.max_steps}")
     if args.clip_grad_norm < 0:
         p.error(f"--clip-grad-norm must be >= 0 (0: off), got {args.clip_grad_norm}")
     if args.clip_before_unscale and not args.clip_grad_norm:
@@ -316,6 +324,7 @@ class StepRecorder:
         metrics_dir = Path(args.metrics_dir)
         metrics_dir.mkdir(parents=True, exist_ok=True)
         self.file = None if args.no_metrics else open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+        self.profiler = make_profiler(args, rank, device)  # None unless --profile-steps
         self.start = self.step_start = time.perf_counter()
         if rank == 0 and args.precision == "fp16" and device.type == "cpu":
             sys.stdout.write("note: fp16 on CPU has no fast kernels; this run shows fp16 numerics, not speed\n")
@@ -346,11 +355,42 @@ class StepRecorder:
             }) + "\n")
         if self.args.step_delay_s:
             time.sleep(self.args.step_delay_s)
+        if self.profiler is not None:
+            self.profiler.step()  # the profiler's step boundary: its schedule counts these calls
         self.step_start = time.perf_counter()
 
     def close(self):
         if self.file is not None:
             self.file.close()
+        if self.profiler is not None:
+            self.profiler.stop()
+
+
+PROFILE_SKIP_STEPS = 2  # --profile-steps: steps before the recorded ones (DDP rebuilds its buckets after step 1)
+
+
+def make_profiler(args, rank, device):
+    """--profile-steps N: a started torch.profiler that records steps 3..N+2 and then writes this rank's trace.
+
+    Step 1 is skipped (DDP measures the order in which gradients become ready and rebuilds its buckets after
+    it), step 2 is the profiler's warm-up (recorded, then thrown away: the profiler's own start-up cost lands
+    there). The trace (<metrics-dir>/trace_rank<RANK>.json, Chrome trace format) opens in https://ui.perfetto.dev
+    or chrome://tracing: forward, backward and optimizer ops on the main thread, DDP's bucket all-reduces on
+    gloo's worker threads (``gloo:all_reduce``) or, on CUDA, NCCL's kernels on their own stream.
+    """
+    if not args.profile_steps:
+        return None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)  # kernels on the GPU's streams, with their times
+    trace_path = Path(args.metrics_dir) / f"trace_rank{rank}.json"
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=1, warmup=PROFILE_SKIP_STEPS - 1, active=args.profile_steps, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path)),
+    )
+    profiler.start()
+    return profiler
 
 
 def grad_stats(model):
