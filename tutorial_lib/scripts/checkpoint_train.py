@@ -425,6 +425,7 @@ def memory_fields(model, optimizer, device):
               "optimizer_state_bytes": tensor_bytes(state)}
     if device.type == "cuda":
         fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     else:
         with open("/proc/self/statm") as f:  # Linux; fields are in pages
             fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
