@@ -25,7 +25,7 @@ from .metrics import (read_collectives, read_memory_notes, read_memory_samples, 
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
-from .scripts import available_scripts, new_run_dir, show_script, write_script
+from .scripts import available_scripts, import_script, new_run_dir, show_script, write_script
 from .torchrun_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
                             lost_connection, rank_errors)
 
@@ -40,7 +40,7 @@ __all__ = [
     "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process",
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
 ]
-__all__ += ["FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
+__all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # torchrun_logs: what a run's logs say
 __version__ = "0.1.0"
 
