@@ -24,7 +24,6 @@ GPUs), a summary table is printed, and the exit status is 1 if anything failed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tutorial_lib as tl  # noqa: E402
+from tutorial_lib import metrics as metrics_schema  # noqa: E402
 from tutorial_lib.devices import DevicePlan, check_positive_int  # noqa: E402
 from tutorial_lib.launcher import build_command  # noqa: E402
 from tutorial_lib.scripts import SCRIPTS_DIR  # noqa: E402
@@ -206,10 +206,7 @@ def plan_checks(gpu_count: int) -> list[Check]:
 
 def load_script(name: str) -> ModuleType:
     """The shipped script ``name`` imported as a module (its ``main()`` does not run; imports torch)."""
-    spec = importlib.util.spec_from_file_location(f"_gpu_check_{name}", SCRIPTS_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tl.import_script(SCRIPTS_DIR / f"{name}.py")
 
 
 def torchrun_argv(launch: Launch, gpu_count: int) -> list[str]:
@@ -264,10 +261,25 @@ def format_plan(checks: list[Check], gpu_count: int, out_dir: str | os.PathLike 
 
 
 def launch_one(launch: Launch, root: Path) -> tl.LaunchResult:
-    """Write ``launch.script`` into a fresh run folder under ``root`` and run it (``LAUNCH_TIMEOUT_S``)."""
-    return tl.run_script(launch.script, launch.args, runs_dir=root, label=launch.label or f"gpu-{launch.script}",
-                         device=launch.device, nproc_per_node=launch.nproc_per_node, timeout_s=LAUNCH_TIMEOUT_S,
-                         live="text")
+    """Write ``launch.script`` into a fresh run folder under ``root``, run it (``LAUNCH_TIMEOUT_S``) and check its
+    per-step records against the metrics schema (``check_metrics_schema``)."""
+    result = tl.run_script(launch.script, launch.args, runs_dir=root, label=launch.label or f"gpu-{launch.script}",
+                           device=launch.device, nproc_per_node=launch.nproc_per_node, timeout_s=LAUNCH_TIMEOUT_S,
+                           live="text")
+    check_metrics_schema(result.run_dir, launch)
+    return result
+
+
+def check_metrics_schema(run_dir: Path, launch: Launch) -> None:
+    """Every per-step record the launch wrote follows the documented schema (``tutorial_lib/metrics.py``), with the
+    CUDA keys (``peak_allocated_bytes``, ...) where the ranks ran on CUDA: what the CPU tests cannot see."""
+    if launch.script not in metrics_schema.ALL:
+        return
+    device = "cuda" if launch.device == "cuda" else "cpu"
+    for path in sorted((run_dir / "metrics").glob("rank*.jsonl")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            problems = metrics_schema.check_step_record(json.loads(line), launch.script, device)
+            assert not problems, f"{path}:{n} breaks the metrics schema: {problems}"
 
 
 def verify_ddp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:

@@ -197,3 +197,22 @@ def test_the_seeds_rank0_only_fsdp_save_times_out_and_the_all_rank_gather_round_
     assert losses(resumed.metrics()) == losses(saved.metrics(), after_step=2)
     loaded = torch.load(resumed.run_dir / "metrics" / "loaded_state.pt", weights_only=False)
     assert tl.diff_state_dicts(loaded, state) == []
+
+
+def test_the_scheduler_built_after_the_optimizer_load_runs_the_first_resumed_step_at_the_warmup_rate(tmp_path):
+    """Issue 18 (resuming the LR scheduler): built with its defaults, then load_state_dict, the resumed run's learning
+    rate and loss equal the uninterrupted run's step for step; built after the optimizer's state was loaded, its
+    constructor's step overwrites the restored rate (one process, so it runs as plain python)."""
+    def train(name, *args):
+        argv = ["--max-steps", 8, "--save-every", 4, "--metrics-dir", name, "--checkpoint-dir", f"{name}-ckpt", *args]
+        out = subprocess.run([sys.executable, str(SCRIPT), *map(str, argv)], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return {r["step"]: (r["lr"], r["loss_local"]) for r in map(json.loads, (tmp_path / name / "rank0.jsonl").open())}
+
+    ref = train("ref")
+    resume = ["--resume", tmp_path / "ref-ckpt" / "step-4"]
+    right, wrong = train("right", *resume), train("wrong", *resume, "--scheduler-order", "built-after-load")
+    assert right == {s: ref[s] for s in range(5, 9)}
+    assert wrong[5] == (ref[1][0], ref[5][1]) and ref[1][0] < ref[5][0], "step 5 ran at step 1's warmup rate"
+    assert all(wrong[s][0] == ref[s][0] and wrong[s][1] != ref[s][1] for s in range(6, 9))

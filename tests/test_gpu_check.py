@@ -152,3 +152,18 @@ def test_model_parallel_verification_refuses_a_gpu_shared_by_two_ranks(tmp_path)
 def test_fewer_gpus_than_visible_keeps_the_first_ones():
     assert gpu_check.first_gpus(2, None) == gpu_check.first_gpus(2, "") == "0,1"
     assert gpu_check.first_gpus(1, "3,5,7") == "3"
+
+
+def test_the_gpu_check_holds_every_launch_to_the_metrics_schema(tmp_path):
+    """On GPUs the CUDA keys of the schema are checked (issue 17): a record without them fails the check."""
+    (tmp_path / "metrics").mkdir()
+    row = {"step": 1, "max_steps": 1, "rank": 0, "world_size": 1, "local_rank": 0, "attempt": 0,
+           "resumed_from_step": 0, "loss_local": 1.0, "loss_global": 1.0, "lr": 0.1, "epoch": 0, "step_time_s": 0.1,
+           "param_bytes": 4, "grad_bytes": 4, "optimizer_state_bytes": 8}
+    (tmp_path / "metrics" / "rank0.jsonl").write_text(json.dumps(row) + "\n")
+    launch = gpu_check.Launch("checkpoint_train", [], 1)
+    with pytest.raises(AssertionError, match="missing key 'peak_allocated_bytes'"):
+        gpu_check.check_metrics_schema(tmp_path, launch)
+    row.update(peak_allocated_bytes=1, peak_reserved_bytes=2)
+    (tmp_path / "metrics" / "rank0.jsonl").write_text(json.dumps(row) + "\n")
+    gpu_check.check_metrics_schema(tmp_path, launch)

@@ -4,6 +4,7 @@ import faulthandler
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from conftest import printed_before_stacks
@@ -11,7 +12,7 @@ from conftest import printed_before_stacks
 import tutorial_lib as tl
 from tutorial_lib.devices import DevicePlan
 from tutorial_lib.errors import innermost_frame
-from tutorial_lib.launcher import LaunchSpec, build_command, catches_signal, explain_agent_failure
+from tutorial_lib.launcher import LaunchSpec, build_command, catches_signal, command_port, explain_agent_failure
 from tutorial_lib.processes import ProcessTree
 
 CPU2 = DevicePlan(device="cpu", backend="gloo", nproc_per_node=2, gpu_count=0)
@@ -58,6 +59,20 @@ def test_agent_failures_are_explained():
     assert "timed out after 5 s" in text and "1 joined" in text and "node(s) [1, 2] were never started" in text
     assert "port 29600 is already in use" in explain_agent_failure("bind: EADDRINUSE", spec, [0, 1, 2])
     assert explain_agent_failure("something else", spec, [0]) == ""
+
+
+def test_a_taken_free_port_is_explained_with_the_port_the_launch_picked():
+    """master_port=None picks a free port; another process can take it before torchrun binds it (issue 17: the
+    message said "port None")."""
+    spec = LaunchSpec("s.py", nproc_per_node=2)
+    command = build_command("s.py", [], CPU2, master_port=41234, log_dir=Path("logs"))
+    assert command_port(command) == 41234
+    text = explain_agent_failure("bind: EADDRINUSE", spec, [0], port=command_port(command))
+    assert "port 41234, picked as free for this launch (master_port=None)" in text and "None is" not in text
+    assert "launch again" in text
+    assert "port None" not in explain_agent_failure("bind: EADDRINUSE", spec, [0])
+    rdzv = build_command("s.py", [], CPU2, master_port=41235, log_dir=Path("logs"), max_restarts=1)
+    assert command_port(rdzv) == 41235 and command_port(["torchrun", "s.py"]) is None
 
 
 def test_innermost_frame_names_the_script_line_and_the_library_frame():

@@ -68,3 +68,13 @@ def test_show_script_numbers_lines_and_finds_functions(tmp_path):
     assert "<span" in tl.show_script(path, "setup")._repr_html_()
     with pytest.raises(ConfigError, match="no top-level function or class 'nope'"):
         tl.show_script(path, "nope")
+
+
+def test_import_script_gives_the_scripts_classes_without_running_main(tmp_path):
+    """Notebook 05 builds the plain model a checkpoint was saved from (issue 17: no importlib in the cell)."""
+    by_name = tl.import_script("checkpoint_train")
+    copy = tl.import_script(tl.write_script("checkpoint_train", tmp_path))
+    assert by_name.MLP.__name__ == copy.MLP.__name__ == "MLP" and callable(copy.main)
+    assert not (tmp_path / "metrics").exists(), "main() did not run"
+    with pytest.raises(tl.ConfigError, match="'no_such_script' is neither a file nor a shipped script"):
+        tl.import_script("no_such_script")

@@ -27,7 +27,9 @@ from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_lo
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
-from .scripts import available_scripts, new_run_dir, show_script, write_script
+from .scripts import available_scripts, import_script, new_run_dir, show_script, write_script
+from .torchrun_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
+                            lost_connection, rank_errors)
 
 __all__ = [
     "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
@@ -41,6 +43,8 @@ __all__ = [
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
     "overlap_intervals", "plot_timeline", "read_trace_intervals", "sdpa_backends", "step_breakdown",
 ]
+__all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
+            "lost_connection", "rank_errors"]  # torchrun_logs: what a run's logs say
 __version__ = "0.1.0"
 
 enable_inline_figures()

@@ -321,16 +321,39 @@ def command_text(command: Sequence[str], env: Mapping[str, str], run_dir: Path, 
     return f"cd {shlex.quote(str(run_dir))} && {assignments} {shlex.join(command)}\n"
 
 
-def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int]) -> str:
-    """A sentence for failures of torchrun itself (no rank to blame), from its output; "" if unknown."""
+def command_port(command: Sequence[str]) -> int | None:
+    """The rendezvous port of a torchrun command built by ``build_command`` (``--master-port`` or the port of
+    ``--rdzv-endpoint``); ``None`` if it has neither."""
+    for flag, value in zip(command, command[1:]):
+        if flag == "--master-port":
+            return int(value)
+        if flag == "--rdzv-endpoint":
+            return int(value.rsplit(":", 1)[1])
+    return None
+
+
+def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int], port: int | None = None) -> str:
+    """A sentence for failures of torchrun itself (no rank to blame), from its output; "" if unknown.
+
+    Args:
+        output: torchrun's output (every agent's).
+        spec: the job.
+        started: the node ranks this launch started.
+        port: the rendezvous port the launch used (``spec.master_port``, or the free port picked for
+            ``master_port=None``); ``None`` when not known.
+    """
     if "RendezvousTimeoutError" in output or "waiting for clients" in output:
         missing = sorted(set(range(spec.nnodes)) - set(started))
         return (f"the rendezvous timed out after {spec.rendezvous_timeout_s:g} s (rendezvous_timeout_s) waiting "
                 f"for {spec.nnodes} nodes; {len(started)} joined" + (f", node(s) {missing} were never started" if missing
                                                                       else "") + ". Start the same command on every node")
     if "EADDRINUSE" in output or "address already in use" in output.lower():
-        return (f"port {spec.master_port} is already in use (EADDRINUSE) on {LOOPBACK}; pick another master_port, "
-                "or leave master_port=None for a free one")
+        if spec.master_port is not None:
+            return (f"port {spec.master_port} is already in use (EADDRINUSE) on {LOOPBACK}; pick another master_port, "
+                    "or leave master_port=None for a free one")
+        picked = f"port {port}" if port is not None else "the port"
+        return (f"{picked}, picked as free for this launch (master_port=None), was taken by another process before "
+                f"torchrun bound it (EADDRINUSE on {LOOPBACK}); launch again: each launch picks a new free port")
     return ""
 
 
@@ -766,7 +789,7 @@ def _failure_error(lp: _LaunchPlan, pump: _OutputPump, returncodes: dict[int, in
     else:
         where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
         summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
-        reason = explain_agent_failure("\n".join(pump.transcript), spec, lp.nodes)
+        reason = explain_agent_failure("\n".join(pump.transcript), spec, lp.nodes, port=command_port(lp.command))
         summary += f": {reason}" if reason else ""
     outcome = Outcome(RunStatus.FAILED, wall_time_s, summary)
     # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a

@@ -2,6 +2,63 @@
 
 The contract with the scripts is one JSON object per line per step per rank in
 ``<run_dir>/metrics/rank<R>.jsonl`` (nanoGPT's "one plain line per step", in JSON).
+
+Step metrics schema
+-------------------
+Every shipped script that trains writes these keys, the same key and unit for the same quantity in every
+script (units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_per_s`` per second). "all" is every
+script that writes step records (``ALL``); "trainers" is ddp_train, fsdp_train and checkpoint_train. A
+condition in parentheses: the key is written only then (``WHEN``); otherwise the script writes it on every
+line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` checks a record against it, and
+``tests/test_metrics_schema.py`` checks every script's records (no key missing, none undocumented).
+
+::
+
+    key                    type  unit  written by                     meaning
+    step                   int   -     all                            optimizer step, from 1
+    max_steps              int   -     all                            steps this rank will run
+    rank                   int   -     all                            global rank (RANK)
+    world_size             int   -     all                            ranks in the job (WORLD_SIZE)
+    loss_local             float -     all                            this rank's loss on its own batch
+    step_time_s            float s     all                            wall time of the step on this rank
+    loss_global            float -     all but grad_accum, uneven_inputs, unused_params
+                                                                      mean of loss_local over ranks (an all_reduce)
+    local_rank             int   -     ddp_train, checkpoint_train    rank on this node (LOCAL_RANK)
+    device                 str   -     ddp_train, fsdp_train          the rank's device, e.g. cpu or cuda:0
+    precision              str   -     ddp_train, fsdp_train          fp32, bf16 or fp16 (--precision)
+    strategy               str   -     fsdp_train                     ddp, fsdp2, fsdp1, ... (--strategy)
+    samples_per_s          float 1/s   ddp_train, fsdp_train, grad_accum
+                                                                      samples this rank processed per second
+    global_samples_per_s   float 1/s   ddp_train                      samples all ranks processed per second
+    elapsed_s              float s     ddp_train                      wall time since training started
+    grad_scaler            bool  -     ddp_train, fsdp_train          whether a GradScaler ran (--grad-scaler)
+    loss_scale             float -     ddp_train, fsdp_train          scale the backward used (1.0: no scaler)
+    step_skipped           bool  -     ddp_train                      scaler skipped optimizer.step (inf/NaN grads)
+    optimizer_steps        int   -     ddp_train                      optimizer steps applied so far
+    grad_norm              float -     ddp_train                      L2 norm of all gradients, before clipping
+    grad_zero_fraction     float -     ddp_train                      fraction of gradient elements exactly 0
+    grad_zero_elements     int   -     fsdp_train (fp16)              gradient elements exactly 0 (fp16 underflow)
+    param_bytes            int   bytes trainers                       this rank's parameter tensors
+    grad_bytes             int   bytes trainers                       this rank's gradient tensors
+    optimizer_state_bytes  int   bytes trainers                       this rank's optimizer state tensors
+    rss_bytes              int   bytes trainers (cpu)                 process resident set size now
+    peak_rss_bytes         int   bytes trainers (cpu)                 process peak resident set size
+    peak_allocated_bytes   int   bytes trainers (cuda)                torch.cuda.max_memory_allocated
+    peak_reserved_bytes    int   bytes trainers (cuda)                torch.cuda.max_memory_reserved
+    param_device           str   -     fsdp_train                     where parameters live (cpu under CPU offload)
+    fsdp_units             int   -     fsdp_train                     modules wrapped as FSDP units (0 under DDP)
+    activation_bytes       int   bytes fsdp_train                     largest forward's tensors saved for backward
+    block_forwards         int   -     fsdp_train                     block forwards this step (recomputed ones too)
+    accumulation           str   -     grad_accum                     every_micro_step or no_sync (--accumulation)
+    grad_accum_steps       int   -     grad_accum                     micro-batches per optimizer step
+    allreduce_calls        int   -     grad_accum                     gradient bucket all-reduces in this step
+    attempt                int   -     checkpoint_train               restart attempt (TORCHELASTIC_RESTART_COUNT)
+    resumed_from_step      int   -     checkpoint_train               step of the checkpoint loaded (0: none)
+    lr                     float -     checkpoint_train               learning rate this step used
+    epoch                  int   -     checkpoint_train               epoch of the batch order
+    skipped_collective     bool  -     collective_mismatch            this rank skipped a loss all_reduce (--fail-rank)
+
+A script's other results (one JSON file per rank, ``<name>_rank<R>.json``) are read with ``read_rank_json``.
 """
 
 from __future__ import annotations
@@ -9,6 +66,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +75,137 @@ from .errors import MetricsError
 
 METRICS_SUBDIR = "metrics"
 SAMPLES_SUBDIR = "samples"
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    """One key of the per-step records: its JSON type, unit, meaning, the scripts that write it and when."""
+
+    name: str
+    type: str  # "int", "float", "bool" or "str" (a float key may hold a JSON integer)
+    unit: str  # "-" for counts, flags, labels and ratios without a unit
+    meaning: str
+    writers: tuple[str, ...]
+    when: str = "always"  # "always", or a condition from WHEN
+
+
+ALL = ("ddp_train", "fsdp_train", "checkpoint_train", "grad_accum", "model_parallel", "collective_mismatch",
+       "uneven_inputs", "unused_params")  # every script that writes per-step records
+TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train")  # the scripts that log memory
+# The conditions of keys not always written; every one names what decides it.
+WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16"}
+
+STEP_METRICS: tuple[MetricKey, ...] = (
+    MetricKey("step", "int", "-", "optimizer step, from 1", ALL),
+    MetricKey("max_steps", "int", "-", "steps this rank will run", ALL),
+    MetricKey("rank", "int", "-", "global rank (RANK)", ALL),
+    MetricKey("world_size", "int", "-", "ranks in the job (WORLD_SIZE)", ALL),
+    MetricKey("loss_local", "float", "-", "this rank's loss on its own batch", ALL),
+    MetricKey("step_time_s", "float", "s", "wall time of the step on this rank", ALL),
+    MetricKey("loss_global", "float", "-", "mean of loss_local over ranks (an all_reduce)",
+              ("ddp_train", "fsdp_train", "checkpoint_train", "model_parallel", "collective_mismatch")),
+    MetricKey("local_rank", "int", "-", "rank on this node (LOCAL_RANK)", ("ddp_train", "checkpoint_train")),
+    MetricKey("device", "str", "-", "the rank's device, e.g. cpu or cuda:0", ("ddp_train", "fsdp_train")),
+    MetricKey("precision", "str", "-", "fp32, bf16 or fp16 (--precision)", ("ddp_train", "fsdp_train")),
+    MetricKey("strategy", "str", "-", "ddp, fsdp2, fsdp1, ... (--strategy)", ("fsdp_train",)),
+    MetricKey("samples_per_s", "float", "1/s", "samples this rank processed per second",
+              ("ddp_train", "fsdp_train", "grad_accum")),
+    MetricKey("global_samples_per_s", "float", "1/s", "samples all ranks processed per second", ("ddp_train",)),
+    MetricKey("elapsed_s", "float", "s", "wall time since training started", ("ddp_train",)),
+    MetricKey("grad_scaler", "bool", "-", "whether a GradScaler ran (--grad-scaler)", ("ddp_train", "fsdp_train")),
+    MetricKey("loss_scale", "float", "-", "scale the backward used (1.0: no scaler)",
+              ("ddp_train", "fsdp_train")),
+    MetricKey("step_skipped", "bool", "-", "scaler skipped optimizer.step (inf/NaN grads)", ("ddp_train",)),
+    MetricKey("optimizer_steps", "int", "-", "optimizer steps applied so far", ("ddp_train",)),
+    MetricKey("grad_norm", "float", "-", "L2 norm of all gradients, before clipping", ("ddp_train",)),
+    MetricKey("grad_zero_fraction", "float", "-", "fraction of gradient elements exactly 0", ("ddp_train",)),
+    MetricKey("grad_zero_elements", "int", "-", "gradient elements exactly 0 (fp16 underflow)", ("fsdp_train",),
+              "fp16"),
+    MetricKey("param_bytes", "int", "bytes", "this rank's parameter tensors", TRAINERS),
+    MetricKey("grad_bytes", "int", "bytes", "this rank's gradient tensors", TRAINERS),
+    MetricKey("optimizer_state_bytes", "int", "bytes", "this rank's optimizer state tensors", TRAINERS),
+    MetricKey("rss_bytes", "int", "bytes", "process resident set size now", TRAINERS, "cpu"),
+    MetricKey("peak_rss_bytes", "int", "bytes", "process peak resident set size", TRAINERS, "cpu"),
+    MetricKey("peak_allocated_bytes", "int", "bytes", "torch.cuda.max_memory_allocated", TRAINERS, "cuda"),
+    MetricKey("peak_reserved_bytes", "int", "bytes", "torch.cuda.max_memory_reserved", TRAINERS, "cuda"),
+    MetricKey("param_device", "str", "-", "where parameters live (cpu under CPU offload)", ("fsdp_train",)),
+    MetricKey("fsdp_units", "int", "-", "modules wrapped as FSDP units (0 under DDP)", ("fsdp_train",)),
+    MetricKey("activation_bytes", "int", "bytes", "largest forward's tensors saved for backward",
+              ("fsdp_train",)),
+    MetricKey("block_forwards", "int", "-", "block forwards this step (recomputed ones too)",
+              ("fsdp_train",)),
+    MetricKey("accumulation", "str", "-", "every_micro_step or no_sync (--accumulation)", ("grad_accum",)),
+    MetricKey("grad_accum_steps", "int", "-", "micro-batches per optimizer step", ("grad_accum",)),
+    MetricKey("allreduce_calls", "int", "-", "gradient bucket all-reduces in this step", ("grad_accum",)),
+    MetricKey("attempt", "int", "-", "restart attempt (TORCHELASTIC_RESTART_COUNT)", ("checkpoint_train",)),
+    MetricKey("resumed_from_step", "int", "-", "step of the checkpoint loaded (0: none)",
+              ("checkpoint_train",)),
+    MetricKey("lr", "float", "-", "learning rate this step used", ("checkpoint_train",)),
+    MetricKey("epoch", "int", "-", "epoch of the batch order", ("checkpoint_train",)),
+    MetricKey("skipped_collective", "bool", "-", "this rank skipped a loss all_reduce (--fail-rank)",
+              ("collective_mismatch",)),
+)
+METRIC_KEYS = {key.name: key for key in STEP_METRICS}
+
+
+def _writers_text(key: MetricKey) -> str:
+    if key.writers == ALL:
+        text = "all"
+    elif key.writers == TRAINERS:
+        text = "trainers"
+    elif len(key.writers) > len(ALL) / 2 and set(key.writers) <= set(ALL):
+        text = "all but " + ", ".join(s for s in ALL if s not in key.writers)
+    else:
+        text = ", ".join(key.writers)
+    return text if key.when == "always" else f"{text} ({key.when})"
+
+
+def format_schema() -> str:
+    """The step-metrics schema as the text table of this module's docstring (a test keeps them equal)."""
+    lines = [f"{'key':<22} {'type':<5} {'unit':<5} {'written by':<30} meaning"]
+    for key in STEP_METRICS:
+        head = f"{key.name:<22} {key.type:<5} {key.unit:<5} "
+        writers = _writers_text(key)
+        if len(writers) <= 30:
+            lines.append(f"{head}{writers:<30} {key.meaning}")
+        else:  # the meaning goes on the next line, in its column
+            lines += [f"{head}{writers}", f"{'':<{len(head) + 31}}{key.meaning}"]
+    return "\n".join(lines)
+
+
+_JSON_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def check_step_record(record: Mapping, script: str, device: str = "cpu") -> list[str]:
+    """What in one per-step record of ``script`` breaks the schema (``STEP_METRICS``); empty if nothing.
+
+    Args:
+        record: one JSON line of ``metrics/rank<R>.jsonl``, parsed.
+        script: the script that wrote it (a name in ``ALL``).
+        device: ``"cpu"`` or ``"cuda"``, the rank's device (decides the memory keys).
+
+    Returns:
+        One sentence per problem: a key the script always writes that is missing, a key not documented for
+        this script (or for this device), a value of the wrong JSON type.
+
+    Raises:
+        MetricsError: ``script`` writes no step records, or ``device`` is neither cpu nor cuda.
+    """
+    if script not in ALL:
+        raise MetricsError(f"script={script!r} writes no per-step records; those that do: {list(ALL)}")
+    if device not in ("cpu", "cuda"):
+        raise MetricsError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    other_device = "cuda" if device == "cpu" else "cpu"
+    allowed = {k.name: k for k in STEP_METRICS if script in k.writers and k.when != other_device}
+    problems = [f"missing key {name!r}" for name, k in allowed.items()
+                if k.when in ("always", device) and name not in record]
+    for name, value in record.items():
+        key = allowed.get(name)
+        if key is None:
+            problems.append(f"undocumented key {name!r} (document it in tutorial_lib/metrics.py's STEP_METRICS)")
+        elif isinstance(value, bool) and key.type != "bool" or not isinstance(value, _JSON_TYPES[key.type]):
+            problems.append(f"{name!r} should be {key.type}, got {value!r}")
+    return problems
 
 
 class JsonlTail:

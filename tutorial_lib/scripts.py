@@ -171,6 +171,31 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
     return ScriptListing(path, [spans[name] for name in names])
 
 
+def import_script(script: str | os.PathLike) -> ModuleType:
+    """A training script imported as a module, to use its classes and functions in the notebook (the model a
+    checkpoint was saved from, say); its ``main()`` does not run (it runs under ``if __name__ == "__main__"``).
+
+    Args:
+        script: a script file (e.g. the copy ``write_script`` put in a run directory) or the name of a shipped
+            script (``"checkpoint_train"``).
+
+    Raises:
+        ConfigError: no such file or shipped script, or Python cannot import it as a module.
+    """
+    path = Path(script)
+    if not path.suffix and not path.exists() and str(script) in available_scripts():
+        path = SCRIPTS_DIR / f"{script}.py"
+    if not path.is_file():
+        raise ConfigError(f"script {str(script)!r} is neither a file nor a shipped script; shipped: "
+                          f"{available_scripts()}")
+    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_script_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"{str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> ModuleType | None:
     """Parse ``args`` with the script's own ``parse_args(argv)`` before anything is launched.
 
@@ -187,11 +212,10 @@ def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> Modu
         ConfigError: the script rejects ``args``; the message is the script's own.
     """
     path = Path(script)
-    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_script_{path.stem}", path)
-    if module_spec is None or module_spec.loader is None:
+    try:
+        module = import_script(path)
+    except ConfigError:
         return None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
     parse_args = getattr(module, "parse_args", None)
     if not callable(parse_args):
         return module

@@ -20,6 +20,10 @@ What it shows
       and written by rank 0 only; ``--save-mode rank0-only`` is seed 001's mistake (the gather is
       entered on rank 0 alone) and hangs until ``--pg-timeout-s``; ``--load-mode rank0-only`` is its
       load: plain tensors loaded into FSDP2's DTensor parameters on rank 0 only, which raises;
+    * the LR scheduler is built with its defaults *before* the optimizer's state is loaded, then its own state
+      is loaded: a scheduler's constructor takes a step that sets every group's learning rate to its first
+      (warmup) value, so one built after the optimizer's state was loaded (``--scheduler-order
+      built-after-load``) overwrites the restored rate and the first resumed step uses the warmup's;
     * crash safety: a save goes to ``<checkpoint-dir>/.tmp-step-N/`` and becomes ``step-N/`` (with its
       ``checkpoint.json``) only once every rank has finished writing; a folder without both never
       counts, so a process killed during a save leaves the previous checkpoint as the newest one;
@@ -82,6 +86,9 @@ def parse_args(argv=None):
     p.add_argument("--load-mode", choices=["correct", "rank0-only"], default="correct",
                    help="rank0-only: seed 001's load, model.load_state_dict(torch.load(...)) on rank 0 only "
                         "(--format full); into FSDP2's sharded parameters it raises")
+    p.add_argument("--scheduler-order", choices=["correct", "built-after-load"], default="correct",
+                   help="built-after-load: on resume, the LR scheduler is built again after the optimizer's state "
+                        "was loaded (then its state loaded): the first resumed step uses the warmup's first rate")
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step (count)")
     p.add_argument("--dataset-size", type=int, default=256, help="samples in the synthetic dataset (count)")
     p.add_argument("--input-dim", type=int, default=32, help="features per sample (count)")
@@ -425,6 +432,7 @@ def memory_fields(model, optimizer, device):
               "optimizer_state_bytes": tensor_bytes(state)}
     if device.type == "cuda":
         fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     else:
         with open("/proc/self/statm") as f:  # Linux; fields are in pages
             fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -467,6 +475,10 @@ def train(args, rank, local_rank, world_size, device):
         resumed_from, event = load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches,
                                               rank, world_size, device)
         log_event(event)
+        if args.scheduler_order == "built-after-load":  # the mistake: its constructor steps, setting the warmup's lr
+            scheduler_state = scheduler.state_dict()
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
+            scheduler.load_state_dict(scheduler_state)  # restores its step count, not the optimizer's lr
         sys.stdout.write(f"attempt {attempt}: resumed from {path.name} (step {resumed_from})\n")
         if args.dump_loaded_state:
             model_sd = get_model_state_dict(model, options=full_options())
@@ -488,7 +500,7 @@ def train(args, rank, local_rank, world_size, device):
         scaler.scale(loss).backward()  # DDP all-reduces / FSDP2 reduce-scatters gradients here
         scaler.step(optimizer)
         scaler.update()
-        lr = scheduler.get_last_lr()[0]
+        lr = optimizer.param_groups[0]["lr"]  # the rate this step used (what the scheduler believes may differ)
         scheduler.step()
         loss_global = loss.detach().float().clone()
         if dist.is_initialized():

@@ -1,9 +1,11 @@
-"""Data parallelism by hand (all_reduce of every gradient, then of the loss), with one rank skipping a collective.
+"""Data parallelism by hand (all_reduce of every gradient, then of the loss), with one rank skipping a collective
+or calling two in the wrong order.
 
 Run card
     python collective_mismatch.py --max-steps 5                     # one process: nothing to mismatch
     torchrun --nproc-per-node 2 collective_mismatch.py --fail-rank 1 --fail-step 3 --pg-timeout-s 5
     TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --nproc-per-node 2 collective_mismatch.py --fail-rank 1 --fail-step 3
+    torchrun --nproc-per-node 2 collective_mismatch.py --fail-mode reorder --fail-rank 1 --fail-step 3
 
 What it shows
     * every collective is a rendezvous: all ranks must call the same collectives, in the same order, with
@@ -13,7 +15,11 @@ What it shows
       the size difference and aborts the process ("Received data size doesn't match expected size");
     * with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps the process group and compares every collective's
       fingerprint (op, shape, dtype) across ranks *before* running it, and raises a Python error that names
-      both ranks' calls ("Detected mismatch between collectives on ranks").
+      both ranks' calls ("Detected mismatch between collectives on ranks");
+    * with ``--fail-mode reorder`` that rank all-reduces two gradients of the same size (the first layer's bias
+      and the second layer's weight, 64 floats each) in swapped order at ``--fail-step``: no size differs, so
+      nothing fails, and each of those all-reduces sums one rank's bias with another rank's weight. Every
+      rank saves its gradients before and after that step's all-reduces to ``<metrics-dir>/grads_rank<RANK>.pt``.
     The gradients are averaged by hand (what DDP does in buckets during backward) because DDP's constructor
     crashes (SIGSEGV) under TORCH_DISTRIBUTED_DEBUG=DETAIL with gloo in torch 2.8 and 2.13 (notebook 07 says so,
     tests/test_troubleshooting.py launches it).
@@ -43,7 +49,10 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=int, default=64, help="features per sample and hidden width (count)")
     p.add_argument("--fail-rank", type=int, default=-1,
                    help="global rank that skips a collective, as ddp_train.py --fail-mode skip-collective (-1: none)")
-    p.add_argument("--fail-step", type=int, default=3, help="step whose loss all_reduce that rank skips (count)")
+    p.add_argument("--fail-step", type=int, default=3, help="step at which that rank misbehaves (count)")
+    p.add_argument("--fail-mode", choices=["skip-collective", "reorder"], default="skip-collective",
+                   help="skip-collective: that rank skips the loss all_reduce of that step; reorder: it all-reduces "
+                        "two same-size gradients in swapped order (no error, wrong sums)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the synthetic data")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout of the process group (s)")
@@ -95,13 +104,23 @@ def train(args, rank, world_size):
             loss = model(x).pow(2).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            params = dict(model.named_parameters())
+            order = list(params)  # 0.weight [64, 64], 0.bias [64], 2.weight [1, 64], 2.bias [1]
+            swap = args.fail_mode == "reorder" and rank == args.fail_rank and step == args.fail_step
+            if swap:  # the mistake, e.g. iterating a set or a dict built differently on one rank
+                order[1], order[2] = order[2], order[1]  # 0.bias and 2.weight: 64 floats each, gloo sees no difference
+            saves = args.fail_mode == "reorder" and step == args.fail_step  # every rank keeps this step's gradients
+            before = {name: p.grad.clone() for name, p in params.items()} if saves else None
             if dist.is_initialized():
-                for p in model.parameters():  # what DDP does during backward, one tensor at a time
-                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                    p.grad /= world_size
+                for name in order:  # what DDP does during backward, one tensor at a time
+                    dist.all_reduce(params[name].grad, op=dist.ReduceOp.SUM)
+                    params[name].grad /= world_size
+            if saves:
+                after = {name: p.grad.clone() for name, p in params.items()}
+                torch.save({"before": before, "after": after, "order": order}, metrics_dir / f"grads_rank{rank}.pt")
             optimizer.step()
             loss_global = loss.detach().clone()
-            skip = rank == args.fail_rank and step == args.fail_step
+            skip = args.fail_mode == "skip-collective" and rank == args.fail_rank and step == args.fail_step
             if dist.is_initialized() and not skip:  # skip: the mistake, e.g. a collective under `if rank == 0`
                 dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
                 loss_global /= world_size

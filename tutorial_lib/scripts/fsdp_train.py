@@ -393,7 +393,7 @@ def train(args, rank, world_size, device):
             loss_sum += loss.detach()
         if args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
             zero_grads = sum(int((local(p.grad) == 0).sum()) for p in model.parameters() if p.grad is not None)
-        loss_scale = scaler.get_scale() if scaler else None  # the scale this step's backward used
+        loss_scale = scaler.get_scale() if scaler else 1.0  # the scale this step's backward used (1.0: none)
         if scaler:
             scaler.step(optimizer)  # unscales, and skips the step if any rank's gradients hold inf/nan
             scaler.update()
@@ -411,11 +411,9 @@ def train(args, rank, world_size, device):
                "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
                "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
                "fsdp_units": len(units), "activation_bytes": saved_bytes, "block_forwards": block_forwards[0],
-               "grad_scaler": scaler is not None, **memory_fields(model, optimizer, device)}
-        if scaler:
-            row["loss_scale"] = loss_scale
+               "grad_scaler": scaler is not None, "loss_scale": loss_scale, **memory_fields(model, optimizer, device)}
         if zero_grads is not None:
-            row["zero_grad_elements"] = zero_grads
+            row["grad_zero_elements"] = zero_grads
         metrics_file.write(json.dumps(row) + "\n")
         sys.stdout.write(f"step {step}/{args.max_steps} loss_global {loss_global.item():.5f} "
                          f"step_time_s {step_time_s:.3f}\n")  # one write per line: ranks never interleave

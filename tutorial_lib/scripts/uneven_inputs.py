@@ -90,7 +90,8 @@ def train(args, device):
             loss.backward()  # a collective: blocks until every rank (or Join's shadow) joins it
             optimizer.step()
             optimizer.zero_grad()
-            log.write(json.dumps({"step": step, "max_steps": n_batches, "rank": rank, "loss_local": loss.item(),
+            log.write(json.dumps({"step": step, "max_steps": n_batches, "rank": rank,
+                                  "world_size": dist.get_world_size(), "loss_local": loss.item(),
                                   "step_time_s": time.perf_counter() - t0}) + "\n")
     log.close()
     sys.stdout.write(f"rank {rank}: trained on {n_batches} batches, waiting for the others\n")

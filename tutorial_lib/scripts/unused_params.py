@@ -106,7 +106,8 @@ def train(args, device):
         optimizer.zero_grad()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        log.write(json.dumps({"step": step, "max_steps": args.max_steps, "rank": rank, "loss_local": loss.item(),
+        log.write(json.dumps({"step": step, "max_steps": args.max_steps, "rank": rank,
+                              "world_size": dist.get_world_size(), "loss_local": loss.item(),
                               "step_time_s": time.perf_counter() - t0}) + "\n")
     log.close()
     sys.stdout.write(f"rank {rank}: {args.max_steps} steps done\n")
