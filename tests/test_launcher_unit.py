@@ -466,7 +466,7 @@ def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(
         pump.take(0, line)
     lp = _LaunchPlan(pump.spec, CPU2, tmp_path / "t.py", tmp_path, [0], {}, commands={0: ["torchrun"]})
     error, record, outcome = _failure_error(lp, pump, {0: 1}, 2.5)
-    assert str(error).startswith("t.py failed: torchrun exited with code 1: port None is already in use")
+    assert str(error).startswith("t.py failed: torchrun exited with code 1: the port, picked as free for this launch")
     assert outcome.status == RunStatus.FAILED and outcome.elapsed_s == 2.5 and outcome.cause == record.summary
     assert error.returncode == 1 and error.failure is None and error.output_tail == pump.transcript
     assert record.status == RunStatus.FAILED and record.returncode == 1 and record.summary == error.summary
