@@ -117,7 +117,7 @@ def test_the_helper_dies_with_the_process_that_started_it(tmp_path):
     import sys
 
     code = ("import tutorial_lib as tl, sys; "
-            f"tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(tmp_path)!r}, device='cpu', live='off'); "
+            f"tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(tmp_path)!r}, device='cpu', live='off', warm=True); "
             "from tutorial_lib import warm; print('HELPER', warm._helper.proc.pid, flush=True); sys.stdin.read()")
     kernel = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__))))
