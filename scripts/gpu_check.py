@@ -78,7 +78,8 @@ NOTEBOOK_ASSERTS = {
     "00_environment_check": "every collective right on every rank over nccl; RANK, LOCAL_RANK, WORLD_SIZE consistent",
     "01_ddp": "DDP gradients equal one process's; global loss = mean of local losses; the unused-parameter error "
               "and both fixes; sync_batchnorm.py on the GPUs",
-    "02_data_and_accumulation": "sampler shards and set_epoch; DataLoader workers; one all-reduce round per step "
+    "02_data_and_accumulation": "sampler shards and set_epoch; DataLoader knobs one at a time (worker starts, "
+                                "batches prefetched, batches pinned on CUDA); one all-reduce round per step "
                                 "with no_sync; Join finishes the uneven run",
     "03_mixed_precision": "bf16 and fp16 end within 2% of fp32's loss; fp16 underflows without a scaler; overflowing "
                           "steps halve the scale",
@@ -304,6 +305,7 @@ def verify_ddp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
 def verify_dataloader_bench(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
     rows = tl.read_rank_json(result.run_dir, "loader")[0]["rows"]
     assert any(r["pin_memory"] for r in rows), "pin_memory is measured on CUDA"
+    assert all(r["batch_is_pinned"] == r["pin_memory"] for r in rows), "on CUDA pin_memory=True pins every batch"
     return "; ".join(f"workers={r['num_workers']} persistent={r['persistent_workers']} "
                      f"pin={r['pin_memory']}: {r['samples_per_s']:.0f}/s" for r in rows)
 

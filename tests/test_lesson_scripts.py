@@ -49,6 +49,20 @@ def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
         assert not any(row["pin_memory"] for row in r["rows"]), "pin_memory only with CUDA"
 
 
+def test_dataloader_bench_one_knob_at_a_time_counts_worker_starts_prefetch_and_pinning(run_root):
+    # 96 samples, 2 ranks, batches of 4: 12 batches per rank and epoch, more than 4 prefetched x 2 workers.
+    result = run("dataloader_bench", ["--dataset-size", 96, "--batch-size", 4, "--epochs", 2, "--num-workers", 2,
+                                      "--sample-delay-ms", 0, "--one-knob-at-a-time"], run_root)
+    for r in tl.read_rank_json(result.run_dir, "loader"):
+        rows = {row["changed"]: row for row in r["rows"]}
+        assert list(rows) == ["num_workers=0", "baseline", "persistent_workers=True", "prefetch_factor=4",
+                              "pin_memory=True"]
+        assert [row["worker_starts"] for row in rows.values()] == [0, 4, 2, 4, 4], "2 per epoch, 2 once if persistent"
+        assert [row["batches_requested_at_start"] for row in rows.values()] == [0, 4, 4, 8, 4], "prefetch x workers"
+        assert [row["batch_is_pinned"] for row in rows.values()] == [False] * 4 + [torch.cuda.is_available()]
+        assert all(row["samples"] == 96 for row in rows.values()), "2 epochs of the rank's 48 samples"
+
+
 @pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])
 def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, mode, per_step):
     result = run("grad_accum", ["--grad-accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)

@@ -3,18 +3,27 @@
 Run card
     python dataloader_bench.py
     torchrun --nproc-per-node 2 dataloader_bench.py --sample-delay-ms 2
+    torchrun --nproc-per-node 2 dataloader_bench.py --one-knob-at-a-time   # each knob vs one baseline
 
 The dataset sleeps ``--sample-delay-ms`` per sample, standing in for decoding or reading from disk.
 With ``num_workers=0`` the training process loads every batch itself and waits; with workers the
 batches are loaded in parallel, ahead of time (``prefetch_factor`` batches per worker). Workers are
 started again every epoch unless ``persistent_workers=True``. ``pin_memory=True`` copies batches into
 page-locked host memory so the host-to-GPU copy can run asynchronously (``non_blocking=True``): it
-only helps with CUDA, so it is measured only there. Every rank reads its own shard
-(DistributedSampler). Writes ``<metrics-dir>/loader_rank<RANK>.json``. Only torch and the standard library.
+only helps with CUDA, so it is measured only there (``--one-knob-at-a-time`` runs it everywhere: without an
+accelerator the DataLoader warns and pins nothing). Every rank reads its own shard (DistributedSampler).
+
+Besides the speed, each row counts what the knobs do, in the training process: ``worker_starts`` (worker
+processes started over all epochs, by ``worker_init_fn``), ``batches_requested_at_start`` (batches whose
+indices the loader had sent to its workers when ``iter(loader)`` returned, in epoch 0: ``prefetch_factor``
+per worker) and ``batch_is_pinned`` (the first batch's ``is_pinned()``).
+Writes ``<metrics-dir>/loader_rank<RANK>.json``. Only torch and the standard library.
 """
 
 import argparse
+import functools
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -35,6 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--sample-delay-ms", type=float, default=2.0, help="simulated load time per sample (ms)")
     p.add_argument("--epochs", type=int, default=2, help="epochs per configuration (count)")
     p.add_argument("--num-workers", type=int, nargs="+", default=[0, 2], help="worker counts to try (count)")
+    p.add_argument("--one-knob-at-a-time", action="store_true",
+                   help="rows: num_workers=0, a baseline (the first --num-workers > 0, persistent_workers=False, "
+                        "prefetch_factor=2, pin_memory=False), then the baseline with one knob changed each: "
+                        "persistent_workers=True, prefetch_factor=4, pin_memory=True (also without CUDA)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for loader_rank<RANK>.json")
@@ -44,6 +57,8 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.sample_delay_ms < 0 or any(n < 0 for n in args.num_workers):
         p.error(f"--sample-delay-ms and --num-workers must be >= 0, got {args.sample_delay_ms}, {args.num_workers}")
+    if args.one_knob_at_a_time and not any(n > 0 for n in args.num_workers):
+        p.error(f"--one-knob-at-a-time needs a --num-workers value > 0 for its baseline, got {args.num_workers}")
     return args
 
 
@@ -59,6 +74,35 @@ class SlowDataset(Dataset):
         return torch.full((self.features,), float(i))
 
 
+class CountingSampler(DistributedSampler):
+    """A DistributedSampler that counts the indices the DataLoader has drawn from it (``drawn``, in this process)."""
+
+    drawn = 0
+
+    def __iter__(self):
+        for index in super().__iter__():
+            self.drawn += 1
+            yield index
+
+
+def count_worker_start(counter, worker_id):
+    """worker_init_fn: runs once in every worker process the DataLoader starts."""
+    with counter.get_lock():
+        counter.value += 1
+
+
+def one_knob_configurations(num_workers):
+    """num_workers=0, a baseline with workers, and the baseline with each knob changed alone: (changed, config)."""
+    n = next(n for n in num_workers if n > 0)
+    baseline = {"num_workers": n, "persistent_workers": False, "prefetch_factor": 2, "pin_memory": False}
+    return [("num_workers=0", {"num_workers": 0, "persistent_workers": False, "prefetch_factor": None,
+                               "pin_memory": False}),
+            ("baseline", baseline),
+            ("persistent_workers=True", {**baseline, "persistent_workers": True}),
+            ("prefetch_factor=4", {**baseline, "prefetch_factor": 4}),
+            ("pin_memory=True", {**baseline, "pin_memory": True})]
+
+
 def configurations(num_workers, cuda):
     configs = []
     for n in num_workers:
@@ -71,18 +115,28 @@ def configurations(num_workers, cuda):
 
 
 def measure(config, dataset, sampler, args, device):
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, **config)
-    samples = 0
+    starts = multiprocessing.Value("i", 0)  # shared with the workers: each adds 1 when it starts
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        worker_init_fn=functools.partial(count_worker_start, starts), **config)
+    samples, requested_at_start, pinned = 0, 0, None
     start = time.perf_counter()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        for batch in loader:
+        sampler.drawn = 0
+        batches = iter(loader)  # with workers: starts them (unless persistent) and sends out the first index batches
+        if epoch == 0:
+            requested_at_start = -(-sampler.drawn // args.batch_size)
+        for batch in batches:
+            pinned = batch.is_pinned() if pinned is None else pinned
             batch = batch.to(device, non_blocking=config["pin_memory"])
             samples += batch.shape[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    return {**config, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds}
+    del batches, loader  # stops persistent workers: every worker has run worker_init_fn before it is joined
+    return {**config, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
+            "worker_starts": starts.value, "batches_requested_at_start": requested_at_start,
+            "batch_is_pinned": bool(pinned)}
 
 
 def setup(args):
@@ -110,12 +164,18 @@ def main():
     use_cuda, distributed = device.type == "cuda", dist.is_initialized()
     try:
         dataset = SlowDataset(args.dataset_size, args.input_dim, args.sample_delay_ms / 1000)
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
+        sampler = CountingSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
         rows = []
-        for config in configurations(args.num_workers, use_cuda):
+        if args.one_knob_at_a_time:
+            labelled = one_knob_configurations(args.num_workers)
+        else:
+            labelled = [(None, config) for config in configurations(args.num_workers, use_cuda)]
+        for changed, config in labelled:
             if distributed:
                 dist.barrier()  # ranks measure each configuration at the same time, as in training
             rows.append(measure(config, dataset, sampler, args, device))
+            if changed is not None:
+                rows[-1]["changed"] = changed
             sys.stdout.write(f"{config} -> {rows[-1]['samples_per_s']:.0f} samples/s\n")
         Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.metrics_dir) / f"loader_rank{rank}.json").write_text(
