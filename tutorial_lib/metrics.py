@@ -51,7 +51,8 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     block_forwards         int   -     fsdp_train                     block forwards this step (recomputed ones too)
     accumulation           str   -     grad_accum                     every_micro_step or no_sync (--accumulation)
     grad_accum_steps       int   -     grad_accum                     micro-batches per optimizer step
-    allreduce_calls        int   -     grad_accum                     gradient bucket all-reduces in this step
+    allreduce_calls        int   -     grad_accum, unused_params (counted)
+                                                                      gradient bucket all-reduces in this step
     attempt                int   -     checkpoint_train               restart attempt (TORCHELASTIC_RESTART_COUNT)
     resumed_from_step      int   -     checkpoint_train               step of the checkpoint loaded (0: none)
     lr                     float -     checkpoint_train               learning rate this step used
@@ -93,7 +94,8 @@ ALL = ("ddp_train", "fsdp_train", "checkpoint_train", "grad_accum", "model_paral
        "uneven_inputs", "unused_params")  # every script that writes per-step records
 TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train")  # the scripts that log memory
 # The conditions of keys not always written; every one names what decides it.
-WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16"}
+WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16",
+        "counted": "grad_accum: every step; unused_params: last step, with --count-allreduces"}
 
 STEP_METRICS: tuple[MetricKey, ...] = (
     MetricKey("step", "int", "-", "optimizer step, from 1", ALL),
@@ -136,7 +138,8 @@ STEP_METRICS: tuple[MetricKey, ...] = (
               ("fsdp_train",)),
     MetricKey("accumulation", "str", "-", "every_micro_step or no_sync (--accumulation)", ("grad_accum",)),
     MetricKey("grad_accum_steps", "int", "-", "micro-batches per optimizer step", ("grad_accum",)),
-    MetricKey("allreduce_calls", "int", "-", "gradient bucket all-reduces in this step", ("grad_accum",)),
+    MetricKey("allreduce_calls", "int", "-", "gradient bucket all-reduces in this step",
+              ("grad_accum", "unused_params"), "counted"),
     MetricKey("attempt", "int", "-", "restart attempt (TORCHELASTIC_RESTART_COUNT)", ("checkpoint_train",)),
     MetricKey("resumed_from_step", "int", "-", "step of the checkpoint loaded (0: none)",
               ("checkpoint_train",)),
