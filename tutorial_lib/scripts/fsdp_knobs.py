@@ -46,7 +46,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 LESSONS = ("reshard", "hsdp", "accumulation", "clipping", "averaging")
 COLLECTIVES = {"c10d::_allgather_base_": "all_gather", "c10d::_reduce_scatter_base_": "reduce_scatter",
-               "c10d::allreduce_": "all_reduce"}
+               "c10d::allreduce_": "all_reduce"}  # (FSDP1 on gloo all-gathers into a list: c10d::allgather_)
 
 
 def parse_args(argv=None):
