@@ -29,7 +29,7 @@ CONFIGS = {
     "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2,
                             "--count-collectives"],
     "fsdp1_fine_ac_bf16": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing",
-                           "--precision", "bf16", "--count-collectives"],
+                           "--precision", "bf16"],
 }
 
 
@@ -118,8 +118,6 @@ def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial_and_its_mixed_precisio
     ratio = state(fsdp1) / state(ddp)
     assert ((ratio > 0.45) & (ratio < 0.55)).all(), ratio
     assert (fsdp1["loss_global"] - ddp["loss_global"]).abs().max() < 0.05, "bf16 MixedPrecision, close to fp32"
-    units = model[0]["fsdp_units"]  # FSDP1 on gloo all-gathers into a list (c10d::allgather_): counted too
-    assert (fsdp1["all_gather_calls"] == 2 * units - 1).all() and (fsdp1["reduce_scatter_calls"] == units).all()
 
 
 def test_ddp_with_bf16_autocast_keeps_fp32_state_in_a_world_of_one(runs, tmp_path):
