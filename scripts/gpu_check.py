@@ -61,6 +61,8 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "dataloader_bench": (("--num-workers", 0, 4), "pin_memory=True configurations are measured (CUDA only)"),
     "ddp_train": (("--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10),
                   "rank r on cuda:r, peak_allocated_bytes > 0 on every step, the global loss falls; NVML samples"),
+    "fsdp_knobs": (("--lessons", "reshard", "averaging", "accumulation", "clipping"),
+                   SUCCESS_IS_THE_CHECK + " over nccl (collectives counted by torch.profiler; notebook 09 asserts)"),
     "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
                    "FSDP2 with fp16 + GradScaler (CUDA only): a loss_scale and peak_allocated_bytes > 0 every step"),
     "grad_accum": ((), SUCCESS_IS_THE_CHECK),
@@ -93,6 +95,8 @@ NOTEBOOK_ASSERTS = {
                           "a real CUDA out-of-memory named",
     "08_performance": "a profiler trace per rank with NCCL's all-reduce kernels overlapping backward's on the GPU; "
                       "SDPA backends in bf16 match math; NVML samples, nvidia-smi and torch.cuda.memory_summary",
+    "09_fsdp_in_depth": "reshard_after_forward's all-gathers and held bytes, the ShardingStrategy table, HSDP's groups "
+                        "(4 GPUs, else 4 CPU ranks), set_requires_gradient_sync, clip_grad_norm_ equals DDP's",
 }
 
 

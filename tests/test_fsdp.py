@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import tutorial_lib as tl
 from tutorial_lib.scripts import SCRIPTS_DIR
@@ -25,7 +26,8 @@ CONFIGS = {
     "fsdp2": ["--strategy", "fsdp2"],
     "fsdp2_ac": ["--strategy", "fsdp2", "--activation-checkpointing"],
     "fsdp2_bf16_fine": ["--strategy", "fsdp2", "--precision", "bf16", "--wrap", "fine"],
-    "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2],
+    "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2,
+                            "--count-collectives"],
     "fsdp1_fine_ac_bf16": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing",
                            "--precision", "bf16"],
 }
@@ -96,6 +98,11 @@ def test_cpu_offload_and_accumulation_keep_the_state_and_the_loss(runs):
     assert (offload["activation_bytes"] < 0.6 * plain["activation_bytes"]).all(), "half the micro-batch"
     # two micro-batches of 2 are the same samples as one batch of 4: the same mean loss
     assert (offload["loss_global"] - plain["loss_global"]).abs().max() < 1e-4
+    # 3 units (2 blocks + root), counted by torch.profiler: per micro-step 2 * 3 - 1 all-gathers (the root stays
+    # gathered between its forward and backward) and 3 reduce-scatters; the loss all-reduce is outside the count
+    assert (offload["all_gather_calls"] == 2 * 5).all() and (offload["reduce_scatter_calls"] == 2 * 3).all()
+    assert (offload["all_reduce_calls"] == 0).all()
+    assert "all_gather_calls" not in plain, "counted only when asked"
 
 
 def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial_and_its_mixed_precision(runs):
@@ -170,3 +177,32 @@ def test_fsdp2_with_torch_amp_grad_scaler_skips_the_step_on_every_rank_when_one_
     reports = sorted((json.loads(line.split(":", 1)[1]) for line in (result.run_dir / "output.log").read_text().splitlines()
                       if '"stepped"' in line), key=lambda r: r["rank"])
     assert reports == [{"rank": 0, "stepped": False, "scale": 512.0}, {"rank": 1, "stepped": False, "scale": 512.0}]
+
+
+KNOBS_SMALL = ["--dim", 16, "--n-layers", 2, "--batch-size", 2]
+
+
+def test_fsdp_knobs_counts_and_gradients_on_two_ranks(tmp_path):
+    result = tl.run_script("fsdp_knobs", [*KNOBS_SMALL, "--lessons", "reshard", "averaging", "accumulation", "clipping"],
+                           runs_dir=tmp_path, device="cpu", nproc_per_node=2, timeout_s=120, live="off")
+    units = 2 + 1
+    for r in tl.read_rank_json(result.run_dir, "knobs"):
+        reshard = r["reshard"]
+        assert [reshard[k]["all_gather"] for k in ("default (None)", "True", "False")] == [2 * units - 1, 2 * units, units]
+        assert reshard["False"]["param_bytes_after_forward"] == r["param_bytes_unsharded"]
+        assert reshard["True"]["param_bytes_after_forward"] == r["param_bytes_unsharded"] / 2
+        assert "1" not in reshard, "an int reshard needs 4 ranks or more"
+        assert r["averaging"]["sum, then divide"]["max_grad_diff_vs_one_process"] < 1e-6
+        assert r["averaging"]["ReduceOp.AVG (the default)"]["grad_norm_ratio_vs_one_process"] == pytest.approx(
+            2.0 if torch.__version__.startswith("2.8") else 1.0, rel=1e-5), "pytorch#162338 on torch 2.8's gloo"
+        every, once = r["accumulation"].values()
+        assert (every["reduce_scatter"], once["reduce_scatter"]) == (4 * units, units)
+        assert once["max_grad_diff_vs_one_process"] < 1e-6
+        clip = r["clipping"]
+        assert clip["norm_full"] == pytest.approx(clip["ddp_norm"], rel=1e-5) and clip["max_clipped_grad_diff_vs_ddp"] < 1e-6
+
+
+def test_fsdp_knobs_refuses_hsdp_without_four_ranks(tmp_path):
+    out = subprocess.run([sys.executable, SCRIPTS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL), "--lessons", "hsdp"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "--lessons hsdp needs an even world of at least 4 ranks, got WORLD_SIZE=1" in out.stderr

@@ -66,7 +66,7 @@ def test_dataloader_bench_one_knob_at_a_time_counts_worker_starts_prefetch_and_p
 @pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])
 def test_grad_accum_counts_one_all_reduce_round_per_micro_step_or_per_step(run_root, mode, per_step):
     result = run("grad_accum", ["--grad-accum-steps", 3, "--max-steps", 2, "--accumulation", mode], run_root)
-    calls = result.metrics().groupby(["rank", "step"])["allreduce_calls"].first()
+    calls = result.metrics().groupby(["rank", "step"])["all_reduce_calls"].first()
     assert (calls == per_step).all(), calls  # this small model fits one gradient bucket
     p0, p1 = (torch.load(result.run_dir / "metrics" / f"params_rank{r}.pt") for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0), "replicas stay identical"

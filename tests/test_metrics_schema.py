@@ -16,7 +16,7 @@ from tutorial_lib.scripts import SCRIPTS_DIR, available_scripts
 # Each script as plain python (a world of one), small; variants reach the keys written only sometimes.
 RUNS = {
     "ddp_train": [["--max-steps", 2], ["--max-steps", 2, "--precision", "bf16", "--grad-scaler", "on"]],
-    "fsdp_train": [["--max-steps", 1, "--dim", 32, "--n-layers", 1],
+    "fsdp_train": [["--max-steps", 1, "--dim", 32, "--n-layers", 1, "--count-collectives"],
                    ["--max-steps", 1, "--dim", 32, "--n-layers", 1, "--strategy", "ddp", "--precision", "bf16",
                     "--grad-scaler", "on"]],
     "checkpoint_train": [["--max-steps", 2, "--save-every", 1]],
@@ -101,14 +101,14 @@ def test_a_loss_scale_is_one_key_in_every_script(records):
 
 def test_check_step_record_names_each_problem():
     good = {"step": 1, "max_steps": 2, "rank": 0, "world_size": 2, "loss_local": 0.5, "step_time_s": 1,
-            "samples_per_s": 8.0, "accumulation": "no_sync", "grad_accum_steps": 2, "allreduce_calls": 1}
+            "samples_per_s": 8.0, "accumulation": "no_sync", "grad_accum_steps": 2, "all_reduce_calls": 1}
     assert check_step_record(good, "grad_accum") == []
-    bad = {**good, "grad_scale": 2.0, "rank": "0", "allreduce_calls": True}
+    bad = {**good, "grad_scale": 2.0, "rank": "0", "all_reduce_calls": True}
     del bad["step_time_s"]
     problems = check_step_record(bad, "grad_accum")
     assert "missing key 'step_time_s'" in problems
     assert any(p.startswith("undocumented key 'grad_scale'") for p in problems)
-    assert "'rank' should be int, got '0'" in problems and "'allreduce_calls' should be int, got True" in problems
+    assert "'rank' should be int, got '0'" in problems and "'all_reduce_calls' should be int, got True" in problems
     trainer = {"step": 1, "max_steps": 1, "rank": 0, "world_size": 1, "loss_local": 1.0, "step_time_s": 0.1,
                "loss_global": 1.0, "local_rank": 0, "attempt": 0, "resumed_from_step": 0, "lr": 0.1, "epoch": 0,
                "param_bytes": 4, "grad_bytes": 4, "optimizer_state_bytes": 8}

@@ -178,7 +178,7 @@ def test_live_view_in_a_kernel_updates_in_place_and_ends_with_the_plot(tmp_path,
     assert all(o.output_type != "error" for o in outputs)
 
 
-@pytest.mark.parametrize("stem", ["01_ddp", "02_data_and_accumulation", "04_fsdp", "05_checkpointing"])
+@pytest.mark.parametrize("stem", ["01_ddp", "02_data_and_accumulation", "04_fsdp", "05_checkpointing", "09_fsdp_in_depth"])
 def test_lessons_about_ranks_run_on_two_cpu_ranks_where_one_gpu_would_make_them_trivial(stem):
     """Issue 15 item 10: on one GPU, 1/N = 1 and DDP = one process; these notebooks say so and use 2 CPU ranks."""
     nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)

@@ -51,8 +51,10 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     block_forwards         int   -     fsdp_train                     block forwards this step (recomputed ones too)
     accumulation           str   -     grad_accum                     every_micro_step or no_sync (--accumulation)
     grad_accum_steps       int   -     grad_accum                     micro-batches per optimizer step
-    allreduce_calls        int   -     grad_accum, unused_params (counted)
-                                                                      gradient bucket all-reduces in this step
+    all_reduce_calls       int   -     grad_accum, unused_params, fsdp_train (counted)
+                                                                      all-reduces in this step (DDP: one per gradient bucket)
+    all_gather_calls       int   -     fsdp_train (counted)           all-gathers in this step (FSDP: parameter unshards)
+    reduce_scatter_calls   int   -     fsdp_train (counted)           reduce-scatters in this step (FSDP: gradient shards)
     attempt                int   -     checkpoint_train               restart attempt (TORCHELASTIC_RESTART_COUNT)
     resumed_from_step      int   -     checkpoint_train               step of the checkpoint loaded (0: none)
     lr                     float -     checkpoint_train               learning rate this step used
@@ -95,7 +97,8 @@ ALL = ("ddp_train", "fsdp_train", "checkpoint_train", "grad_accum", "model_paral
 TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train")  # the scripts that log memory
 # The conditions of keys not always written; every one names what decides it.
 WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16",
-        "counted": "grad_accum: every step; unused_params: last step, with --count-allreduces"}
+        "counted": "grad_accum: every step; unused_params: last step, with --count-allreduces; "
+                   "fsdp_train: with --count-collectives"}
 
 STEP_METRICS: tuple[MetricKey, ...] = (
     MetricKey("step", "int", "-", "optimizer step, from 1", ALL),
@@ -138,8 +141,12 @@ STEP_METRICS: tuple[MetricKey, ...] = (
               ("fsdp_train",)),
     MetricKey("accumulation", "str", "-", "every_micro_step or no_sync (--accumulation)", ("grad_accum",)),
     MetricKey("grad_accum_steps", "int", "-", "micro-batches per optimizer step", ("grad_accum",)),
-    MetricKey("allreduce_calls", "int", "-", "gradient bucket all-reduces in this step",
-              ("grad_accum", "unused_params"), "counted"),
+    MetricKey("all_reduce_calls", "int", "-", "all-reduces in this step (DDP: one per gradient bucket)",
+              ("grad_accum", "unused_params", "fsdp_train"), "counted"),
+    MetricKey("all_gather_calls", "int", "-", "all-gathers in this step (FSDP: parameter unshards)",
+              ("fsdp_train",), "counted"),
+    MetricKey("reduce_scatter_calls", "int", "-", "reduce-scatters in this step (FSDP: gradient shards)",
+              ("fsdp_train",), "counted"),
     MetricKey("attempt", "int", "-", "restart attempt (TORCHELASTIC_RESTART_COUNT)", ("checkpoint_train",)),
     MetricKey("resumed_from_step", "int", "-", "step of the checkpoint loaded (0: none)",
               ("checkpoint_train",)),

@@ -22,6 +22,8 @@ Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` w
 its parameters, gradients and optimizer state (local shards), the bytes saved for backward (activations),
 RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
 shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers).
+With ``--count-collectives`` each line also counts the step's all-gathers, reduce-scatters and all-reduces
+(``all_gather_calls``, ``reduce_scatter_calls``, ``all_reduce_calls``; torch.profiler).
 Only torch and the Python standard library.
 """
 
@@ -81,6 +83,9 @@ def parse_args(argv=None):
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, 30 on gloo")
+    p.add_argument("--count-collectives", action="store_true",
+                   help="count each step's all-gathers, reduce-scatters and all-reduces with torch.profiler "
+                        "(metric keys all_gather_calls, reduce_scatter_calls, all_reduce_calls)")
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                    help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
                         "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
@@ -191,7 +196,7 @@ def apply_checkpointing(model):
 
 def wrap_fsdp2(model, args, device):
     """fully_shard bottom-up: each unit all-gathers its parameters just before it runs and frees them after."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
     kwargs = {}
     if args.precision != "fp32":
         # Compute (and all-gather) in bf16/fp16, but reduce-scatter gradients in fp32: the shards, their
@@ -209,6 +214,13 @@ def wrap_fsdp2(model, args, device):
     for module in units:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)  # the root: embedding, norm, head and everything not in a unit above
+    if dist.get_backend() == "gloo":
+        # FSDP2 averages fp32/bf16 gradients with a ReduceOp.AVG reduce-scatter, which gloo's reduce-scatter in
+        # torch 2.8 silently treats as a sum (pytorch/pytorch#162338): gradients world_size times too large.
+        # Sum, then divide: right on every version (notebook 09 measures both).
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
     # Which parameters each unit all-gathers (names as before checkpoint wrapping): a parameter belongs to the
     # innermost unit that contains it.
     prefixes = sorted((names[m] + "." for m in units), key=len, reverse=True)
@@ -305,6 +317,36 @@ class SavedActivations:
         return total
 
 
+class CollectiveCounter:
+    """Counts the collectives between ``start()`` and ``stop()`` with torch.profiler, into ``counts``.
+
+    Every c10d collective is a dispatcher op whatever the backend: ``c10d::_allgather_base_`` (an all-gather;
+    ``c10d::allgather_`` for a list of outputs), ``c10d::_reduce_scatter_base_`` (a reduce-scatter),
+    ``c10d::allreduce_`` (an all-reduce)."""
+
+    OPS = {"c10d::_allgather_base_": "all_gather_calls", "c10d::allgather_": "all_gather_calls",  # FSDP1 on gloo
+           "c10d::_reduce_scatter_base_": "reduce_scatter_calls",
+           "c10d::allreduce_": "all_reduce_calls"}
+
+    def __init__(self, enabled):
+        self.enabled, self.counts, self.profiler = enabled, {}, None
+        if enabled:  # torch 2.13's profiler logs each start and stop; 2.8's CUDA wheel without a GPU, an error
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+    def start(self):
+        if self.enabled:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.start()
+
+    def stop(self):
+        if self.enabled:
+            self.profiler.stop()
+            self.counts = dict.fromkeys(self.OPS.values(), 0)
+            for event in self.profiler.events():
+                if event.name in self.OPS:
+                    self.counts[self.OPS[event.name]] += 1
+
+
 @record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
 def main():
     args = parse_args()
@@ -368,8 +410,10 @@ def train(args, rank, world_size, device):
         "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(units), "unit_params": units,
         "args": vars(args)}))
     metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+    collectives = CollectiveCounter(args.count_collectives)
     for step in range(1, args.max_steps + 1):
         t0 = time.perf_counter()
+        collectives.start()  # --count-collectives: this step's forward, backward and optimizer step
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
         saved_bytes = 0
@@ -399,6 +443,7 @@ def train(args, rank, world_size, device):
             scaler.update()
         else:
             optimizer.step()
+        collectives.stop()  # (the loss all-reduce below is the workbook's, not training's)
         loss_global = loss_sum.clone()
         if dist.is_initialized():
             dist.all_reduce(loss_global)  # the rank's loss is local; the global mean needs a collective
@@ -411,7 +456,8 @@ def train(args, rank, world_size, device):
                "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
                "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
                "fsdp_units": len(units), "activation_bytes": saved_bytes, "block_forwards": block_forwards[0],
-               "grad_scaler": scaler is not None, "loss_scale": loss_scale, **memory_fields(model, optimizer, device)}
+               "grad_scaler": scaler is not None, "loss_scale": loss_scale, **memory_fields(model, optimizer, device),
+               **collectives.counts}
         if zero_grads is not None:
             row["grad_zero_elements"] = zero_grads
         metrics_file.write(json.dumps(row) + "\n")

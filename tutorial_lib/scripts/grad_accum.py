@@ -134,7 +134,7 @@ def train(args, device):
         log.write(json.dumps({
             "step": step, "max_steps": args.max_steps, "rank": rank, "world_size": world_size,
             "accumulation": args.accumulation, "grad_accum_steps": args.grad_accum_steps,
-            "loss_local": loss_sum, "allreduce_calls": counter.calls - calls_before,
+            "loss_local": loss_sum, "all_reduce_calls": counter.calls - calls_before,
             "step_time_s": time.perf_counter() - t0,
             "samples_per_s": args.grad_accum_steps * mb / (time.perf_counter() - t0),
         }) + "\n")

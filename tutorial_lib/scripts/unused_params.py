@@ -16,7 +16,7 @@ forward to mark parameters that will get no gradient (extra work every step); us
 the loss (or not creating the unused one) needs no flag. The flag also costs an all_reduce per step: DDP
 all-reduces a map of the parameters each rank used, so that a parameter unused on one rank but used on
 another is handled right. ``--count-allreduces`` counts every all_reduce a rank issues in its last step
-(``torch.profiler``, DDP's own included) and logs it as ``allreduce_calls``.
+(``torch.profiler``, DDP's own included) and logs it as ``all_reduce_calls``.
 Writes ``<metrics-dir>/rank<RANK>.jsonl``. Only torch and the standard library.
 """
 
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--find-unused-parameters", action="store_true", help="DDP(find_unused_parameters=True)")
     p.add_argument("--hidden-dim", type=int, default=256, help="width of trunk and heads (count)")
     p.add_argument("--count-allreduces", action="store_true",
-                   help="profile the last step (torch.profiler) and log its all_reduce calls as allreduce_calls")
+                   help="profile the last step (torch.profiler) and log its all_reduce calls as all_reduce_calls")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
@@ -120,7 +120,7 @@ def train(args, device):
                   "world_size": dist.get_world_size(), "loss_local": loss.item(),
                   "step_time_s": time.perf_counter() - t0}
         if profiled:
-            record["allreduce_calls"] = calls["allreduce_calls"]
+            record["all_reduce_calls"] = calls["all_reduce_calls"]
         log.write(json.dumps(record) + "\n")
     log.close()
     sys.stdout.write(f"rank {rank}: {args.max_steps} steps done\n")
@@ -134,14 +134,14 @@ def train(args, device):
 def allreduce_counter():
     """Profile the block and count the all_reduce calls this rank issued in it (each is one ``c10d::allreduce_``
     op, whoever calls it: DDP's buckets, DDP's map of used parameters, your own). Yields a dict that holds
-    ``allreduce_calls`` once the block has ended."""
+    ``all_reduce_calls`` once the block has ended."""
     from torch.profiler import ProfilerActivity, profile
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's own log lines (start/stop, no GPU) off
     counted = {}
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         yield counted
-    counted["allreduce_calls"] = sum(e.name == "c10d::allreduce_" for e in prof.events())
+    counted["all_reduce_calls"] = sum(e.name == "c10d::allreduce_" for e in prof.events())
 
 
 if __name__ == "__main__":
