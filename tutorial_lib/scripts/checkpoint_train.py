@@ -187,11 +187,18 @@ def build_model(args, device):
         return model  # one process: nothing to wrap
     if args.strategy == "ddp":
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
     for layer in model.net:
         if isinstance(layer, nn.Linear):
             fully_shard(layer)  # each Linear is one all-gather unit; its parameters become DTensor Shard(0)
     fully_shard(model)
+    if dist.get_backend() == "gloo":
+        # FSDP2 averages gradients with a ReduceOp.AVG reduce-scatter, which gloo's reduce-scatter in torch 2.8
+        # silently treats as a sum (pytorch/pytorch#162338): gradients world_size times too large. Sum, then
+        # divide: right on every version (notebook 09 measures both).
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
     return model
 
 
