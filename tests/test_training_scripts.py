@@ -91,6 +91,7 @@ SMALL_ARGS = {
     "fsdp_train": ["--max-steps", 1, "--dim", 32, "--n-layers", 1], "model_parallel": ["--max-steps", 1],
     "checkpoint_train": ["--max-steps", 2, "--save-every", 1],
     "collective_mismatch": ["--max-steps", 2],
+    "ddp_knobs": ["--lessons", "static_graph", "--max-steps", 4],
 }
 
 

@@ -131,13 +131,15 @@ def batch(args, rank, step, device):
     return x.to(device), x[:, :1].sin().to(device)
 
 
-def train_step(model, optimizer, args, rank, step, device, head_b_in_loss=False):
+def train_step(model, optimizer, args, rank, step, device, head_b_in_loss=False, inspect=None):
     x, y = batch(args, rank, step, device)
     a, b = model(x)
     loss = (a - y).pow(2).mean()
     if head_b_in_loss:
         loss = loss + 0.1 * (b - y).pow(2).mean()  # every output feeds the loss: every parameter gets a gradient
     loss.backward()  # DDP all-reduces the gradients, bucket by bucket, while backward runs
+    if inspect is not None:
+        inspect(model)  # look at the gradients before the optimizer uses and zero_grad drops them
     optimizer.step()
     optimizer.zero_grad()
     return loss
@@ -287,10 +289,12 @@ def lesson_unused_head(args, rank, device):
     for label, mode, kwargs in variants:
         model = build(args, device, head_b=mode, **kwargs)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        row = {"head_b": mode, "ddp_kwargs": kwargs, "ok": True, "failed_at_step": None, "error": None, "losses": []}
+        row = {"head_b": mode, "ddp_kwargs": kwargs, "ok": True, "failed_at_step": None, "error": None, "losses": [],
+               "head_b_grad": []}  # per step: "none" (no gradient), "zero" (all zeros) or "nonzero"
         for step in range(1, args.max_steps + 1):
             try:
-                row["losses"].append(train_step(model, optimizer, args, rank, step, device, mode == "in_loss").item())
+                row["losses"].append(train_step(model, optimizer, args, rank, step, device, mode == "in_loss",
+                                                inspect=lambda m: row["head_b_grad"].append(head_b_grad(m))).item())
             except RuntimeError as e:  # DDP raises on every rank at the same forward: the group stays in step
                 row.update(ok=False, failed_at_step=step, error=str(e))
                 break
@@ -304,6 +308,14 @@ def lesson_unused_head(args, rank, device):
         out[label] = row
         dist.barrier()  # every rank is done with this variant before the next one starts
     return out
+
+
+def head_b_grad(model):
+    """What backward left in head_b's weight gradient: "none", "zero" or "nonzero" ("-" without a head_b)."""
+    if model.module.head_b is None:
+        return "-"
+    grad = model.module.head_b.weight.grad
+    return "none" if grad is None else ("zero" if not grad.any() else "nonzero")
 
 
 def fresh_head_b(args, device, mode):
