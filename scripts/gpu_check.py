@@ -59,6 +59,8 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "collectives_check": (("--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10),
                           "all_reduce, all_gather and broadcast right on every rank over nccl; busbw per size"),
     "dataloader_bench": (("--num-workers", 0, 4), "pin_memory=True configurations are measured (CUDA only)"),
+    "ddp_knobs": ((), SUCCESS_IS_THE_CHECK + " over nccl (bf16_compress_hook accepted on a CUDA build; notebook 10 "
+                      "asserts the counts, bytes and failures)"),
     "ddp_train": (("--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10),
                   "rank r on cuda:r, peak_allocated_bytes > 0 on every step, the global loss falls; NVML samples"),
     "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
@@ -93,6 +95,9 @@ NOTEBOOK_ASSERTS = {
                           "a real CUDA out-of-memory named",
     "08_performance": "a profiler trace per rank with NCCL's all-reduce kernels overlapping backward's on the GPU; "
                       "SDPA backends in bf16 match math; NVML samples, nvidia-smi and torch.cuda.memory_summary",
+    "10_ddp_in_depth": "all-reduces per step against bucket_cap_mb, gradients as bucket views (and the CUDA memory "
+                       "they save), static_graph, compression hooks halving the bytes (bf16_compress_hook accepted "
+                       "on CUDA), the returned-but-unused head under static_graph and its fixes",
 }
 
 
