@@ -20,8 +20,9 @@ What it shows (each variant builds the same model again, from the same seed, and
       close, not equal). ``bf16_compress_hook`` does the same in bf16, but DDP accepts it only on a CUDA build of
       torch with NCCL 2.10+ (a CPU build refuses it); the hand-written ``bf16_hook`` below works anywhere.
     * unused_head: a second head whose output the forward returns but the loss leaves out gets no gradient.
-      Plain DDP fails at the next forward; so does ``static_graph=True``; ``find_unused_parameters=True`` works,
-      and so does not returning the head, or putting it in the loss.
+      Plain DDP fails at the next forward (step 2); ``static_graph=True`` fails at step 3, saying the graph changed
+      (it did not); ``find_unused_parameters=True`` trains, and so does not returning the head, or putting it in
+      the loss (torch 2.8 and 2.13 alike).
 
 All-reduces are counted with torch.profiler (each is one ``c10d::allreduce_`` op, whatever the backend) in one step;
 the bytes and dtype of every tensor handed to an all-reduce are read with a ``TorchDispatchMode`` in the next. Failures of a variant are
