@@ -59,6 +59,8 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "collectives_check": (("--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10),
                           "all_reduce, all_gather and broadcast right on every rank over nccl; busbw per size"),
     "dataloader_bench": (("--num-workers", 0, 4), "pin_memory=True configurations are measured (CUDA only)"),
+    "ddp_knobs": ((), SUCCESS_IS_THE_CHECK + " over nccl (bf16_compress_hook accepted on a CUDA build; notebook 10 "
+                      "asserts the counts, bytes and failures)"),
     "ddp_train": (("--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10),
                   "rank r on cuda:r, peak_allocated_bytes > 0 on every step, the global loss falls; NVML samples"),
     "fsdp_knobs": (("--lessons", "reshard", "averaging", "accumulation", "clipping"),
@@ -97,6 +99,9 @@ NOTEBOOK_ASSERTS = {
                       "SDPA backends in bf16 match math; NVML samples, nvidia-smi and torch.cuda.memory_summary",
     "09_fsdp_in_depth": "reshard_after_forward's all-gathers and held bytes, the ShardingStrategy table, HSDP's groups "
                         "(4 GPUs, else 4 CPU ranks), set_requires_gradient_sync, clip_grad_norm_ equals DDP's",
+    "10_ddp_in_depth": "all-reduces per step against bucket_cap_mb, gradients as bucket views (and the CUDA memory "
+                       "they save), static_graph, compression hooks halving the bytes (bf16_compress_hook accepted "
+                       "on CUDA), the returned-but-unused head under static_graph and its fixes",
 }
 
 

@@ -92,6 +92,7 @@ SMALL_ARGS = {
     "checkpoint_train": ["--max-steps", 2, "--save-every", 1],
     "collective_mismatch": ["--max-steps", 2],
     "fsdp_knobs": ["--dim", 16, "--n-layers", 1],
+    "ddp_knobs": ["--lessons", "static_graph", "--max-steps", 4],
 }
 
 
