@@ -186,7 +186,7 @@ def test_a_shared_concept_has_one_flag_name_in_every_script():
             assert {"--fail-rank", "--fail-step"} <= flags, name
 
 
-PER_SCRIPT_CHOICES = {"--fail-mode", "--strategy"}  # each script lists what it can do; shared values mean the same
+PER_SCRIPT_CHOICES = {"--fail-mode", "--strategy", "--lessons"}  # each script lists what it can do
 
 
 def test_a_flag_has_the_same_type_and_choices_in_every_script_that_has_it():
