@@ -33,14 +33,14 @@ def test_smaller_buckets_mean_more_allreduces_per_step(ranks):
     for r in ranks:
         rows = {row["label"]: row for row in r["buckets"]}
         assert list(rows) == ["None (default)", "25", "1", "0.25", "0.05"]
-        calls = {label: row["allreduce_calls_per_step"] for label, row in rows.items()}
+        calls = {label: row["all_reduce_calls_per_step"] for label, row in rows.items()}
         # 25 MiB holds the whole 1.8 MB model; the default caps the first bucket at 1 MiB; a bucket holds whole
         # tensors (a layer's bias opens it, its weight overflows it): never more than one per layer (7).
         assert calls == {"None (default)": 2, "25": 1, "1": 2, "0.25": 7, "0.05": 7}, calls
         for row in rows.values():
-            assert row["buckets_per_step"] == row["allreduce_tensors_per_step"] == row["allreduce_calls_per_step"]
-            assert sum(row["bucket_numels"]) * 4 == row["grad_bytes"] == row["allreduced_bytes_per_step"]
-            assert row["allreduce_calls_first_step"] == 1 and len(row["bucket_numels_first_step"]) == 1, \
+            assert row["buckets_per_step"] == row["all_reduce_tensors_per_step"] == row["all_reduce_calls_per_step"]
+            assert sum(row["bucket_numels"]) * 4 == row["grad_bytes"] == row["all_reduced_bytes_per_step"]
+            assert row["all_reduce_calls_first_step"] == 1 and len(row["bucket_numels_first_step"]) == 1, \
                 "step 1: one bucket of everything, before DDP rebuilds its buckets in gradient-ready order"
         assert rows["None (default)"]["bucket_numels"] == rows["1"]["bucket_numels"] != rows["25"]["bucket_numels"]
         assert len({row["loss_last"] for row in rows.values()}) == 1, "bucketing changes nothing in the math"
@@ -61,18 +61,18 @@ def test_static_graph_trains_identically(ranks):
     for r in ranks:
         s = r["static_graph"]
         assert s["True"]["losses"] == s["False"]["losses"] and s["max_param_diff"] == 0.0
-        assert s["True"]["allreduce_calls_per_step"] == s["False"]["allreduce_calls_per_step"] == 2
+        assert s["True"]["all_reduce_calls_per_step"] == s["False"]["all_reduce_calls_per_step"] == 2
 
 
 def test_compression_hooks_halve_the_bytes_and_stay_close_to_fp32(ranks):
     for r in ranks:
         hooks = r["comm_hook"]
         fp32 = hooks["fp32 (no hook)"]
-        assert fp32["allreduce_dtypes"] == ["float32"]
+        assert fp32["all_reduce_dtypes"] == ["float32"]
         for label, dtype in [("fp16_compress_hook", "float16"), ("bf16_hook (hand-written)", "bfloat16")]:
             h = hooks[label]
-            assert h["allreduce_dtypes"] == [dtype] and h["allreduce_calls_per_step"] == fp32["allreduce_calls_per_step"]
-            assert 2 * h["allreduced_bytes_per_step"] == fp32["allreduced_bytes_per_step"]
+            assert h["all_reduce_dtypes"] == [dtype] and h["all_reduce_calls_per_step"] == fp32["all_reduce_calls_per_step"]
+            assert 2 * h["all_reduced_bytes_per_step"] == fp32["all_reduced_bytes_per_step"]
             assert 0 < h["max_loss_diff_vs_fp32"] < 1e-3 and 0 < h["max_param_diff_vs_fp32"] < 1e-3, h
         bf16 = hooks["bf16_compress_hook"]
         if torch.version.cuda is None:  # a CPU build: DDP refuses the built-in bf16 hook (torch 2.13 here)

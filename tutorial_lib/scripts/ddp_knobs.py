@@ -182,10 +182,10 @@ def lesson_buckets(args, rank, device):
         model.register_comm_hook(buckets, buckets.hook)  # DDP's plain all-reduce, with each bucket noted
         losses, counts, step_time_s = train(model, args, rank, device)
         out.append({"bucket_cap_mb": cap, "label": "None (default)" if cap is None else f"{cap:g}",
-                    "allreduce_calls_first_step": buckets.calls_in_step[1],
-                    "allreduce_calls_per_step": counts["all_reduce"],
-                    "allreduce_tensors_per_step": counts["all_reduce_tensors"],
-                    "allreduced_bytes_per_step": counts["all_reduce_bytes"],
+                    "all_reduce_calls_first_step": buckets.calls_in_step[1],
+                    "all_reduce_calls_per_step": counts["all_reduce"],
+                    "all_reduce_tensors_per_step": counts["all_reduce_tensors"],
+                    "all_reduced_bytes_per_step": counts["all_reduce_bytes"],
                     "bucket_numels_first_step": buckets.numels_in_step[1],
                     "bucket_numels": buckets.numels_in_step[3],
                     "buckets_per_step": buckets.calls_in_step[3],  # what the hook saw, against the profiler's count
@@ -231,7 +231,7 @@ def lesson_static_graph(args, rank, device):
     for static in (False, True):
         models[static] = build(args, device, static_graph=static)
         losses, counts, step_time_s = train(models[static], args, rank, device)
-        out[str(static)] = {"static_graph": static, "losses": losses, "allreduce_calls_per_step": counts["all_reduce"],
+        out[str(static)] = {"static_graph": static, "losses": losses, "all_reduce_calls_per_step": counts["all_reduce"],
                             "step_time_s": step_time_s}
     out["max_param_diff"] = param_diff(models[False], models[True])
     return out
@@ -267,10 +267,10 @@ def lesson_comm_hook(args, rank, device):
         losses, counts, step_time_s = train(model, args, rank, device)
         reference = reference or (model, losses)
         out[label] = {**row, "registered": True, "losses": losses, "step_time_s": step_time_s,
-                      "allreduce_calls_per_step": counts["all_reduce"],
-                      "allreduce_tensors_per_step": counts["all_reduce_tensors"],
-                      "allreduced_bytes_per_step": counts["all_reduce_bytes"],
-                      "allreduce_dtypes": counts["all_reduce_dtypes"],
+                      "all_reduce_calls_per_step": counts["all_reduce"],
+                      "all_reduce_tensors_per_step": counts["all_reduce_tensors"],
+                      "all_reduced_bytes_per_step": counts["all_reduce_bytes"],
+                      "all_reduce_dtypes": counts["all_reduce_dtypes"],
                       "max_loss_diff_vs_fp32": max(abs(a - b) for a, b in zip(losses, reference[1])),
                       "max_param_diff_vs_fp32": param_diff(model, reference[0])}
     return out
