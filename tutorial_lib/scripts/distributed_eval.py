@@ -106,7 +106,9 @@ def setup(args):
 @torch.no_grad()
 def evaluate(model, loader, device):
     """This rank's per-sample results, in loader order: (indices, losses, correct)."""
-    indices, losses, correct = [], [], []
+    # Start from empty tensors: with more ranks than samples, a rank's unpadded shard is empty.
+    indices = [torch.empty(0, dtype=torch.long, device=device)]
+    losses, correct = [torch.empty(0, device=device)], [torch.empty(0, dtype=torch.bool, device=device)]
     for x, y, index in loader:
         logits = model(x.to(device))
         y = y.to(device)
@@ -165,8 +167,7 @@ def main():
     try:
         torch.manual_seed(args.seed)  # the same fixed model on every rank (a trained model stands in here)
         model = nn.Linear(args.input_dim, args.num_classes).to(device).eval()
-        # After DDP training evaluate model.module, not the DDP wrapper: DDP's forward may broadcast buffers (a
-        # collective), which would hang when shards have different lengths, as the exact loop's do.
+        # After DDP training, evaluate model.module: evaluation needs none of DDP's gradient synchronisation.
         dataset = LabelledDataset(args.dataset_size, args.input_dim, args.num_classes, args.seed)
 
         # (a) naive: the training sampler reused for evaluation (shuffle=False, drop_last=False: it pads).
