@@ -63,6 +63,8 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
                       "asserts the counts, bytes and failures)"),
     "ddp_train": (("--max-steps", 30, "--batch-size", 256, "--hidden-dim", 1024, "--log-every", 10),
                   "rank r on cuda:r, peak_allocated_bytes > 0 on every step, the global loss falls; NVML samples"),
+    "distributed_eval": ((), "naive, exact and gathered metrics all-reduced and all-gathered over nccl (the notebook "
+                             "asserts the values)"),
     "fsdp_knobs": (("--lessons", "reshard", "averaging", "accumulation", "clipping"),
                    SUCCESS_IS_THE_CHECK + " over nccl (collectives counted by torch.profiler; notebook 09 asserts)"),
     "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
@@ -84,7 +86,8 @@ NOTEBOOK_ASSERTS = {
               "and both fixes; sync_batchnorm.py on the GPUs",
     "02_data_and_accumulation": "sampler shards and set_epoch; DataLoader knobs one at a time (worker starts, "
                                 "batches prefetched, batches pinned on CUDA); one all-reduce round per step "
-                                "with no_sync; Join finishes the uneven run",
+                                "with no_sync; Join finishes the uneven run; the exact evaluation metric equals one "
+                                "process's",
     "03_mixed_precision": "bf16 and fp16 end within 2% of fp32's loss; fp16 underflows without a scaler; overflowing "
                           "steps halve the scale",
     "04_fsdp": "FSDP state bytes are 1/N of DDP's and match the memory model; same loss curves; model_parallel "

@@ -28,6 +28,7 @@ RUNS = {
     "collectives_check": [["--sizes-bytes", 4096, "--iters", 1]],
     "sampler_demo": [[]],
     "dataloader_bench": [["--dataset-size", 8, "--epochs", 1, "--num-workers", 0]],
+    "distributed_eval": [[]],
     "ddp_knobs": [["--lessons", "buckets", "--bucket-caps-mb", 1, "--max-steps", 4]],  # ddp_knobs_rank<R>.json only
 }
 NEEDS_GPUS = {"sync_batchnorm"}  # refuses to run without CUDA; writes no step records (syncbn_rank<R>.json)

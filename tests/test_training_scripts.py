@@ -90,7 +90,7 @@ SMALL_ARGS = {
     "grad_accum": ["--max-steps", 1], "uneven_inputs": [], "unused_params": ["--loss-uses", "both", "--max-steps", 2],
     "fsdp_train": ["--max-steps", 1, "--dim", 32, "--n-layers", 1], "model_parallel": ["--max-steps", 1],
     "checkpoint_train": ["--max-steps", 2, "--save-every", 1],
-    "collective_mismatch": ["--max-steps", 2],
+    "collective_mismatch": ["--max-steps", 2], "distributed_eval": [],
     "fsdp_knobs": ["--dim", 16, "--n-layers", 1],
     "ddp_knobs": ["--lessons", "static_graph", "--max-steps", 4],
 }
