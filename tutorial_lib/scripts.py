@@ -227,5 +227,6 @@ def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> Modu
         if e.code not in (0, None):
             last = (messages.getvalue().strip().splitlines() or [f"exit code {e.code}"])[-1]
             reason = last.split("error: ", 1)[-1]  # argparse writes "<prog>: error: <message>"
-            raise ConfigError(f"{path.name} rejects its arguments {[str(a) for a in args]}: {reason}") from None
+            raise ConfigError(f"{path.name}: {reason} (it was given {[str(a) for a in args]}; "
+                              f"see python {path.name} --help)") from None
     return module

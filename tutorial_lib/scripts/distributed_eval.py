@@ -93,6 +93,9 @@ class ShardSampler(Sampler):
 def setup(args):
     """Pick this rank's device and join the process group under torchrun; return (rank, world_size, device)."""
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
+                 "use --device cpu, or run on a machine with a GPU and a CUDA build of torch")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)  # LOCAL_RANK picks the GPU on this node

@@ -142,7 +142,11 @@ def train(args, device):
     inner = model.module if isinstance(model, DDP) else model
     torch.save({k: v.detach().cpu() for k, v in inner.state_dict().items()},
                Path(args.metrics_dir) / f"params_rank{rank}.pt")
-    sys.stdout.write(f"{args.accumulation}: {counter.calls} bucket all-reduces in {args.max_steps} optimizer steps\n")
+    if isinstance(model, DDP):
+        sys.stdout.write(f"{args.accumulation}: {counter.calls} bucket all-reduces in {args.max_steps} "
+                         "optimizer steps\n")
+    else:  # one process: a plain model, nothing to all-reduce
+        sys.stdout.write(f"one process, no DDP: {args.max_steps} optimizer steps, no all-reduce\n")
     if dist.is_initialized():
         dist.barrier()
 
