@@ -254,6 +254,18 @@ def test_a_rank_killed_by_a_signal_stays_root_cause_though_a_peer_wrote_an_error
     assert failure.rank == 1 and failure.exit_code == -9 and failure.traceback == ""
 
 
+def test_an_empty_error_file_and_a_crashed_torchrun_still_name_the_killed_rank(tmp_path):
+    """Rank 1 SIGKILLed; rank 0, stopped by torchrun's SIGTERM while @record wrote its error file, left it empty;
+    torchrun crashed reading it (JSONDecodeError, no summary: seen once under load, torch 2.13)."""
+    _error_file(tmp_path, 0, "x", 1_000_000_000_500)
+    (tmp_path / "none_x" / "attempt_0" / "0" / "error.json").write_text("")
+    (tmp_path / "none_x" / "attempt_0" / "1").mkdir()
+    printer = ThrottledPrinter(open(os.devnull, "w"))
+    failure = find_root_cause("json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)", tmp_path,
+                              printer)
+    assert failure.rank == 1 and failure.exit_code is None and failure.traceback == ""
+
+
 def test_a_rank_sigtermed_while_failing_is_not_preferred_over_one_that_exited_itself(tmp_path):
     """Both ranks hit the collective timeout; torchrun SIGTERMs the slower one, which already wrote its error file."""
     _error_file(tmp_path, 1, "RuntimeError: Timed out (rank 1)", 1_000_000_000_000)

@@ -247,7 +247,10 @@ def test_a_kill_during_a_save_never_costs_the_previous_checkpoint(run_root, tria
     with pytest.raises(tl.LaunchError) as info:
         tl.run_script("checkpoint_train", [*common, "--fail-rank", fail_rank, "--fail-step", fail_step,
                                            "--fail-mode", "kill-during-save"], **spec)
-    assert (info.value.rank, info.value.exit_code) == (fail_rank, -9)
+    # torchrun's summary gives the exit code; rarely (under load) the peer is stopped while writing its error file
+    # and torchrun itself crashes reading the empty file: the rank is still named, its exit code died with torchrun
+    torchrun_crashed = "Failed to parse reply file" in (info.value.run_dir / "output.log").read_text()
+    assert (info.value.rank, info.value.exit_code) == (fail_rank, None if torchrun_crashed else -9)
     folder = info.value.run_dir / "checkpoints"
     newest = tl.latest_checkpoint(folder)
     assert newest is not None and newest.name == f"step-{fail_step - 1}"

@@ -96,6 +96,16 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     roots = list(ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
     error_files = last_attempt_error_files(log_dir, failed_attempt=recovered)
+    # An empty error file: the rank was stopped (torchrun's SIGTERM, after a peer died) while @record was writing
+    # it, so it failed second; torchrun itself then crashes reading it (json.JSONDecodeError, no summary printed).
+    stopped_while_writing = {r for r, f in error_files.items() if not read_error_file(f)}
+    error_files = {r: f for r, f in error_files.items() if r not in stopped_while_writing}
+    if stopped_while_writing and not error_files and not exit_codes:
+        attempt_dir = next(iter(last_attempt_error_files(log_dir, failed_attempt=recovered).values())).parent.parent
+        silent = sorted(int(p.name) for p in attempt_dir.iterdir()
+                        if p.name.isdigit() and int(p.name) not in stopped_while_writing)
+        if silent:  # left no error file at all: killed by a signal (its exit code died with torchrun)
+            return RankFailure(rank=silent[0], exit_code=None, traceback="", log_tail=tails.tail(silent[0]))
     # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT, ...; not the
     # SIGTERM torchrun sends to stop the others) writes no error file, nor does one that exits with a code
     # (@record lets SystemExit through); its peers then fail on the lost connection and do write one. If every
