@@ -26,7 +26,7 @@ What it shows (each lesson builds the same small model again, from the same seed
 
 Every collective is counted with torch.profiler: each c10d collective is a dispatcher op (``c10d::_allgather_base_``
 all-gather, ``c10d::_reduce_scatter_base_`` reduce-scatter, ``c10d::allreduce_`` all-reduce) whatever the backend.
-Each rank writes ``<metrics-dir>/knobs_rank<RANK>.json``. Only torch and the Python standard library.
+Each rank writes ``<metrics-dir>/knobs_rank<RANK>.json``; rank 0 prints a few lines per lesson. Only torch and the Python standard library.
 """
 
 import argparse
@@ -350,7 +350,7 @@ def summary(name, out, result):
     """Short lines saying what one lesson measured on this rank (the JSON holds every number)."""
     kib = lambda n: f"{n / 2**10:.1f} KiB"  # noqa: E731
     if name == "reshard":
-        return [f"reshard_after_forward={label}: {r['all_gather']} all-gathers (by group size {r['all_gather_group_sizes']}),"
+        return [f"reshard_after_forward={label.replace('default (None)', 'None (the default)')}: {r['all_gather']} all-gathers (by group size {r['all_gather_group_sizes']}),"
                 f" {r['reduce_scatter']} reduce-scatters per step; holds {kib(r['param_bytes_after_forward'])} between"
                 f" forward and backward, {kib(r['param_bytes_after_step'])} after the step"
                 f" (unsharded: {kib(result['param_bytes_unsharded'])})" for label, r in out.items()]
