@@ -34,6 +34,9 @@ WRONG = {
         r"or worse, when a node has more GPUs than ranks, silently puts two ranks on one GPU",
     "c10d's join timeout is 600 s; say the number": r"default wait is several minutes",
     "the checklist says which rows only explain": r"shown failing, and the fix \|",
+    "FSDP1's FULL_SHARD keeps the root gathered after forward: FSDP2's default, not reshard_after_forward=True":
+        r"\"FULL_SHARD\": \"fully_shard\(m, reshard_after_forward=True\)",
+    "an int reshard_after_forward=k leaves each rank 1/k of a unit, not k/N": r"`k/N` of the unit's memory",
 }
 
 

@@ -26,7 +26,7 @@ What it shows (each lesson builds the same small model again, from the same seed
 
 Every collective is counted with torch.profiler: each c10d collective is a dispatcher op (``c10d::_allgather_base_``
 all-gather, ``c10d::_reduce_scatter_base_`` reduce-scatter, ``c10d::allreduce_`` all-reduce) whatever the backend.
-Each rank writes ``<metrics-dir>/knobs_rank<RANK>.json``. Only torch and the Python standard library.
+Each rank writes ``<metrics-dir>/knobs_rank<RANK>.json``; rank 0 prints a few lines per lesson. Only torch and the Python standard library.
 """
 
 import argparse
@@ -50,9 +50,11 @@ COLLECTIVES = {"c10d::_allgather_base_": "all_gather", "c10d::_reduce_scatter_ba
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--lessons", nargs="+", choices=LESSONS, default=["reshard", "averaging", "accumulation", "clipping"],
-                   help="what to run, in this order (hsdp needs an even world of at least 4 ranks)")
+                   help="what to run, in this order (hsdp needs an even world of at least 4 ranks; reshard's int "
+                        "variant runs only on such a world)")
     p.add_argument("--dim", type=int, default=64, help="model width (count)")
     p.add_argument("--n-layers", type=int, default=3, help="residual MLP blocks, one FSDP unit each (count)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per rank per micro-batch (count)")
@@ -74,7 +76,27 @@ def parse_args(argv=None):
         p.error(f"--max-norm must be > 0, got {args.max_norm}")
     if args.pg_timeout_s <= 0:
         p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch.cuda.is_available() is False (no GPU visible, or a CPU-only torch build); "
+                "use --device cpu or --device auto")
     return args
+
+
+def even_world_of_four(world_size):
+    """True when ``world_size`` is even and at least 4: a 2-D mesh with shard groups of 2, and an int reshard of
+    ``world_size // 2`` (a divisor strictly between 1 and the world size), both need that."""
+    return world_size >= 4 and world_size % 2 == 0
+
+
+def check_world(lessons, world_size):
+    """Refuse, before any lesson runs, a world size that a requested lesson cannot use.
+
+    Args: lessons: the names given to --lessons; world_size: WORLD_SIZE (count of ranks).
+    Raises: ValueError naming --lessons and WORLD_SIZE when hsdp is requested on a world that is not even and >= 4.
+    """
+    if "hsdp" in lessons and not even_world_of_four(world_size):
+        raise ValueError(f"--lessons hsdp needs an even world of at least 4 ranks, got WORLD_SIZE={world_size} "
+                         f"(--lessons {' '.join(lessons)}; run hsdp with torchrun --nproc-per-node 4)")
 
 
 def setup(args):
@@ -229,8 +251,12 @@ def max_grad_diff(model, reference, chunk_of):
 
 def lesson_reshard(args, rank, world_size, device):
     settings = {"default (None)": {}, "True": {"reshard_after_forward": True}, "False": {"reshard_after_forward": False}}
-    if world_size >= 4 and world_size % 2 == 0:  # an int must divide the world and lie strictly between 1 and it
+    if even_world_of_four(world_size):  # an int must divide the world and lie strictly between 1 and it
         settings[str(world_size // 2)] = {"reshard_after_forward": world_size // 2}
+    elif rank == 0:
+        sys.stdout.write(f"reshard: the int variant (reshard_after_forward=WORLD_SIZE // 2) is skipped: WORLD_SIZE="
+                         f"{world_size}, and an int must divide the world size and lie strictly between 1 and it "
+                         f"(this script uses k = WORLD_SIZE // 2 on an even world of at least 4 ranks)\n")
     out = {}
     for label, kwargs in settings.items():
         model = shard(build(args, device), **kwargs)
@@ -244,8 +270,7 @@ def lesson_reshard(args, rank, world_size, device):
 
 def lesson_hsdp(args, rank, world_size, device):
     from torch.distributed.device_mesh import init_device_mesh
-    if world_size < 4 or world_size % 2:
-        raise ValueError(f"--lessons hsdp needs an even world of at least 4 ranks, got WORLD_SIZE={world_size}")
+    check_world(["hsdp"], world_size)
     reference = reference_grads(args, device, world_size)
     out = {}
     for label, shape, kwargs in [("HYBRID_SHARD", (world_size // 2, 2), {}),
@@ -321,6 +346,32 @@ def lesson_clipping(args, rank, world_size, device):
             "clipped_norm_full": torch.linalg.vector_norm(torch.stack([g.norm() for g in clipped.values()])).item()}
 
 
+def summary(name, out, result):
+    """Short lines saying what one lesson measured on this rank (the JSON holds every number)."""
+    kib = lambda n: f"{n / 2**10:.1f} KiB"  # noqa: E731
+    if name == "reshard":
+        return [f"reshard_after_forward={label.replace('default (None)', 'None (the default)')}: {r['all_gather']} all-gathers (by group size {r['all_gather_group_sizes']}),"
+                f" {r['reduce_scatter']} reduce-scatters per step; holds {kib(r['param_bytes_after_forward'])} between"
+                f" forward and backward, {kib(r['param_bytes_after_step'])} after the step"
+                f" (unsharded: {kib(result['param_bytes_unsharded'])})" for label, r in out.items()]
+    if name == "hsdp":
+        return [f"{label}: mesh {r['mesh_shape']}, shard group {r['shard_group']}, replicate group {r['replicate_group']};"
+                f" {r['all_gather']} all-gathers, {r['reduce_scatter']} reduce-scatters, {r['all_reduce']} all-reduces;"
+                f" max |grad - one process| {r['max_grad_diff_vs_one_process']:.1e}" for label, r in out.items()]
+    if name == "averaging":
+        return [f"{label}: gradients x{r['grad_norm_ratio_vs_one_process']:.3f} of one process's on the whole batch"
+                f" (max |diff| {r['max_grad_diff_vs_one_process']:.1e})" for label, r in out.items()]
+    if name == "accumulation":
+        return [f"{label}: {r['reduce_scatter']} reduce-scatters, {r['all_gather']} all-gathers for"
+                f" {result['args']['grad_accum_steps']} micro-batches; max |grad - one process|"
+                f" {r['max_grad_diff_vs_one_process']:.1e}" for label, r in out.items()]
+    if name == "clipping":
+        return [f"clip_grad_norm_ returns a {out['norm_type']} {out['norm_placements']}: full norm {out['norm_full']:.6f},"
+                f" DDP's {out['ddp_norm']:.6f}; this rank's shard norm {out['local_shard_grad_norm']:.6f};"
+                f" clipped gradients vs DDP's: max |diff| {out['max_clipped_grad_diff_vs_ddp']:.1e}"]
+    return []
+
+
 @record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
 def main():
     args = parse_args()
@@ -335,12 +386,17 @@ def main():
                   "param_bytes_unsharded": sum(p.numel() * p.element_size() for p in build(args, device).parameters()),
                   "root_param_bytes": sum(p.numel() * p.element_size() for n, p in build(args, device).named_parameters()
                                           if not n.startswith("blocks."))}
+        check_world(args.lessons, world_size)  # before any lesson: a late refusal would waste the earlier ones
         for name in args.lessons:
             result[name] = lessons[name](args, rank, world_size, device)
+            if rank == 0:
+                lines = summary(name, result[name], result)
+                sys.stdout.write("".join(f"{name} (rank 0 of {world_size}): {line}\n" for line in lines))
             dist.barrier()
-        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.metrics_dir) / f"knobs_rank{rank}.json").write_text(json.dumps(result, indent=1))
-        sys.stdout.write(f"rank {rank}: {', '.join(args.lessons)} done\n")
+        path = Path(args.metrics_dir) / f"knobs_rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        sys.stdout.write(f"rank {rank}: {', '.join(args.lessons)} done; every number in {path.resolve()}\n")
     finally:
         dist.destroy_process_group()
 
