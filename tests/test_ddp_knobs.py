@@ -3,6 +3,7 @@
 One launch runs every lesson (a launch costs seconds here); the tests read its per-rank results.
 """
 
+import os
 import subprocess
 import sys
 
@@ -26,7 +27,19 @@ def ranks(tmp_path_factory):
     assert not wait_no_job_processes(str(root)), "no process of the job is left"
     ranks = tl.read_rank_json(result.run_dir, "ddp_knobs")
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["backend"] == "gloo" for r in ranks)
+    ranks[0]["output_log"] = (result.run_dir / "output.log").read_text()
     return ranks
+
+
+def test_rank_0_prints_a_summary_of_every_lesson_and_where_the_json_is(ranks):
+    log = ranks[0]["output_log"]
+    for line in ["rank 0 of 2, torch", "buckets: all-reduces per step by bucket_cap_mb (MiB): None (default): 2, 25: 1",
+                 "bucket_view: gradient_as_bucket_view=False/True: grads inside a bucket 0 of 16 / 16 of 16",
+                 "static_graph: True vs False: the same losses", "fp16_compress_hook: 921602 (float16",
+                 "head_b returned, not in the loss: fails at step 2", "ddp_knobs_rank<RANK>.json",
+                 "expect DDP's warning (once per rank) that find_unused_parameters=True found no unused parameters"]:
+        assert line in log, (line, log[-3000:])
+    assert log.count("every rank's measurements") == 1, "rank 0 alone prints the summary"
 
 
 def test_smaller_buckets_mean_more_allreduces_per_step(ranks):
@@ -100,6 +113,21 @@ def test_a_returned_but_unused_head_fails_plain_and_static_graph_ddp_and_the_fix
             assert not v[label]["head_b_trained"], label
         in_loss = v["static_graph=True, head_b in the loss"]
         assert in_loss["ok"] and in_loss["head_b_trained"] and in_loss["trunk_max_param_diff_vs_reference"] > 0
+
+
+def test_device_cuda_without_cuda_fails_naming_the_flag(tmp_path):
+    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_knobs.py", "--device", "cuda"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # no GPU visible, on any machine
+    assert out.returncode == 1, out.stderr[-500:]
+    assert "--device cuda" in out.stderr and "torch.cuda.is_available() is False" in out.stderr, out.stderr[-500:]
+    assert "AttributeError" not in out.stderr, out.stderr[-500:]
+
+
+def test_help_shows_the_whole_first_paragraph_of_the_docstring(tmp_path):
+    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_knobs.py", "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "left out of the loss." in " ".join(out.stdout.split()), out.stdout[:800]
 
 
 def test_ddp_knobs_refuses_bad_flags_naming_the_value(tmp_path):

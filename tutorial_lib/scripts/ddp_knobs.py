@@ -14,7 +14,8 @@ What it shows (each variant builds the same model again, from the same seed, and
     * bucket_view: ``gradient_as_bucket_view=True`` makes every ``param.grad`` a view into its bucket, so the
       gradients are not held twice (once in ``.grad``, once in the bucket); the training is the same.
     * static_graph: ``static_graph=True`` tells DDP the set of used parameters and the graph do not change between
-      iterations; the losses are the same as without it.
+      iterations; the losses are the same as without it (bitwise on 2 ranks; on 3 or more, within float rounding:
+      an element's 3+ gradients are added in an order that depends on where the buckets put it).
     * comm_hook: ``register_comm_hook`` replaces DDP's all-reduce of a bucket. ``fp16_compress_hook`` casts the
       bucket to fp16, all-reduces that and casts back: half the bytes per step, gradients rounded (the loss stays
       close, not equal). ``bf16_compress_hook`` does the same in bf16, but DDP accepts it only on a CUDA build of
@@ -52,7 +53,7 @@ LESSONS = ("buckets", "bucket_view", "static_graph", "comm_hook", "unused_head")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # the first paragraph
     p.add_argument("--lessons", nargs="+", choices=LESSONS, default=list(LESSONS), help="what to run, in this order")
     p.add_argument("--bucket-caps-mb", nargs="+", type=float, default=[25.0, 1.0, 0.25, 0.05],
                    help="bucket_cap_mb values of the buckets lesson, besides the default None (MiB)")
@@ -84,8 +85,13 @@ def parse_args(argv=None):
 
 
 def setup(args):
-    """Join the process group (a world of one over an in-memory store without torchrun); return (rank, device)."""
+    """Join the process group (a world of one over an in-memory store without torchrun); return (rank, device).
+
+    Raises SystemExit when ``--device cuda`` is asked for and ``torch.cuda.is_available()`` is False."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"ddp_knobs.py --device cuda, but torch.cuda.is_available() is False here (torch "
+                         f"{torch.__version__}, CUDA build {torch.version.cuda}); use --device cpu or auto")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -339,13 +345,60 @@ def main():
                   "torch_cuda": torch.version.cuda, "device": str(device), "backend": dist.get_backend(),
                   "args": vars(args)}
         for name in args.lessons:
+            if name == "unused_head" and rank == 0:
+                print("unused_head: expect DDP's warning (once per rank) that find_unused_parameters=True found no "
+                      "unused parameters: head_b's output is returned, so the graph walk from the outputs reaches it",
+                      flush=True)  # C++ TORCH_WARN_ONCE on stderr, not a Python warning
             result[name] = lessons[name](args, rank, device)
             dist.barrier()
             sys.stdout.write(f"rank {rank}: {name} done\n")
-        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.metrics_dir) / f"ddp_knobs_rank{rank}.json").write_text(json.dumps(result, indent=1))
+        path = Path(args.metrics_dir) / f"ddp_knobs_rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        if rank == 0:
+            where = f"every rank's measurements: {path.parent.resolve()}/ddp_knobs_rank<RANK>.json"
+            print("\n".join([*summary_lines(result), where]), flush=True)
     finally:
         dist.destroy_process_group()
+
+
+def summary_lines(result):
+    """A few lines per lesson of what ``result`` (one rank's measurements) shows, for the terminal."""
+    lines = [f"rank {result['rank']} of {result['world_size']}, torch {result['torch']}, {result['backend']} on "
+             f"{result['device']}:"]
+    if "buckets" in result:
+        rows = result["buckets"]
+        lines.append("buckets: all-reduces per step by bucket_cap_mb (MiB): "
+                     + ", ".join(f"{row['label']}: {row['all_reduce_calls_per_step']}" for row in rows))
+        lines.append(f"  step 1: {rows[0]['all_reduce_calls_first_step']} all-reduce; the same "
+                     f"{rows[0]['all_reduced_bytes_per_step']} bytes per step for every cap; last losses "
+                     + ", ".join(sorted({f"{row['loss_last']:.9g}" for row in rows})))
+    if "bucket_view" in result:
+        lines.append("bucket_view: gradient_as_bucket_view=False/True: grads inside a bucket "
+                     + " / ".join(f"{v['grads_inside_a_bucket']} of {v['param_tensors']}"
+                                  for v in result["bucket_view"].values())
+                     + "; gradient + bucket storage "
+                     + " / ".join(f"{v['grad_and_bucket_storage_bytes']}" for v in result["bucket_view"].values())
+                     + " bytes")
+    if "static_graph" in result:
+        s = result["static_graph"]
+        same = "the same" if s["True"]["losses"] == s["False"]["losses"] else "not bitwise the same"
+        lines.append(f"static_graph: True vs False: {same} losses, max |parameter difference| "
+                     f"{s['max_param_diff']:.3g}, all-reduces per step {s['True']['all_reduce_calls_per_step']} vs "
+                     f"{s['False']['all_reduce_calls_per_step']}")
+    if "comm_hook" in result:
+        lines.append("comm_hook: bytes per step (dtype, max |loss - fp32 loss|):")
+        for label, h in result["comm_hook"].items():
+            lines.append(f"  {label}: " + (f"{h['all_reduced_bytes_per_step']} ({', '.join(h['all_reduce_dtypes'])}, "
+                                            f"{h['max_loss_diff_vs_fp32']:.3g})" if h["registered"]
+                                            else "refused: " + h["error"].split("\n")[0][:100]))
+    if "unused_head" in result:
+        lines.append("unused_head:")
+        for label, v in result["unused_head"].items():
+            outcome = (f"trains (trunk vs reference {v['trunk_max_param_diff_vs_reference']:.3g}, head_b trained: "
+                       f"{v['head_b_trained']})" if v["ok"] else f"fails at step {v['failed_at_step']}")
+            lines.append(f"  {label}: {outcome}")
+    return lines
 
 
 # ---- Workbook instrumentation -------------------------------------------------------------------------------
