@@ -48,6 +48,15 @@ def test_the_helper_preloads_no_module_that_reads_variables_counted_as_read_late
     assert not any(p.startswith(("TORCHINDUCTOR", "TORCHDYNAMO")) for p in warm_start.STARTUP_ENV_PREFIXES)
 
 
+def test_warm_starts_are_the_default_and_0_opts_out(monkeypatch):
+    monkeypatch.delenv("TUTORIAL_LIB_WARM", raising=False)
+    assert warm.warm_enabled(None) is True
+    for value, expected in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("TUTORIAL_LIB_WARM", value)
+        assert warm.warm_enabled(None) is expected, value
+    assert warm.warm_enabled(False) is False and warm.warm_enabled(True) is True
+
+
 def test_bad_warm_settings_are_refused_before_launch(run_root, monkeypatch):
     script = tl.write_script("ddp_train", tl.new_run_dir("bad", run_root))
     with pytest.raises(tl.ConfigError, match="warm must be True, False or None"):

@@ -89,7 +89,7 @@ class LaunchSpec:
         shutdown_grace_s: how long torchrun gets to stop its workers after SIGTERM before SIGKILL (s).
         warm: fork torchrun's agent and the ranks from this kernel's warm-start helper, which has imported
             torch once (``tutorial_lib.warm``; same processes, exit codes, error files and signals as cold
-            starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default off). Falls back to cold starts,
+            starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default on). Falls back to cold starts,
             saying why once, whenever the helper cannot serve the job.
     """
 
