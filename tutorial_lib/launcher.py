@@ -135,7 +135,7 @@ class LaunchSpec:
         if self.live not in LIVE_MODES:
             raise ConfigError(f"live must be one of {LIVE_MODES}, got {self.live!r}")
         if self.warm not in (None, True, False):
-            raise ConfigError(f"warm must be True, False or None (${warm.WARM_ENV}, default off), got {self.warm!r}")
+            raise ConfigError(f"warm must be True, False or None (${warm.WARM_ENV}, default on), got {self.warm!r}")
         warm.warm_enabled(self.warm)  # a bad $TUTORIAL_LIB_WARM fails here, before anything starts
         if isinstance(self.args, (str, bytes)):
             raise ConfigError(f"args must be a list of arguments, not one string: got {self.args!r}; "
