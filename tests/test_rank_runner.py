@@ -51,6 +51,20 @@ def test_the_runner_behaves_exactly_like_python(tmp_path, case):
         assert plain.stdout == "__main__ ['a', 'b'] True\natexit ran\n"
 
 
+def test_what_the_script_leaves_is_not_freed_before_the_exit(tmp_path):
+    """Its namespace and an uncaught exception's frames stay referenced until os._exit: freeing a DDP model after
+    destroy_process_group() runs ~ProcessGroupGloo with the GIL held, which can deadlock with a gloo worker that
+    needs the GIL (torch 2.13; see rank_runner.run). A finalizer shows whether the script's object was freed."""
+    script = tmp_path / "leaves.py"
+    script.write_text("import argparse, sys, weakref\nkept = argparse.Namespace()\n"
+                      "weakref.finalize(kept, print, 'freed', flush=True).atexit = False\n"
+                      "if sys.argv[1:] == ['raise']:\n    raise ValueError('at the end')\nprint('returned', flush=True)\n")
+    ran = run([sys.executable, str(RANK_RUNNER), str(script)], cwd=tmp_path)
+    assert (ran.returncode, ran.stdout) == (0, "returned\n")
+    ran = run([sys.executable, str(RANK_RUNNER), str(script), "raise"], cwd=tmp_path)
+    assert (ran.returncode, ran.stdout) == (1, "") and "ValueError: at the end" in ran.stderr
+
+
 def test_a_script_without_arguments_is_a_usage_error():
     ran = run([sys.executable, str(RANK_RUNNER)])
     assert ran.returncode == 2 and "usage: python rank_runner.py SCRIPT" in ran.stderr

@@ -36,11 +36,25 @@ def test_the_helper_preloads_no_module_that_reads_variables_counted_as_read_late
 
     code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); import warm_start; "
             "[importlib.import_module(n) for n in warm_start.PRELOAD]; "
-            "print([m for m in ('torch._inductor.config', 'torch._dynamo.config') if m in sys.modules])")
+            "print([m for m in ('torch._inductor.config', 'torch._dynamo.config') if m in sys.modules]); "
+            "print([m for m in ('torch.distributed.tensor', 'torch.distributed.fsdp', 'torch.distributed.checkpoint') "
+            "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code, str(warm.WARM_START.parent)], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]", "TORCHINDUCTOR_*/TORCHDYNAMO_* would be start-up variables: add them to the prefixes"
+                         check=True).stdout.splitlines()
+    assert out[0] == "[]", "TORCHINDUCTOR_*/TORCHDYNAMO_* would be start-up variables: add them to the prefixes"
+    # A forked DDP rank must not have imported more than a cold one: with these three preloaded, a DDP script that
+    # frees its model as main() returns hung in gloo's teardown (torch 2.13; see warm_start.PRELOAD).
+    assert out[1] == "[]", "a DDP rank forked from the helper would carry DTensor/FSDP/DCP"
     assert not any(p.startswith(("TORCHINDUCTOR", "TORCHDYNAMO")) for p in warm_start.STARTUP_ENV_PREFIXES)
+
+
+def test_warm_starts_are_the_default_and_0_opts_out(monkeypatch):
+    monkeypatch.delenv("TUTORIAL_LIB_WARM", raising=False)
+    assert warm.warm_enabled(None) is True
+    for value, expected in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("TUTORIAL_LIB_WARM", value)
+        assert warm.warm_enabled(None) is expected, value
+    assert warm.warm_enabled(False) is False and warm.warm_enabled(True) is True
 
 
 def test_bad_warm_settings_are_refused_before_launch(run_root, monkeypatch):

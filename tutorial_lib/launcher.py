@@ -89,7 +89,7 @@ class LaunchSpec:
         shutdown_grace_s: how long torchrun gets to stop its workers after SIGTERM before SIGKILL (s).
         warm: fork torchrun's agent and the ranks from this kernel's warm-start helper, which has imported
             torch once (``tutorial_lib.warm``; same processes, exit codes, error files and signals as cold
-            starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default off). Falls back to cold starts,
+            starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default on). Falls back to cold starts,
             saying why once, whenever the helper cannot serve the job.
     """
 
@@ -135,7 +135,7 @@ class LaunchSpec:
         if self.live not in LIVE_MODES:
             raise ConfigError(f"live must be one of {LIVE_MODES}, got {self.live!r}")
         if self.warm not in (None, True, False):
-            raise ConfigError(f"warm must be True, False or None (${warm.WARM_ENV}, default off), got {self.warm!r}")
+            raise ConfigError(f"warm must be True, False or None (${warm.WARM_ENV}, default on), got {self.warm!r}")
         warm.warm_enabled(self.warm)  # a bad $TUTORIAL_LIB_WARM fails here, before anything starts
         if isinstance(self.args, (str, bytes)):
             raise ConfigError(f"args must be a list of arguments, not one string: got {self.args!r}; "

@@ -13,6 +13,8 @@ otherwise each need to write themselves:
   teardown: there a gloo thread can abort the process (``terminate called without an active exception``,
   SIGABRT) even after ``destroy_process_group()``, in about 4-12% of runs on CPU, and torchrun would report a
   failed job for a script that finished (measured on torch 2.13; see ``../shared/FACTS.md`` of the project).
+  Until then what the script left (its namespace, an uncaught exception's frames) is not freed: freeing a DDP
+  model there can deadlock in gloo's teardown on torch 2.13 (see ``run``).
 * ``faulthandler`` prints every thread's Python stack on SIGUSR1 (the launcher asks for it before it stops a
   job that hangs) and on SIGTERM (torchrun stops the other ranks with it when one fails), then SIGTERM
   terminates as before: after a collective timeout the rank that caused it shows where it was.
@@ -108,28 +110,66 @@ def _script_frames(tb):
     return tb
 
 
+# What the script left behind (its namespace; an uncaught exception with its frames), referenced until os._exit.
+_KEPT: list = []
+
+
 def run(argv: list[str]) -> int:
-    """Run ``argv[0]`` as ``__main__`` with ``argv`` as ``sys.argv``; the exit status ``python`` would give."""
-    script = os.path.abspath(argv[0])
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(script)
+    """Run ``argv`` as ``python ARGV`` would: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]`` as ``__main__``.
+
+    The exit status ``python`` would give: 0, the ``SystemExit`` code (1 with the message on stderr for a
+    non-integer one), 1 with the traceback printed for an uncaught exception, ``-SIGINT`` for an uncaught
+    ``KeyboardInterrupt``; ``atexit`` handlers run. Shared by this runner and the warm-start helper's children.
+
+    What the script leaves is not freed: its namespace (and an uncaught exception's frames) stays referenced
+    until the caller's ``os._exit``. Freeing a DDP model there after ``destroy_process_group()`` drops the last
+    reference to the gloo process group inside ``~Reducer``, with the GIL held, and ``~ProcessGroupGloo`` joins
+    gloo's worker threads; on torch 2.13 a worker may still be destroying the last backward's all-reduce, whose
+    captured thread-local state holds a Python object (autograd's ``context``, stashed for the backward since
+    torch 2.13) and waits for the GIL: a deadlock, the rank hangs after its last line (py-spy's native stacks in
+    the commit that added this). ``python`` itself frees them only in the teardown this runner skips. A script
+    that frees its DDP model itself (``def main(): ...`` returning) can still meet it, as with ``python``.
+    """
+    argv = list(argv)
     try:
-        runpy.run_path(script, run_name="__main__")
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            sys.modules.pop(argv[1], None)  # preloaded by the warm-start helper for its imports: run it afresh
+            _KEPT.append(runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+        else:
+            script = os.path.abspath(argv[0])
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(script)
+            _KEPT.append(runpy.run_path(script, run_name="__main__"))
         code = 0
     except SystemExit as e:
+        _KEPT.append(e)
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
         else:
             print(e.code, file=sys.stderr)
             code = 1
     except KeyboardInterrupt as e:
+        _KEPT.append(e)
         sys.excepthook(type(e), e, _script_frames(e.__traceback__))
         code = -int(signal.SIGINT)
     except BaseException as e:  # noqa: BLE001 - what the interpreter prints for an uncaught exception
+        _KEPT.append(e)
         sys.excepthook(type(e), e, _script_frames(e.__traceback__))  # torch.distributed's hook adds "[rankN]:"
         code = 1
     atexit._run_exitfuncs()  # what the interpreter runs before its teardown
     return code
+
+
+def leave(code: int) -> None:
+    """Flush Python's and C's stdio and end the process with ``run``'s status ``code``, skipping the teardown
+    (an uncaught ``KeyboardInterrupt``, ``-SIGINT``, ends it by SIGINT, as ``python`` does)."""
+    _flush()
+    if code == -int(signal.SIGINT):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
 
 
 def main() -> None:
@@ -140,12 +180,7 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     sys.stdout, sys.stderr = _mark_redraws(sys.stdout), _mark_redraws(sys.stderr)
-    code = run(sys.argv[1:])
-    _flush()
-    if code == -int(signal.SIGINT):  # an uncaught KeyboardInterrupt ends the process by SIGINT, as python does
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
+    leave(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -38,16 +38,16 @@ READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine; a cold la
 
 
 def warm_enabled(requested: bool | None) -> bool:
-    """Whether a launch should try the warm path: ``requested`` if given, else ``$TUTORIAL_LIB_WARM`` (default off: a forked rank hung once at exit in CI, under investigation).
+    """Whether a launch should try the warm path: ``requested`` if given, else ``$TUTORIAL_LIB_WARM`` (default on).
 
     Raises:
         ConfigError: ``$TUTORIAL_LIB_WARM`` is not ``0``/``1``.
     """
     if requested is not None:
         return bool(requested)
-    value = os.environ.get(WARM_ENV, "0").strip().lower()
+    value = os.environ.get(WARM_ENV, "1").strip().lower()
     if value not in ("0", "1", "false", "true", "off", "on", ""):
-        raise ConfigError(f"{WARM_ENV}={value!r}: use 1 (warm starts) or 0 (every launch cold, the default)")
+        raise ConfigError(f"{WARM_ENV}={value!r}: use 1 (warm starts, the default) or 0 (every launch cold)")
     return value not in ("0", "false", "off")
 
 

@@ -51,9 +51,13 @@ RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RD
 # Read at start-up too, but applied in the child: torchrun sets OMP_NUM_THREADS=1 for every rank (torch's thread
 # count), and ``import torch.distributed`` reads TORCH_DISTRIBUTED_DEBUG (c10d's debug level).
 APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
-# What the helper imports before it forks: what torchrun's agent and the lesson scripts import.
+# What the helper imports before it forks: what torchrun's agent and every DDP lesson script import anyway. Not
+# more: a forked rank must have imported what a cold one has. With torch.distributed.tensor, .fsdp and .checkpoint
+# preloaded, a plain DDP script that frees its model as it returns (``def main(): ...; main()``) hung in gloo's
+# teardown deadlock (see ``rank_runner.run``) in 12 of 31 warm runs, against 0 of 14 warm runs without them and 0
+# of 20 cold runs; cold runs of that script importing those three modules hung too (4 of 8, torch 2.13). The
+# FSDP and DCP lessons import them themselves (about 0.5 s, mostly torch.distributed.tensor).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
-           "torch.distributed.fsdp", "torch.distributed.checkpoint", "torch.distributed.tensor",
            "torch.distributed.elastic.multiprocessing.errors", "argparse", "json", "runpy")
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -181,38 +185,14 @@ def client(argv: list[str]) -> None:
 
 
 def _run_as_python(argv: list[str]) -> int:
-    """Run ``argv`` as ``python ARGV`` would (``[-u] -m module ...`` or ``[-u] script ...``); the exit code."""
-    import runpy
-    import traceback
+    """Run ``argv`` as ``python ARGV`` would (``[-u] -m module ...`` or ``[-u] script ...``); the exit status
+    (``rank_runner.run``: the runner's own rules, shared)."""
+    import rank_runner  # this file's folder is sys.path[0]: the helper runs as ``python warm_start.py serve``
 
     argv = list(argv)
     while argv and argv[0] == "-u":  # the helper's stdio is already unbuffered
         argv.pop(0)
-    try:
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path[0] = os.getcwd()
-            sys.modules.pop(argv[1], None)  # preloaded for its imports; runpy runs it afresh as __main__
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            script = os.path.abspath(argv[0])
-            sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(script)
-            runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            code = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - as the interpreter would: print it and exit 1
-        traceback.print_exc()
-        code = 1
-    import atexit
-
-    atexit._run_exitfuncs()
-    return code
+    return rank_runner.run(argv)
 
 
 def _child(request: dict, fds: list[int]) -> None:
@@ -233,17 +213,9 @@ def _child(request: dict, fds: list[int]) -> None:
     os.environ.update(request["env"])
     random.seed()  # a fresh process draws its own seed
     _apply_in_child(os.environ)
-    code = _run_as_python(request["argv"])
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
-    os._exit(code & 0xFF)
+    import rank_runner
+
+    rank_runner.leave(_run_as_python(request["argv"]))
 
 
 def registry_path(socket_path: str, client_pid: int) -> str:
@@ -293,6 +265,7 @@ def serve(path: str) -> None:
     _die_with_parent()
     for name in PRELOAD:
         importlib.import_module(name)
+    importlib.import_module("rank_runner")  # the children's run and exit (this file's folder is sys.path[0])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
