@@ -213,3 +213,15 @@ def test_the_training_scripts_write_the_same_metric_keys_for_the_same_quantities
         assert shared <= set(row), shared - set(row)
         assert row["grad_scaler"] is True and row["loss_scale"] == 2.0**16
         assert not {"grad_scale", "scale", "accum_steps"} & set(row)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_a_clear_error_in_every_script(tmp_path):
+    """Not torch's ``AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'`` from set_device."""
+    takes_device = [name for name in SCRIPTS if "--device" in (SCRIPTS_DIR / f"{name}.py").read_text()]
+    assert len(takes_device) >= 12, takes_device
+    for name in takes_device:
+        proc = subprocess.run([sys.executable, str(SCRIPTS_DIR / f"{name}.py"), "--device", "cuda"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "--device cuda" in proc.stderr and "is False" in proc.stderr, (name, proc.stderr[-800:])
+        assert "AttributeError" not in proc.stderr, (name, proc.stderr[-800:])

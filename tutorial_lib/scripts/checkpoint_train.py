@@ -141,6 +141,9 @@ def setup(args):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
+                 "use --device cpu, or a machine with a GPU and a CUDA build of torch")
     if use_cuda:
         device = torch.device("cuda", local_rank)  # LOCAL_RANK: the GPU index on this node
         torch.cuda.set_device(device)

@@ -57,6 +57,9 @@ def parse_args(argv=None):
 def setup(args):
     """Join the process group; outside torchrun, make a world of one so the same code runs."""
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
+                 "use --device cpu, or a machine with a GPU and a CUDA build of torch")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     # LOCAL_RANK picks the GPU on this node; RANK is unique across all nodes.
     index = local_rank if args.device_from == "local_rank" else int(os.environ.get("RANK", 0))

@@ -142,6 +142,9 @@ def measure(config, dataset, sampler, args, device):
 def setup(args):
     """Pick this rank's device and join the process group under torchrun; return (rank, world_size, device)."""
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
+                 "use --device cpu, or a machine with a GPU and a CUDA build of torch")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if use_cuda:
         device = torch.device("cuda", local_rank)  # LOCAL_RANK picks the GPU on this node

@@ -57,6 +57,9 @@ def parse_args(argv=None):
 
 def setup(args):
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
+                 "use --device cpu, or a machine with a GPU and a CUDA build of torch")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")  # LOCAL_RANK, not RANK
     if use_cuda:

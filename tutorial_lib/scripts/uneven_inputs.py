@@ -57,6 +57,9 @@ def parse_args(argv=None):
 def main():
     args = parse_args()
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
+                 "use --device cpu, or a machine with a GPU and a CUDA build of torch")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
