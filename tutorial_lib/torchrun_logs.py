@@ -68,6 +68,12 @@ PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Brok
                         r"connectFullMesh|Socket closed|peer closed", re.I)
 
 
+def _no_error_of_its_own(error_file: Path) -> bool:
+    """The rank failed only because a peer went away (a lost connection), or left its error file empty."""
+    text = read_error_file(error_file)
+    return not text or bool(PEER_LOST.search(text))
+
+
 def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
                     recovered: bool = False) -> RankFailure | None:
     """The first rank that failed, with its exit code, traceback and log tail.
@@ -96,16 +102,6 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     roots = list(ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
     error_files = last_attempt_error_files(log_dir, failed_attempt=recovered)
-    # An empty error file: the rank was stopped (torchrun's SIGTERM, after a peer died) while @record was writing
-    # it, so it failed second; torchrun itself then crashes reading it (json.JSONDecodeError, no summary printed).
-    stopped_while_writing = {r for r, f in error_files.items() if not read_error_file(f)}
-    error_files = {r: f for r, f in error_files.items() if r not in stopped_while_writing}
-    if stopped_while_writing and not error_files and not exit_codes:
-        attempt_dir = next(iter(last_attempt_error_files(log_dir, failed_attempt=recovered).values())).parent.parent
-        silent = sorted(int(p.name) for p in attempt_dir.iterdir()
-                        if p.name.isdigit() and int(p.name) not in stopped_while_writing)
-        if silent:  # left no error file at all: killed by a signal (its exit code died with torchrun)
-            return RankFailure(rank=silent[0], exit_code=None, traceback="", log_tail=tails.tail(silent[0]))
     # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT, ...; not the
     # SIGTERM torchrun sends to stop the others) writes no error file, nor does one that exits with a code
     # (@record lets SystemExit through); its peers then fail on the lost connection and do write one. If every
@@ -113,7 +109,9 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     killed = sorted((r for r, (_, code) in exit_codes.items()
                      if r not in error_files and (code in FATAL_SIGNAL_EXIT_CODES or code > 0)),
                     key=lambda r: exit_codes[r][1] > 0)
-    all_lost = all(PEER_LOST.search(read_error_file(f)) for f in error_files.values())
+    # An empty error file counts as a lost connection: that rank was stopped (torchrun's SIGTERM, after a peer died)
+    # while @record wrote it; torchrun itself then crashes reading it (JSONDecodeError) and prints no summary.
+    all_lost = all(_no_error_of_its_own(f) for f in error_files.values())
     if not killed and error_files and all_lost:
         # torchrun reports only the failures it saw first (one line when it restarts the group): a rank that left
         # neither an error file nor an exit code while every error file is a lost connection is the one that died.
@@ -126,7 +124,7 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
         exited = [r for r in error_files if exit_codes.get(r, (r, 1))[1] > 0] or list(error_files)
         # A rank that failed on its own beats one that failed because that rank's exit broke the
         # connection: the latter can write its file first (e.g. while the other runs its cleanup).
-        own = [r for r in exited if not PEER_LOST.search(read_error_file(error_files[r]))] or exited
+        own = [r for r in exited if not _no_error_of_its_own(error_files[r])] or exited
         # Among those, ranks whose exit code torchrun reported come first: one it SIGTERMed while it was
         # failing (both ranks' collectives timed out in the same millisecond) has none.
         own = [r for r in own if r in exit_codes] or own
