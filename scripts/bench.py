@@ -206,17 +206,21 @@ def bench_workbook(root: Path, paths: tuple[str, ...] = ("warm",)) -> list[dict]
 
 
 def _workbook_once(root: Path) -> tuple[list[dict], float]:
+    """Every notebook as ``make workbook`` runs it (``run_workbook.py``'s kernels, text progress)."""
     import papermill as pm
+    import run_workbook  # this file's folder, scripts/, is sys.path[0]
 
     rows, total, launches, in_process = [], 0.0, 0.0, 0.0
     runs = root / "workbook-runs"
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         before = set(runs.glob("*")) if runs.exists() else set()
         start = time.monotonic()
-        with tempfile.TemporaryDirectory() as out:
+        with tempfile.TemporaryDirectory() as out, _environ({**os.environ, "TUTORIAL_LIB_LIVE": "text"}):
             pm.execute_notebook(str(path), str(Path(out) / path.name), parameters={"RUNS_DIR": str(runs)},
-                                kernel_name="python3", progress_bar=False, cwd=str(path.parent))
+                                kernel_name="python3", progress_bar=False, cwd=str(path.parent),
+                                kernel_manager_class=run_workbook.IPCKernelManager)
         seconds = time.monotonic() - start
+        run_workbook.reap_kernels(block=False)
         total += seconds
         new = set(runs.glob("*")) - before
         records = [json.loads((d / "run.json").read_text()) for d in new if (d / "run.json").exists()]
@@ -226,6 +230,7 @@ def _workbook_once(root: Path) -> tuple[list[dict], float]:
         rows.append(row(f"workbook: {path.stem} (papermill)", seconds, 60.0, unit="s",
                         note=f"{len(launched)} torchrun launches {sum(launched):.1f} s"
                              + (f", {len(here)} in-process runs {sum(here):.1f} s" if here else "")))
+    run_workbook.reap_kernels()
     runs_s = launches + in_process
     rows.append(row("workbook: total / sum of its runs", total / runs_s if runs_s else float("nan"), 1.3,
                     note=f"{total:.0f} s vs {launches:.0f} s in launches + {in_process:.0f} s in-process"))

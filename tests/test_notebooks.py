@@ -120,6 +120,31 @@ def test_run_workbook_gives_every_notebook_its_row_even_a_bare_assert(tmp_path):
     assert re.search(r"^torch \S+, Python 3\.\d+", proc.stdout, re.M), "the runner says which torch ran"
 
 
+def test_run_workbook_lets_each_kernel_exit_by_itself_and_kills_one_that_does_not(tmp_path):
+    """Kernels exit in the background (their interpreter's teardown overlaps the next notebook), and gracefully:
+    their atexit handlers run. One that does not exit is killed after jupyter_client's shutdown_wait_time."""
+    import psutil
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    mark = "import atexit, os, time\nopen(f'{os.getpid()}.pid', 'w').close()\n"
+    for name, source in [("01_exits", mark + "atexit.register(lambda: open(f'{os.getpid()}.exited', 'w').close())"),
+                         ("02_hangs_at_exit", mark + "atexit.register(time.sleep, 600)"),
+                         ("03_exits", mark + "atexit.register(lambda: open(f'{os.getpid()}.exited', 'w').close())")]:
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nb.cells = [nbformat.v4.new_code_cell(source)]
+        nbformat.write(nb, notebooks / f"{name}.ipynb")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--notebooks-dir", str(notebooks),
+                           "--output-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "3 passed, 0 failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    pids = sorted(int(p.stem) for p in notebooks.glob("*.pid"))
+    assert len(pids) == 3
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"kernels left running after run_workbook.py returned: {alive}"
+    assert len(list(notebooks.glob("*.exited"))) == 2, "the two kernels that could exit ran their atexit handlers"
+
+
 def test_run_workbook_types_parameters_like_papermill(tmp_path):
     from papermill.cli import _resolve_type  # papermill's own -p typing: ours must be the same
 

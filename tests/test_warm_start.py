@@ -12,7 +12,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import warm, warm_start
-from tutorial_lib.launcher import RANK_RUNNER
+from tutorial_lib.launcher import RANK_RUNNER, build_env
 from tutorial_lib.run_record import RunRecord
 
 pytestmark = pytest.mark.integration
@@ -126,13 +126,57 @@ def test_a_dead_helper_is_restarted(run_root):
     assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid != old
 
 
-def test_the_helper_dies_with_the_process_that_started_it(tmp_path):
+def test_a_prestarted_helper_is_the_one_the_first_launch_uses(run_root):
+    warm.shutdown()
+    env = build_env(tl.resolve_device("cpu", 2))
+    assert warm.prestart(env) and not warm.prestart(env), "one helper per process"
+    pid = warm._helper.proc.pid
+    result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
+    assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid == pid
+
+
+def test_an_unused_helper_with_another_start_up_environment_is_restarted_and_a_used_one_goes_cold(run_root):
+    """A guess at import time (say the notebook's RANK_ENV then sets a TORCH_* variable) costs a restart, no more."""
+    warm.shutdown()
+    warm.prestart({**build_env(tl.resolve_device("cpu", 2)), "PYTHONHASHSEED": "7"})
+    guessed = warm._helper.proc.pid
+    result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
+    assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid != guessed
+    assert not psutil.pid_exists(guessed) or psutil.Process(guessed).status() == psutil.STATUS_ZOMBIE
+    used = warm._helper.proc.pid
+    result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True,
+                           env={"PYTHONHASHSEED": "7"})
+    assert RunRecord.read(result.run_dir).start == "cold" and warm._helper.proc.pid == used
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_import_in_a_jupyter_kernel_prestarts_the_helper_unless_warm_starts_are_off(run_root, monkeypatch, setting):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TUTORIAL_LIB_WARM", setting)
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import tutorial_lib as tl\n"
+        "from tutorial_lib import warm\n"
+        "prestarted = warm._helper.proc.pid if warm._helper else None\n"
+        f"result = tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(run_root)!r}, device='cpu', live='off')\n"
+        "from tutorial_lib.run_record import RunRecord\n"
+        "print(prestarted is not None, RunRecord.read(result.run_dir).start, warm._helper is not None and warm._helper.proc.pid == prestarted)")]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    printed = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream").split()[-3:]
+    assert printed == (["True", "warm", "True"] if setting == "1" else ["False", "cold", "False"]), printed
+
+
+def test_the_helper_dies_with_the_process_that_started_it_and_removes_its_folder(tmp_path):
     import subprocess
     import sys
 
     code = ("import tutorial_lib as tl, sys; "
             f"tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(tmp_path)!r}, device='cpu', live='off', warm=True); "
-            "from tutorial_lib import warm; print('HELPER', warm._helper.proc.pid, flush=True); sys.stdin.read()")
+            "from tutorial_lib import warm; print('HELPER', warm._helper.folder, warm._helper.proc.pid, flush=True); "
+            "sys.stdin.read()")
     kernel = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__))))
     line = ""
@@ -146,4 +190,8 @@ def test_the_helper_dies_with_the_process_that_started_it(tmp_path):
     deadline = time.monotonic() + 30
     while psutil.pid_exists(helper) and psutil.Process(helper).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the warm-start helper outlived its kernel"
+        time.sleep(0.1)
+    folder = line.split()[1]
+    while os.path.exists(folder):  # the helper removes it as it goes (its parent-death signal is SIGTERM)
+        assert time.monotonic() < deadline, f"the warm-start helper left {folder} behind"
         time.sleep(0.1)

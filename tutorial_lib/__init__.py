@@ -9,6 +9,10 @@ The handful of names the notebooks use::
     tl.plot_run(result.metrics(), result.memory_samples())
 """
 
+from . import warm as _warm
+
+_warm.prestart_in_kernel()  # first: in a Jupyter kernel the warm-start helper imports torch while the rest loads
+
 from .attention import sdpa_backends
 from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
                           load_checkpoint_state)

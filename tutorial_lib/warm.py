@@ -2,8 +2,12 @@
 
 ``launch`` asks ``warm_path(job_env)`` before it starts a job. The answer is the helper's socket (the job then
 runs warm: see ``tutorial_lib/warm_start.py`` for how) or the reason it runs cold, which the launcher prints
-once per kernel and reason. The helper is started on the first warm launch (it imports torch: a few seconds,
-about what one cold torchrun start costs) and lives as long as the kernel (it dies with it). Cold when:
+once per kernel and reason. The helper imports torch (about 1 s here, about what one cold torchrun start costs)
+and lives as long as the kernel (it dies with it, and removes its folder). In a Jupyter kernel ``import
+tutorial_lib`` starts it (``prestart``), so it imports torch while the notebook's first cells run; elsewhere
+(a script, pytest) the first warm launch does. A helper no job has used yet is restarted, not given up, when
+the first job's start-up environment differs from its own (say ``RANK_ENV`` set a ``TORCH_*`` variable).
+Cold when:
 
 * ``TUTORIAL_LIB_WARM=0`` (or ``LaunchSpec(warm=False)``);
 * not Linux (the client passes file descriptors over a Unix socket and relies on ``PR_SET_PDEATHSIG``);
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from . import warm_start
+from .devices import DevicePlan, build_env
 from .errors import ConfigError
 from .processes import set_parent_death_signal
 
@@ -69,11 +74,13 @@ class WarmHelper:
         self.torch_stamp = _torch_stamp()
         self.folder = tempfile.mkdtemp(prefix="tutorial_lib-warm-")
         self.socket_path = os.path.join(self.folder, "helper.sock")
+        # Its parent-death signal is SIGTERM: it then removes its folder and exits (its children die with it).
         self.proc = subprocess.Popen(
             [python, "-u", str(WARM_START), "serve", self.socket_path], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL))
+            preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM))
         self.ready = False
+        self.used = False  # a job was forked from it: from then on a different start-up environment runs cold
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
         """Wait for the helper's ``ready`` line; ``None`` when ready, else why not (the helper is then stopped)."""
@@ -118,13 +125,7 @@ class WarmHelper:
         self.proc.wait()
         if self.proc.stdout:
             self.proc.stdout.close()
-        for path in (Path(self.folder) / "pids").glob("*"):
-            path.unlink(missing_ok=True)
-        for path in (Path(self.folder) / "pids", Path(self.socket_path), Path(self.folder)):
-            try:
-                path.rmdir() if path.is_dir() else path.unlink()
-            except OSError:
-                pass
+        warm_start.remove_folder(self.socket_path)
 
 
 _helper: WarmHelper | None = None
@@ -140,21 +141,68 @@ def warm_path(env: dict[str, str], python: str | None = None) -> tuple[str | Non
         return None, "warm starts need Linux"
     reason = _helper.usable_for(python, env) if _helper is not None else None
     if _helper is not None and reason is not None:
-        restartable = reason.startswith(("the warm-start helper exited", "torch changed"))
+        restartable = not _helper.used or reason.startswith(("the warm-start helper exited", "torch changed"))
         if not restartable:
             return None, reason
         _helper.close()
         _helper = None
     if _helper is None:
-        helper_env = dict(os.environ)
-        helper_env = {k: v for k, v in helper_env.items() if not k.startswith(warm_start.STARTUP_ENV_PREFIXES)}
-        helper_env.update(warm_start.startup_env(env))
-        _helper = WarmHelper(python, helper_env)
+        _helper = _start_helper(python, env)
     reason = _helper.wait_ready()
     if reason is not None:
         _helper = None
         return None, reason
+    _helper.used = True
     return _helper.socket_path, None
+
+
+def _start_helper(python: str, env: dict[str, str]) -> WarmHelper:
+    """A new helper for jobs with environment ``env``: this process's environment with ``env``'s start-up
+    variables (and none of this process's own that ``env`` lacks)."""
+    helper_env = {k: v for k, v in os.environ.items() if not k.startswith(warm_start.STARTUP_ENV_PREFIXES)}
+    helper_env.update(warm_start.startup_env(env))
+    return WarmHelper(python, helper_env)
+
+
+def prestart(env: dict[str, str], python: str | None = None) -> bool:
+    """Start the helper for jobs with environment ``env`` now, without waiting for it; whether one was started.
+
+    Linux only, and only when there is none yet. The first launch then waits for whatever is left of its start
+    (``warm_path``), or restarts it if that job's start-up environment turns out different. Never raises: a
+    helper that cannot start is the first launch's to report.
+    """
+    global _helper
+    if _helper is not None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        _helper = _start_helper(python or sys.executable, env)
+    except OSError as e:
+        log.info("warm-start helper not prestarted: %s", e)
+        return False
+    return True
+
+
+def prestart_in_kernel() -> bool:
+    """In a Jupyter kernel with warm starts on (the default), start the kernel's helper now; whether one was started.
+
+    ``import tutorial_lib`` calls it first thing, so the helper imports torch while the rest of the library and
+    the notebook's first cells load, instead of during the first launch. Its start-up environment is what
+    ``build_env`` makes of this process's environment (``set_rank_env`` may still change that: the first launch
+    then restarts the unused helper). Outside a kernel, with ``$TUTORIAL_LIB_WARM=0`` or a bad value (the first
+    launch reports it), or not on Linux: nothing.
+    """
+    if "ipykernel" not in sys.modules:  # a script or pytest; checked first: importing IPython costs 0.2 s
+        return False
+    from IPython import get_ipython
+
+    if not hasattr(get_ipython(), "kernel"):  # a terminal IPython
+        return False
+    try:
+        if not warm_enabled(None):
+            return False
+    except ConfigError:
+        return False
+    return prestart(build_env(DevicePlan("cpu", "gloo", 1, 0)))
 
 
 def say_once(reason: str) -> str | None:

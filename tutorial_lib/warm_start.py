@@ -56,15 +56,18 @@ APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
 # preloaded, a plain DDP script that frees its model as it returns (``def main(): ...; main()``) hung in gloo's
 # teardown deadlock (see ``rank_runner.run``) in 12 of 31 warm runs, against 0 of 14 warm runs without them and 0
 # of 20 cold runs; cold runs of that script importing those three modules hung too (4 of 8, torch 2.13). The
-# FSDP and DCP lessons import them themselves (about 0.5 s, mostly torch.distributed.tensor).
+# FSDP and DCP lessons import them themselves (about 0.5 s, mostly torch.distributed.tensor). Nor torch._dynamo,
+# though ``DistributedDataParallel.__init__`` imports it in every DDP rank (``get_optimize_ddp_mode``; 0.8 s here,
+# DTensor and FSDP with it, torch 2.8 and 2.13): preloaded, that script hung in 19 of 40 warm runs (one busy core
+# beside it), against 0 of 20 cold ones where the import comes inside DDP's constructor (2026-12-01).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
            "torch.distributed.elastic.multiprocessing.errors", "argparse", "json", "runpy")
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -235,15 +238,33 @@ def forked_pid(socket_path: str, client_pid: int) -> int | None:
 def _register(path: str, client_pid: int, pid: int | None) -> None:
     target = registry_path(path, client_pid)
     if pid is None:
-        try:
-            os.unlink(target)
-        except OSError:
-            pass
+        _unlink(target)
         return
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target + ".tmp", "w") as f:
         f.write(str(pid))
     os.replace(target + ".tmp", target)
+
+
+def remove_folder(socket_path: str) -> None:
+    """Remove the helper's folder: its socket, its pid registry, the folder itself (what is gone already is fine)."""
+    folder = os.path.dirname(socket_path)
+    pids = os.path.join(folder, "pids")
+    for name in os.listdir(pids) if os.path.isdir(pids) else ():
+        _unlink(os.path.join(pids, name))
+    _unlink(socket_path)
+    for target in (pids, folder):
+        try:
+            os.rmdir(target)
+        except OSError:
+            pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _refusal(request: dict) -> str | None:
@@ -259,10 +280,23 @@ def _refusal(request: dict) -> str | None:
 
 
 def serve(path: str) -> None:
-    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request."""
+    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
+
+    It ends on SIGTERM (also its parent-death signal: the kernel that started it is gone), removing its folder;
+    its children die with it (theirs is SIGKILL)."""
     import importlib
 
-    _die_with_parent()
+    helper_pid = os.getpid()
+
+    def leave(sig, _frame):
+        if os.getpid() != helper_pid:  # a child forked a moment ago, before it reset the handler: die as it would
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        remove_folder(path)
+        os._exit(128 + sig)
+
+    signal.signal(signal.SIGTERM, leave)
+    _die_with_parent(signal.SIGTERM)
     for name in PRELOAD:
         importlib.import_module(name)
     importlib.import_module("rank_runner")  # the children's run and exit (this file's folder is sys.path[0])
