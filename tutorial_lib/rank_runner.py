@@ -35,6 +35,9 @@ seconds): torchrun starts it by its path.
 import atexit
 import ctypes
 import faulthandler
+import functools
+import importlib.abc
+import importlib.util
 import io
 import os
 import re
@@ -110,8 +113,62 @@ def _script_frames(tb):
     return tb
 
 
-# What the script left behind (its namespace; an uncaught exception with its frames), referenced until os._exit.
+# What the script left behind (its namespace; an uncaught exception with its frames) and every process group
+# ``destroy_process_group`` let go of, referenced until os._exit.
 _KEPT: list = []
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def _keep_destroyed_groups(c10d) -> None:
+    """Make ``destroy_process_group`` keep a reference to every process group it destroys, until ``os._exit``.
+
+    The group is destroyed as before (removed from torch's maps, its backend shut down); only the object stays
+    referenced, so no ``~ProcessGroupGloo`` runs before the exit, wherever the script frees its model: freeing a
+    DDP model (its ``Reducer`` holds the group) after ``destroy_process_group()`` can otherwise deadlock on torch
+    2.13 (see ``run``), in a script's own ``def main()`` too."""
+    if getattr(c10d.destroy_process_group, "_keeps_groups", False):
+        return
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args, **kwargs):
+        _KEPT.extend(c10d._world.pg_map)  # every group alive now, the default one included
+        return destroy(*args, **kwargs)
+
+    destroy_process_group._keeps_groups = True
+    c10d.destroy_process_group = destroy_process_group
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "destroy_process_group", None) is destroy:
+        dist.destroy_process_group = destroy_process_group
+
+
+class _OnC10dImport(importlib.abc.MetaPathFinder):
+    """Applies ``_keep_destroyed_groups`` as soon as the script's ``import torch.distributed`` has executed
+    ``distributed_c10d`` (before ``torch.distributed`` copies its names), so this runner imports no torch itself."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _C10D:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                _keep_destroyed_groups(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _watch_process_groups() -> None:
+    """``_keep_destroyed_groups`` now if torch.distributed is imported (the warm-start helper preloads it), else
+    once the script imports it."""
+    if _C10D in sys.modules:
+        _keep_destroyed_groups(sys.modules[_C10D])
+    elif not any(isinstance(f, _OnC10dImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnC10dImport())
 
 
 def run(argv: list[str]) -> int:
@@ -128,9 +185,12 @@ def run(argv: list[str]) -> int:
     captured thread-local state holds a Python object (autograd's ``context``, stashed for the backward since
     torch 2.13) and waits for the GIL: a deadlock, the rank hangs after its last line (py-spy's native stacks in
     the commit that added this). ``python`` itself frees them only in the teardown this runner skips. A script
-    that frees its DDP model itself (``def main(): ...`` returning) can still meet it, as with ``python``.
+    that frees its DDP model itself (``def main(): ...`` returning) would still meet it, so every process group
+    ``destroy_process_group`` destroys stays referenced too (``_keep_destroyed_groups``): the last reference to a
+    group is then never dropped before ``os._exit``.
     """
     argv = list(argv)
+    _watch_process_groups()
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
