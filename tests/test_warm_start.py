@@ -52,6 +52,33 @@ def test_the_helper_preloads_what_a_ddp_rank_imports_and_counts_what_those_modul
     assert out[2] == "False", "DCP only where a lesson imports it"
 
 
+def test_the_preload_never_asks_cuda_anything():
+    """A process that called into CUDA (even cudaGetDeviceCount, behind torch.cuda.is_available()) must not fork:
+    the children's CUDA would be broken. The helper's imports, torch._dynamo's included, make no such call."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); import torch; calls = []\n"
+            "def spy(owner, name):\n"
+            "    real = getattr(owner, name, None)\n"
+            "    if real is not None:\n"
+            "        setattr(owner, name, lambda *a, **k: calls.append(name) or real(*a, **k))\n"
+            "for name in ('is_available', 'device_count', 'init', '_lazy_init', 'current_device'):\n"
+            "    spy(torch.cuda, name)\n"
+            "for name in ('_cuda_getDeviceCount', '_cuda_init', '_cuda_isDriverSufficient'):\n"  # CUDA builds
+            "    spy(torch._C, name)\n"
+            "if sys.argv[2:]: torch.cuda.is_available()\n"  # the probe: a preload that asked
+            "import warm_start\n"
+            "for n in warm_start.PRELOAD: importlib.import_module(n)\n"
+            "print(calls, torch.cuda.is_initialized())")
+    def preload(*probe):
+        return subprocess.run([sys.executable, "-c", code, str(warm.WARM_START.parent), *probe], capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert preload() == "[] False"
+    assert preload("probe").startswith("['is_available'"), "the spy sees a call"
+
+
 def test_warm_starts_are_the_default_and_0_opts_out(monkeypatch):
     monkeypatch.delenv("TUTORIAL_LIB_WARM", raising=False)
     assert warm.warm_enabled(None) is True
