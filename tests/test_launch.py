@@ -54,7 +54,6 @@ def test_two_rank_ddp_run_streams_by_rank_and_writes_metrics(run_root, capsys):
     assert sorted(m["rank"].unique()) == [0, 1] and m.groupby("rank")["step"].max().tolist() == [6, 6]
     assert (m.groupby("step")["loss_global"].nunique() == 1).all(), "every rank logs the same global loss"
     assert (m.groupby("step")["loss_local"].nunique() == 2).all(), "local losses differ: different samples"
-    assert set(result.memory_samples()["rank"]) == {0, 1}
     command = (run_dir / "command.txt").read_text()
     assert command.startswith(f"cd {run_dir} && ") and "--nproc-per-node 2" in command and "--max-steps 6" in command
     assert "[default1]:step 6/6" in (run_dir / "output.log").read_text()

@@ -161,3 +161,31 @@ def test_mapping_notes_what_it_cannot_know():
         "an index past the last GPU ends the list, as in CUDA"
     assert map_visible_gpus(["GPU-"], two_models)[0] == [], "an ambiguous UUID prefix matches nothing"
     assert map_visible_gpus(["MIG-1"], two_models) == ([], [MIG_NOTE])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_every_rank_is_sampled_while_it_runs(run_root, start):
+    """Each rank finishes only once the sampler has written a row for its pid (a state, not a duration: a warm
+    6-step job can end before a 5 Hz sampler sees it); the samples then name both ranks with a real RSS."""
+    run_dir = tl.new_run_dir("sampled", run_root)
+    script = run_dir / "wait_for_sample.py"
+    script.write_text(
+        "import json, os, time\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "deadline = time.monotonic() + 60\n"
+        "def sampled():\n"
+        "    try:\n"
+        "        rows = [json.loads(line) for line in open('samples/rss.jsonl') if line.endswith('\\n')]\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "    return any(r['pid'] == os.getpid() for r in rows)\n"
+        "while not sampled() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n")
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off", timeout_s=120, warm=start == "warm"))
+    samples = result.memory_samples()
+    assert set(samples["rank"]) == {0, 1} and (samples["rss_bytes"] > 10 * 2**20).all()
+

@@ -120,20 +120,24 @@ _C10D = "torch.distributed.distributed_c10d"
 
 
 def _keep_destroyed_groups(c10d) -> None:
-    """Make ``destroy_process_group`` keep a reference to every process group it destroys, until ``os._exit``.
+    """Make ``destroy_process_group()`` (every group: a script's end) keep a reference to the groups it destroys,
+    until ``os._exit``.
 
-    The group is destroyed as before (removed from torch's maps, its backend shut down); only the object stays
-    referenced, so no ``~ProcessGroupGloo`` runs before the exit, wherever the script frees its model: freeing a
-    DDP model (its ``Reducer`` holds the group) after ``destroy_process_group()`` can otherwise deadlock on torch
-    2.13 (see ``run``), in a script's own ``def main()`` too."""
+    The groups are destroyed as before (removed from torch's maps, their backends shut down); only the objects
+    stay referenced, so no ``~ProcessGroupGloo`` runs before the exit, wherever the script frees its model:
+    freeing a DDP model (its ``Reducer`` holds the group) after ``destroy_process_group()`` can otherwise deadlock
+    on torch 2.13 (see ``run``), in a script's own ``def main()`` too. A kept gloo group holds about 3 threads and
+    5 file descriptors, so ``destroy_process_group(group)`` of one group (a script that makes and drops many
+    subgroups) frees it as usual."""
     if getattr(c10d.destroy_process_group, "_keeps_groups", False):
         return
     destroy = c10d.destroy_process_group
 
     @functools.wraps(destroy)
-    def destroy_process_group(*args, **kwargs):
-        _KEPT.extend(c10d._world.pg_map)  # every group alive now, the default one included
-        return destroy(*args, **kwargs)
+    def destroy_process_group(group=None):
+        if group is None or group is c10d.GroupMember.WORLD:  # a script's end: every group now, the default too
+            _KEPT.extend(c10d._world.pg_map)
+        return destroy(group)
 
     destroy_process_group._keeps_groups = True
     c10d.destroy_process_group = destroy_process_group

@@ -281,13 +281,8 @@ def _refusal(request: dict) -> str | None:
     return None
 
 
-def serve(path: str) -> None:
-    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
-
-    It ends on SIGTERM (also its parent-death signal: the kernel that started it is gone), removing its folder;
-    its children die with it (theirs is SIGKILL)."""
-    import importlib
-
+def _end_on_sigterm(path: str) -> None:
+    """SIGTERM, also sent when the helper's parent dies, removes the helper's folder and ends it."""
     helper_pid = os.getpid()
 
     def leave(sig, _frame):
@@ -299,6 +294,16 @@ def serve(path: str) -> None:
 
     signal.signal(signal.SIGTERM, leave)
     _die_with_parent(signal.SIGTERM)
+
+
+def serve(path: str) -> None:
+    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
+
+    It ends on SIGTERM (also its parent-death signal: the kernel that started it is gone), removing its folder;
+    its children die with it (theirs is SIGKILL)."""
+    import importlib
+
+    _end_on_sigterm(path)
     for name in PRELOAD:
         importlib.import_module(name)
     importlib.import_module("rank_runner")  # the children's run and exit (this file's folder is sys.path[0])
