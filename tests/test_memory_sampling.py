@@ -187,5 +187,7 @@ def test_every_rank_is_sampled_while_it_runs(run_root, start):
         "dist.destroy_process_group()\n")
     result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off", timeout_s=120, warm=start == "warm"))
     samples = result.memory_samples()
-    assert set(samples["rank"]) == {0, 1} and (samples["rss_bytes"] > 10 * 2**20).all()
+    assert set(samples["rank"]) == {0, 1} and (samples["rss_bytes"] > 0).all()
+    # A cold rank's first sample can come while Python starts (7 MB seen); by its end it has imported torch.
+    assert (samples.groupby("rank")["rss_bytes"].max() > 50 * 2**20).all()
 
