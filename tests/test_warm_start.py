@@ -30,26 +30,22 @@ def test_warm_command_wraps_the_agent_and_each_rank():
         warm.warm_command(["/py", "train.py"], RANK_RUNNER)
 
 
-def test_the_helper_preloads_what_a_ddp_rank_imports_and_counts_what_those_modules_read_at_import():
+def test_the_helper_preloads_no_module_that_reads_variables_counted_as_read_later():
     import subprocess
     import sys
 
     code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); import warm_start; "
-            "[importlib.import_module(n) for n in warm_start.PRELOAD]; before = set(sys.modules); "
-            "import torch, torch.distributed as dist; "
-            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1); "
-            "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)); "
-            "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch.'))[:10]); "
+            "[importlib.import_module(n) for n in warm_start.PRELOAD]; "
             "print([m for m in ('torch._inductor.config', 'torch._dynamo.config') if m in sys.modules]); "
-            "print('torch.distributed.checkpoint' in sys.modules)")
+            "print([m for m in ('torch.distributed.tensor', 'torch.distributed.fsdp', 'torch.distributed.checkpoint') "
+            "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code, str(warm.WARM_START.parent)], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out[0] == "[]", "a forked DDP rank imports nothing more of torch in DDP's constructor (torch._dynamo)"
-    assert out[1] == "['torch._inductor.config', 'torch._dynamo.config']"
-    assert {"TORCHDYNAMO_", "TORCHINDUCTOR_"} <= set(warm_start.STARTUP_ENV_PREFIXES), "read by those configs"
-    assert warm_start.startup_env({"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}) == {
-        "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}, "the cache folder is read when used (the kernel's inductor sets it)"
-    assert out[2] == "False", "DCP only where a lesson imports it"
+    assert out[0] == "[]", "TORCHINDUCTOR_*/TORCHDYNAMO_* would be start-up variables: add them to the prefixes"
+    # A forked DDP rank must not have imported more than a cold one: with these three preloaded, a DDP script that
+    # frees its model as main() returns hung in gloo's teardown (torch 2.13; see warm_start.PRELOAD).
+    assert out[1] == "[]", "a DDP rank forked from the helper would carry DTensor/FSDP/DCP"
+    assert not any(p.startswith(("TORCHINDUCTOR", "TORCHDYNAMO")) for p in warm_start.STARTUP_ENV_PREFIXES)
 
 
 def test_the_preload_never_asks_cuda_anything():
