@@ -154,7 +154,7 @@ def test_destroyed_process_groups_stay_referenced_until_the_exit(tmp_path):
 @pytest.mark.integration
 @pytest.mark.parametrize("start", ["warm", "cold"])
 def test_a_ddp_script_that_frees_its_model_as_main_returns_does_not_hang(run_root, start):
-    """torch 2.13's gloo teardown deadlock (rank_runner.run): warm, with torch._dynamo preloaded in the helper, this
+    """torch 2.13's gloo teardown deadlock (rank_runner.run): warm, with torch._dynamo preloaded as it is now, this
     script hung in 19 of 40 runs before destroyed groups were kept; 10 launches here, none may time out."""
     source = textwrap.dedent("""
         import torch, torch.distributed as dist

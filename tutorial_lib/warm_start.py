@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import gc
 import json
 import os
 import selectors
@@ -43,25 +44,27 @@ _HEADER = struct.Struct("!I")
 # Read by Python, the C libraries or torch when the interpreter or torch starts, so a child forked from the helper
 # would not see a changed value: a request whose value differs from the helper's goes cold. ``TORCH_*`` counts
 # unless known to be read later (RUNTIME_ENV_PREFIXES) or re-applied in the child (APPLIED_IN_CHILD).
-# TORCHINDUCTOR_* and TORCHDYNAMO_* are not: ``PRELOAD`` imports neither config module (checked by a test), and
-# the kernel's own inductor sets TORCHINDUCTOR_CACHE_DIR in its environment the first time it compiles.
+# So do TORCHDYNAMO_* and TORCHINDUCTOR_*: ``PRELOAD`` imports torch._dynamo, which reads them into its configs
+# at import; except TORCHINDUCTOR_CACHE_DIR, read each time inductor looks for its cache (the kernel's own
+# inductor sets it in the kernel's environment the first time it compiles: 04 does).
 STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "TORCH_",
-                        "PYTORCH_", "CUDA_MODULE_LOADING")
-RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+                        "PYTORCH_", "CUDA_MODULE_LOADING", "TORCHDYNAMO_", "TORCHINDUCTOR_")
+RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+                        "TORCHINDUCTOR_CACHE_DIR")
 # Read at start-up too, but applied in the child: torchrun sets OMP_NUM_THREADS=1 for every rank (torch's thread
 # count), and ``import torch.distributed`` reads TORCH_DISTRIBUTED_DEBUG (c10d's debug level).
 APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
-# What the helper imports before it forks: what torchrun's agent and every DDP lesson script import at their top.
-# Not torch._dynamo, though ``DistributedDataParallel.__init__`` imports it in every DDP rank (0.8 s per rank here,
-# DTensor and FSDP with it, torch 2.8 and 2.13). Preloaded (2026-12-01), it took the warm 20-step DDP job from
-# 1.52 s to 0.51 s, but: (1) a DDP script that frees its model as its ``main()`` returns hung in gloo's teardown
-# deadlock in 19 of 40 warm runs (0 of 20 cold) until the rank runner kept destroyed groups referenced
-# (``rank_runner._keep_destroyed_groups``: 0 of 40 after); (2) one CI run then had a forked rank abort with
-# "malloc(): unsorted double linked list corrupted" inside ``torch.profiler``'s result parsing (notebook 01's
-# all-reduce count, in JupyterLab), never seen without the preload. Not understood, so not preloaded. Earlier,
-# with torch.distributed.tensor, .fsdp and .checkpoint preloaded, that DDP script hung in 12 of 31 warm runs.
+# What the helper imports before it forks: what torchrun's agent and every DDP lesson script import anyway,
+# torch._dynamo included: ``DistributedDataParallel.__init__`` imports it in every DDP rank
+# (``get_optimize_ddp_mode``; with it DTensor and FSDP, 0.8 s of each warm rank's start here, torch 2.8 and 2.13).
+# Not torch.distributed.checkpoint, which only the DCP lessons import. History: with torch._dynamo (or DTensor, FSDP
+# and DCP) preloaded, a DDP script that frees its model as its ``main()`` returns hung in gloo's teardown deadlock
+# in 19 of 40 warm runs (one busy core beside it), against 0 of 20 cold runs; cold runs that import those modules
+# before ``init_process_group`` hung too (4 of 8, torch 2.13). The rank runner now keeps every group
+# ``destroy_process_group`` destroys referenced until the exit (``rank_runner._keep_destroyed_groups``): 0 of 40
+# (2026-12-01, same load).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
-           "torch.distributed.elastic.multiprocessing.errors", "argparse", "json", "runpy")
+           "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo", "argparse", "json", "runpy")
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -214,7 +217,14 @@ def _child(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    random.seed()  # a fresh process draws its own seed
+    # A fresh process draws its own seeds: Python's, numpy's global generator and torch's default CPU generator
+    # (torch seeds it from the OS at start-up; not the CUDA generators, which take a fixed seed when CUDA starts).
+    # Python's string hashes cannot be redrawn: every forked process shares the helper's PYTHONHASHSEED.
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].default_generator.seed()
     _apply_in_child(os.environ)
     import rank_runner
 
@@ -302,9 +312,22 @@ def serve(path: str) -> None:
     import importlib
 
     _end_on_sigterm(path)
+    # A process that forks must run no other thread. numpy (which ``import torch`` imports when it is installed)
+    # starts OpenBLAS's thread pool when it loads unless told one thread will do (a cold rank is told so by
+    # torchrun's OMP_NUM_THREADS=1; the lesson scripts never call numpy's BLAS). Only for the imports: the
+    # environment a request is compared with stays the helper's own.
+    blas_threads = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = blas_threads or "1"
     for name in PRELOAD:
         importlib.import_module(name)
+    if blas_threads is None:
+        del os.environ["OPENBLAS_NUM_THREADS"]
     importlib.import_module("rank_runner")  # the children's run and exit (this file's folder is sys.path[0])
+    # What the imports left as garbage is freed here, in the process that made it; what remains is frozen: a
+    # child's garbage collector never walks (nor writes the pages of) the ~300,000 objects it inherits (torch 2.13).
+    # https://docs.python.org/3/library/gc.html#gc.freeze
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
