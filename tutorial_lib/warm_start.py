@@ -62,7 +62,11 @@ APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
 # in 19 of 40 warm runs (one busy core beside it), against 0 of 20 cold runs; cold runs that import those modules
 # before ``init_process_group`` hung too (4 of 8, torch 2.13). The rank runner now keeps every group
 # ``destroy_process_group`` destroys referenced until the exit (``rank_runner._keep_destroyed_groups``): 0 of 40
-# (2026-12-01, same load).
+# (2026-12-01, same load). Once, in one CI run with this preload, a forked rank of notebook 01 (JupyterLab test)
+# aborted with "malloc(): unsorted double linked list corrupted" in torch.profiler's result parsing. Not seen again
+# (2026-12-01, torch 2.13): 370 warm launches of that script's profiled step (half of them beside a busy core),
+# 12,000 profiled all-reduces in warm ranks, then, with the helper single-threaded and its garbage frozen (serve),
+# 15 runs of notebook 01 in make workbook's kernels and 4 of that JupyterLab test.
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
            "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo", "argparse", "json", "runpy")
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -304,14 +308,10 @@ def _end_on_sigterm(path: str) -> None:
     _die_with_parent(signal.SIGTERM)
 
 
-def serve(path: str) -> None:
-    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
-
-    It ends on SIGTERM (also its parent-death signal: the kernel that started it is gone), removing its folder;
-    its children die with it (theirs is SIGKILL)."""
+def _preload() -> None:
+    """Import ``PRELOAD`` (and the rank runner) in the helper, and leave it ready to fork."""
     import importlib
 
-    _end_on_sigterm(path)
     # A process that forks must run no other thread. numpy (which ``import torch`` imports when it is installed)
     # starts OpenBLAS's thread pool when it loads unless told one thread will do (a cold rank is told so by
     # torchrun's OMP_NUM_THREADS=1; the lesson scripts never call numpy's BLAS). Only for the imports: the
@@ -328,6 +328,15 @@ def serve(path: str) -> None:
     # https://docs.python.org/3/library/gc.html#gc.freeze
     gc.collect()
     gc.freeze()
+
+
+def serve(path: str) -> None:
+    """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
+
+    It ends on SIGTERM (also its parent-death signal: the kernel that started it is gone), removing its folder;
+    its children die with it (theirs is SIGKILL)."""
+    _end_on_sigterm(path)
+    _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
