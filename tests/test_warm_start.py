@@ -114,9 +114,15 @@ def test_warm_and_cold_runs_give_bitwise_equal_metrics_and_the_warm_one_is_forke
     assert helper.is_running() and "serve" in helper.cmdline()
 
 
-def test_the_helper_forks_with_one_thread_and_each_forked_rank_draws_its_own_seeds(run_root):
-    """A process that forks must run no other thread (numpy's OpenBLAS pool would be one); the ranks it forks
-    must not share the random state it had, and none walks the objects it inherits (``gc.freeze``)."""
+def test_the_helper_runs_one_thread_and_each_forked_rank_draws_its_own_seeds(run_root, monkeypatch):
+    """The helper starts no thread pool (numpy's OpenBLAS would size one by the core count, where a cold rank's is
+    one thread) and none survives a fork; the ranks it forks do not share the random state it had, and none walks
+    the objects it inherits (``gc.freeze``). An empty OPENBLAS_NUM_THREADS is a value like any other."""
+    warm.shutdown()
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "")
+    assert warm.prestart(build_env(tl.resolve_device("cpu", 2))) and warm._helper.wait_ready() is None
+    helper = psutil.Process(warm._helper.proc.pid)
+    assert helper.num_threads() == 1, "before its first fork"
     draws = {}
     for start in ("warm", "cold"):
         script = tl.new_run_dir("draws", run_root) / "draws.py"
@@ -124,12 +130,12 @@ def test_the_helper_forks_with_one_thread_and_each_forked_rank_draws_its_own_see
                           "print('DRAWS', os.environ['RANK'], random.random(), numpy.random.random(), "
                           "gc.get_freeze_count() > 0, torch.initial_seed(), flush=True)\n")
         result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off", timeout_s=120, warm=start == "warm"))
-        assert RunRecord.read(result.run_dir).start == start
-        lines = [line.split("DRAWS ", 1)[1].split() for line in (result.run_dir / "output.log").read_text().splitlines() if "DRAWS " in line]
+        output = (result.run_dir / "output.log").read_text()
+        assert RunRecord.read(result.run_dir).start == start and "refused" not in output, output
+        lines = [line.split("DRAWS ", 1)[1].split() for line in output.splitlines() if "DRAWS " in line]
         draws[start] = {rank: rest for rank, *rest in lines}
         assert sorted(draws[start]) == ["0", "1"]
-    helper = psutil.Process(warm._helper.proc.pid)
-    assert helper.num_threads() == 1, [t.id for t in helper.threads()]
+    assert warm._helper.proc.pid == helper.pid and helper.num_threads() == 1, "after its forks"
     for start, ranks in draws.items():
         assert ranks["0"][0] != ranks["1"][0] and ranks["0"][1] != ranks["1"][1], f"{start}: same random draws"
         assert ranks["0"][3] != ranks["1"][3], f"{start}: torch seeds its CPU generator from the OS in each process"

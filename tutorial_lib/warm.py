@@ -2,8 +2,8 @@
 
 ``launch`` asks ``warm_path(job_env)`` before it starts a job. The answer is the helper's socket (the job then
 runs warm: see ``tutorial_lib/warm_start.py`` for how) or the reason it runs cold, which the launcher prints
-once per kernel and reason. The helper imports torch (about 1 s here, about what one cold torchrun start costs)
-and lives as long as the kernel (it dies with it, and removes its folder). In a Jupyter kernel ``import
+once per kernel and reason. The helper imports torch and torch._dynamo (3.5-3.9 s here, in a slow hour of
+2026-12-01) and lives as long as the kernel (it dies with it, and removes its folder). In a Jupyter kernel ``import
 tutorial_lib`` starts it (``prestart``), so it imports torch while the notebook's first cells run; elsewhere
 (a script, pytest) the first warm launch does. A helper no job has used yet is restarted, not given up, when
 the first job's start-up environment differs from its own (say ``RANK_ENV`` set a ``TORCH_*`` variable).

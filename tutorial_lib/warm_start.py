@@ -3,8 +3,8 @@
     python warm_start.py serve SOCKET_PATH        # the helper (one per kernel; started by tutorial_lib)
     python warm_start.py run ARGV...              # a client: "run python ARGV", forked from the helper
 
-Every process of a launch pays for ``import torch`` (about 1.7 s here, 3-4 s with ``torch.distributed.run``
-and DDP): torchrun's agent once, then every rank. accelerate's ``notebook_launcher`` avoids it by forking the
+Every process of a launch pays for ``import torch`` (1.7-2.7 s here, 3-6 s with ``torch.distributed.run``
+and DDP, depending on the hour): torchrun's agent once, then every rank. accelerate's ``notebook_launcher`` avoids it by forking the
 kernel, and pays with a kernel that must never touch CUDA. Here the forking process is a separate *helper*
 that the kernel starts once: it imports torch and the modules the lessons use, never initialises CUDA, never
 starts a thread of its own, and from then on only forks.
@@ -46,7 +46,8 @@ _HEADER = struct.Struct("!I")
 # unless known to be read later (RUNTIME_ENV_PREFIXES) or re-applied in the child (APPLIED_IN_CHILD).
 # So do TORCHDYNAMO_* and TORCHINDUCTOR_*: ``PRELOAD`` imports torch._dynamo, which reads them into its configs
 # at import; except TORCHINDUCTOR_CACHE_DIR, read each time inductor looks for its cache (the kernel's own
-# inductor sets it in the kernel's environment the first time it compiles: 04 does).
+# inductor sets it in the kernel's environment the first time it compiles: 04 does). Those configs read a few
+# more that no lesson sets and that are not compared (CXX, PT2_COMPILE_ID_PREFIX, AOT_*, INDUCTOR_*, ...).
 STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "TORCH_",
                         "PYTORCH_", "CUDA_MODULE_LOADING", "TORCHDYNAMO_", "TORCHINDUCTOR_")
 RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
@@ -56,7 +57,8 @@ RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RD
 APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
 # What the helper imports before it forks: what torchrun's agent and every DDP lesson script import anyway,
 # torch._dynamo included: ``DistributedDataParallel.__init__`` imports it in every DDP rank
-# (``get_optimize_ddp_mode``; with it DTensor and FSDP, 0.8 s of each warm rank's start here, torch 2.8 and 2.13).
+# (``get_optimize_ddp_mode``; with it DTensor and FSDP, torch 2.8 and 2.13): 0.8 s of each warm rank's start in
+# one hour of 2026-12-01 here, 2.2 s of a 2.9 s warm job in a slower one.
 # Not torch.distributed.checkpoint, which only the DCP lessons import. History: with torch._dynamo (or DTensor, FSDP
 # and DCP) preloaded, a DDP script that frees its model as its ``main()`` returns hung in gloo's teardown deadlock
 # in 19 of 40 warm runs (one busy core beside it), against 0 of 20 cold runs; cold runs that import those modules
@@ -65,8 +67,8 @@ APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
 # (2026-12-01, same load). Once, in one CI run with this preload, a forked rank of notebook 01 (JupyterLab test)
 # aborted with "malloc(): unsorted double linked list corrupted" in torch.profiler's result parsing. Not seen again
 # (2026-12-01, torch 2.13): 370 warm launches of that script's profiled step (half of them beside a busy core),
-# 12,000 profiled all-reduces in warm ranks, then, with the helper single-threaded and its garbage frozen (serve),
-# 15 runs of notebook 01 in make workbook's kernels and 4 of that JupyterLab test.
+# 12,000 profiled all-reduces in warm ranks, then, with the helper's garbage frozen and its seeds redrawn in each
+# child (``_preload``, ``_child``), 15 runs of notebook 01 in make workbook's kernels and 4 of that JupyterLab test.
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
            "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo", "argparse", "json", "runpy")
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -312,16 +314,23 @@ def _preload() -> None:
     """Import ``PRELOAD`` (and the rank runner) in the helper, and leave it ready to fork."""
     import importlib
 
-    # A process that forks must run no other thread. numpy (which ``import torch`` imports when it is installed)
-    # starts OpenBLAS's thread pool when it loads unless told one thread will do (a cold rank is told so by
-    # torchrun's OMP_NUM_THREADS=1; the lesson scripts never call numpy's BLAS). Only for the imports: the
-    # environment a request is compared with stays the helper's own.
-    blas_threads = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = blas_threads or "1"
-    for name in PRELOAD:
-        importlib.import_module(name)
-    if blas_threads is None:
-        del os.environ["OPENBLAS_NUM_THREADS"]
+    # numpy (which ``import torch`` imports when it is installed) sizes OpenBLAS's thread pool once, when it loads,
+    # from OPENBLAS_NUM_THREADS or else OMP_NUM_THREADS, and starts it. The helper runs without OMP_NUM_THREADS (a
+    # job's is applied in each child), so its children would size their BLAS pool by the core count where a cold
+    # rank uses one thread (build_env's, or torchrun's, OMP_NUM_THREADS=1). One, then, and no pool in the helper
+    # (OpenBLAS would stop it before each fork anyway). Only while importing: a request is compared with the
+    # helper's environment as it was started.
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    if not saved:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        if saved is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
     importlib.import_module("rank_runner")  # the children's run and exit (this file's folder is sys.path[0])
     # What the imports left as garbage is freed here, in the process that made it; what remains is frozen: a
     # child's garbage collector never walks (nor writes the pages of) the ~300,000 objects it inherits (torch 2.13).
