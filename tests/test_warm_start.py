@@ -114,12 +114,13 @@ def test_warm_and_cold_runs_give_bitwise_equal_metrics_and_the_warm_one_is_forke
     assert helper.is_running() and "serve" in helper.cmdline()
 
 
-def test_the_helper_runs_one_thread_and_each_forked_rank_draws_its_own_seeds(run_root, monkeypatch):
+def test_the_helper_runs_one_thread_and_each_forked_rank_draws_its_own_seeds(run_root, monkeypatch, request):
     """The helper starts no thread pool (numpy's OpenBLAS would size one by the core count, where a cold rank's is
     one thread) and none survives a fork; the ranks it forks do not share the random state it had, and none walks
     the objects it inherits (``gc.freeze``). An empty OPENBLAS_NUM_THREADS is a value like any other."""
     warm.shutdown()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "")
+    request.addfinalizer(warm.shutdown)  # a helper started with it would send every later test's jobs cold
     assert warm.prestart(build_env(tl.resolve_device("cpu", 2))) and warm._helper.wait_ready() is None
     helper = psutil.Process(warm._helper.proc.pid)
     assert helper.num_threads() == 1, "before its first fork"
