@@ -4,10 +4,10 @@
     python warm_start.py run ARGV...              # a client: "run python ARGV", forked from the helper
 
 Every process of a launch pays for ``import torch`` (1.7-2.7 s here, 3-6 s with ``torch.distributed.run``
-and DDP, depending on the hour): torchrun's agent once, then every rank. accelerate's ``notebook_launcher`` avoids it by forking the
-kernel, and pays with a kernel that must never touch CUDA. Here the forking process is a separate *helper*
-that the kernel starts once: it imports torch and the modules the lessons use, never initialises CUDA, never
-starts a thread of its own, and from then on only forks.
+and DDP, depending on the hour): torchrun's agent once, then every rank. accelerate's ``notebook_launcher``
+avoids it by forking the kernel, and pays with a kernel that must never touch CUDA. Here the forking process is a
+separate *helper* that the kernel starts once: it imports torch and the modules the lessons use, never
+initialises CUDA, never starts a thread of its own, and from then on only forks.
 
 torchrun stays the agent and sees ordinary processes: the launcher starts ``python warm_start.py run -m
 torch.distributed.run ...`` instead of ``python -m torch.distributed.run ...``, and torchrun starts ``python
