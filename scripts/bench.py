@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import tutorial_lib as tl  # noqa: E402
-from tutorial_lib.launcher import build_command, build_env, free_port  # noqa: E402
+from tutorial_lib.launcher.run import build_command, build_env, free_port  # noqa: E402
 
 SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu", "soak", "matrix")
 DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for

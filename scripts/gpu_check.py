@@ -5,7 +5,7 @@
 
 ``plan_checks(gpus)`` lists, without touching CUDA, what runs on a machine with ``gpus`` GPUs:
 
-1. every shipped training script (``tutorial_lib/scripts/*.py``) through ``tutorial_lib``'s launcher, one
+1. every shipped training script (``tutorial_lib/lessons/*.py``) through ``tutorial_lib``'s launcher, one
    rank per GPU (``model_parallel.py``: one rank per pair of GPUs), each checking what only a GPU run
    produces (``cuda:LOCAL_RANK`` devices, ``peak_allocated_bytes`` > 0, NVML samples, pinned memory,
    fp16 with a GradScaler, DCP over nccl, ...);
@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 import tutorial_lib as tl  # noqa: E402
 from tutorial_lib import metrics as metrics_schema  # noqa: E402
-from tutorial_lib.devices import DevicePlan, check_positive_int  # noqa: E402
-from tutorial_lib.launcher import build_command  # noqa: E402
-from tutorial_lib.scripts import SCRIPTS_DIR  # noqa: E402
+from tutorial_lib.launcher.devices import DevicePlan, check_positive_int  # noqa: E402
+from tutorial_lib.launcher.run import build_command  # noqa: E402
+from tutorial_lib.rundir import SCRIPTS_DIR  # noqa: E402
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 DRY_RUN_GPUS = (1, 2, 4)  # --dry-run without --gpus: the machines of issue 15 (8 GPUs: --gpus 8)

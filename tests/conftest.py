@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 # Fixture notebooks are meant to fail; tests run them with papermill, nbval must not collect them.
-collect_ignore_glob = ["notebooks/*.ipynb"]
+collect_ignore_glob = ["fixtures/notebooks/*.ipynb"]
 
 
 def pytest_configure(config):

@@ -9,7 +9,7 @@ The handful of names the notebooks use::
     tl.plot_run(result.metrics(), result.memory_samples())
 """
 
-from . import warm as _warm
+from .launcher import warm as _warm
 
 _warm.prestart_in_kernel()  # first: in a Jupyter kernel the warm-start helper imports torch while the rest loads
 
@@ -17,12 +17,12 @@ from .attention import sdpa_backends
 from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
                           load_checkpoint_state)
 from .cluster import node_commands, slurm_script
-from .devices import DevicePlan, collective_timeout_s, resolve_device, set_rank_env
+from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device, set_rank_env
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
-from .launcher import LaunchResult, LaunchSpec, launch, run_in_process, run_script
-from .live import enable_inline_figures
+from .launcher.run import LaunchResult, LaunchSpec, launch, run_in_process, run_script
+from .launcher.live import enable_inline_figures
 from .parameters import check_parameters
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
@@ -31,8 +31,8 @@ from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_lo
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
-from .scripts import available_scripts, import_script, new_run_dir, show_script, write_script
-from .torchrun_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
+from .rundir import available_scripts, import_script, new_run_dir, show_script, write_script
+from .torchrun.root_cause import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
                             lost_connection, rank_errors)
 
 __all__ = [

@@ -9,7 +9,7 @@ import sys
 from .doctor import diagnose
 from .env import environment_report
 from .errors import ConfigError
-from .scripts import available_scripts
+from .rundir import available_scripts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from .devices import check_positive_int
+from .launcher.devices import check_positive_int
 from .errors import ConfigError
 
 

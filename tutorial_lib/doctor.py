@@ -28,9 +28,9 @@ from pathlib import Path
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
                      last_meaningful_line, stopped_ranks_stacks)
 from .metrics import read_metrics
-from .output import NoiseFilter, ThrottledPrinter, rank_lines
-from .run_record import RunRecord, RunStatus
-from .torchrun_logs import AGENT_FAILED, FAILURE_ENTRY, ROOT_CAUSE, find_root_cause, read_error_file
+from .launcher.output import NoiseFilter, ThrottledPrinter, rank_lines
+from .rundir import RunRecord, RunStatus
+from .torchrun.root_cause import AGENT_FAILED, FAILURE_ENTRY, ROOT_CAUSE, find_root_cause, read_error_file
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ CAUSES = (
     # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
     Cause("abort at interpreter exit", re.compile(r"terminate called without an active exception"),
           "the script had returned: gloo aborted the process during Python's teardown, not your code; the "
-          "launcher's rank runner leaves with os._exit after flushing (tutorial_lib/rank_runner.py), do the same at "
+          "launcher's rank runner leaves with os._exit after flushing (tutorial_lib/child/rank_runner.py), do the same at "
           "the end of a script you run with plain torchrun (07, section 2 'A crashing rank')"),
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "

@@ -57,7 +57,7 @@ class LaunchError(TutorialError):
         output_tail: the last lines of the combined output, for when no rank is to blame.
         stacks: ``{rank: text}``: the Python stack of every other rank that was still running when it was
             stopped (torchrun's SIGTERM after the failure; every rank prints it with ``faulthandler``, set up by
-            ``tutorial_lib/rank_runner.py``, which runs each rank's script).
+            ``tutorial_lib/child/rank_runner.py``, which runs each rank's script).
             After a collective timeout the rank that timed out is the *waiting* one: the culprit is the rank
             whose stack is not in a collective.
         where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.

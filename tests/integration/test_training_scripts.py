@@ -1,0 +1,227 @@
+"""The shipped training scripts on their own: `python x.py` works, flags are checked, imports are torch + stdlib."""
+
+import argparse
+import ast
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+
+from tutorial_lib.rundir import SCRIPTS_DIR, available_scripts
+
+SCRIPTS = available_scripts()
+
+
+def run(args, cwd, **kw):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_imports_only_torch_and_the_standard_library(name):
+    tree = ast.parse((SCRIPTS_DIR / f"{name}.py").read_text())
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert modules - set(sys.stdlib_module_names) == {"torch"}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_follows_the_conventions(name):
+    source = (SCRIPTS_DIR / f"{name}.py").read_text()
+    tree = ast.parse(source)
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert any(isinstance(d, ast.Name) and d.id == "record" for d in main.decorator_list), "@record on main"
+    assert "torchrun" in ast.get_docstring(tree) and "python " in ast.get_docstring(tree), "run card"
+    assert "destroy_process_group()" in source and "finally:" in source
+    assert 'if __name__ == "__main__":' in source and "timeout=" in source
+    epilogue = source.split('if __name__ == "__main__":')[1]
+    assert epilogue.strip() == "main()", "no exit workaround of its own: the launcher's rank runner leaves cleanly"
+
+
+def test_a_failing_script_exits_with_1_and_its_traceback(tmp_path):
+    out = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 3, "--fail-rank", 0, "--fail-step", 2, "--metrics-dir", "m"],
+              tmp_path)
+    assert out.returncode == 1
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "RuntimeError: injected failure on rank 0 at step 2" in out.stderr
+
+
+def test_ddp_train_runs_as_a_single_process_and_writes_one_json_line_per_step(tmp_path):
+    out = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 3, "--log-every", 1, "--metrics-dir", "m"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("loss_global") == 3
+    rows = [json.loads(line) for line in (tmp_path / "m" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("rank", "local_rank", "world_size", "loss_local", "loss_global", "step_time_s", "samples_per_s",
+                "param_bytes", "grad_bytes", "optimizer_state_bytes", "rss_bytes", "peak_rss_bytes"):
+        assert key in rows[0], key
+    assert rows[0]["world_size"] == 1 and rows[0]["loss_local"] == rows[0]["loss_global"]
+    assert rows[-1]["grad_bytes"] == rows[-1]["param_bytes"] > 0
+    assert rows[-1]["rss_bytes"] > 50 * 2**20, "RSS includes the torch import"
+
+
+def test_collectives_check_runs_as_a_world_of_one(tmp_path):
+    out = run([SCRIPTS_DIR / "collectives_check.py", "--metrics-dir", "m", "--sizes-bytes", 4096, "--iters", 2], tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "m" / "collectives_rank0.json").read_text())
+    assert result["world_size"] == 1 and all(c["ok"] for c in result["checks"])
+    assert result["bandwidth"][0]["size_bytes"] == 4096 and result["bandwidth"][0]["time_s"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-steps", "-1"], "--max-steps must be > 0, got -1"),
+    (["--max-steps", "two"], "invalid int value: 'two'"),
+    (["--pg-timeout-s", "0"], "--pg-timeout-s must be > 0"),
+    (["--optimizer", "lion"], "invalid choice: 'lion'"),
+])
+def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
+    out = run([SCRIPTS_DIR / "ddp_train.py", *args], tmp_path)
+    assert out.returncode == 2 and message in out.stderr
+    assert not (tmp_path / "metrics").exists()
+
+
+SMALL_ARGS = {
+    "ddp_train": ["--max-steps", 2], "collectives_check": ["--sizes-bytes", 4096, "--iters", 1],
+    "sampler_demo": [], "dataloader_bench": ["--dataset-size", 8, "--epochs", 1, "--num-workers", 0],
+    "grad_accum": ["--max-steps", 1], "uneven_inputs": [], "unused_params": ["--loss-uses", "both", "--max-steps", 2],
+    "fsdp_train": ["--max-steps", 1, "--dim", 32, "--n-layers", 1], "model_parallel": ["--max-steps", 1],
+    "checkpoint_train": ["--max-steps", 2, "--save-every", 1],
+    "collective_mismatch": ["--max-steps", 2], "distributed_eval": [],
+    "fsdp_knobs": ["--dim", 16, "--n-layers", 1],
+    "ddp_knobs": ["--lessons", "static_graph", "--max-steps", 4],
+}
+
+
+@pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "sync_batchnorm"])
+def test_every_script_runs_as_plain_python(tmp_path, name):
+    out = run([SCRIPTS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list((tmp_path / "m").iterdir()), "it wrote its results"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_rank_runners_exit(name, tmp_path):
+    """NCCL writes its INFO lines with C stdio, block-buffered when torchrun sends stdout to a file; the rank runner
+    leaves through os._exit, which would drop them: it flushes C stdio first. Here a C printf stands in for NCCL
+    and ``--help`` ends the script. Without PYTHONUNBUFFERED (which the launcher sets, and which makes C stdio
+    unbuffered too), as under a learner's own torchrun."""
+    from tutorial_lib.launcher.run import RANK_RUNNER
+    code = ("import ctypes, runpy, sys\n"
+            "ctypes.CDLL(None).printf(b'C stdio line, as NCCL INFO writes it\\n')\n"
+            f"sys.argv = [{str(RANK_RUNNER)!r}, {str(SCRIPTS_DIR / (name + '.py'))!r}, '--help']\n"
+            f"runpy.run_path({str(RANK_RUNNER)!r}, run_name='__main__')\n")
+    out = tmp_path / "stdout.log"
+    with open(out, "w") as stdout:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        proc = subprocess.run([sys.executable, "-c", code], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                              timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "usage:" in text and "C stdio line, as NCCL INFO writes it" in text
+
+
+# --- one name per concept across the scripts (issue 17) ---------------------------------------------------------
+
+# A concept the scripts share -> its one flag, and the names it once had in some script (which must not come back).
+FLAG_SYNONYMS = {
+    "--grad-scaler": {"--no-grad-scaler", "--scaler", "--use-scaler", "--amp-scaler"},
+    "--grad-accum-steps": {"--accum-steps", "--accumulation-steps", "--gradient-accumulation-steps"},
+    "--batch-size": {"--micro-batch-size", "--micro-batch"},
+    "--fail-rank": {"--skip-rank"},
+    "--fail-step": {"--skip-step"},
+    "--n-layers": {"--layers", "--num-layers"},
+    "--input-dim": {"--features", "--in-features"},
+    "--pg-timeout-s": {"--timeout", "--timeout-s", "--pg-timeout"},
+}
+
+
+def parser_of(name):
+    """The script's own ArgumentParser, as its parse_args builds it (caught at its ``p.parse_args`` call)."""
+    spec = importlib.util.spec_from_file_location(f"_flags_of_{name}", SCRIPTS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Caught(Exception):
+        pass
+
+    def catch(parser, *args, **kwargs):
+        raise Caught(parser)
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch), pytest.raises(Caught) as info:
+        module.parse_args([])
+    return info.value.args[0]
+
+
+@functools.lru_cache(maxsize=1)
+def flag_table():
+    """{flag: {script: (action class, type name, choices)}} over every shipped script."""
+    table = {}
+    for name in SCRIPTS:
+        for action in parser_of(name)._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    table.setdefault(flag, {})[name] = (type(action).__name__, getattr(action.type, "__name__", None),
+                                                        tuple(action.choices) if action.choices else None)
+    return table
+
+
+def test_a_shared_concept_has_one_flag_name_in_every_script():
+    table = flag_table()
+    for canonical, synonyms in FLAG_SYNONYMS.items():
+        found = {flag: sorted(table[flag]) for flag in synonyms if flag in table}
+        assert not found, f"use {canonical} for this concept, not {found}"
+    # Every script with fp16 (so a gradient scaler), accumulation or failure injection names it the same way.
+    for name in SCRIPTS:
+        source = (SCRIPTS_DIR / f"{name}.py").read_text()
+        flags = {flag for flag, scripts in table.items() if name in scripts}
+        if "fp16" in (table.get("--precision", {}).get(name) or (None, None, ()))[2]:  # fp16: a scaler to switch
+            assert "--grad-scaler" in flags and table["--grad-scaler"][name][2] == ("auto", "on", "off"), name
+        if "no_sync()" in source and "micro" in source:
+            assert {"--grad-accum-steps", "--batch-size"} <= flags, name
+        if "--fail-" in source:
+            assert {"--fail-rank", "--fail-step"} <= flags, name
+
+
+PER_SCRIPT_CHOICES = {"--fail-mode", "--strategy", "--lessons"}  # each script lists what it can do
+
+
+def test_a_flag_has_the_same_type_and_choices_in_every_script_that_has_it():
+    for flag, scripts in flag_table().items():
+        if flag in PER_SCRIPT_CHOICES:
+            assert len({(kind, type_name) for kind, type_name, _ in scripts.values()}) == 1, (flag, scripts)
+        else:
+            assert len(set(scripts.values())) == 1, (flag, scripts)
+
+
+def test_the_training_scripts_write_the_same_metric_keys_for_the_same_quantities(tmp_path):
+    """One contract for the per-step lines: a loss scale is ``loss_scale`` (the scale the step's backward used) and
+    ``grad_scaler`` says whether a scaler ran, in ddp_train.py and fsdp_train.py alike."""
+    ddp = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 1, "--precision", "bf16", "--grad-scaler", "on",
+               "--metrics-dir", "ddp"], tmp_path)
+    fsdp = run([SCRIPTS_DIR / "fsdp_train.py", "--max-steps", 1, "--strategy", "ddp", "--precision", "bf16",
+                "--grad-scaler", "on", "--dim", 32, "--n-layers", 1, "--metrics-dir", "fsdp"], tmp_path)
+    assert ddp.returncode == 0 and fsdp.returncode == 0, (ddp.stderr[-1000:], fsdp.stderr[-1000:])
+    rows = [json.loads((tmp_path / d / "rank0.jsonl").read_text().splitlines()[0]) for d in ("ddp", "fsdp")]
+    shared = {"step", "max_steps", "rank", "world_size", "device", "precision", "loss_local", "loss_global",
+              "step_time_s", "samples_per_s", "grad_scaler", "loss_scale", "param_bytes", "grad_bytes",
+              "optimizer_state_bytes", "rss_bytes", "peak_rss_bytes"}
+    for row in rows:
+        assert shared <= set(row), shared - set(row)
+        assert row["grad_scaler"] is True and row["loss_scale"] == 2.0**16
+        assert not {"grad_scale", "scale", "accum_steps"} & set(row)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_a_clear_error_in_every_script(tmp_path):
+    """Not torch's ``AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'`` from set_device."""
+    takes_device = [name for name in SCRIPTS if "--device" in (SCRIPTS_DIR / f"{name}.py").read_text()]
+    assert len(takes_device) >= 12, takes_device
+    for name in takes_device:
+        proc = subprocess.run([sys.executable, str(SCRIPTS_DIR / f"{name}.py"), "--device", "cuda"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "--device cuda" in proc.stderr and "is False" in proc.stderr, (name, proc.stderr[-800:])
+        assert "AttributeError" not in proc.stderr, (name, proc.stderr[-800:])

@@ -1,0 +1,289 @@
+"""What a person sees in JupyterLab, checked in a real browser (Debian's chromium, driven by playwright).
+
+One test, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
+folders; ``01_ddp.ipynb`` (a copy, with a failing run and a long run appended) opened in headless chromium;
+Run All; the live widget reaches the last step on every rank, the plot renders, no cell shows an error; the
+failing run's red box names the rank, the cause and the logs; then the long run is interrupted from the
+notebook toolbar, the cell says so, and no worker or torchrun process remains.
+
+Screenshots and the server log go to ``<tmp_path>/artifacts`` and, when ``$TUTORIAL_LIB_ARTIFACTS_DIR`` is
+set, are copied there. The test skips only where chromium (``apt-get install -y chromium``) or the
+``playwright`` package (the ``test`` extra) is missing; it never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import job_processes
+from tutorial_lib.launcher.processes import set_parent_death_signal
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path(os.environ.get("TUTORIAL_LIB_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+LONG_RUN_LABEL = "long-run"
+# JupyterLab settings: keep every cell in the DOM (no windowing) and fetch no news.
+LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+
+def sync_playwright_or_skip():
+    if not CHROMIUM.is_file():
+        pytest.skip(f"no chromium at {CHROMIUM}: install it with `apt-get install -y chromium` (.ci/run does)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        pytest.skip(f"the playwright package is not importable ({e}): pip install -e '.[test]'")
+    return sync_playwright
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+class Lab:
+    """A JupyterLab server on 127.0.0.1 whose state lives under ``base``; stopped with ``close()``."""
+
+    def __init__(self, base: Path, notebook_dir: Path, runs_dir: Path, log_path: Path) -> None:
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TUTORIAL_LIB_LIVE")}
+        for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
+                    "JUPYTERLAB_WORKSPACES_DIR"):
+            env[var] = str(base / var.lower())
+            Path(env[var]).mkdir(parents=True)
+        for name, values in LAB_SETTINGS.items():
+            plugin, file = name.rsplit("/", 1)
+            (Path(env["JUPYTERLAB_SETTINGS_DIR"]) / plugin).mkdir(parents=True, exist_ok=True)
+            (Path(env["JUPYTERLAB_SETTINGS_DIR"]) / plugin / file).write_text(json.dumps(values))
+        env.update(TUTORIAL_LIB_RUNS_DIR=str(runs_dir), MPLBACKEND="Agg")  # live view "auto": widgets
+        command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                   f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+                   f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={notebook_dir}",
+                   "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: read the cells' outputs exactly
+        if os.geteuid() == 0:
+            command.append("--allow-root")
+        self.log = open(log_path, "w")
+        # If pytest itself is killed (a CI time limit), the server gets SIGTERM and shuts its kernels down, whose
+        # launches stop their jobs: nothing of this test outlives the test process.
+        self.proc = subprocess.Popen(command, env=env, cwd=notebook_dir, stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=set_parent_death_signal)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def api(self, path: str):
+        return get_json(f"{self.url}{path}?token={self.token}")
+
+    def wait_up(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"jupyter lab exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                self.api("/api/status")
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"jupyter lab not up after {timeout_s} s; see {self.log.name}")
+
+    def wait_kernel_idle(self, notebook: str, timeout_s: float = 90) -> dict:
+        """Until the notebook's kernel is started and idle ("Run All" before that is silently dropped)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for s in self.api("/api/sessions"):
+                if s.get("path", "").endswith(notebook) and s["kernel"]["execution_state"] == "idle":
+                    return s
+            time.sleep(0.3)
+        raise AssertionError(f"no idle kernel for {notebook} after {timeout_s} s: {self.api('/api/sessions')}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # the server shuts its kernels down
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def notebook_with_a_long_run(notebook_dir: Path) -> tuple[Path, int]:
+    """Copy 01_ddp.ipynb (nothing in the repository is modified) and append a run that outlasts the test."""
+    nb = nbformat.read(ROOT / "notebooks" / "01_ddp.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    max_steps = int(re.search(r"^MAX_STEPS: int = (\d+)", params.source, re.M).group(1))
+    nb.cells += [
+        nbformat.v4.new_markdown_cell("## Added by tests/test_browser.py: a failing run (caught), and a long run to "
+                                      "interrupt from the toolbar"),
+        nbformat.v4.new_code_cell(
+            'try:\n'
+            '    tl.run_script("ddp_train", ["--max-steps", 20, "--fail-rank", 1, "--fail-step", 2], runs_dir=RUNS_DIR,\n'
+            '                  label="fails", nproc_per_node=2, device=plan.device, timeout_s=TIMEOUT_S)\n'
+            'except tl.LaunchError as e:\n'
+            '    print(f"caught as expected: {e.summary}")'),
+        nbformat.v4.new_code_cell(
+            f'long_run = tl.run_script("ddp_train", ["--max-steps", 100000, "--step-delay-s", 0.1], runs_dir=RUNS_DIR,\n'
+            f'                         label="{LONG_RUN_LABEL}", nproc_per_node=plan.nproc_per_node, device=plan.device,\n'
+            f'                         timeout_s=600)'),
+    ]
+    path = notebook_dir / "01_ddp.ipynb"
+    nbformat.write(nb, path)
+    return path, max_steps
+
+
+# The error outputs of every code cell of the open notebook, from JupyterLab's own model (in the DOM an
+# error renders like any stderr text).
+CELL_ERRORS_JS = """() => window.jupyterapp.shell.currentWidget.content.widgets
+    .filter(cell => cell.model.type === 'code')
+    .map(cell => cell.model.outputs.toJSON().filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue))"""
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.25):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def artifacts(tmp_path):
+    folder = tmp_path / "artifacts"
+    folder.mkdir()
+    yield folder
+    target = os.environ.get("TUTORIAL_LIB_ARTIFACTS_DIR")
+    if target:
+        shutil.copytree(folder, Path(target) / "test_browser", dirs_exist_ok=True)
+
+
+def test_jupyterlab_runs_01_ddp_live_and_the_toolbar_interrupt_stops_the_job(tmp_path, artifacts):
+    sync_playwright = sync_playwright_or_skip()
+    notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
+    notebook_dir.mkdir()
+    runs_dir.mkdir()
+    path, max_steps = notebook_with_a_long_run(notebook_dir)
+    original = (ROOT / "notebooks" / "01_ddp.ipynb").read_bytes()
+    started = time.monotonic()
+    marks = {}  # seconds since the start of the test, for the artifacts' timings.json
+    lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
+    try:
+        lab.wait_up()
+        marks["lab_up"] = time.monotonic() - started
+        assert "python3" in lab.api("/api/kernelspecs")["kernelspecs"], "the project's kernel is found"
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+                lab.wait_kernel_idle(path.name)
+                marks["kernel_idle"] = time.monotonic() - started
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+                # The first launch's live widget: every rank at the last step, then "finished".
+                live = page.locator(".tutorial-lib-live").first
+                live.wait_for(timeout=120_000)
+                wait_until(lambda: "finished in" in live.inner_text(), 180, "the first run to finish")
+                marks["first_run_finished"] = time.monotonic() - started
+                text = live.inner_text()
+                for rank in (0, 1):
+                    assert re.search(rf"rank {rank}\s+step {max_steps}/{max_steps}", text), text
+                assert "loss" in text and "samples/s" in text and "[rank 1] step" in text, text
+                bars = live.locator(".progress-bar")
+                assert bars.count() == 2 and bars.evaluate_all("bs => bs.map(b => b.style.width)") == ["100%", "100%"]
+                assert all("progress-bar-success" in c for c in bars.evaluate_all("bs => bs.map(b => b.className)"))
+                launch_cell = page.locator(".jp-CodeCell", has=page.locator(".tutorial-lib-live")).first
+                image = launch_cell.locator(".jp-RenderedImage img")
+                assert image.count() == 1, "one plot, redrawn in place"
+                wait_until(lambda: image.evaluate("img => img.complete && img.naturalWidth > 0"), 30,
+                           "the plot image to render")
+                launch_cell.scroll_into_view_if_needed()
+                launch_cell.screenshot(path=artifacts / "01_live_view_finished.png")
+
+                # Everything up to the appended long run has executed: no cell shows an error.
+                long_dir = wait_until(lambda: next(runs_dir.glob(f"*{LONG_RUN_LABEL}*"), None), 180,
+                                      "the long run to start")
+                wait_until(lambda: len([f for f in (long_dir / "metrics").glob("rank*.jsonl") if f.stat().st_size]) == 2,
+                           120, "both ranks of the long run to log a step")
+                errors = page.evaluate(CELL_ERRORS_JS)
+                assert len(errors) > 10 and not any(errors), errors
+                failing_cell = page.locator(".jp-CodeCell").nth(-2)
+                box = failing_cell.locator(".tutorial-lib-failure")
+                text = box.inner_text()
+                for expected in ("ddp_train.py failed on rank 1 (exit code 1)",
+                                 "cause: RuntimeError: injected failure on rank 1 at step 2", "output.log", "logs/"):
+                    assert expected in text, text
+                assert box.evaluate("b => getComputedStyle(b).color") == "rgb(183, 28, 28)", "the summary is red"
+                assert "caught as expected" in failing_cell.locator(".jp-OutputArea").inner_text()
+                failing_cell.scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "02_failure_summary.png")
+                marks["failure_box_checked"] = time.monotonic() - started
+                long_cell = page.locator(".jp-CodeCell").last  # the appended cell
+                long_live = long_cell.locator(".tutorial-lib-live")
+                wait_until(lambda: re.search(r"rank 1\s+step \d+/100000", long_live.inner_text()), 60,
+                           "the long run's progress in the widget")
+                long_cell.scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "03_long_run_running.png")
+                assert job_processes(str(long_dir)), "the long run's processes are running"
+
+                clicked = time.monotonic()
+                marks["interrupt_clicked"] = clicked - started
+                page.locator('[data-command="notebook:interrupt-kernel"]').first.click()
+                wait_until(lambda: not job_processes(str(long_dir)), 30, "no process of the long run")
+                gone_s = time.monotonic() - clicked
+                said = long_cell.locator(".jp-OutputArea-output", has_text="interrupted: stopped torchrun")
+                said.wait_for(timeout=30_000)
+                said_s = time.monotonic() - clicked
+                long_cell.locator(".jp-OutputArea-output", has_text="KeyboardInterrupt").first.wait_for(timeout=30_000)
+                errors = page.evaluate(CELL_ERRORS_JS)
+                assert errors[-1] == ["KeyboardInterrupt: "] and not any(errors[:-1]), errors
+                wait_until(lambda: "interrupted" in long_live.locator(".tutorial-lib-failure").inner_text(), 30,
+                           "the red box saying the job was interrupted")
+                long_cell.scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "04_interrupted.png")
+            except BaseException:
+                with contextlib.suppress(Exception):  # what the page showed when the test failed
+                    page.screenshot(path=artifacts / "failure.png")
+                raise
+            finally:
+                browser.close()
+    finally:
+        lab.close()
+    timings = {"interrupt_to_no_process_s": round(gone_s, 2), "interrupt_to_message_s": round(said_s, 2),
+               "test_s": round(time.monotonic() - started, 1), **{k: round(v, 1) for k, v in marks.items()}}
+    (artifacts / "timings.json").write_text(json.dumps(timings))
+    print(timings)
+    assert gone_s < 10, f"the job stopped {gone_s:.1f} s after the interrupt (FACTS: under 1 s)"
+    assert (ROOT / "notebooks" / "01_ddp.ipynb").read_bytes() == original, "the repository's notebook is untouched"
+    wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")

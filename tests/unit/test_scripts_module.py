@@ -1,0 +1,80 @@
+"""Run directories and scripts on disk: unique, confined, never overwritten, shown with line numbers."""
+
+import pytest
+
+import tutorial_lib as tl
+from tutorial_lib import ConfigError
+from tutorial_lib.rundir import SCRIPTS_DIR
+
+
+def test_shipped_scripts_are_listed():
+    assert {"ddp_train", "collectives_check"} <= set(tl.available_scripts())
+
+
+def test_run_dirs_are_fresh_and_unique(tmp_path):
+    a = tl.new_run_dir("ddp", tmp_path)
+    b = tl.new_run_dir("ddp", tmp_path)
+    assert a != b and a.is_dir() and b.is_dir() and a.parent == b.parent == tmp_path.resolve()
+    assert list(a.iterdir()) == []
+
+
+def test_runs_root_defaults_to_the_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUTORIAL_LIB_RUNS_DIR", str(tmp_path / "from-env"))
+    assert tl.new_run_dir("x").parent == (tmp_path / "from-env").resolve()
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", "", "-flag", "x" * 200, "sp ace", 3])
+def test_run_dir_names_cannot_escape_the_root(tmp_path, name):
+    with pytest.raises(ConfigError, match="run name"):
+        tl.new_run_dir(name, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_root_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a user's file")
+    with pytest.raises(ConfigError, match="runs folder"):
+        tl.new_run_dir("x", blocker)
+    assert blocker.read_text() == "a user's file"
+
+
+def test_write_script_copies_unchanged_and_never_overwrites(tmp_path):
+    path = tl.write_script("ddp_train", tmp_path)
+    assert path == (tmp_path / "ddp_train.py").resolve()
+    assert path.read_bytes() == (SCRIPTS_DIR / "ddp_train.py").read_bytes()
+    path.write_text("# my edits")
+    with pytest.raises(ConfigError, match="already exists"):
+        tl.write_script("ddp_train.py", tmp_path)
+    assert path.read_text() == "# my edits"
+
+
+def test_write_script_errors_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="unknown script 'nope'; available: .*ddp_train"):
+        tl.write_script("nope", tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        tl.write_script("ddp_train", tmp_path / "missing")
+
+
+def test_show_script_numbers_lines_and_finds_functions(tmp_path):
+    path = tl.write_script("ddp_train", tmp_path)
+    source = path.read_text().splitlines()
+    listing = str(tl.show_script(path, "setup"))
+    first = next(i for i, line in enumerate(source, 1) if line.startswith("def setup("))
+    assert listing.splitlines()[1].lstrip() == f"{first}  def setup(args):"  # numbers right-aligned to the widest shown
+    assert "@record" in str(tl.show_script(path, "main")), "decorators are part of the listing"
+    both = str(tl.show_script(path, "cleanup", "setup"))
+    assert both.index("def cleanup") < both.index("\n...\n") < both.index("def setup")
+    assert str(tl.show_script(path, first_line=2, last_line=3)).splitlines()[1:] == [f"2  {source[1]}", f"3  {source[2]}"]
+    assert "<span" in tl.show_script(path, "setup")._repr_html_()
+    with pytest.raises(ConfigError, match="no top-level function or class 'nope'"):
+        tl.show_script(path, "nope")
+
+
+def test_import_script_gives_the_scripts_classes_without_running_main(tmp_path):
+    """Notebook 05 builds the plain model a checkpoint was saved from (issue 17: no importlib in the cell)."""
+    by_name = tl.import_script("checkpoint_train")
+    copy = tl.import_script(tl.write_script("checkpoint_train", tmp_path))
+    assert by_name.MLP.__name__ == copy.MLP.__name__ == "MLP" and callable(copy.main)
+    assert not (tmp_path / "metrics").exists(), "main() did not run"
+    with pytest.raises(tl.ConfigError, match="'no_such_script' is neither a file nor a shipped script"):
+        tl.import_script("no_such_script")

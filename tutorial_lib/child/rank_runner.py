@@ -1,0 +1,251 @@
+"""Run one rank's script exactly as ``python SCRIPT ARGS`` would, then leave the interpreter cleanly.
+
+    python rank_runner.py SCRIPT [ARGS...]      # what torchrun starts for each rank of a tutorial_lib launch
+
+The launcher puts this file in front of every script it launches (torchrun then runs ``python -u
+rank_runner.py SCRIPT ARGS`` per rank), so a learner's own script gets what the lesson scripts would
+otherwise each need to write themselves:
+
+* The script runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` and the script's folder first on
+  ``sys.path`` (``runpy.run_path``): the same as ``python SCRIPT ARGS``. Its exit status is the interpreter's: 0,
+  the ``SystemExit`` code, or 1 with the traceback printed for an uncaught exception; ``atexit`` handlers run.
+* Then it leaves with ``os._exit`` after flushing Python's and C's stdio buffers, skipping the interpreter's
+  teardown: there a gloo thread can abort the process (``terminate called without an active exception``,
+  SIGABRT) even after ``destroy_process_group()``, in about 4-12% of runs on CPU, and torchrun would report a
+  failed job for a script that finished (measured on torch 2.13; see ``../shared/FACTS.md`` of the project).
+  Until then what the script left (its namespace, an uncaught exception's frames) is not freed: freeing a DDP
+  model there can deadlock in gloo's teardown on torch 2.13 (see ``run``).
+* ``faulthandler`` prints every thread's Python stack on SIGUSR1 (the launcher asks for it before it stops a
+  job that hangs) and on SIGTERM (torchrun stops the other ranks with it when one fails), then SIGTERM
+  terminates as before: after a collective timeout the rank that caused it shows where it was.
+* On Linux the rank dies with torchrun (``PR_SET_PDEATHSIG``): a killed launcher leaves no orphan rank.
+* A line redrawn with carriage returns (``\\r`` not followed by ``\\n``: a tqdm progress bar) written through
+  ``sys.stdout`` or ``sys.stderr`` reaches the rank's log with marks a terminal draws exactly as before (``cat``
+  of the log included): each ``\\r`` as ``ESC[G`` + newline (cursor to column 1, next line), the next text
+  written after it preceded by ``ESC[A`` (cursor up: back onto the line), and the newline that ends the line
+  preceded by ``ESC[K`` (erase the rest of the line). torchrun's ``--tee`` reads the logs as text, which turns a
+  bare ``\\r`` into a line break, so without the marks the launcher could not tell a redrawn line from 50
+  printed ones; with them, the cell shows each rank's latest state of the line (``tutorial_lib.launcher.output.Redraws``).
+  Bytes written to the streams' ``buffer`` or file descriptor pass unchanged.
+
+Standard library only, and it imports nothing of ``tutorial_lib`` (whose ``__init__`` would cost every rank
+seconds): torchrun starts it by its path.
+"""
+
+import atexit
+import ctypes
+import faulthandler
+import functools
+import importlib.abc
+import importlib.util
+import io
+import os
+import re
+import runpy
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1
+# The marks of a line redrawn with carriage returns (the launcher's tutorial_lib.launcher.output knows the same three).
+_REDRAWN_END, _REDRAW_START, _REDRAW_DONE = "\x1b[G", "\x1b[A", "\x1b[K"
+_BREAKS = re.compile(r"(\r\n|\r|\n)")
+
+
+class _RedrawMarkingStream(io.TextIOWrapper):
+    """A text stream that marks the lines redrawn with ``\\r`` (see the module docstring)."""
+
+    _redrawing = False  # a \r was written since the last newline
+    _start_pending = False  # the next text written starts a redraw
+
+    def write(self, text):
+        if not isinstance(text, str) or not (self._redrawing or "\r" in text):
+            return super().write(text)
+        out = []
+        for part in _BREAKS.split(text):
+            if part == "\r":
+                out.append(_REDRAWN_END + "\n")
+                self._redrawing = self._start_pending = True
+            elif part in ("\n", "\r\n"):
+                out.append((_REDRAW_DONE if self._redrawing else "") + part)
+                self._redrawing = self._start_pending = False
+            elif part:
+                out.append((_REDRAW_START if self._start_pending else "") + part)
+                self._start_pending = False
+        super().write("".join(out))
+        return len(text)
+
+
+def _mark_redraws(stream):
+    """``stream`` (``sys.stdout`` or ``sys.stderr``) as a ``_RedrawMarkingStream`` on the same buffer; unchanged
+    if it has no buffer. The original stays referenced as ``sys.__stdout__``/``sys.__stderr__`` (its buffer open)."""
+    if not isinstance(stream, io.TextIOWrapper):
+        return stream
+    return _RedrawMarkingStream(stream.buffer, encoding=stream.encoding, errors=stream.errors, newline="\n",
+                                line_buffering=stream.line_buffering, write_through=stream.write_through)
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines, block-buffered into a file)
+    except (OSError, AttributeError):
+        pass
+
+
+def _script_frames(tb):
+    """The traceback from the script's first frame on: without this file's and runpy's, as ``python`` prints it."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return tb
+
+
+# What the script left behind (its namespace; an uncaught exception with its frames) and every process group
+# ``destroy_process_group`` let go of, referenced until os._exit.
+_KEPT: list = []
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def _keep_destroyed_groups(c10d) -> None:
+    """Make ``destroy_process_group()`` (every group: a script's end) keep a reference to the groups it destroys,
+    until ``os._exit``.
+
+    The groups are destroyed as before (removed from torch's maps, their backends shut down); only the objects
+    stay referenced, so no ``~ProcessGroupGloo`` runs before the exit, wherever the script frees its model:
+    freeing a DDP model (its ``Reducer`` holds the group) after ``destroy_process_group()`` can otherwise deadlock
+    on torch 2.13 (see ``run``), in a script's own ``def main()`` too. A kept gloo group holds about 3 threads and
+    5 file descriptors, so ``destroy_process_group(group)`` of one group (a script that makes and drops many
+    subgroups) frees it as usual."""
+    if getattr(c10d.destroy_process_group, "_keeps_groups", False):
+        return
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        if group is None or group is c10d.GroupMember.WORLD:  # a script's end: every group now, the default too
+            _KEPT.extend(c10d._world.pg_map)
+        return destroy(group)
+
+    destroy_process_group._keeps_groups = True
+    c10d.destroy_process_group = destroy_process_group
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "destroy_process_group", None) is destroy:
+        dist.destroy_process_group = destroy_process_group
+
+
+class _OnC10dImport(importlib.abc.MetaPathFinder):
+    """Applies ``_keep_destroyed_groups`` as soon as the script's ``import torch.distributed`` has executed
+    ``distributed_c10d`` (before ``torch.distributed`` copies its names), so this runner imports no torch itself."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _C10D:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                _keep_destroyed_groups(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _watch_process_groups() -> None:
+    """``_keep_destroyed_groups`` now if torch.distributed is imported (the warm-start helper preloads it), else
+    once the script imports it."""
+    if _C10D in sys.modules:
+        _keep_destroyed_groups(sys.modules[_C10D])
+    elif not any(isinstance(f, _OnC10dImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnC10dImport())
+
+
+def run(argv: list[str]) -> int:
+    """Run ``argv`` as ``python ARGV`` would: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]`` as ``__main__``.
+
+    The exit status ``python`` would give: 0, the ``SystemExit`` code (1 with the message on stderr for a
+    non-integer one), 1 with the traceback printed for an uncaught exception, ``-SIGINT`` for an uncaught
+    ``KeyboardInterrupt``; ``atexit`` handlers run. Shared by this runner and the warm-start helper's children.
+
+    What the script leaves is not freed: its namespace (and an uncaught exception's frames) stays referenced
+    until the caller's ``os._exit``. Freeing a DDP model there after ``destroy_process_group()`` drops the last
+    reference to the gloo process group inside ``~Reducer``, with the GIL held, and ``~ProcessGroupGloo`` joins
+    gloo's worker threads; on torch 2.13 a worker may still be destroying the last backward's all-reduce, whose
+    captured thread-local state holds a Python object (autograd's ``context``, stashed for the backward since
+    torch 2.13) and waits for the GIL: a deadlock, the rank hangs after its last line (py-spy's native stacks in
+    the commit that added this). ``python`` itself frees them only in the teardown this runner skips. A script
+    that frees its DDP model itself (``def main(): ...`` returning) would still meet it, so every process group
+    ``destroy_process_group`` destroys stays referenced too (``_keep_destroyed_groups``): the last reference to a
+    group is then never dropped before ``os._exit``.
+    """
+    argv = list(argv)
+    _watch_process_groups()
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            sys.modules.pop(argv[1], None)  # preloaded by the warm-start helper for its imports: run it afresh
+            _KEPT.append(runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+        else:
+            script = os.path.abspath(argv[0])
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(script)
+            _KEPT.append(runpy.run_path(script, run_name="__main__"))
+        code = 0
+    except SystemExit as e:
+        _KEPT.append(e)
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt as e:
+        _KEPT.append(e)
+        sys.excepthook(type(e), e, _script_frames(e.__traceback__))
+        code = -int(signal.SIGINT)
+    except BaseException as e:  # noqa: BLE001 - what the interpreter prints for an uncaught exception
+        _KEPT.append(e)
+        sys.excepthook(type(e), e, _script_frames(e.__traceback__))  # torch.distributed's hook adds "[rankN]:"
+        code = 1
+    atexit._run_exitfuncs()  # what the interpreter runs before its teardown
+    return code
+
+
+def leave(code: int) -> None:
+    """Flush Python's and C's stdio and end the process with ``run``'s status ``code``, skipping the teardown
+    (an uncaught ``KeyboardInterrupt``, ``-SIGINT``, ends it by SIGINT, as ``python`` does)."""
+    _flush()
+    if code == -int(signal.SIGINT):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        print("usage: python rank_runner.py SCRIPT [ARGS...]", file=sys.stderr)
+        os._exit(2)
+    _die_with_parent()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    sys.stdout, sys.stderr = _mark_redraws(sys.stdout), _mark_redraws(sys.stderr)
+    leave(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""The live view of a running job: per-rank progress and the loss/memory figure, updated in place.
+
+Modes (``LaunchSpec.live``, or the ``TUTORIAL_LIB_LIVE`` environment variable for ``"auto"``):
+
+* ``"widgets"``: in a Jupyter kernel, an ipywidgets progress bar per rank, a red box naming the failed rank,
+  its cause and the logs when the job fails, the rank-prefixed output in a collapsible area of limited
+  height, and the figure (replaced in place, one image);
+* ``"text"``: in a Jupyter kernel, a plain-text progress table plus the figure, both updated in
+  place through display handles (what papermill and nbval store); in a terminal, a progress
+  line every few seconds;
+* ``"off"``: nothing.
+
+``"auto"`` picks widgets in a Jupyter kernel with ipywidgets installed, else text. Each mode is its own class behind
+the ``LiveView`` interface (``WidgetNotebookView``, ``TextNotebookView``, ``TerminalView``, and ``LiveView`` itself
+for ``"off"``); the launcher tells a view how the run ended with an ``Outcome`` (``tutorial_lib.rundir``).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import sys
+from collections import deque
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import ConfigError, LaunchError
+from ..plots import plot_run
+from ..rundir import Outcome, RunStatus
+
+LIVE_MODES = ("auto", "widgets", "text", "off")
+LIVE_ENV = "TUTORIAL_LIB_LIVE"
+
+
+def in_jupyter_kernel() -> bool:
+    """True when running inside an IPython kernel (a notebook), not a terminal IPython or plain Python."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return False
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def progress_fields(record: dict) -> list[str]:
+    """``step i/n``, and ``loss`` and ``samples/s`` when the script reports them, from one metrics record."""
+    fields = [f"step {record.get('step')}/{record.get('max_steps', '?')}"]
+    if "loss_local" in record:
+        fields.append(f"loss {record['loss_local']:.4f}")
+    if "samples_per_s" in record:
+        fields.append(f"samples/s {record['samples_per_s']:.0f}")
+    return fields
+
+
+class LiveView:
+    """Base view: collects records; subclasses draw them. ``update`` is called a few times a second.
+
+    ``log_stream`` is where the launcher's rank-prefixed output lines go: ``None`` means the cell's (or the
+    terminal's) stdout; the widget view collects them in its own output area instead.
+    """
+
+    log_stream = None
+
+    def __init__(self) -> None:
+        self.latest: dict[int, dict] = {}  # rank -> newest metrics record
+        self.records: list[dict] = []
+
+    def add(self, records: list[dict]) -> None:
+        """Take new metrics records (one dict per rank per step, as the scripts write them)."""
+        for r in records:
+            self.records.append(r)
+            if r.get("step", -1) >= self.latest.get(r.get("rank"), {}).get("step", -1):
+                self.latest[r.get("rank")] = r
+
+    def progress_lines(self, elapsed_s: float) -> list[str]:
+        """One line per rank with its newest step, loss and samples/s."""
+        lines = []
+        for rank in sorted(self.latest):
+            lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
+        return lines or [f"running, no step reported yet ({elapsed_s:.0f} s)"]
+
+    def start(self) -> None:
+        """Show the (empty) view, before the job starts."""
+
+    def update(self, elapsed_s: float, rss_samples: list[dict], final: bool = False) -> None:
+        """Redraw with the records so far; ``rss_samples`` are the memory sampler's rows; throttled by the view."""
+
+    def finish(self, rss_samples: list[dict], outcome: Outcome) -> None:
+        """Draw the final state: how the run ended (``outcome``: status, cause, elapsed seconds)."""
+
+    def fail(self, error: Exception) -> None:
+        """Show why the job failed (``error``: the ``LaunchError`` the launcher is about to raise)."""
+
+
+class TerminalView(LiveView):
+    """A progress line on stdout every ``interval_s`` seconds (and at the end)."""
+
+    def __init__(self, interval_s: float = 3.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._last = 0.0
+
+    def update(self, elapsed_s, rss_samples, final=False):
+        if final or elapsed_s - self._last >= self.interval_s:
+            self._last = elapsed_s
+            sys.stdout.write(f"[progress {elapsed_s:5.1f} s] " + " | ".join(self.progress_lines(elapsed_s)) + "\n")
+
+    def finish(self, rss_samples, outcome):
+        if self.latest:
+            self.update(outcome.elapsed_s, rss_samples, final=True)
+        sys.stdout.write(f"[launcher] {outcome.text}\n")
+
+
+MIN_PLOT_STEPS = 2  # distinct steps before the live view draws the loss/memory figure
+
+
+class NotebookView(LiveView):
+    """What both notebook views share: the progress (drawn by the subclass) and the loss/memory figure, each redrawn
+    in place through a display handle, and the words of the failure box.
+
+    ``TextNotebookView`` (papermill, nbval, no ipywidgets) and ``WidgetNotebookView`` (JupyterLab) draw the
+    progress, the outcome and the failure box; this class decides when and what.
+    """
+
+    def __init__(self, plot_interval_s: float = 1.0, run_dir: str | os.PathLike | None = None) -> None:
+        super().__init__()
+        self.plot_interval_s = plot_interval_s
+        self.run_dir = run_dir
+        self._last_plot = -1e9
+        self._plotted_records = -1
+
+    def start(self):
+        from IPython.display import display
+
+        self._start_progress()
+        self._plot = display(_Text("(the loss and memory plot appears once two steps are logged)"), display_id=True)
+
+    def _start_progress(self) -> None:
+        """Show the progress area (before the figure's)."""
+        raise NotImplementedError
+
+    def _draw_progress(self, elapsed_s: float, outcome: Outcome | None = None) -> None:
+        """Redraw every rank's progress; ``outcome`` once the run has ended."""
+        raise NotImplementedError
+
+    def _draw_alert(self, title: str, details: list[str]) -> None:
+        """Show why the run failed: ``title``, then ``details`` (plain text)."""
+        raise NotImplementedError
+
+    def _draw_outcome(self, elapsed_s: float, outcome: Outcome) -> None:
+        """The last redraw, after the progress, the figure and the failure box (nothing by default)."""
+
+    def _draw_plot(self, rss_samples, final=False):
+        steps = {r.get("step") for r in self.records}
+        if len(steps) < MIN_PLOT_STEPS:  # one dot is no curve: a 1-step or early-failed run draws no figure
+            if final:
+                self._plot.update(_Text("(no per-step metrics: this script writes none)" if not self.records else
+                                        f"({len(steps)} step logged: too few for a curve; metrics in "
+                                        f"{Path(self.run_dir) / 'metrics' if self.run_dir else 'metrics/'})"))
+            return
+        fig = plot_run(pd.DataFrame(self.records), pd.DataFrame(rss_samples) if rss_samples else None)
+        self._plot.update(fig)
+        self._plotted_records = len(self.records)
+
+    def update(self, elapsed_s, rss_samples, final=False):
+        self._draw_progress(elapsed_s)
+        if (final or elapsed_s - self._last_plot >= self.plot_interval_s) and len(self.records) != self._plotted_records:
+            self._last_plot = elapsed_s
+            self._draw_plot(rss_samples)
+
+    def finish(self, rss_samples, outcome):
+        # The figure first: when the status line says "finished", the final figure is already there.
+        # After a success the memory curve is completed; after a failure only new steps are drawn, and after an
+        # interrupt the figure stays as it is (at most plot_interval_s old) unless none was drawn yet, so the
+        # cell says "interrupted" without waiting for a redraw.
+        stale = len(self.records) != self._plotted_records
+        interrupted = outcome.status == RunStatus.INTERRUPTED
+        if not outcome.failed or (stale and (not interrupted or self._plotted_records < 0)):
+            self._draw_plot(rss_samples, final=True)
+        self._draw_progress(outcome.elapsed_s, outcome)
+        if outcome.failed:
+            details = [self._steps_line()]
+            if interrupted:
+                details.insert(0, "the kernel was interrupted: torchrun and every worker were stopped")
+            self._draw_alert(outcome.cause, details)
+        self._draw_outcome(outcome.elapsed_s, outcome)
+
+    def _steps_line(self) -> str:
+        steps = ", ".join(f"rank {k} at step {r.get('step')}" for k, r in sorted(self.latest.items()))
+        return f"last step reported: {steps or 'none'}"
+
+    def fail(self, error) -> None:
+        """Name the failed rank and its cause in the failure box (``error``: the ``LaunchError`` about to be raised)."""
+        failure = getattr(error, "failure", None)
+        if getattr(error, "timeout_s", None) is not None:  # LaunchTimeout: where every rank was, if it says
+            where = getattr(error, "where", None) or {}
+            details = [f"no rank logged a step for stall_timeout_s={error.timeout_s:g} s: the job was stopped"
+                       if getattr(error, "limit", "") == "stall_timeout_s"
+                       else f"the job ran past timeout_s={error.timeout_s:g} s and was stopped"]
+            details += [f"rank {rank} was in {place}" for rank, place in sorted(where.items())]
+            self._draw_alert(getattr(error, "summary", str(error)).split(";")[0], details + [self._steps_line()])
+            return
+        cause = error.cause if isinstance(error, LaunchError) else ""  # survives empty tracebacks and logs
+        details = [f"cause: {cause}"] if cause else []
+        if failure is not None and failure.rank is not None:
+            details.append(f"rank {failure.rank} exited with code {failure.exit_code}; the other ranks were stopped")
+        details.append(self._steps_line())
+        self._draw_alert(getattr(error, "summary", str(error)), details)
+
+
+class TextNotebookView(NotebookView):
+    """Text mode in a kernel (papermill, nbval, no ipywidgets): a plain-text progress table, redrawn in place, above
+    the figure. The output lines go to the cell's stdout (``log_stream`` is ``None``), throttled by the launcher; the
+    failure is said by those lines and the raised error, so there is no failure box."""
+
+    def _start_progress(self) -> None:
+        from IPython.display import display
+
+        self._progress = display(_Text("starting torchrun ..."), display_id=True)
+
+    def _draw_progress(self, elapsed_s, outcome=None):
+        status = f"elapsed {elapsed_s:.1f} s" + (f" - {outcome.text}" if outcome else "")
+        self._progress.update(_Text("\n".join(self.progress_lines(elapsed_s) + [status])))
+
+    def _draw_alert(self, title, details):
+        pass
+
+
+class WidgetNotebookView(NotebookView):
+    """The widget view in JupyterLab. The cell shows, from top to bottom: a status line (running / finished / failed,
+    elapsed), one progress bar per rank (step / max steps, loss, samples/s, elapsed), a red summary box when the job
+    fails or is interrupted (rank, cause, where the full logs are), and the rank-prefixed output lines in a
+    collapsible area that keeps the last ``log_lines`` lines (all lines are in ``output.log``). Below it, the figure.
+    """
+
+    def __init__(self, plot_interval_s: float = 1.0, run_dir: str | os.PathLike | None = None,
+                 log_lines: int = 200) -> None:
+        super().__init__(plot_interval_s, run_dir)
+        self._bars: dict[int, tuple] = {}
+        self.log_stream = LogBuffer(log_lines)
+        self._log_version = -1
+
+    def _start_progress(self) -> None:
+        import ipywidgets as w
+        from IPython.display import display
+
+        self._header = w.HTML("<b>starting torchrun ...</b>")
+        self._rows = w.VBox([])
+        self._alert = w.HTML(layout=w.Layout(display="none"))
+        self._log = w.HTML(_log_html([]))
+        where = f"; every line in {Path(self.run_dir) / 'output.log'}" if self.run_dir else ""
+        title = f"output, rank-prefixed (last {self.log_stream.maxlen} lines{where})"  # plain text, not HTML
+        self._log_box = w.Accordion(children=[self._log], titles=(title,), selected_index=0)
+        self._box = w.VBox([self._header, self._rows, self._alert, self._log_box], layout=w.Layout(width="100%"))
+        self._box.add_class("tutorial-lib-live")
+        self._box_handle = display(self._widget_bundle("starting torchrun ..."), raw=True, display_id=True)
+
+    def _widget_bundle(self, text: str) -> dict:
+        """The box's display data; ``text/plain`` (what a notebook saved without widget state shows) is ``text``."""
+        data = self._box._repr_mimebundle_()
+        data["text/plain"] = text
+        return data
+
+    def _draw_progress(self, elapsed_s, outcome=None):
+        import ipywidgets as w
+
+        new_rank = False
+        for rank in sorted(self.latest):
+            r = self.latest[rank]
+            if rank not in self._bars:
+                bar = w.IntProgress(min=0, max=int(r.get("max_steps") or 1), description=f"rank {rank}")
+                self._bars[rank] = (bar, w.HTML())
+                new_rank = True
+            bar, label = self._bars[rank]
+            bar.value = int(r.get("step", 0))
+            label.value = " &nbsp;&middot;&nbsp; ".join(progress_fields(r) + [f"{elapsed_s:.1f} s"])
+        if new_rank:
+            self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
+        if outcome is None:
+            self._header.value = f"<b style='color:inherit'>running</b> &middot; elapsed {elapsed_s:.1f} s"
+        else:
+            colour = "#c62828" if outcome.failed else "#2e7d32"
+            self._header.value = f"<b style='color:{colour}'>{html.escape(outcome.text)}</b>"
+            for bar, _ in self._bars.values():
+                bar.bar_style = "danger" if outcome.failed else "success"
+        if self.log_stream.version != self._log_version:
+            self._log_version = self.log_stream.version
+            self._log.value = _log_html(self.log_stream.lines())
+
+    def _draw_alert(self, title, details):
+        """The red failure box: ``title`` in bold, then ``details`` (plain text, escaped), then where the logs are."""
+        if self.run_dir:
+            details = details + [f"full logs in {self.run_dir}: output.log (every line), logs/ (per rank), "
+                                 "command.txt (the command to rerun it)"]
+        body = "".join(f"<div>{html.escape(d)}</div>" for d in details)
+        self._alert.value = (f"<div class='tutorial-lib-failure' style='border:2px solid #c62828;background:#ffebee;"
+                             f"color:#b71c1c;padding:6px 10px;margin:4px 0;border-radius:4px'>"
+                             f"<b>&#10006; {html.escape(title)}</b>{body}</div>")
+        self._alert.layout.display = None
+
+    def _draw_outcome(self, elapsed_s, outcome):
+        self._box_handle.update(self._widget_bundle("\n".join(self.progress_lines(elapsed_s) + [outcome.text])), raw=True)
+
+
+class LogBuffer:
+    """A file-like sink keeping the last ``maxlen`` lines written (the widget view's output area)."""
+
+    def __init__(self, maxlen: int = 200) -> None:
+        self.maxlen = maxlen
+        self._lines: deque[str] = deque(maxlen=maxlen)
+        self._partial = ""
+        self._redrawn: dict[str, str] = {}  # label -> the latest state of the line that rank redraws
+        self.version = 0  # bumped on every write, so the view redraws only when something arrived
+
+    def write(self, text: str) -> int:
+        parts = (self._partial + text).split("\n")
+        self._partial = parts.pop()
+        self._lines.extend(parts)
+        self.version += 1
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def redraw(self, label: str, text: str | None) -> None:
+        """Show ``text`` as the line ``label`` (``"rank 0"``) redraws in place, below the others; ``None`` removes it."""
+        if text is None:
+            self._redrawn.pop(label, None)
+        else:
+            self._redrawn[label] = f"[{label}] {text}"
+        self.version += 1
+
+    def lines(self) -> list[str]:
+        """The kept lines, then each line being redrawn in its latest state."""
+        return list(self._lines) + ([self._partial] if self._partial else []) + list(self._redrawn.values())
+
+
+def _log_html(lines: list[str]) -> str:
+    """Lines in a scrolling box about 12 lines high that stays scrolled to the newest line (column-reverse)."""
+    text = html.escape("\n".join(lines)) if lines else "(no output lines yet)"
+    return ("<div class='tutorial-lib-log' style='display:flex;flex-direction:column-reverse;max-height:15em;"
+            "overflow-y:auto'><pre style='flex:none;overflow:visible;margin:0;font-size:12px;line-height:1.25'>" + text + "</pre></div>")
+
+
+class _Text:
+    """Plain text for a display handle (text/plain only, so no HTML escaping surprises)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def make_view(mode: str = "auto", run_dir: str | os.PathLike | None = None) -> LiveView:
+    """Build the live view for ``mode`` (see the module docstring); ``run_dir`` is named where logs are.
+
+    Raises:
+        ConfigError: unknown mode.
+    """
+    if mode not in LIVE_MODES:
+        raise ConfigError(f"live must be one of {LIVE_MODES}, got {mode!r}")
+    if mode == "auto":
+        mode = os.environ.get(LIVE_ENV, "auto")
+        if mode not in LIVE_MODES:
+            raise ConfigError(f"${LIVE_ENV} must be one of {LIVE_MODES}, got {mode!r}")
+    if mode == "off":
+        return LiveView()
+    if not in_jupyter_kernel():
+        return TerminalView()
+    if mode in ("auto", "widgets"):
+        try:
+            import ipywidgets  # noqa: F401
+
+            return WidgetNotebookView(run_dir=run_dir)
+        except ImportError:
+            if mode == "widgets":
+                raise ConfigError("live='widgets' needs ipywidgets: pip install ipywidgets") from None
+    return TextNotebookView(run_dir=run_dir)
+
+
+def enable_inline_figures() -> None:
+    """In a Jupyter kernel, render ``matplotlib.figure.Figure`` objects as PNG when displayed.
+
+    The library builds figures without pyplot (no global state), so IPython's inline backend never
+    registers itself; this registers just the PNG formatter for ``Figure``. A no-op elsewhere.
+    """
+    if not in_jupyter_kernel():
+        return
+    from IPython import get_ipython
+    from IPython.core.pylabtools import print_figure
+    from matplotlib.figure import Figure
+
+    formatter = get_ipython().display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight", dpi=90))
