@@ -49,7 +49,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import tutorial_lib as tl  # noqa: E402
-from tutorial_lib.launcher.run import build_command, build_env, free_port  # noqa: E402
+from tutorial_lib.launcher.environment import build_env  # noqa: E402
+from tutorial_lib.launcher.job import free_port  # noqa: E402
+from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
 SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu", "soak", "matrix")
 DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for

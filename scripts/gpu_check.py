@@ -40,9 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 import tutorial_lib as tl  # noqa: E402
 from tutorial_lib import metrics as metrics_schema  # noqa: E402
-from tutorial_lib.launcher.devices import DevicePlan, check_positive_int  # noqa: E402
-from tutorial_lib.launcher.run import build_command  # noqa: E402
-from tutorial_lib.rundir import SCRIPTS_DIR  # noqa: E402
+from tutorial_lib.launcher.devices import DevicePlan  # noqa: E402
+from tutorial_lib.launcher.plan import build_command  # noqa: E402
+from tutorial_lib.parameters import check_positive_int  # noqa: E402
+from tutorial_lib.rundir import LESSONS_DIR  # noqa: E402
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 DRY_RUN_GPUS = (1, 2, 4)  # --dry-run without --gpus: the machines of issue 15 (8 GPUs: --gpus 8)
@@ -219,7 +220,7 @@ def plan_checks(gpu_count: int) -> list[Check]:
 
 def load_script(name: str) -> ModuleType:
     """The shipped script ``name`` imported as a module (its ``main()`` does not run; imports torch)."""
-    return tl.import_script(SCRIPTS_DIR / f"{name}.py")
+    return tl.import_script(LESSONS_DIR / f"{name}.py")
 
 
 def torchrun_argv(launch: Launch, gpu_count: int) -> list[str]:

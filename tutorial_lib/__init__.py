@@ -17,11 +17,14 @@ from .attention import sdpa_backends
 from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
                           load_checkpoint_state)
 from .cluster import node_commands, slurm_script
-from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device, set_rank_env
+from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
+from .launcher.environment import set_rank_env
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
-from .launcher.run import LaunchResult, LaunchSpec, launch, run_in_process, run_script
+from .launcher.in_process import run_in_process
+from .launcher.run import launch, run_script
+from .launcher.spec import LaunchResult, LaunchSpec
 from .launcher.live import enable_inline_figures
 from .parameters import check_parameters
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
@@ -31,9 +34,9 @@ from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_lo
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
-from .rundir import available_scripts, import_script, new_run_dir, show_script, write_script
-from .torchrun.root_cause import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
-                            lost_connection, rank_errors)
+from .rundir import available_scripts, new_run_dir, write_script
+from .run_logs import FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors, lost_connection, rank_errors
+from .script_source import import_script, show_script
 
 __all__ = [
     "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
@@ -48,7 +51,7 @@ __all__ = [
     "overlap_intervals", "plot_timeline", "read_trace_intervals", "sdpa_backends", "step_breakdown",
 ]
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
-            "lost_connection", "rank_errors"]  # torchrun_logs: what a run's logs say
+            "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __version__ = "0.1.0"
 
 enable_inline_figures()

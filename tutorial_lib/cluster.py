@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from .launcher.devices import check_positive_int
 from .errors import ConfigError
+from .parameters import check_positive_int
 
 
 def _check(nnodes: int, nproc_per_node: int, master_port: int) -> None:

@@ -1,18 +1,11 @@
 """The doctor: say in a few lines what went wrong in a failed run, and what to do about it.
 
 ``diagnose(run_dir)`` (or ``diagnose(error)`` with the ``LaunchError`` a launch raised) reads what a run
-left behind: torchrun's failure summary and the per-rank ``error.json`` files ``@record`` wrote (through the
-launcher's own ``find_root_cause``), ``output.log`` (every rank's stdout and stderr), and the per-rank
+left behind: torchrun's failure summary and the per-rank ``error.json`` files ``@record`` wrote (read by
+``tutorial_lib.torchrun``), ``output.log`` (every rank's stdout and stderr), ``run.json`` and the per-rank
 metrics. It names the rank that failed first, its exit code (and the signal behind a negative one), the last
-lines of its traceback, the last step every rank logged, and a suspected cause found by matching the known
-messages of gloo, NCCL, torchrun, the allocators and DDP, each with a one-line fix and the notebook that
-shows it.
-
-The patterns are the messages these libraries print on torch 2.8 and 2.13 (both run in CI, each failure of
-notebooks 02, 05, 06 and 07 is a test on each version); where a version drops a message the doctor also reads
-what both leave (for a skipped collective on gloo: the abort, the stack in the collective, the enforce line).
-A message torch changes makes the doctor fall back to "Python exception" or "killed by signal", never to a
-wrong specific cause on purpose.
+lines of its traceback, the last step every rank logged, and a suspected cause: the first of the known messages
+(``tutorial_lib.causes``) that the evidence holds, each with a one-line fix and the notebook that shows it.
 """
 
 from __future__ import annotations
@@ -20,165 +13,20 @@ from __future__ import annotations
 import html
 import os
 import re
-import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, innermost_frame,
-                     last_meaningful_line, stopped_ranks_stacks)
+from .causes import (CAUSES, EXCEPTION_FIX, EXIT_FIX, HANG_FIX, NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIXES,
+                     exit_code_meaning, signal_name)
+from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
 from .metrics import read_metrics
-from .launcher.output import NoiseFilter, ThrottledPrinter, rank_lines
-from .rundir import RunRecord, RunStatus
-from .torchrun.root_cause import AGENT_FAILED, FAILURE_ENTRY, ROOT_CAUSE, find_root_cause, read_error_file
+from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
+from .torchrun.attempts import attempts, read_error_file
+from .torchrun.noise import NoiseFilter
+from .torchrun.root_cause import AGENT_FAILED, root_cause_from_logs
+from .torchrun.stacks import innermost_frame, last_meaningful_line, stopped_ranks_stacks
+from .torchrun.tee import RankTails, rank_lines
 
-
-@dataclass(frozen=True)
-class Cause:
-    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught.
-
-    ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
-    """
-
-    name: str
-    pattern: re.Pattern
-    fix: str
-    describe: Callable[[str], str] | None = None
-
-
-# A checkpoint loaded into a model of another shape: DCP's planner (dcp.load), set_state_dict's strict check, and
-# nn.Module.load_state_dict (a full checkpoint), as torch 2.8 and 2.13 word them.
-_SIZE_MISMATCH = (re.compile(r"Size mismatch between saved (?P<saved>torch\.Size\(\[[^\]]*\]\)) and current: "
-                             r"(?P<current>torch\.Size\(\[[^\]]*\]\)) for (?P<key>[\w.]*\w)"),
-                  re.compile(r"size mismatch for (?P<key>[\w.]*\w): copying a param with shape (?P<saved>torch\.Size\("
-                             r"\[[^\]]*\]\)) from checkpoint, the shape in current model is (?P<current>torch\.Size\("
-                             r"\[[^\]]*\]\))"))
-_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]*\w)|Missing key: (?P<key2>[\w.]*\w)|"
-                          r"Missing key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
-_UNEXPECTED_KEY = re.compile(r"Unexpected key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
-
-
-def describe_checkpoint_mismatch(line: str) -> str:
-    """``"model.net.6.weight: saved [4, 128], this model [128, 128]"`` from a size mismatch message (or the key a
-    missing/unexpected-key message names); the line itself when it is neither.
-
-    Args:
-        line: a line that ``CAUSES``' "checkpoint does not match the model" pattern matched.
-    """
-    for pattern in _SIZE_MISMATCH:
-        m = pattern.search(line)
-        if m:
-            saved, current = (m[name].removeprefix("torch.Size(").removesuffix(")") for name in ("saved", "current"))
-            return f"{m['key']}: saved {saved}, this model {current}"
-    m = _MISSING_KEY.search(line)
-    if m:
-        return f"{m['key'] or m['key2'] or m['keys']}: in this model, not in the checkpoint"
-    m = _UNEXPECTED_KEY.search(line)
-    if m:
-        return f"{m['keys']}: in the checkpoint, not in this model"
-    return line
-
-
-# In priority order: the first cause whose pattern occurs in any rank's traceback or output wins. Specific
-# causes come first; the consequences they trigger on the peers ("Connection reset by peer", a timeout
-# while a peer is already dead) come later or not at all.
-CAUSES = (
-    Cause("port in use", re.compile(r"EADDRINUSE|address already in use", re.I),
-          "another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
-          "another one (06, section 5 'A port that is already taken')"),
-    Cause("rendezvous timeout", re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
-          "not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
-          "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')"),
-    Cause("out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
-                                      r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
-          "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
-          "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
-    Cause("checkpoint does not match the model",
-          re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
-                     r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
-                     r"Unexpected key\(s\) in state_dict"),
-          "the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
-          "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
-          "folder records only the step, world size, format and strategy), or start without --resume "
-          "(05, section 3 'Sharded checkpoints')", describe_checkpoint_mismatch),
-    # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
-    # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
-    Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
-                                            r"collective mismatch|op\.preamble\.length <= op\.nbytes", re.I),
-          "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
-          "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
-          "(07, section 1 'Hang')"),
-    # A rank that finished its work and then died in the interpreter's teardown: a gloo thread aborts while the
-    # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
-    Cause("abort at interpreter exit", re.compile(r"terminate called without an active exception"),
-          "the script had returned: gloo aborted the process during Python's teardown, not your code; the "
-          "launcher's rank runner leaves with os._exit after flushing (tutorial_lib/child/rank_runner.py), do the same at "
-          "the end of a script you run with plain torchrun (07, section 2 'A crashing rank')"),
-    Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
-          "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
-          "(01, section 6 'A parameter without a gradient')"),
-    Cause("collective timeout (hang)", re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
-                                                  r"Socket Timeout"),
-          "a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
-          "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
-          "error (07, section 1 'Hang'; uneven inputs: 02, section 4)"),
-    Cause("NCCL error", re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
-                                   r"ncclInvalidUsage|ncclRemoteError|NCCL WARN"),
-          "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
-          "(07, section 3 'Debugging variables')"),
-)
-
-_EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
-                  "only because their peer was gone (07, section 2 'A crashing rank')")
-_SIGNAL_FIXES = {
-    "SIGKILL": "killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
-               "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')",
-    "SIGSEGV": "a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
-               "that called it (07, section 1d: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo crashes so)",
-    "SIGABRT": "a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
-               "rank's stderr in logs/ (07, section 1 'Hang')",
-    "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
-               "interrupt): look for the rank that failed first",
-    "SIGFPE": "no traceback: an arithmetic fault in native code, most often an integer division by zero in C/C++ (an "
-              "extension, a custom op); Python and torch raise ZeroDivisionError or give inf/nan instead. The "
-              "faulthandler stack in the rank's log names the Python line that called it (07, section 2 'A crashing "
-              "rank')",
-    "SIGBUS": "no traceback: a bad memory access in native code, typically a memory-mapped file (a dataset, a "
-              "checkpoint) truncated or deleted while in use, or /dev/shm full (DataLoader workers pass tensors "
-              "through it: df -h /dev/shm; in Docker raise --shm-size) (07, section 2 'A crashing rank')",
-    "SIGILL": "no traceback: the CPU met an instruction it does not have: a binary (torch, numpy, an extension) "
-              "built for a newer CPU (AVX-512, ...) than this machine's, or a corrupt install; reinstall the wheels "
-              "for this machine (07, section 2 'A crashing rank')",
-    "SIGTRAP": "no traceback: a native breakpoint or assertion trap (__builtin_trap) in C/C++ code, or a debugger "
-               "attached to the rank; the faulthandler stack in the rank's log shows the Python line (07, section 2 "
-               "'A crashing rank')",
-    "SIGSYS": "no traceback: a system call the sandbox forbids (seccomp in a container); run with the container's "
-              "default profile or allow the call (07, section 2 'A crashing rank')",
-    "SIGXCPU": "no traceback: the rank used up its CPU-time limit (ulimit -t, or the batch scheduler's); raise the "
-               "limit or ask for more time (07, section 2 'A crashing rank')",
-    "SIGXFSZ": "no traceback: a write went past the file-size limit (ulimit -f), e.g. a checkpoint or log; raise the "
-               "limit (07, section 2 'A crashing rank')",
-    "SIGPIPE": "no traceback: the rank wrote to a pipe or socket whose reader was gone (output piped into a command "
-               "that exited, such as head) (07, section 2 'A crashing rank')",
-    "SIGINT": "interrupted (Ctrl-C in a terminal, a kernel interrupt in Jupyter): nothing failed by itself",
-    "SIGHUP": "its terminal or session closed (an ssh session ended): start long runs under nohup, tmux or a "
-              "batch scheduler",
-}
-_EXIT_FIX = ("rank {rank} ended itself with exit code {code} and left no traceback: sys.exit({code}), exit({code}) or "
-             "os._exit({code}) in its script or in a library it calls ({meaning}); search the code for sys.exit, "
-             "exit( and os._exit, and raise an exception there instead so @record keeps the traceback (07, section 2 "
-             "'A crashing rank')")
-# NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
-_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
-_P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
-             "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
-             "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access")
-_NO_ERROR_FIX = ("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
-                 "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
-                 "lines say what it was doing (07, section 4 'Out of memory')")
-_HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
-             "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
-             "(07, section 1 'Hang')")
 
 # C++ log lines (TORCH_CPP_LOG_LEVEL=INFO: "[I1130 03:28:12.47 file.cpp:887] ..."), the fingerprints
 # TORCH_DISTRIBUTED_DEBUG=DETAIL logs for every collective and gloo's connection report (torch 2.8) are noise
@@ -285,43 +133,15 @@ def _clip(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n - 3] + "..."
 
 
-def signal_name(exit_code: int | None) -> str | None:
-    """``"SIGKILL"`` for exit code -9 (torchrun reports a worker killed by signal N as -N); else ``None``."""
-    if exit_code is None or exit_code >= 0:
-        return None
-    try:
-        return signal.Signals(-exit_code).name
-    except ValueError:
-        return f"signal {-exit_code}"
-
-
-def exit_code_meaning(code: int) -> str:
-    """What a positive exit code usually means when a process leaves no traceback, in a few words.
-
-    Args:
-        code: the exit code (1..255) torchrun reported for the rank.
-    """
-    if code == 1:
-        return "1 is also what sys.exit('message') gives: the message is then the rank's last line"
-    if code == 2:
-        return "2 is argparse's code for bad command-line arguments: look for 'usage:' and 'error:' in its log"
-    if code in (126, 127):
-        return f"{code} is a shell's 'command {'not executable' if code == 126 else 'not found'}': a wrapper script"
-    if 128 < code < 128 + 65:
-        name = signal_name(128 - code)
-        return f"{code} = 128 + {code - 128}: a shell's way of saying its child was killed by {name}"
-    if code == 255:
-        return "255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"
-    return f"no library here exits with {code} on its own: it is most likely the script's own number"
-
-
 def _error_files(run_dir: Path) -> dict[int | None, str]:
-    """Tracebacks of every error file under ``logs/`` (any attempt, any node), keyed by local rank."""
+    """Tracebacks of every error file of every attempt (any node), keyed by local rank (a later attempt's wins)."""
+    log_dirs = list(node_log_dirs(run_dir).values()) or [run_dir / LOGS]
     found = {}
-    for path in sorted((run_dir / "logs").rglob("attempt_*/*/error.json")):
-        text = read_error_file(path)
-        if text:
-            found[int(path.parent.name) if path.parent.name.isdigit() else None] = text
+    for attempt in (a for log_dir in log_dirs for a in attempts(log_dir)):
+        for local_rank, path in sorted(attempt.error_files().items()):
+            text = read_error_file(path)
+            if text:
+                found[local_rank] = text
     return found
 
 
@@ -353,40 +173,6 @@ def _aborted_in_collective(signal_name_: str | None, lines: list[str]) -> bool:
     return bool(where) and _COLLECTIVE_FRAME.search(where) is not None
 
 
-def _root_cause(run_dir: Path, output: str, tails: ThrottledPrinter, recovered: bool = False) -> RankFailure | None:
-    """The launcher's root cause for one node; across simulated nodes (``logs/node<N>/``), the earliest error file.
-
-    On several nodes ``output.log`` interleaves the agents' summaries, which name global ranks; a node's error
-    files are under ``logs/node<N>/<id>/attempt_<k>/<local_rank>/`` and its first global rank is
-    ``N * nproc_per_node``.
-    """
-    node_dirs = sorted((p for p in (run_dir / "logs").glob("node*") if p.name[4:].isdigit()),
-                       key=lambda p: int(p.name[4:]))
-    if not node_dirs:
-        return find_root_cause(output, run_dir / "logs", tails, recovered=recovered)
-    exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in FAILURE_ENTRY.finditer(output)}
-    errors = []  # (exited on its own, mtime, global rank, path)
-    for node_dir in node_dirs:
-        attempts = [p for p in node_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
-        if not attempts:
-            continue
-        last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
-        nproc = sum(1 for p in last.iterdir() if p.name.isdigit())
-        for path in last.glob("*/error.json"):
-            if path.parent.name.isdigit():
-                rank = int(node_dir.name[4:]) * nproc + int(path.parent.name)
-                errors.append((exit_codes.get(rank, 1) <= 0, path.stat().st_mtime_ns, rank, path))
-    if errors:
-        _, _, rank, path = min(errors)
-        traceback = read_error_file(path)
-    else:
-        roots = list(ROOT_CAUSE.finditer(output))
-        if not roots:
-            return None
-        rank, traceback = int(roots[0]["rank"]), ""
-    return RankFailure(rank=rank, exit_code=exit_codes.get(rank), traceback=traceback, log_tail=tails.tail(rank))
-
-
 def _last_steps(run_dir: Path) -> dict[int, int]:
     try:
         metrics = read_metrics(run_dir)
@@ -399,7 +185,7 @@ def _check_run_dir(run_dir: Path) -> None:
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; pass the run directory of a launch "
                           "(LaunchError.run_dir, LaunchResult.run_dir) or the error itself")
-    if not any((run_dir / name).exists() for name in ("output.log", "command.txt", "logs")):
+    if not any((run_dir / name).exists() for name in (OUTPUT_LOG, COMMAND_TXT, LOGS)):
         raise ConfigError(f"{str(run_dir)!r} is not a run directory (no output.log, command.txt or logs/): "
                           "pass the folder a launch created")
 
@@ -411,7 +197,7 @@ def _ranks_on_this_machine(run_dir: Path, record: RunRecord | None) -> int | Non
     if record is not None and isinstance(record.nproc_per_node, int):
         return record.nproc_per_node * int(record.nnodes or 1)
     try:
-        counts = re.findall(r"--nproc[-_]per[-_]node[ =](\d+)", (run_dir / "command.txt").read_text())
+        counts = re.findall(r"--nproc[-_]per[-_]node[ =](\d+)", (run_dir / COMMAND_TXT).read_text())
     except OSError:
         return None
     return sum(map(int, counts)) if counts else None
@@ -431,7 +217,7 @@ class _RankOutput:
     ranked: list[tuple[int | None, str]] = field(default_factory=list)
     by_rank: dict[int | None, list[str]] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
-    tails: ThrottledPrinter = field(default_factory=ThrottledPrinter)
+    tails: RankTails = field(default_factory=RankTails)
 
 
 def _read_output(run_dir: Path, error: LaunchError | None) -> str:
@@ -441,9 +227,9 @@ def _read_output(run_dir: Path, error: LaunchError | None) -> str:
         ConfigError: not a run directory, or (given a folder, not an error) one whose launch did not start.
     """
     _check_run_dir(run_dir)
-    log_path = run_dir / "output.log"
+    log_path = run_dir / OUTPUT_LOG
     output = log_path.read_text(errors="replace") if log_path.exists() else ""
-    if error is None and output == "" and not (run_dir / "logs").exists():
+    if error is None and output == "" and not (run_dir / LOGS).exists():
         raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
     return output
 
@@ -463,7 +249,7 @@ def _split_ranks(output: str) -> _RankOutput:
         ranks.ranked.append((rank, text))
         if noise.kind(rank, text) == NoiseFilter.VERSION:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
-        ranks.tails.emit(rank, text, show=False)
+        ranks.tails.add(rank, text)
         ranks.by_rank.setdefault(rank, []).append(text)
         if not _NOISE.search(text):
             ranks.lines.append(text)
@@ -490,7 +276,7 @@ def _where(run_dir: Path, error: LaunchError | None, record: RunRecord | None, r
     where = dict(getattr(error, "where", {}) or {})
     where = where or (dict(record.where) if record is not None else {})
     if not where and not timed_out:
-        stacks = stopped_ranks_stacks(ranked, run_dir / "logs", one_node=not any((run_dir / "logs").glob("node*")),
+        stacks = stopped_ranks_stacks(ranked, run_dir / LOGS, one_node=not node_log_dirs(run_dir),
                                       failed_rank=failed_rank)
         where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
     return where
@@ -540,10 +326,10 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
                 evidence = line if start == 0 else "..." + line[start:]
                 evidence = cause.describe(line) if cause.describe else evidence
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
-                nccl_timeout = cause.name == "collective timeout (hang)" and any(map(_NCCL_TIMEOUT.search, texts))
+                nccl_timeout = cause.name == "collective timeout (hang)" and any(map(NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
                                      or 0) > 1:
-                    diagnosis.fix += _P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
+                    diagnosis.fix += P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
                 return True
     return False
 
@@ -559,35 +345,35 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
     exit code. ``rank_lines_``: the failed rank's lines of output."""
     if timed_out:
         diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"
-        diagnosis.fix = _HANG_FIX
+        diagnosis.fix = HANG_FIX
         diagnosis.evidence = f"last step per rank {diagnosis.last_steps}" if diagnosis.last_steps else ""
     elif diagnosis.error and diagnosis.signal is None:
         name = diagnosis.error.split(":", 1)[0]
         diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", diagnosis.error
-        diagnosis.fix = _EXCEPTION_FIX.format(rank=failure.rank)
+        diagnosis.fix = EXCEPTION_FIX.format(rank=failure.rank)
     elif _aborted_in_collective(diagnosis.signal, rank_lines_):
         mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
         diagnosis.cause, diagnosis.fix = mismatch.name, mismatch.fix
         diagnosis.evidence = _fatal_error(rank_lines_)
     elif diagnosis.signal is not None:
         diagnosis.cause = f"killed by {diagnosis.signal}"
-        diagnosis.fix = _SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
+        diagnosis.fix = SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
         diagnosis.evidence = _last_words(failure, rank_lines_)
     elif failure.rank is not None and not failure.traceback and (failure.exit_code or 0) > 0:
         # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
         code = failure.exit_code
         diagnosis.cause = f"exited with code {code} without a traceback"
-        diagnosis.fix = _EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
+        diagnosis.fix = EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
         last = last_meaningful_line(failure.log_tail)
         diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
     elif failure.rank is not None and not failure.traceback and failure.exit_code is None:
         # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
         # peers failed on the lost connection: the rank died outside Python.
         diagnosis.cause = "died without a Python error"
-        diagnosis.fix = _NO_ERROR_FIX
+        diagnosis.fix = NO_ERROR_FIX
         diagnosis.evidence = _last_words(failure, rank_lines_)
     else:
-        diagnosis.fix = "no known pattern: read output.log and logs/*/attempt_*/<local_rank>/ in the run directory"
+        diagnosis.fix = "no known pattern: read output.log and the ranks' logs under logs/ in the run directory"
 
 
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
@@ -614,7 +400,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     record = RunRecord.read(run_dir) if error is None else None
     recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
     ranks = _split_ranks(_evidence_output(output, recovered))
-    failure = error.failure if error is not None else _root_cause(run_dir, output, ranks.tails, recovered=recovered)
+    failure = error.failure if error is not None else root_cause_from_logs(
+        output, run_dir / LOGS, node_log_dirs(run_dir), ranks.tails, recovered=recovered)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
     last_steps = _run_last_steps(run_dir, error)

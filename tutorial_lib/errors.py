@@ -2,14 +2,19 @@
 
 Modelled on papermill's ``exceptions.py``: structured attributes for programs, a readable
 ``__str__`` for people. ``ConfigError`` is raised *before* anything is launched;
-``LaunchError`` and its subclasses describe a job that ran and failed.
+``LaunchError`` and its subclasses describe a job that ran and failed. A ``LaunchError`` carries the
+``RankFailure`` torchrun's files tell (defined with the reader that finds it, ``tutorial_lib.torchrun.root_cause``,
+and importable from here) and reads tracebacks and stack dumps with ``tutorial_lib.torchrun.stacks``.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from .torchrun.root_cause import RankFailure
+from .torchrun.stacks import innermost_frame, last_meaningful_line, without_tracebacks
+
+__all__ = ["ConfigError", "LaunchError", "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError"]
 
 
 class TutorialError(Exception):
@@ -25,25 +30,6 @@ class ConfigError(TutorialError, ValueError):
 
 class MetricsError(TutorialError):
     """Metrics or memory samples that a run should have written are missing or unreadable."""
-
-
-@dataclass
-class RankFailure:
-    """What one failed rank left behind.
-
-    Attributes:
-        rank: global rank of the failed worker (``RANK``), or ``None`` when it is unknown.
-        exit_code: the worker's exit code as torchrun reported it (negative: killed by that signal),
-            or ``None`` when unknown.
-        traceback: the root-cause Python traceback from torchrun's error file (written by ``@record``),
-            or ``""`` when the worker left none (e.g. it was killed by a signal).
-        log_tail: the last lines this rank printed (stdout and stderr).
-    """
-
-    rank: int | None
-    exit_code: int | None
-    traceback: str = ""
-    log_tail: list[str] = field(default_factory=list)
 
 
 class LaunchError(TutorialError):
@@ -170,153 +156,3 @@ class LaunchTimeout(LaunchError):
         for rank, stack in sorted(self.stacks.items()):
             lines += [f"rank {rank}:"] + ["  " + line for line in stack.splitlines()]
         return text + "\n" + "\n".join(lines)
-
-
-CHAINED_HEADER = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
-
-
-def without_tracebacks(lines: list[str], inside: bool = False) -> list[str]:
-    """``lines`` less every Python traceback in them: header, frames, the exception line, and the blank lines
-    and header that chain it to the next one. ``inside``: the lines start within a traceback (a log's tail that
-    begins with a frame)."""
-    kept, after = [], False
-    for line in lines:
-        if line.startswith("Traceback (most recent call last):"):
-            inside, after = True, False
-        elif inside and line.strip() and not line[0].isspace() and not CHAINED_HEADER.match(line):
-            inside, after = False, True  # the exception line ends it
-            continue
-        elif after and (not line.strip() or CHAINED_HEADER.match(line)):
-            continue
-        else:
-            after = False
-        if not inside:
-            kept.append(line)
-    return kept
-
-
-STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
-STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
-
-
-def stacks_by_rank(ranked_lines) -> dict[int, str]:
-    """The last ``faulthandler`` dump of every rank in ``ranked_lines`` (``(rank, text)`` pairs, rank ``None``
-    for torchrun's own lines): ``{rank: text}``, headers and frames as printed (most recent call first)."""
-    blocks: dict[int, list[str]] = {}
-    open_block: dict[int, list[str]] = {}
-    for rank, text in ranked_lines:
-        if rank is None:
-            continue
-        if STACK_HEADER.match(text):
-            if rank not in open_block:
-                open_block[rank] = []
-                blocks[rank] = open_block[rank]  # a new dump replaces the rank's previous one
-            open_block[rank].append(text)
-        elif rank in open_block and STACK_BODY.match(text):
-            open_block[rank].append(text)
-        else:
-            open_block.pop(rank, None)
-    return {rank: "\n".join(lines).strip("\n") for rank, lines in sorted(blocks.items())}
-
-
-def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
-    """``stacks_by_rank`` over torchrun's per-rank ``stderr.log`` files of its last attempt (one node: local rank
-    = rank), for dumps that reached the file but not torchrun's ``--tee`` copy before it exited."""
-    attempts = [p for p in Path(log_dir).glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
-    if not attempts:
-        return {}
-    last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
-    ranked = []
-    for path in sorted(last.glob("*/stderr.log")):
-        if path.parent.name.isdigit():
-            rank = int(path.parent.name)
-            ranked += [(rank, line) for line in path.read_text(errors="replace").splitlines()]
-    return stacks_by_rank(ranked)
-
-
-def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None) -> dict[int, str]:
-    """The stacks of every rank but ``failed_rank``, as printed when torchrun stopped them (faulthandler on SIGTERM):
-    from the output (``ranked_lines``), and on one node also from the ranks' own ``stderr.log`` files, which keep a
-    dump that reached the file after torchrun's ``--tee`` copy stopped."""
-    found = stacks_by_rank(ranked_lines)
-    if one_node:
-        found = {**stacks_from_rank_logs(log_dir), **found}
-    return {rank: stack for rank, stack in sorted(found.items()) if rank != failed_rank}
-
-
-_NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')
-
-
-def last_meaningful_line(lines) -> str:
-    """The last line of ``lines`` that is not blank, a stack frame or faulthandler's boilerplate; ``""`` if none."""
-    for line in reversed(list(lines or [])):
-        if line.strip() and not _NOT_A_CAUSE.match(line):
-            return line.strip()
-    return ""
-
-
-_TRACEBACK_START = "Traceback (most recent call last):"
-_CHAINED = re.compile(r"^(During handling of the above exception, another exception occurred|"
-                      r"The above exception was the direct cause of the following exception):$")
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: |:?$)")  # "ValueError: ...", "pkg.mod.SomeError: ...", "KeyboardInterrupt"
-
-
-def last_traceback(lines) -> str:
-    """The last Python traceback printed in ``lines`` (a rank's log), from its ``Traceback (most recent call last):``
-    (the first of a chain of exceptions) to its exception line; ``""`` if there is none.
-
-    For a rank that left no error file but printed its traceback: an exception ``@record`` does not catch (DCP's
-    ``CheckpointException`` is a ``BaseException``), or a script without ``@record``. The traceback ends at the last
-    exception line before the first line that is no part of it (a later print, a C++ warning); nested tracebacks
-    inside an exception's message (DCP's ``Traceback (most recent call last): (RANK 1)``) are kept.
-    """
-    lines = [line.rstrip() for line in lines or []]
-    starts = [i for i, line in enumerate(lines) if line == _TRACEBACK_START]
-    if not starts:
-        return ""
-    start = starts[-1]
-    while True:  # back over "During handling of the above exception ..." to the first traceback of the chain
-        earlier = [i for i in starts if i < start]
-        between = [line for line in lines[earlier[-1]:start] if line.strip()] if earlier else []
-        if not earlier or not any(_CHAINED.match(line) for line in between[-1:]):
-            break
-        start = earlier[-1]
-    end = None
-    for i in range(start + 1, len(lines)):
-        line = lines[i]
-        if line.startswith(_TRACEBACK_START) or _CHAINED.match(line):
-            continue
-        if not line.strip() or line[0] in " \t":
-            continue  # frames, source lines, carets, an indented message
-        if not _EXCEPTION.match(line):
-            break  # output printed after the traceback
-        end = i
-    return "\n".join(lines[start:end + 1]) if end is not None else ""
-
-
-def innermost_frame(stack: str) -> str:
-    """Where the main thread of a ``faulthandler`` dump is: ``"file:line in function"``.
-
-    faulthandler prints ``Current thread 0x... (most recent call first):`` (or ``Thread 0x...``)
-    followed by ``  File "path", line N in name`` lines. The answer is the innermost frame of the
-    script itself, followed by the innermost frame overall when that is inside a library, e.g.
-    ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``.
-    """
-    lines = stack.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
-    frames = []
-    for line in lines[start:]:
-        match = _FRAME.match(line)
-        if match:
-            frames.append(match)
-        elif frames:
-            break  # the next thread
-    if not frames:
-        return ""
-    text = [f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in frames]
-    own = next((i for i, m in enumerate(frames) if not _LIBRARY.search(m["path"])), 0)
-    return text[own] if own == 0 else f"{text[own]} -> {text[0]}"
-
-
-_LIBRARY = re.compile(r"/(site-packages|dist-packages|lib/python\d[\d.]*)/")
-_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')

@@ -75,9 +75,8 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import MetricsError
+from .rundir import METRICS_SUBDIR, SAMPLES_SUBDIR
 
-METRICS_SUBDIR = "metrics"
-SAMPLES_SUBDIR = "samples"
 
 
 @dataclass(frozen=True)

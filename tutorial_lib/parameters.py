@@ -83,3 +83,14 @@ def check_parameters(namespace: Mapping[str, object]) -> dict[str, object]:
                               f"({type(value).__name__}); from the command line: {_flag(name, allowed)}")
         checked[name] = value
     return checked
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive ``int`` (not a bool or a float), else raise ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"{name} must be a positive integer, got {value!r} ({type(value).__name__}); pass a number, e.g. 2"
+        )
+    if value <= 0:
+        raise ConfigError(f"{name} must be >= 1, got {value}")
+    return value

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import MetricsError
-from .metrics import METRICS_SUBDIR
+from .rundir import METRICS_SUBDIR
 
 TRACE_PREFIX = "trace"
 PHASES = ("forward", "backward", "optimizer", "all-reduce", "other collective")

@@ -1,8 +1,19 @@
-"""Run directories: where they go, what a launch writes into them, and ``run.json``.
+"""Run directories: where they go, what a launch leaves in them, and ``run.json``.
 
-The lesson scripts are real files shipped in ``tutorial_lib/lessons/``. ``write_script`` copies one,
-unchanged, into a run directory, so what a learner reads is exactly what ran and can be copied
-to a cluster. Each run gets its own directory; nothing existing is ever overwritten.
+Every launch gets a fresh folder ``<runs root>/<YYYYmmdd-HHMMSS>-<label>[-N]/`` (``new_run_dir``); nothing existing is
+ever overwritten. What is in it, by the names below:
+
+====================  =====================================================================================
+``<script>.py``       the lesson script as it ran, copied unchanged from ``tutorial_lib/lessons/`` (``write_script``):
+                      what a learner reads is exactly what ran, and can be copied to a cluster
+``command.txt``       the cold command that reruns the launch by hand (one ``# node N`` block per simulated node)
+``output.log``        every line torchrun and the ranks printed, also those the cell did not show
+``run.json``          how the launch ended (``RunRecord``, below)
+``logs/``             torchrun's ``--log-dir`` (simulated nodes: ``logs/node<N>/``; read by ``tutorial_lib.torchrun``)
+``metrics/``          ``rank<R>.jsonl``, one JSON line per step per rank, and what else a script reports
+                      (``tutorial_lib.metrics``)
+``samples/``          the launcher's memory samples: ``rss.jsonl``, ``gpu.jsonl``, ``gpu_info.json``
+====================  =====================================================================================
 
 ``run.json``: how a launch ended, one schema, written in one place.
 
@@ -29,32 +40,31 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
 
 from __future__ import annotations
 
-import ast
 import json
-import contextlib
-import html
-import importlib.util
-import io
 import os
 import re
 import shutil
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from types import ModuleType
 
 from .errors import ConfigError
 
-SCRIPTS_DIR = Path(__file__).resolve().parent / "lessons"
+LESSONS_DIR = Path(__file__).resolve().parent / "lessons"
 RUNS_DIR_ENV = "TUTORIAL_LIB_RUNS_DIR"
+COMMAND_TXT = "command.txt"
+OUTPUT_LOG = "output.log"
+RUN_RECORD = "run.json"
+LOGS = "logs"
+METRICS_SUBDIR = "metrics"
+SAMPLES_SUBDIR = "samples"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
 
 def available_scripts() -> list[str]:
-    """Names (without ``.py``) of the training scripts shipped with the package."""
-    return sorted(p.stem for p in SCRIPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+    """Names (without ``.py``) of the lesson scripts shipped with the package (``tutorial_lib/lessons/``)."""
+    return sorted(p.stem for p in LESSONS_DIR.glob("*.py") if not p.name.startswith("_"))
 
 
 def default_runs_root() -> Path:
@@ -122,142 +132,19 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
     target = run_dir / f"{stem}.py"
     if target.exists():
         raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
-    shutil.copyfile(SCRIPTS_DIR / f"{stem}.py", target)
+    shutil.copyfile(LESSONS_DIR / f"{stem}.py", target)
     return target.resolve()
 
 
-class ScriptListing:
-    """Parts of a source file shown with line numbers (text in a terminal, highlighted HTML in Jupyter).
-
-    Args:
-        path: the file.
-        spans: ``(first_line, last_line)`` pairs, 1-based and inclusive; ``last_line`` ``None`` means the end.
-    """
-
-    def __init__(self, path: str | os.PathLike, spans: list[tuple[int, int | None]]) -> None:
-        self.path = Path(path)
-        lines = self.path.read_text().splitlines()
-        self.parts = [(max(1, a), lines[max(1, a) - 1: b]) for a, b in spans]
-
-    def __str__(self) -> str:
-        width = len(str(max(a + len(body) for a, body in self.parts)))
-        chunks = ["\n".join(f"{i:>{width}}  {line}" for i, line in enumerate(body, a)) for a, body in self.parts]
-        return f"# {self.path.name}\n" + "\n...\n".join(chunks)
-
-    def _repr_pretty_(self, p, cycle) -> None:
-        p.text(str(self))
-
-    def _repr_html_(self) -> str:
-        try:
-            from pygments import highlight
-            from pygments.formatters import HtmlFormatter
-            from pygments.lexers import PythonLexer
-        except ImportError:
-            return f"<pre>{html.escape(str(self))}</pre>"
-        chunks = [highlight("\n".join(body), PythonLexer(), HtmlFormatter(linenos="inline", linenostart=a, noclasses=True))
-                  for a, body in self.parts]
-        return f"<b>{html.escape(self.path.name)}</b>" + "<div>...</div>".join(chunks)
+def node_log_dir(run_dir: str | os.PathLike, node: int, nnodes: int) -> Path:
+    """torchrun's ``--log-dir`` for node ``node`` of a launch of ``nnodes`` (simulated) nodes."""
+    return Path(run_dir) / LOGS / f"node{node}" if nnodes > 1 else Path(run_dir) / LOGS
 
 
-def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
-                last_line: int | None = None, between: tuple[str, str] | None = None) -> ScriptListing:
-    """A displayable listing of ``path`` with line numbers.
-
-    Args:
-        path: the script.
-        names: top-level functions or classes to show (each with its decorators), in this order;
-            none: the lines ``first_line``..``last_line`` (1-based, inclusive; default the whole file).
-        between: ``(start_text, end_text)``: instead, the lines from the first one containing
-            ``start_text`` to the next one containing ``end_text`` (inclusive), so an excerpt
-            survives edits that move line numbers.
-
-    Raises:
-        ConfigError: a name that is not a top-level function or class of the script, or a
-            ``between`` text that is not in the script.
-    """
-    if between is not None:
-        start_text, end_text = between
-        lines = Path(path).read_text().splitlines()
-        start = next((i for i, line in enumerate(lines, 1) if start_text in line), None)
-        end = next((i for i, line in enumerate(lines, 1) if start and i >= start and end_text in line), None)
-        if start is None or end is None:
-            missing = start_text if start is None else end_text
-            raise ConfigError(f"{Path(path).name} has no line containing {missing!r}"
-                              + ("" if start is None else f" after line {start}"))
-        return ScriptListing(path, [(start, end)])
-    if not names:
-        return ScriptListing(path, [(first_line, last_line)])
-    tree = ast.parse(Path(path).read_text())
-    spans = {node.name: (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno)
-             for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    for name in names:
-        if name not in spans:
-            raise ConfigError(f"{Path(path).name} has no top-level function or class {name!r}; has {sorted(spans)}")
-    return ScriptListing(path, [spans[name] for name in names])
-
-
-def import_script(script: str | os.PathLike) -> ModuleType:
-    """A training script imported as a module, to use its classes and functions in the notebook (the model a
-    checkpoint was saved from, say); its ``main()`` does not run (it runs under ``if __name__ == "__main__"``).
-
-    Args:
-        script: a script file (e.g. the copy ``write_script`` put in a run directory) or the name of a shipped
-            script (``"checkpoint_train"``).
-
-    Raises:
-        ConfigError: no such file or shipped script, or Python cannot import it as a module.
-    """
-    path = Path(script)
-    if not path.suffix and not path.exists() and str(script) in available_scripts():
-        path = SCRIPTS_DIR / f"{script}.py"
-    if not path.is_file():
-        raise ConfigError(f"script {str(script)!r} is neither a file nor a shipped script; shipped: "
-                          f"{available_scripts()}")
-    module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_script_{path.stem}", path)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"{str(path)!r} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> ModuleType | None:
-    """Parse ``args`` with the script's own ``parse_args(argv)`` before anything is launched.
-
-    The shipped scripts validate their flags in ``parse_args`` (argparse plus range checks); calling
-    it here turns a typo or a bad value into an error in the cell at once, instead of a failed
-    launch with one argparse message per rank. A script without a ``parse_args`` function is not
-    checked. The script is imported under a private module name; its ``main()`` does not run.
-
-    Returns:
-        The imported script module (``run_in_process`` calls its ``main()``), or ``None`` for a file
-        Python cannot import as a module.
-
-    Raises:
-        ConfigError: the script rejects ``args``; the message is the script's own.
-    """
-    path = Path(script)
-    try:
-        module = import_script(path)
-    except ConfigError:
-        return None
-    parse_args = getattr(module, "parse_args", None)
-    if not callable(parse_args):
-        return module
-    messages = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(io.StringIO()):
-            parse_args([str(a) for a in args])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            last = (messages.getvalue().strip().splitlines() or [f"exit code {e.code}"])[-1]
-            reason = last.split("error: ", 1)[-1]  # argparse writes "<prog>: error: <message>"
-            raise ConfigError(f"{path.name}: {reason} (it was given {[str(a) for a in args]}; "
-                              f"see python {path.name} --help)") from None
-    return module
-
-
-RUN_RECORD = "run.json"
+def node_log_dirs(run_dir: str | os.PathLike) -> dict[int, Path]:
+    """``{node: log dir}`` of a launch of simulated nodes (``logs/node<N>/``); ``{}`` for one node (``logs/``)."""
+    found = {int(p.name[4:]): p for p in (Path(run_dir) / LOGS).glob("node*") if p.name[4:].isdigit()}
+    return dict(sorted(found.items()))
 
 
 class RunStatus(str, Enum):
@@ -313,30 +200,3 @@ class RunRecord:
         if "nproc_per_node" not in data:
             record.nproc_per_node = record.nnodes = None  # type: ignore[assignment]  # unknown, see docstring
         return record
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a launch ended, as the launcher tells the live view (``LiveView.finish``).
-
-    Attributes:
-        status: ``RunStatus`` (the same value ``run.json`` records).
-        elapsed_s: seconds from the launch to its end.
-        cause: what ended a run that did not finish, in a few words: the launcher's summary of a failure
-            (``"t.py failed on rank 1 (exit code 1)"``), ``"timed out after 30 s"``, ``"interrupted"``,
-            ``"stopped by RuntimeError"``; ``""`` for a finished run.
-    """
-
-    status: RunStatus
-    elapsed_s: float
-    cause: str = ""
-
-    @property
-    def failed(self) -> bool:
-        """Whether the run did not finish (failed, timed out, interrupted or stopped)."""
-        return self.status != RunStatus.FINISHED
-
-    @property
-    def text(self) -> str:
-        """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``."""
-        return f"failed: {self.cause}" if self.failed else f"finished in {self.elapsed_s:.1f} s"

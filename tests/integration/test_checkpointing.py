@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
-SCRIPT = SCRIPTS_DIR / "checkpoint_train.py"
+SCRIPT = LESSONS_DIR / "checkpoint_train.py"
 
 
 def launch(args, run_root, **spec):

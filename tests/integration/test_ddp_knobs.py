@@ -12,7 +12,7 @@ import torch
 
 import tutorial_lib as tl
 from conftest import wait_no_job_processes
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,7 @@ def test_a_returned_but_unused_head_fails_plain_and_static_graph_ddp_and_the_fix
 
 
 def test_device_cuda_without_cuda_fails_naming_the_flag(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_knobs.py", "--device", "cuda"], cwd=tmp_path,
+    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_knobs.py", "--device", "cuda"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # no GPU visible, on any machine
     assert out.returncode == 1, out.stderr[-500:]
@@ -125,7 +125,7 @@ def test_device_cuda_without_cuda_fails_naming_the_flag(tmp_path):
 
 
 def test_help_shows_the_whole_first_paragraph_of_the_docstring(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_knobs.py", "--help"], cwd=tmp_path, capture_output=True,
+    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_knobs.py", "--help"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "left out of the loss." in " ".join(out.stdout.split()), out.stdout[:800]
 
@@ -134,6 +134,6 @@ def test_ddp_knobs_refuses_bad_flags_naming_the_value(tmp_path):
     for args, message in [(["--max-steps", "2"], "--max-steps must be >= 3"),
                           (["--bucket-caps-mb", "1", "0"], "--bucket-caps-mb must all be > 0"),
                           (["--lessons", "zero"], "invalid choice: 'zero'")]:
-        out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_knobs.py", *args], cwd=tmp_path, capture_output=True,
+        out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_knobs.py", *args], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr[-500:])

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 N = 11  # samples: on 2, 3 and 5 ranks DistributedSampler pads to 12, 12 and 15
 
@@ -80,7 +80,7 @@ def test_the_naive_metric_depends_on_the_world_size_the_exact_one_does_not(run_r
 
 
 def test_a_bad_dataset_size_fails_fast_with_the_value_named(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPTS_DIR / "distributed_eval.py"), "--dataset-size", "0"],
+    out = subprocess.run([sys.executable, str(LESSONS_DIR / "distributed_eval.py"), "--dataset-size", "0"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--dataset-size must be > 0, got 0" in out.stderr
     assert not (tmp_path / "metrics").exists()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 from conftest import wait_no_job_processes
 
@@ -123,7 +123,7 @@ def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial_and_its_mixed_precisio
 def test_ddp_with_bf16_autocast_keeps_fp32_state_in_a_world_of_one(runs, tmp_path):
     ddp, _ = runs("ddp")
     args = [*SMALL, "--strategy", "ddp", "--precision", "bf16", "--max-steps", 1, "--metrics-dir", "metrics"]
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "fsdp_train.py", *map(str, args)], cwd=tmp_path,
+    out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_train.py", *map(str, args)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     (row,) = tl.read_metrics(tmp_path).to_dict("records")
@@ -145,7 +145,7 @@ def test_the_seeds_direct_policy_call_raises_type_error():
     (["--dim", 30, "--n-heads", 4], "--n-heads must divide --dim, got --dim 30 --n-heads 4"),
 ])
 def test_bad_flags_are_refused_with_the_value_named(tmp_path, args, message):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "fsdp_train.py", *map(str, args)], cwd=tmp_path,
+    out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_train.py", *map(str, args)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert not (tmp_path / "metrics").exists()
@@ -203,13 +203,13 @@ def test_fsdp_knobs_counts_and_gradients_on_two_ranks(tmp_path):
 
 
 def test_fsdp_knobs_refuses_hsdp_without_four_ranks(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL), "--lessons", "hsdp"],
+    out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL), "--lessons", "hsdp"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "--lessons hsdp needs an even world of at least 4 ranks, got WORLD_SIZE=1" in out.stderr
 
 
 def test_fsdp_knobs_checks_the_world_before_the_first_lesson_and_says_what_it_skips(tmp_path):
-    script = [sys.executable, SCRIPTS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL)]
+    script = [sys.executable, LESSONS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL)]
     out = subprocess.run([*script, "--lessons", "reshard", "hsdp"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "WORLD_SIZE=1 (--lessons reshard hsdp" in out.stderr, out.stderr[-2000:]
     assert "reshard (rank 0" not in out.stdout, "reshard ran before the refusal"
@@ -223,6 +223,6 @@ def test_fsdp_knobs_checks_the_world_before_the_first_lesson_and_says_what_it_sk
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_fsdp_knobs_refuses_device_cuda_without_cuda(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "fsdp_knobs.py", "--device", "cuda"],
+    out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_knobs.py", "--device", "cuda"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--device cuda, but torch.cuda.is_available() is False" in out.stderr, out.stderr

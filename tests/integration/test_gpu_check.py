@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from tutorial_lib.errors import ConfigError
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_SCRIPTS = {p.stem for p in SCRIPTS_DIR.glob("*.py")}  # every file, as the package ships them
+SHIPPED_SCRIPTS = {p.stem for p in LESSONS_DIR.glob("*.py")}  # every file, as the package ships them
 NOTEBOOKS = {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
 
 
@@ -30,7 +30,7 @@ def load_module(path):
     return module
 
 
-pick_devices = load_module(SCRIPTS_DIR / "model_parallel.py").pick_devices
+pick_devices = load_module(LESSONS_DIR / "model_parallel.py").pick_devices
 gpu_check = load_module(ROOT / "scripts" / "gpu_check.py")
 
 

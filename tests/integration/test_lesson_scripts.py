@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +127,6 @@ def test_unused_parameter_fails_with_ddp_reduction_error_and_the_flag_fixes_it(r
 def test_sync_batchnorm_refuses_cpu_with_a_clear_message(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the notebook runs SyncBatchNorm for real")
-    out = subprocess.run([sys.executable, str(SCRIPTS_DIR / "sync_batchnorm.py")], cwd=tmp_path,
+    out = subprocess.run([sys.executable, str(LESSONS_DIR / "sync_batchnorm.py")], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "needs CUDA GPUs: SyncBatchNorm does not run on CPU" in out.stderr

@@ -13,7 +13,8 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.launcher.live import LogBuffer, TerminalView, TextNotebookView, WidgetNotebookView, make_view
-from tutorial_lib.rundir import Outcome, RunStatus
+from tutorial_lib.launcher.live import Outcome
+from tutorial_lib.rundir import RunStatus
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -16,7 +16,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.launcher.devices import DevicePlan
-from tutorial_lib.launcher.run import LaunchResult
+from tutorial_lib.launcher.spec import LaunchResult
 from tutorial_lib.launcher.sampler import (MIG_NOTE, ORDER_NOTE, PID_MISMATCH_NOTE, MemorySampler, VisibleGPU, map_visible_gpus,
                                  parse_visible_devices)
 

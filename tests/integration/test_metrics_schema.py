@@ -11,7 +11,7 @@ import pytest
 from tutorial_lib import metrics
 from tutorial_lib.errors import MetricsError
 from tutorial_lib.metrics import ALL, METRIC_KEYS, STEP_METRICS, WHEN, check_step_record, format_schema
-from tutorial_lib.rundir import SCRIPTS_DIR, available_scripts
+from tutorial_lib.rundir import LESSONS_DIR, available_scripts
 
 # Each script as plain python (a world of one), small; variants reach the keys written only sometimes.
 RUNS = {
@@ -42,7 +42,7 @@ def records(tmp_path_factory):
     for name, variants in RUNS.items():
         for n, args in enumerate(variants):
             cwd = tmp_path_factory.mktemp(f"{name}{n}")
-            proc = subprocess.run([sys.executable, str(SCRIPTS_DIR / f"{name}.py"), *map(str, args), "--metrics-dir",
+            proc = subprocess.run([sys.executable, str(LESSONS_DIR / f"{name}.py"), *map(str, args), "--metrics-dir",
                                    "m"], cwd=cwd, capture_output=True, text=True, timeout=180)
             assert proc.returncode == 0, (name, args, proc.stderr[-2000:])
             lines = [json.loads(line) for f in sorted((cwd / "m").glob("rank*.jsonl"))

@@ -11,8 +11,11 @@ from conftest import printed_before_stacks
 
 import tutorial_lib as tl
 from tutorial_lib.launcher.devices import DevicePlan
-from tutorial_lib.errors import innermost_frame
-from tutorial_lib.launcher.run import LaunchSpec, build_command, catches_signal, command_port, explain_agent_failure
+from tutorial_lib.torchrun.stacks import innermost_frame
+from tutorial_lib import LaunchSpec
+from tutorial_lib.launcher.job import catches_signal
+from tutorial_lib.launcher.outcome import explain_agent_failure
+from tutorial_lib.launcher.plan import build_command, command_port
 from tutorial_lib.launcher.processes import ProcessTree
 
 CPU2 = DevicePlan(device="cpu", backend="gloo", nproc_per_node=2, gpu_count=0)

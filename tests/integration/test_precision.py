@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = [p for p in ("fp32", "bf16", "fp16") if tl.autocast_supported(p, "cpu")]
@@ -25,7 +25,7 @@ STRICT = ["-W", "error::FutureWarning", "-W", "error::DeprecationWarning"]
 
 def train(tmp_path, tag, *args, steps=5):
     """Run ddp_train.py as one process (warnings as errors); return its rows."""
-    out = subprocess.run([sys.executable, *STRICT, SCRIPTS_DIR / "ddp_train.py", "--max-steps", str(steps),
+    out = subprocess.run([sys.executable, *STRICT, LESSONS_DIR / "ddp_train.py", "--max-steps", str(steps),
                           "--metrics-dir", tag, *map(str, args)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -95,7 +95,7 @@ def test_a_scaler_changes_nothing_in_bf16(tmp_path):
     (["--clip-before-unscale"], "--clip-before-unscale needs --clip-grad-norm > 0"),
 ])
 def test_bad_precision_flags_fail_before_training(tmp_path, args, message):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_train.py", *args], cwd=tmp_path, capture_output=True,
+    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_train.py", *args], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "metrics").exists()

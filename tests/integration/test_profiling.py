@@ -10,8 +10,8 @@ import torch
 from matplotlib.figure import Figure
 
 import tutorial_lib as tl
-from tutorial_lib.launcher.output import NoiseFilter, is_noise
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.torchrun.noise import NoiseFilter, is_noise
+from tutorial_lib.rundir import LESSONS_DIR
 
 MAIN, GLOO_A, GLOO_B = 100, 201, 202
 
@@ -140,14 +140,14 @@ def test_timeline_draws_two_rows_per_rank_and_the_overlap(cpu_run):
 
 
 def test_ddp_train_refuses_a_profile_longer_than_the_run(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_train.py", "--max-steps", "4", "--profile-steps", "3"],
+    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_train.py", "--max-steps", "4", "--profile-steps", "3"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "--profile-steps 3 needs --max-steps >= 5 (the first 2 steps are not recorded), got --max-steps 4" in out.stderr
 
 
 def test_one_process_writes_a_trace_without_all_reduce(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPTS_DIR / "ddp_train.py", "--max-steps", "4", "--profile-steps", "2",
+    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_train.py", "--max-steps", "4", "--profile-steps", "2",
                           "--metrics-dir", "metrics"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     iv = tl.read_trace_intervals(tmp_path)

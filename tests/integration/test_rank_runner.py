@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.launcher.run import RANK_RUNNER
+from tutorial_lib.launcher.plan import RANK_RUNNER
 
 CASES = {
     "finishes": ("import sys, atexit\natexit.register(lambda: print('atexit ran'))\n"

@@ -20,7 +20,8 @@ import torch
 import tutorial_lib as tl
 from tutorial_lib.launcher.processes import warm_client_child
 from tutorial_lib.launcher.devices import DevicePlan
-from tutorial_lib.launcher.run import LaunchSpec, build_command
+from tutorial_lib import LaunchSpec
+from tutorial_lib.launcher.plan import build_command
 
 from conftest import FIXTURES, wait_no_job_processes
 

@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from tutorial_lib.rundir import SCRIPTS_DIR, available_scripts
+from tutorial_lib.rundir import LESSONS_DIR, available_scripts
 
 SCRIPTS = available_scripts()
 
@@ -23,7 +23,7 @@ def run(args, cwd, **kw):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_imports_only_torch_and_the_standard_library(name):
-    tree = ast.parse((SCRIPTS_DIR / f"{name}.py").read_text())
+    tree = ast.parse((LESSONS_DIR / f"{name}.py").read_text())
     modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert modules - set(sys.stdlib_module_names) == {"torch"}
@@ -31,7 +31,7 @@ def test_script_imports_only_torch_and_the_standard_library(name):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_follows_the_conventions(name):
-    source = (SCRIPTS_DIR / f"{name}.py").read_text()
+    source = (LESSONS_DIR / f"{name}.py").read_text()
     tree = ast.parse(source)
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     assert any(isinstance(d, ast.Name) and d.id == "record" for d in main.decorator_list), "@record on main"
@@ -43,7 +43,7 @@ def test_script_follows_the_conventions(name):
 
 
 def test_a_failing_script_exits_with_1_and_its_traceback(tmp_path):
-    out = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 3, "--fail-rank", 0, "--fail-step", 2, "--metrics-dir", "m"],
+    out = run([LESSONS_DIR / "ddp_train.py", "--max-steps", 3, "--fail-rank", 0, "--fail-step", 2, "--metrics-dir", "m"],
               tmp_path)
     assert out.returncode == 1
     assert "Traceback (most recent call last)" in out.stderr
@@ -51,7 +51,7 @@ def test_a_failing_script_exits_with_1_and_its_traceback(tmp_path):
 
 
 def test_ddp_train_runs_as_a_single_process_and_writes_one_json_line_per_step(tmp_path):
-    out = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 3, "--log-every", 1, "--metrics-dir", "m"], tmp_path)
+    out = run([LESSONS_DIR / "ddp_train.py", "--max-steps", 3, "--log-every", 1, "--metrics-dir", "m"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("loss_global") == 3
     rows = [json.loads(line) for line in (tmp_path / "m" / "rank0.jsonl").read_text().splitlines()]
@@ -65,7 +65,7 @@ def test_ddp_train_runs_as_a_single_process_and_writes_one_json_line_per_step(tm
 
 
 def test_collectives_check_runs_as_a_world_of_one(tmp_path):
-    out = run([SCRIPTS_DIR / "collectives_check.py", "--metrics-dir", "m", "--sizes-bytes", 4096, "--iters", 2], tmp_path)
+    out = run([LESSONS_DIR / "collectives_check.py", "--metrics-dir", "m", "--sizes-bytes", 4096, "--iters", 2], tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "m" / "collectives_rank0.json").read_text())
     assert result["world_size"] == 1 and all(c["ok"] for c in result["checks"])
@@ -79,7 +79,7 @@ def test_collectives_check_runs_as_a_world_of_one(tmp_path):
     (["--optimizer", "lion"], "invalid choice: 'lion'"),
 ])
 def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
-    out = run([SCRIPTS_DIR / "ddp_train.py", *args], tmp_path)
+    out = run([LESSONS_DIR / "ddp_train.py", *args], tmp_path)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "metrics").exists()
 
@@ -98,7 +98,7 @@ SMALL_ARGS = {
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "sync_batchnorm"])
 def test_every_script_runs_as_plain_python(tmp_path, name):
-    out = run([SCRIPTS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m"], tmp_path)
+    out = run([LESSONS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list((tmp_path / "m").iterdir()), "it wrote its results"
 
@@ -109,10 +109,10 @@ def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_rank_runners_exit
     leaves through os._exit, which would drop them: it flushes C stdio first. Here a C printf stands in for NCCL
     and ``--help`` ends the script. Without PYTHONUNBUFFERED (which the launcher sets, and which makes C stdio
     unbuffered too), as under a learner's own torchrun."""
-    from tutorial_lib.launcher.run import RANK_RUNNER
+    from tutorial_lib.launcher.plan import RANK_RUNNER
     code = ("import ctypes, runpy, sys\n"
             "ctypes.CDLL(None).printf(b'C stdio line, as NCCL INFO writes it\\n')\n"
-            f"sys.argv = [{str(RANK_RUNNER)!r}, {str(SCRIPTS_DIR / (name + '.py'))!r}, '--help']\n"
+            f"sys.argv = [{str(RANK_RUNNER)!r}, {str(LESSONS_DIR / (name + '.py'))!r}, '--help']\n"
             f"runpy.run_path({str(RANK_RUNNER)!r}, run_name='__main__')\n")
     out = tmp_path / "stdout.log"
     with open(out, "w") as stdout:
@@ -141,7 +141,7 @@ FLAG_SYNONYMS = {
 
 def parser_of(name):
     """The script's own ArgumentParser, as its parse_args builds it (caught at its ``p.parse_args`` call)."""
-    spec = importlib.util.spec_from_file_location(f"_flags_of_{name}", SCRIPTS_DIR / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_flags_of_{name}", LESSONS_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
@@ -176,7 +176,7 @@ def test_a_shared_concept_has_one_flag_name_in_every_script():
         assert not found, f"use {canonical} for this concept, not {found}"
     # Every script with fp16 (so a gradient scaler), accumulation or failure injection names it the same way.
     for name in SCRIPTS:
-        source = (SCRIPTS_DIR / f"{name}.py").read_text()
+        source = (LESSONS_DIR / f"{name}.py").read_text()
         flags = {flag for flag, scripts in table.items() if name in scripts}
         if "fp16" in (table.get("--precision", {}).get(name) or (None, None, ()))[2]:  # fp16: a scaler to switch
             assert "--grad-scaler" in flags and table["--grad-scaler"][name][2] == ("auto", "on", "off"), name
@@ -200,9 +200,9 @@ def test_a_flag_has_the_same_type_and_choices_in_every_script_that_has_it():
 def test_the_training_scripts_write_the_same_metric_keys_for_the_same_quantities(tmp_path):
     """One contract for the per-step lines: a loss scale is ``loss_scale`` (the scale the step's backward used) and
     ``grad_scaler`` says whether a scaler ran, in ddp_train.py and fsdp_train.py alike."""
-    ddp = run([SCRIPTS_DIR / "ddp_train.py", "--max-steps", 1, "--precision", "bf16", "--grad-scaler", "on",
+    ddp = run([LESSONS_DIR / "ddp_train.py", "--max-steps", 1, "--precision", "bf16", "--grad-scaler", "on",
                "--metrics-dir", "ddp"], tmp_path)
-    fsdp = run([SCRIPTS_DIR / "fsdp_train.py", "--max-steps", 1, "--strategy", "ddp", "--precision", "bf16",
+    fsdp = run([LESSONS_DIR / "fsdp_train.py", "--max-steps", 1, "--strategy", "ddp", "--precision", "bf16",
                 "--grad-scaler", "on", "--dim", 32, "--n-layers", 1, "--metrics-dir", "fsdp"], tmp_path)
     assert ddp.returncode == 0 and fsdp.returncode == 0, (ddp.stderr[-1000:], fsdp.stderr[-1000:])
     rows = [json.loads((tmp_path / d / "rank0.jsonl").read_text().splitlines()[0]) for d in ("ddp", "fsdp")]
@@ -218,10 +218,10 @@ def test_the_training_scripts_write_the_same_metric_keys_for_the_same_quantities
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_a_clear_error_in_every_script(tmp_path):
     """Not torch's ``AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'`` from set_device."""
-    takes_device = [name for name in SCRIPTS if "--device" in (SCRIPTS_DIR / f"{name}.py").read_text()]
+    takes_device = [name for name in SCRIPTS if "--device" in (LESSONS_DIR / f"{name}.py").read_text()]
     assert len(takes_device) >= 12, takes_device
     for name in takes_device:
-        proc = subprocess.run([sys.executable, str(SCRIPTS_DIR / f"{name}.py"), "--device", "cuda"], cwd=tmp_path,
+        proc = subprocess.run([sys.executable, str(LESSONS_DIR / f"{name}.py"), "--device", "cuda"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and "--device cuda" in proc.stderr and "is False" in proc.stderr, (name, proc.stderr[-800:])
         assert "AttributeError" not in proc.stderr, (name, proc.stderr[-800:])

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.doctor import CAUSES, exit_code_meaning, signal_name
-from tutorial_lib.errors import last_traceback
+from tutorial_lib.causes import CAUSES, exit_code_meaning, signal_name
+from tutorial_lib.torchrun.stacks import last_traceback
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================

@@ -12,8 +12,9 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.launcher import warm
-from tutorial_lib.child import warm_start
-from tutorial_lib.launcher.run import RANK_RUNNER, build_env
+from tutorial_lib.child import protocol, warm_start
+from tutorial_lib.launcher.environment import build_env
+from tutorial_lib.launcher.plan import RANK_RUNNER
 from tutorial_lib.rundir import RunRecord
 
 pytestmark = pytest.mark.integration
@@ -47,8 +48,8 @@ def test_the_helper_preloads_what_a_ddp_rank_imports_and_counts_what_those_modul
                          check=True).stdout.splitlines()
     assert out[0] == "[]", "a forked DDP rank imports nothing more of torch in DDP's constructor (torch._dynamo)"
     assert out[1] == "['torch._inductor.config', 'torch._dynamo.config']"
-    assert {"TORCHDYNAMO_", "TORCHINDUCTOR_"} <= set(warm_start.STARTUP_ENV_PREFIXES), "read by those configs"
-    assert warm_start.startup_env({"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}) == {
+    assert {"TORCHDYNAMO_", "TORCHINDUCTOR_"} <= set(protocol.STARTUP_ENV_PREFIXES), "read by those configs"
+    assert protocol.startup_env({"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}) == {
         "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}, "the cache folder is read when used (the kernel's inductor sets it)"
     assert out[2] == "False", "DCP only where a lesson imports it"
 

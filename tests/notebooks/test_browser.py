@@ -30,7 +30,7 @@ import nbformat
 import pytest
 
 from conftest import job_processes
-from tutorial_lib.launcher.processes import set_parent_death_signal
+from tutorial_lib.child.protocol import set_parent_death_signal
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

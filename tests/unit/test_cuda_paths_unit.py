@@ -13,12 +13,12 @@ import sys
 import pytest
 import torch
 
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 
 def load_script(name: str):
     """A shipped script imported as a module (its ``if __name__ == "__main__"`` block does not run)."""
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", SCRIPTS_DIR / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", LESSONS_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -73,7 +73,7 @@ WORLD_OF_ONE = ["collectives_check", "ddp_knobs", "fsdp_knobs", "fsdp_train", "u
 
 def test_every_script_that_makes_a_world_of_one_takes_a_backend_flag():
     """run_in_process hands these scripts --backend gloo; a new script that makes a world of one needs the flag too."""
-    makes_world_of_one = sorted(p.stem for p in SCRIPTS_DIR.glob("*.py") if "world_size=1" in p.read_text())
+    makes_world_of_one = sorted(p.stem for p in LESSONS_DIR.glob("*.py") if "world_size=1" in p.read_text())
     assert makes_world_of_one == sorted(WORLD_OF_ONE)
     for name in WORLD_OF_ONE:
         assert load_script(name).parse_args(["--backend", "gloo"]).backend == "gloo", name
@@ -82,7 +82,7 @@ def test_every_script_that_makes_a_world_of_one_takes_a_backend_flag():
 def test_run_in_process_on_cuda_uses_gloo_and_resets_the_kernels_cuda_peaks_each_run(monkeypatch, tmp_path):
     """Issue 15 item 8: no NCCL inside the kernel; max_memory_allocated must not carry an earlier run's peak."""
     import tutorial_lib as tl
-    from tutorial_lib.launcher import devices, run as launcher
+    from tutorial_lib.launcher import devices, in_process
 
     calls = []
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
@@ -96,7 +96,7 @@ def test_run_in_process_on_cuda_uses_gloo_and_resets_the_kernels_cuda_peaks_each
         def main():
             calls.append(("main", sys.argv[1:]))
 
-    monkeypatch.setattr(launcher, "check_script_args", lambda script, argv: Script)
+    monkeypatch.setattr(in_process, "check_script_args", lambda script, argv: Script)
     for _ in range(2):
         result = tl.run_in_process("fsdp_train", ["--max-steps", 1], device="cuda", runs_dir=tmp_path)
     argv = ["--max-steps", "1", "--device", "cuda", "--backend", "gloo"]

@@ -54,7 +54,7 @@ def test_rank_env_reaches_the_environment_every_launch_copies(monkeypatch):
     import os
 
     from tutorial_lib import set_rank_env
-    from tutorial_lib.launcher.run import build_env
+    from tutorial_lib.launcher.environment import build_env
     monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)  # and removed again after the test
     assert set_rank_env({"NCCL_P2P_DISABLE": 1}) == {"NCCL_P2P_DISABLE": "1"}
     assert os.environ["NCCL_P2P_DISABLE"] == "1"

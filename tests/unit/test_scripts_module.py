@@ -4,7 +4,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import ConfigError
-from tutorial_lib.rundir import SCRIPTS_DIR
+from tutorial_lib.rundir import LESSONS_DIR
 
 
 def test_shipped_scripts_are_listed():
@@ -41,7 +41,7 @@ def test_unwritable_root_is_refused(tmp_path):
 def test_write_script_copies_unchanged_and_never_overwrites(tmp_path):
     path = tl.write_script("ddp_train", tmp_path)
     assert path == (tmp_path / "ddp_train.py").resolve()
-    assert path.read_bytes() == (SCRIPTS_DIR / "ddp_train.py").read_bytes()
+    assert path.read_bytes() == (LESSONS_DIR / "ddp_train.py").read_bytes()
     path.write_text("# my edits")
     with pytest.raises(ConfigError, match="already exists"):
         tl.write_script("ddp_train.py", tmp_path)

@@ -25,7 +25,7 @@ otherwise each need to write themselves:
   written after it preceded by ``ESC[A`` (cursor up: back onto the line), and the newline that ends the line
   preceded by ``ESC[K`` (erase the rest of the line). torchrun's ``--tee`` reads the logs as text, which turns a
   bare ``\\r`` into a line break, so without the marks the launcher could not tell a redrawn line from 50
-  printed ones; with them, the cell shows each rank's latest state of the line (``tutorial_lib.launcher.output.Redraws``).
+  printed ones; with them, the cell shows each rank's latest state of the line (``tutorial_lib.torchrun.tee.Redraws``).
   Bytes written to the streams' ``buffer`` or file descriptor pass unchanged.
 
 Standard library only, and it imports nothing of ``tutorial_lib`` (whose ``__init__`` would cost every rank
@@ -45,13 +45,26 @@ import runpy
 import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1
-# The marks of a line redrawn with carriage returns (the launcher's tutorial_lib.launcher.output knows the same three).
-_REDRAWN_END, _REDRAW_START, _REDRAW_DONE = "\x1b[G", "\x1b[A", "\x1b[K"
+
+def load_sibling(name: str):
+    """The program ``<name>.py`` of this folder as a module named ``_tutorial_lib_child_<name>``, loaded once per
+    process: by its path, since this program runs where the package must not be imported, and under a private name,
+    so it never shadows a learner's own module of that name. ``warm_start.py`` has the same function (a test)."""
+    module_name = f"_tutorial_lib_child_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+protocol = load_sibling("protocol")  # what the launcher and this runner agree on: the redraw marks, the death signal
 _BREAKS = re.compile(r"(\r\n|\r|\n)")
 
 
-class _RedrawMarkingStream(io.TextIOWrapper):
+class RedrawMarkingStream(io.TextIOWrapper):
     """A text stream that marks the lines redrawn with ``\\r`` (see the module docstring)."""
 
     _redrawing = False  # a \r was written since the last newline
@@ -63,32 +76,29 @@ class _RedrawMarkingStream(io.TextIOWrapper):
         out = []
         for part in _BREAKS.split(text):
             if part == "\r":
-                out.append(_REDRAWN_END + "\n")
+                out.append(protocol.REDRAWN_END + "\n")
                 self._redrawing = self._start_pending = True
             elif part in ("\n", "\r\n"):
-                out.append((_REDRAW_DONE if self._redrawing else "") + part)
+                out.append((protocol.REDRAW_DONE if self._redrawing else "") + part)
                 self._redrawing = self._start_pending = False
             elif part:
-                out.append((_REDRAW_START if self._start_pending else "") + part)
+                out.append((protocol.REDRAW_START if self._start_pending else "") + part)
                 self._start_pending = False
         super().write("".join(out))
         return len(text)
 
 
 def _mark_redraws(stream):
-    """``stream`` (``sys.stdout`` or ``sys.stderr``) as a ``_RedrawMarkingStream`` on the same buffer; unchanged
+    """``stream`` (``sys.stdout`` or ``sys.stderr``) as a ``RedrawMarkingStream`` on the same buffer; unchanged
     if it has no buffer. The original stays referenced as ``sys.__stdout__``/``sys.__stderr__`` (its buffer open)."""
     if not isinstance(stream, io.TextIOWrapper):
         return stream
-    return _RedrawMarkingStream(stream.buffer, encoding=stream.encoding, errors=stream.errors, newline="\n",
+    return RedrawMarkingStream(stream.buffer, encoding=stream.encoding, errors=stream.errors, newline="\n",
                                 line_buffering=stream.line_buffering, write_through=stream.write_through)
 
 
 def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux
-        pass
+    protocol.set_parent_death_signal(signal.SIGKILL)  # its parent is torchrun's agent, which waits for it
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
 

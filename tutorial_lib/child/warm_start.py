@@ -16,7 +16,11 @@ environment, working folder and stdio (the file descriptors themselves, ``SCM_RI
 child that takes all of them and runs the argv as ``python`` would (``-m module`` or a script path). The client
 relays the signals it gets to its child and leaves with the child's exit status (an exit code, or the same
 signal), so torchrun's error files, exit codes and restarts behave as on the cold path. If the client dies, the
-helper kills the child's process group; if the helper dies, its children die with it (``PR_SET_PDEATHSIG``).
+helper kills the child's process group; if the helper dies, its children die with it (``PR_SET_PDEATHSIG``). The
+helper itself ends when its standard input reaches end of file: the kernel holds the pipe's other end, which a
+process closes however it ends, SIGKILL included. Not a parent-death signal: that fires when the *thread* that
+started the process ends, and a kernel may start its helper from a thread of a pool that ends long before the kernel
+(the helper then died, and a job still running on it with it).
 
 Any doubt falls back to the cold path: no helper, a refused request (a different Python, or an environment
 variable that Python or torch read at start-up differs from the helper's), or an error before the fork; the
@@ -28,8 +32,8 @@ Standard library only in the client path (it must start in milliseconds); the he
 from __future__ import annotations
 
 import array
-import ctypes
 import gc
+import importlib.util
 import json
 import os
 import selectors
@@ -38,23 +42,23 @@ import socket
 import struct
 import sys
 
-SOCKET_ENV = "TUTORIAL_LIB_WARM_SOCKET"
-_PR_SET_PDEATHSIG = 1
+
+def load_sibling(name: str):
+    """The program ``<name>.py`` of this folder as a module named ``_tutorial_lib_child_<name>``, loaded once per
+    process: by its path, since this program runs where the package must not be imported, and under a private name,
+    so it never shadows a learner's own module of that name. ``rank_runner.py`` has the same function (a test)."""
+    module_name = f"_tutorial_lib_child_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+protocol = load_sibling("protocol")  # what the kernel and the helper agree on (socket, pid registry, start-up env)
 _HEADER = struct.Struct("!I")
-# Read by Python, the C libraries or torch when the interpreter or torch starts, so a child forked from the helper
-# would not see a changed value: a request whose value differs from the helper's goes cold. ``TORCH_*`` counts
-# unless known to be read later (RUNTIME_ENV_PREFIXES) or re-applied in the child (APPLIED_IN_CHILD).
-# So do TORCHDYNAMO_* and TORCHINDUCTOR_*: ``PRELOAD`` imports torch._dynamo, which reads them into its configs
-# at import; except TORCHINDUCTOR_CACHE_DIR, read each time inductor looks for its cache (the kernel's own
-# inductor sets it in the kernel's environment the first time it compiles: 04 does). Those configs read a few
-# more that no lesson sets and that are not compared (CXX, PT2_COMPILE_ID_PREFIX, AOT_*, INDUCTOR_*, ...).
-STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "TORCH_",
-                        "PYTORCH_", "CUDA_MODULE_LOADING", "TORCHDYNAMO_", "TORCHINDUCTOR_")
-RUNTIME_ENV_PREFIXES = ("TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-                        "TORCHINDUCTOR_CACHE_DIR")
-# Read at start-up too, but applied in the child: torchrun sets OMP_NUM_THREADS=1 for every rank (torch's thread
-# count), and ``import torch.distributed`` reads TORCH_DISTRIBUTED_DEBUG (c10d's debug level).
-APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
 # What the helper imports before it forks: what torchrun's agent and every DDP lesson script import anyway,
 # torch._dynamo included: ``DistributedDataParallel.__init__`` imports it in every DDP rank
 # (``get_optimize_ddp_mode``; with it DTensor and FSDP, torch 2.8 and 2.13): 0.8 s of each warm rank's start in
@@ -72,19 +76,6 @@ APPLIED_IN_CHILD = ("OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG")
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.nn.parallel", "torch.utils.data",
            "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo", "argparse", "json", "runpy")
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def _die_with_parent(sig: int = signal.SIGKILL) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def startup_env(env) -> dict[str, str]:
-    """The variables of ``env`` that Python or torch read at start-up (see ``STARTUP_ENV_PREFIXES``)."""
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV_PREFIXES) and k not in APPLIED_IN_CHILD
-            and not k.startswith(RUNTIME_ENV_PREFIXES)}
 
 
 def _apply_in_child(env) -> None:
@@ -154,8 +145,10 @@ def _leave_like(status: int) -> None:
 
 def client(argv: list[str]) -> None:
     """Run ``python ARGV`` forked from the helper at ``$TUTORIAL_LIB_WARM_SOCKET``, else exec it cold."""
-    _die_with_parent()
-    path = os.environ.get(SOCKET_ENV)
+    # Its parent waits for it (torchrun's agent for a rank's client; the launching thread, for as long as the job
+    # runs, for the agent's client), so the parent thread's death is the parent's.
+    protocol.set_parent_death_signal(signal.SIGKILL)
+    path = os.environ.get(protocol.SOCKET_ENV)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path or "")
@@ -199,12 +192,10 @@ def client(argv: list[str]) -> None:
 def _run_as_python(argv: list[str]) -> int:
     """Run ``argv`` as ``python ARGV`` would (``[-u] -m module ...`` or ``[-u] script ...``); the exit status
     (``rank_runner.run``: the runner's own rules, shared)."""
-    import rank_runner  # this file's folder is sys.path[0]: the helper runs as ``python warm_start.py serve``
-
     argv = list(argv)
     while argv and argv[0] == "-u":  # the helper's stdio is already unbuffered
         argv.pop(0)
-    return rank_runner.run(argv)
+    return load_sibling("rank_runner").run(argv)
 
 
 def _child(request: dict, fds: list[int]) -> None:
@@ -212,7 +203,7 @@ def _child(request: dict, fds: list[int]) -> None:
     import random
 
     os.setsid()
-    _die_with_parent()
+    protocol.set_parent_death_signal(signal.SIGKILL)  # the helper: one thread, which lives as long as it does
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
     for fd in fds:
@@ -232,29 +223,13 @@ def _child(request: dict, fds: list[int]) -> None:
     if "torch" in sys.modules:
         sys.modules["torch"].default_generator.seed()
     _apply_in_child(os.environ)
-    import rank_runner
-
-    rank_runner.leave(_run_as_python(request["argv"]))
-
-
-def registry_path(socket_path: str, client_pid: int) -> str:
-    """Where the helper records the pid it forked for client ``client_pid`` (the file holds that pid)."""
-    return os.path.join(os.path.dirname(socket_path), "pids", str(client_pid))
-
-
-def forked_pid(socket_path: str, client_pid: int) -> int | None:
-    """The pid the helper at ``socket_path`` forked for the client ``client_pid``, if it did (and still runs)."""
-    try:
-        with open(registry_path(socket_path, client_pid)) as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
+    load_sibling("rank_runner").leave(_run_as_python(request["argv"]))
 
 
 def _register(path: str, client_pid: int, pid: int | None) -> None:
-    target = registry_path(path, client_pid)
+    target = protocol.registry_path(path, client_pid)
     if pid is None:
-        _unlink(target)
+        protocol.unlink(target)
         return
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target + ".tmp", "w") as f:
@@ -262,31 +237,10 @@ def _register(path: str, client_pid: int, pid: int | None) -> None:
     os.replace(target + ".tmp", target)
 
 
-def remove_folder(socket_path: str) -> None:
-    """Remove the helper's folder: its socket, its pid registry, the folder itself (what is gone already is fine)."""
-    folder = os.path.dirname(socket_path)
-    pids = os.path.join(folder, "pids")
-    for name in os.listdir(pids) if os.path.isdir(pids) else ():
-        _unlink(os.path.join(pids, name))
-    _unlink(socket_path)
-    for target in (pids, folder):
-        try:
-            os.rmdir(target)
-        except OSError:
-            pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def _refusal(request: dict) -> str | None:
     if request.get("python") != sys.executable:
         return f"the job's Python is {request.get('python')}, the helper's {sys.executable}"
-    mine, theirs = startup_env(os.environ), startup_env(request.get("env", {}))
+    mine, theirs = protocol.startup_env(os.environ), protocol.startup_env(request.get("env", {}))
     changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if changed:
         return "start-up environment differs: " + ", ".join(changed)
@@ -296,18 +250,17 @@ def _refusal(request: dict) -> str | None:
 
 
 def _end_on_sigterm(path: str) -> None:
-    """SIGTERM, also sent when the helper's parent dies, removes the helper's folder and ends it."""
+    """SIGTERM removes the helper's folder and ends it (its children die with it: their parent-death signal)."""
     helper_pid = os.getpid()
 
     def leave(sig, _frame):
         if os.getpid() != helper_pid:  # a child forked a moment ago, before it reset the handler: die as it would
             signal.signal(sig, signal.SIG_DFL)
             os.kill(os.getpid(), sig)
-        remove_folder(path)
+        protocol.remove_folder(path)
         os._exit(128 + sig)
 
     signal.signal(signal.SIGTERM, leave)
-    _die_with_parent(signal.SIGTERM)
 
 
 def _preload() -> None:
@@ -331,7 +284,7 @@ def _preload() -> None:
             os.environ.pop("OPENBLAS_NUM_THREADS", None)
         else:
             os.environ["OPENBLAS_NUM_THREADS"] = saved
-    importlib.import_module("rank_runner")  # the children's run and exit (this file's folder is sys.path[0])
+    load_sibling("rank_runner")  # the children's run and exit
     # What the imports left as garbage is freed here, in the process that made it; what remains is frozen: a
     # child's garbage collector never walks (nor writes the pages of) the ~300,000 objects it inherits (torch 2.13).
     # https://docs.python.org/3/library/gc.html#gc.freeze
@@ -342,10 +295,10 @@ def _preload() -> None:
 def serve(path: str) -> None:
     """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
 
-    It ends on SIGTERM (also its parent-death signal: the kernel that started it is gone), removing its folder;
-    its children die with it (theirs is SIGKILL)."""
+    It ends, removing its folder, on SIGTERM or when its stdin reaches end of file (the kernel is gone: see the module
+    docstring); its children die with it (their parent-death signal, SIGKILL: the helper is one thread)."""
     _end_on_sigterm(path)
-    _preload()
+    _preload()  # a kernel that dies meanwhile is noticed right after (its pipe's end of file waits)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -356,9 +309,10 @@ def serve(path: str) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "kernel")
     children: dict[int, socket.socket] = {}  # pid -> client connection
     clients: dict[int, int] = {}  # pid -> client pid
-    print("ready", flush=True)
+    print(protocol.READY_LINE.decode(), flush=True)
     while True:
         for key, _ in sel.select():
             if key.data == "accept":
@@ -373,11 +327,8 @@ def serve(path: str) -> None:
                     continue
                 pid = os.fork()
                 if pid == 0:
-                    sel.close()
-                    listener.close()
-                    conn.close()
-                    for other in children.values():
-                        other.close()
+                    for fd in (sel, listener, conn, *children.values()):
+                        fd.close()
                     os.close(wake_r)
                     os.close(wake_w)
                     _child(request, fds)
@@ -390,6 +341,10 @@ def serve(path: str) -> None:
                 sel.register(conn, selectors.EVENT_READ, pid)
             elif key.data == "wake":
                 os.read(wake_r, 4096)
+            elif key.data == "kernel":
+                if not os.read(key.fd, 4096):  # end of file: the kernel is gone
+                    protocol.remove_folder(path)
+                    os._exit(0)
             else:  # a client's connection is readable: it died (or closed): kill its child's group
                 try:
                     os.killpg(key.data, signal.SIGKILL)

@@ -1,13 +1,13 @@
-"""Device selection: which device, backend and number of ranks a launch uses."""
+"""Device selection: which device, backend and number of ranks a launch uses, and which GPUs each rank sees."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..parameters import check_positive_int
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU_DEFAULT_NPROC = 2
@@ -38,17 +38,6 @@ def cuda_device_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken driver means no usable GPU here
         return 0
-
-
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive ``int`` (not a bool or a float), else raise ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(
-            f"{name} must be a positive integer, got {value!r} ({type(value).__name__}); pass a number, e.g. 2"
-        )
-    if value <= 0:
-        raise ConfigError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def resolve_device(
@@ -127,68 +116,54 @@ def collective_timeout_s(seconds: float, plan: DevicePlan) -> float:
     return max(float(seconds), NCCL_TIMEOUT_FLOOR_S) if plan.backend == "nccl" else float(seconds)
 
 
-def set_rank_env(rank_env: Mapping[str, object] | None) -> dict[str, str]:
-    """Put extra variables into this process's environment, which every later launch copies to its ranks.
-
-    The notebooks' ``RANK_ENV`` parameter lands here, e.g. ``{"NCCL_P2P_DISABLE": "1"}`` on consumer GPU boards
-    whose peer-to-peer path is broken (every multi-GPU collective then stalls until its timeout; ``python -m
-    tutorial_lib env`` reports peer access), or ``{"NCCL_SOCKET_IFNAME": "eth0"}``. A launch's own ``env=``
-    still wins for that launch.
+def parse_visible_devices(value: str | None) -> list[int | str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` as CUDA reads them (torch's ``_parse_visible_devices`` rules).
 
     Args:
-        rank_env: variable name -> value (numbers are written as text); ``None`` or ``{}`` changes nothing.
+        value: the variable's value, ``None`` when unset.
 
     Returns:
-        The variables set, as text.
-
-    Raises:
-        ConfigError: ``rank_env`` is not a mapping, or a name is not a valid variable name.
+        ``None`` when unset (every GPU is visible); else the entries in order. A list that starts with
+        ``GPU-`` (or ``MIG-``) holds UUIDs or unique prefixes of them, read up to the first entry without that
+        prefix; otherwise indices, each read like ``strtoul`` (``"1gpu"`` is 1) up to the first that is not a
+        number (``""``, ``-1``, ``"none"``: no GPU at all). A repeated entry hides every GPU (``[]``).
     """
-    if rank_env is None:
-        return {}
-    if not isinstance(rank_env, Mapping):
-        raise ConfigError(f"RANK_ENV must be a dict of variable names to values, got {rank_env!r}; "
-                          'e.g. {"NCCL_P2P_DISABLE": "1"}')
-    bad = [name for name in rank_env if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name))]
-    if bad:
-        raise ConfigError(f"RANK_ENV has invalid variable name(s) {bad}; names are letters, digits and _")
-    values = {name: str(value) for name, value in rank_env.items()}
-    os.environ.update(values)
-    return values
+    if value is None:
+        return None
+    prefix = next((p for p in ("GPU-", "MIG-") if value.startswith(p)), None)
+    entries: list[int | str] = []
+    for token in value.split(","):
+        entry: int | str
+        if prefix:
+            if not token.startswith(prefix):
+                break
+            entry = token
+        else:
+            number = re.match(r"\+?\d+", token.strip())
+            if number is None:
+                break
+            entry = int(number.group())
+        if entry in entries:
+            return []
+        entries.append(entry)
+    return entries
 
 
-def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[str, str] | None = None,
-              shutdown_grace_s: float = 5.0, max_restarts: int = 0) -> dict[str, str]:
-    """The environment of torchrun and its workers: a copy of ``base`` (``os.environ``) plus settings.
+def node_visible_devices(env: Mapping[str, str], node: int, nproc_per_node: int, gpu_count: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of simulated node ``node``: its own slice of the job's GPUs; pure.
 
-    Never modifies ``os.environ``. Adds, unless already set:
-    ``OMP_NUM_THREADS=1`` (ranks share the cores; also silences torchrun's banner),
-    ``PYTHONUNBUFFERED=1`` (lines arrive as they are printed),
-    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
-    ``GLOO_SOCKET_IFNAME=lo`` on every plan and ``NCCL_SOCKET_IFNAME=lo`` on CUDA plans (every launch
-    is on this one host: one node, or simulated nodes that rendezvous on 127.0.0.1, so gloo and
-    NCCL's bootstrap sockets stay on loopback; GPU jobs create gloo groups too: the sampler demo,
-    the helper group of ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), and with restarts
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (without it gloo reconnects to the previous
-    attempt's port and half of elastic restarts failed on this kind of machine; it acts on the c10d
-    rendezvous ``build_command`` uses with restarts: the workers then host their own store).
-    On CPU with GPUs present, ``CUDA_VISIBLE_DEVICES=""`` hides them from the workers.
-    ``extra`` is applied last and wins.
+    Args:
+        env: the job's environment; its ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs) lists the GPUs
+            the job may use; unset: GPUs ``0..gpu_count-1``.
+        node: the node rank (0-based).
+        nproc_per_node: ranks, so GPUs, per node.
+        gpu_count: GPUs visible to the launching process (used when ``CUDA_VISIBLE_DEVICES`` is unset).
+
+    Returns:
+        Entries ``node * nproc_per_node`` to ``(node + 1) * nproc_per_node - 1`` of the job's GPUs, comma
+        separated: that node's ranks see them as ``cuda:0..nproc_per_node-1``. Slicing the job's list, not
+        counting from GPU 0, keeps a node inside the GPUs the user allowed.
     """
-    env = dict(os.environ if base is None else base)
-    defaults = {
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{shutdown_grace_s:g}",
-        "GLOO_SOCKET_IFNAME": "lo",
-    }
-    if plan.device == "cuda":
-        defaults["NCCL_SOCKET_IFNAME"] = "lo"
-    elif plan.gpu_count > 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    if max_restarts > 0:
-        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    for key, value in defaults.items():
-        env.setdefault(key, value)
-    env.update(extra)
-    return env
+    visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+    entries = [str(e) for e in visible] if visible is not None else [str(i) for i in range(gpu_count)]
+    return ",".join(entries[node * nproc_per_node:(node + 1) * nproc_per_node])

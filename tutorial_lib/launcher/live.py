@@ -12,25 +12,64 @@ Modes (``LaunchSpec.live``, or the ``TUTORIAL_LIB_LIVE`` environment variable fo
 
 ``"auto"`` picks widgets in a Jupyter kernel with ipywidgets installed, else text. Each mode is its own class behind
 the ``LiveView`` interface (``WidgetNotebookView``, ``TextNotebookView``, ``TerminalView``, and ``LiveView`` itself
-for ``"off"``); the launcher tells a view how the run ended with an ``Outcome`` (``tutorial_lib.rundir``).
+for ``"off"``); the launcher tells a view how the run ended with an ``Outcome`` (below).
 """
 
 from __future__ import annotations
 
 import html
+import logging
 import os
 import sys
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ..errors import ConfigError, LaunchError
 from ..plots import plot_run
-from ..rundir import Outcome, RunStatus
+from ..rundir import RunStatus
+
+log = logging.getLogger(__name__)
 
 LIVE_MODES = ("auto", "widgets", "text", "off")
 LIVE_ENV = "TUTORIAL_LIB_LIVE"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a launch ended, as the launcher tells the live view (``LiveView.finish``).
+
+    Attributes:
+        status: ``RunStatus`` (the same value ``run.json`` records).
+        elapsed_s: seconds from the launch to its end.
+        cause: what ended a run that did not finish, in a few words: the launcher's summary of a failure
+            (``"t.py failed on rank 1 (exit code 1)"``), ``"timed out after 30 s"``, ``"interrupted"``,
+            ``"stopped by RuntimeError"``; ``""`` for a finished run.
+    """
+
+    status: RunStatus
+    elapsed_s: float
+    cause: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run did not finish (failed, timed out, interrupted or stopped)."""
+        return self.status != RunStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``."""
+        return f"failed: {self.cause}" if self.failed else f"finished in {self.elapsed_s:.1f} s"
+
+
+def safe_draw(draw, *args) -> None:
+    """Call a live-view method; a drawing problem is logged, never allowed to fail or hide the job's outcome."""
+    try:
+        draw(*args)
+    except Exception:  # noqa: BLE001
+        log.warning("the live view could not draw", exc_info=True)
 
 
 def in_jupyter_kernel() -> bool:

@@ -10,7 +10,6 @@ torchrun's group and to every worker recorded. See FACTS in the project notes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -20,23 +19,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..child.warm_start import SOCKET_ENV, forked_pid
+from ..child.protocol import SOCKET_ENV, forked_pid, is_warm_client
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    """In a child before ``exec``: ask Linux to send ``sig`` when the launching thread dies.
-
-    The safety net for a kernel that is killed outright: the launcher gives torchrun SIGKILL (its ranks then
-    get their own, set by the rank runner). A no-op where ``prctl`` is unavailable (not Linux).
-    """
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _environ_rank(proc: psutil.Process) -> int | None:
@@ -71,10 +56,7 @@ def warm_client_child(proc: psutil.Process) -> tuple[bool, int | None, int | Non
     torchrun (or the launcher) started and which has the environment torchrun gave it.
     """
     try:
-        cmdline = proc.cmdline()
-        is_client = any(a.endswith("warm_start.py") and cmdline[i + 1:i + 2] == ["run"]
-                        for i, a in enumerate(cmdline[1:4], start=1))
-        if not is_client:
+        if not is_warm_client(proc.cmdline()):
             return False, None, None
         env = proc.environ()
     except psutil.Error:

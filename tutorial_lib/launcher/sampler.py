@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from .devices import parse_visible_devices
 from .processes import ProcessTree
 
 log = logging.getLogger(__name__)
@@ -62,39 +62,6 @@ class VisibleGPU:
     nvml_index: int
     uuid: str
     name: str
-
-
-def parse_visible_devices(value: str | None) -> list[int | str] | None:
-    """The entries of ``CUDA_VISIBLE_DEVICES`` as CUDA reads them (torch's ``_parse_visible_devices`` rules).
-
-    Args:
-        value: the variable's value, ``None`` when unset.
-
-    Returns:
-        ``None`` when unset (every GPU is visible); else the entries in order. A list that starts with
-        ``GPU-`` (or ``MIG-``) holds UUIDs or unique prefixes of them, read up to the first entry without that
-        prefix; otherwise indices, each read like ``strtoul`` (``"1gpu"`` is 1) up to the first that is not a
-        number (``""``, ``-1``, ``"none"``: no GPU at all). A repeated entry hides every GPU (``[]``).
-    """
-    if value is None:
-        return None
-    prefix = next((p for p in ("GPU-", "MIG-") if value.startswith(p)), None)
-    entries: list[int | str] = []
-    for token in value.split(","):
-        entry: int | str
-        if prefix:
-            if not token.startswith(prefix):
-                break
-            entry = token
-        else:
-            number = re.match(r"\+?\d+", token.strip())
-            if number is None:
-                break
-            entry = int(number.group())
-        if entry in entries:
-            return []
-        entries.append(entry)
-    return entries
 
 
 def map_visible_gpus(visible: list[int | str] | None, nvml_gpus: list[tuple[str, str]], *,

@@ -11,7 +11,7 @@ Cold when:
 
 * ``TUTORIAL_LIB_WARM=0`` (or ``LaunchSpec(warm=False)``);
 * not Linux (the client passes file descriptors over a Unix socket and relies on ``PR_SET_PDEATHSIG``);
-* the job's start-up environment (``warm_start.STARTUP_ENV_PREFIXES``: ``PYTHON*``, ``LD_*``, ``OMP_*``
+* the job's start-up environment (``child.protocol.STARTUP_ENV_PREFIXES``: ``PYTHON*``, ``LD_*``, ``OMP_*``
   except ``OMP_NUM_THREADS``, ``TORCH_CPP_*``, ...) differs from the helper's: those are read when Python
   or torch start, so a forked child would not see them;
 * torch changed on disk since the helper started (a reinstall): the helper is restarted;
@@ -23,22 +23,21 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ..child import warm_start
-from .devices import DevicePlan, build_env
+from ..child import protocol
 from ..errors import ConfigError
-from .processes import set_parent_death_signal
+from .devices import DevicePlan
+from .environment import build_env
 
 log = logging.getLogger(__name__)
 
 WARM_ENV = "TUTORIAL_LIB_WARM"
-WARM_START = Path(warm_start.__file__).resolve()
+WARM_START = Path(__file__).resolve().parent.parent / "child" / "warm_start.py"
 READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine; a cold launch pays the same import
 
 
@@ -70,15 +69,17 @@ class WarmHelper:
 
     def __init__(self, python: str, env: dict[str, str]) -> None:
         self.python = python
-        self.startup_env = warm_start.startup_env(env)
+        self.startup_env = protocol.startup_env(env)
         self.torch_stamp = _torch_stamp()
         self.folder = tempfile.mkdtemp(prefix="tutorial_lib-warm-")
         self.socket_path = os.path.join(self.folder, "helper.sock")
-        # Its parent-death signal is SIGTERM: it then removes its folder and exits (its children die with it).
+        # It ends when its stdin reaches end of file: this process holds the pipe's other end, which closes
+        # however this process ends (warm_start.serve). Not a parent-death signal: that fires when the thread that
+        # started the helper ends, and a launch from a thread pool's thread starts it (the helper then died, and with
+        # it another thread's job, when the first thread ended).
         self.proc = subprocess.Popen(
-            [python, "-u", str(WARM_START), "serve", self.socket_path], env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM))
+            [python, "-u", str(WARM_START), "serve", self.socket_path], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.ready = False
         self.used = False  # a job was forked from it: from then on a different start-up environment runs cold
 
@@ -96,7 +97,7 @@ class WarmHelper:
                 if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                     break
                 line = self.proc.stdout.readline()
-                if line.strip() == b"ready":
+                if line.strip() == protocol.READY_LINE:
                     self.ready = True
                     return None
                 if not line:
@@ -110,7 +111,7 @@ class WarmHelper:
             return "the warm-start helper exited"
         if python != self.python:
             return f"the job's Python ({python}) is not the helper's ({self.python})"
-        theirs = warm_start.startup_env(env)
+        theirs = protocol.startup_env(env)
         changed = sorted(k for k in set(theirs) | set(self.startup_env) if theirs.get(k) != self.startup_env.get(k))
         if changed:
             return "the job sets start-up variables the helper was not started with: " + ", ".join(changed)
@@ -123,16 +124,18 @@ class WarmHelper:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        warm_start.remove_folder(self.socket_path)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe:
+                pipe.close()
+        protocol.remove_folder(self.socket_path)
 
 
 _helper: WarmHelper | None = None
 _said: set[str] = set()
 
 
-def warm_path(env: dict[str, str], python: str | None = None) -> tuple[str | None, str | None]:
+def warm_path(env: dict[str, str], python: str | None = None, wait_s: float = READY_TIMEOUT_S
+              ) -> tuple[str | None, str | None]:
     """The helper's socket for a job with environment ``env`` (started or restarted as needed), or ``None`` and
     why the job runs cold. Linux only."""
     global _helper
@@ -148,7 +151,7 @@ def warm_path(env: dict[str, str], python: str | None = None) -> tuple[str | Non
         _helper = None
     if _helper is None:
         _helper = _start_helper(python, env)
-    reason = _helper.wait_ready()
+    reason = _helper.wait_ready(min(wait_s, READY_TIMEOUT_S))
     if reason is not None:
         _helper = None
         return None, reason
@@ -159,8 +162,8 @@ def warm_path(env: dict[str, str], python: str | None = None) -> tuple[str | Non
 def _start_helper(python: str, env: dict[str, str]) -> WarmHelper:
     """A new helper for jobs with environment ``env``: this process's environment with ``env``'s start-up
     variables (and none of this process's own that ``env`` lacks)."""
-    helper_env = {k: v for k, v in os.environ.items() if not k.startswith(warm_start.STARTUP_ENV_PREFIXES)}
-    helper_env.update(warm_start.startup_env(env))
+    helper_env = {k: v for k, v in os.environ.items() if not k.startswith(protocol.STARTUP_ENV_PREFIXES)}
+    helper_env.update(protocol.startup_env(env))
     return WarmHelper(python, helper_env)
 
 

@@ -1,56 +1,53 @@
-"""What torchrun leaves behind, read in one place for the launcher and the doctor.
+"""Which rank failed first, and how: read from torchrun's failure summary, its agents' lines and its error files.
 
 torchrun (``torch.distributed.run``) reports a failed job three ways: its failure summary at the end of its
 output ("Root Cause (first observed failure)" and one entry per failed rank with its exit code), the agent's
 log line for every worker that failed ("failed (exitcode: -9) local_rank: 1 ..."), also when it restarts the
-group, and the error file each rank's ``@record`` writes (``<log_dir>/<run>/attempt_<N>/<local_rank>/error.json``).
+group, and the error file each rank's ``@record`` writes (``attempts.py``).
 See https://pytorch.org/docs/stable/elastic/errors.html.
+
+One node: ``find_root_cause``, for the launcher and the doctor alike. Several (simulated) nodes: two rules stand
+here side by side, the launcher's (``first_failure_of_nodes``: each node's ``find_root_cause``, then the earliest
+error file among them) and the doctor's (``root_cause_from_logs``: the earliest error file over every node's last
+attempt, else the summary's root cause). They agree on every fixture run; making them one is a change of this file.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
-from ..errors import RankFailure, last_traceback
-from ..launcher.output import ThrottledPrinter, rank_lines
+from .attempts import last_attempt, read_error_file
+from .stacks import last_traceback
+from .tee import RankTails, rank_lines
+
+
+@dataclass
+class RankFailure:
+    """What one failed rank left behind.
+
+    Attributes:
+        rank: global rank of the failed worker (``RANK``), or ``None`` when it is unknown.
+        exit_code: the worker's exit code as torchrun reported it (negative: killed by that signal),
+            or ``None`` when unknown.
+        traceback: the root-cause Python traceback from torchrun's error file (written by ``@record``),
+            or ``""`` when the worker left none (e.g. it was killed by a signal).
+        log_tail: the last lines this rank printed (stdout and stderr).
+    """
+
+    rank: int | None
+    exit_code: int | None
+    traceback: str = ""
+    log_tail: list[str] = field(default_factory=list)
+
 
 # One failed rank's entry in torchrun's summary: "rank : 1 (local_rank: 1) ... exitcode : -9".
 FAILURE_ENTRY = re.compile(r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local_rank>\d+)\)"
-                      r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)")
+                           r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+)")
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?" + FAILURE_ENTRY.pattern, re.S)
-
-
-def read_error_file(path: Path) -> str:
-    """The traceback (or message) in a torchrun error file written by ``@record``."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return ""
-    message = data.get("message", data)
-    if isinstance(message, dict):
-        extra = message.get("extraInfo", {})
-        return extra.get("py_callstack") or message.get("message", "")
-    return str(message)
-
-
-def last_attempt_error_files(log_dir: Path, failed_attempt: bool = False) -> dict[int, Path]:
-    """``{local_rank: error.json}`` of torchrun's last attempt (``<log_dir>/<run>/attempt_<N>/<local_rank>/``).
-
-    ``failed_attempt``: the last attempt that left an error file instead (a run that restarted and finished).
-    """
-    attempts = [p for p in log_dir.glob("*/attempt_*") if p.name.removeprefix("attempt_").isdigit()]
-    if failed_attempt:
-        attempts = [p for p in attempts if any(p.glob("*/error.json"))]
-    if not attempts:
-        return {}
-    last = max(attempts, key=lambda p: int(p.name.removeprefix("attempt_")))
-    return {int(p.parent.name): p for p in last.glob("*/error.json") if p.parent.name.isdigit()}
 
 
 # The agent's own line for every worker that failed, also when it then restarts the group (no summary follows):
@@ -74,8 +71,7 @@ def _no_error_of_its_own(error_file: Path) -> bool:
     return not text or bool(PEER_LOST.search(text))
 
 
-def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
-                    recovered: bool = False) -> RankFailure | None:
+def find_root_cause(output: str, log_dir: Path, tails: RankTails, recovered: bool = False) -> RankFailure | None:
     """The first rank that failed, with its exit code, traceback and log tail.
 
     torchrun's summary names a "Root Cause", but it orders failures by the error files' timestamps,
@@ -91,6 +87,9 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
 
     A rank that exited with a code and no error file gets the last traceback it printed (``last_traceback``), if any.
 
+    ``tails``: every rank's last lines (the launcher's printer keeps them as it shows the output; the doctor reads them
+    from ``output.log``).
+
     ``recovered``: the run restarted and finished (``max_restarts``), so torchrun printed no summary: the
     attempt that failed is the last one with error files, exit codes come from the agent's ``failed
     (exitcode: N) local_rank: R`` lines (one node: rank = local rank).
@@ -101,7 +100,8 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
                       for m in AGENT_FAILED.finditer(output)}
     roots = list(ROOT_CAUSE.finditer(output))
     root_local_rank = int(roots[-1]["local_rank"]) if roots else None  # the last attempt's summary
-    error_files = last_attempt_error_files(log_dir, failed_attempt=recovered)
+    attempt = last_attempt(log_dir, with_error_files=recovered)
+    error_files = attempt.error_files() if attempt is not None else {}
     # A rank killed by a fatal signal (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT, ...; not the
     # SIGTERM torchrun sends to stop the others) writes no error file, nor does one that exits with a code
     # (@record lets SystemExit through); its peers then fail on the lost connection and do write one. If every
@@ -115,9 +115,7 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     if not killed and error_files and all_lost:
         # torchrun reports only the failures it saw first (one line when it restarts the group): a rank that left
         # neither an error file nor an exit code while every error file is a lost connection is the one that died.
-        attempt_dir = next(iter(error_files.values())).parent.parent
-        killed = sorted(int(p.name) for p in attempt_dir.iterdir()
-                        if p.name.isdigit() and int(p.name) not in error_files and int(p.name) not in exit_codes)
+        killed = sorted(r for r in attempt.rank_dirs() if r not in error_files and r not in exit_codes)
     if killed and (error_files or root_local_rank is None) and all_lost:
         root_local_rank, error_files = killed[0], {}
     if error_files and (root_local_rank is None or root_local_rank in error_files):
@@ -142,84 +140,65 @@ def find_root_cause(output: str, log_dir: Path, tails: ThrottledPrinter,
     return RankFailure(rank=rank, exit_code=exit_code, traceback=traceback, log_tail=tails.tail(rank))
 
 
-# --- small readers for the notebooks: what a finished run's logs say, one named question each -----------------
-
-def rank_errors(run_dir: str | os.PathLike, attempt: int | None = None) -> dict[int, str]:
-    """``{local_rank: traceback}`` from the error files the ranks' ``@record`` wrote in one torchrun attempt.
+def first_failure_of_nodes(failures: Sequence[tuple[int, RankFailure]], node_log_dirs: Mapping[int, Path],
+                           nproc_per_node: int) -> RankFailure | None:
+    """The launcher's rule across simulated nodes: of each failed node's root cause (``find_root_cause``), the one
+    whose rank wrote the earliest error file; one without a traceback (a rank killed by a signal, or an agent whose
+    rendezvous failed) comes last. ``None`` when no node named a rank.
 
     Args:
-        run_dir: a one-node run directory (torchrun's logs in ``<run_dir>/logs``).
-        attempt: the attempt (0 = the first start, 1 = the first restart, ...); ``None``: the last one.
-
-    Returns:
-        The traceback (or message) of each rank that wrote an error file; a rank killed by a signal, or stopped
-        by torchrun with SIGTERM, writes none. Empty when no rank wrote one.
+        failures: ``(node, failure)`` of each node that named one.
+        node_log_dirs: each node's torchrun ``--log-dir``.
+        nproc_per_node: ranks per node (a global rank's local rank is ``rank % nproc_per_node``).
     """
-    log_dir = Path(run_dir) / "logs"
-    if attempt is None:
-        files = last_attempt_error_files(log_dir)
+    def first_failed(item: tuple[int, RankFailure]) -> tuple[bool, int]:
+        node, failure = item
+        attempt = last_attempt(node_log_dirs[node])
+        error_file = attempt.error_files().get((failure.rank or 0) % nproc_per_node) if attempt else None
+        return not failure.traceback, error_file.stat().st_mtime_ns if error_file else 2**63
+
+    return min(failures, key=first_failed, default=(None, None))[1]
+
+
+def root_cause_from_logs(output: str, log_dir: Path, node_log_dirs: Mapping[int, Path], tails: RankTails,
+                         recovered: bool = False) -> RankFailure | None:
+    """The doctor's rule: ``find_root_cause`` on one node; across simulated nodes (``node_log_dirs``), the earliest
+    error file of every node's last attempt (ranks that exited on their own first), else the summary's root cause.
+
+    On several nodes ``output.log`` interleaves the agents' summaries, which name global ranks; node ``N``'s first
+    global rank is ``N * nproc_per_node``, its rank count that of its last attempt's rank folders.
+    """
+    if not node_log_dirs:
+        return find_root_cause(output, log_dir, tails, recovered=recovered)
+    exit_codes = {int(m["rank"]): int(m["exitcode"]) for m in FAILURE_ENTRY.finditer(output)}
+    errors = []  # (exited on its own, mtime, global rank, path)
+    for node, node_dir in sorted(node_log_dirs.items()):
+        attempt = last_attempt(node_dir)
+        if attempt is None:
+            continue
+        nproc = len(attempt.rank_dirs())
+        for local_rank, path in attempt.error_files().items():
+            rank = node * nproc + local_rank
+            errors.append((exit_codes.get(rank, 1) <= 0, path.stat().st_mtime_ns, rank, path))
+    if errors:
+        _, _, rank, path = min(errors)
+        traceback = read_error_file(path)
     else:
-        files = {int(p.parent.name): p for p in log_dir.glob(f"*/attempt_{int(attempt)}/*/error.json")
-                 if p.parent.name.isdigit()}
-    return {local_rank: read_error_file(path) for local_rank, path in sorted(files.items())}
+        roots = list(ROOT_CAUSE.finditer(output))
+        if not roots:
+            return None
+        rank, traceback = int(roots[0]["rank"]), ""
+    return RankFailure(rank=rank, exit_code=exit_codes.get(rank), traceback=traceback, log_tail=tails.tail(rank))
 
 
-def lost_connection(error: str) -> bool:
-    """Whether a rank's error is only the loss of its peer (``Connection reset by peer``, ``Connection closed by
-    peer``, ...): the rank failed because another one died, not on its own."""
-    return bool(PEER_LOST.search(error))
+RENDEZVOUS_TIMEOUT, PORT_IN_USE = "rendezvous timeout", "port in use"
 
 
-def agent_failures(run_dir: str | os.PathLike) -> list[tuple[int, int]]:
-    """``[(local_rank, exit_code), ...]`` from torchrun's agent lines ``failed (exitcode: N) local_rank: R`` in
-    ``<run_dir>/output.log``, in order: one per failed worker per attempt, also when torchrun then restarted the
-    group. A negative exit code is the signal that killed the worker (-9: SIGKILL)."""
-    text = (Path(run_dir) / "output.log").read_text()
-    return [(int(m["local_rank"]), int(m["exitcode"])) for m in AGENT_FAILED.finditer(text)]
-
-
-class FatalError(NamedTuple):
-    """A ``Fatal Python error`` a rank printed (faulthandler, on SIGABRT, SIGSEGV, ...) and where it was."""
-
-    rank: int | None
-    error: str  # "Aborted", "Segmentation fault", ...
-    function: str  # the innermost Python function on the stack ("" if none was printed)
-
-
-_FRAME = re.compile(r'^\s*File ".*", line \d+ in (?P<function>\S+)')
-
-
-def fatal_errors(run_dir: str | os.PathLike) -> list[FatalError]:
-    """Every ``Fatal Python error: ...`` in ``<run_dir>/output.log``, with its rank and the innermost Python
-    function of the stack printed after it (faulthandler prints the most recent call first)."""
-    found: list[FatalError] = []
-    pending: dict[int | None, int] = {}  # rank -> index in found still waiting for its first frame
-    for rank, text in rank_lines((Path(run_dir) / "output.log").read_text()):
-        if text.startswith("Fatal Python error: "):
-            pending[rank] = len(found)
-            found.append(FatalError(rank, text.removeprefix("Fatal Python error: ").strip(), ""))
-        elif rank in pending and (frame := _FRAME.match(text)):
-            index = pending.pop(rank)
-            found[index] = found[index]._replace(function=frame["function"])
-    return found
-
-
-# TORCH_DISTRIBUTED_DEBUG=DETAIL's error: "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=9,
-# OpType=ALLREDUCE, TensorShape=[64, 64], ..." (what it decodes of the peer's call can be garbled: not read here).
-_FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
-                          r"OpType=(?P<op>\w+), TensorShape=\[(?P<shape>[\d, ]*)\]")
-
-
-def collective_fingerprints(run_dir: str | os.PathLike) -> list[tuple[int, str, tuple[int, ...]]]:
-    """``[(rank, op, shape), ...]``, sorted and without repeats: the collective each rank reported running when
-    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` found a mismatch (``<run_dir>/output.log``); a scalar's shape is ``()``."""
-    text = (Path(run_dir) / "output.log").read_text()
-    return sorted({(int(m["rank"]), m["op"], tuple(int(n) for n in m["shape"].split(",") if n.strip()))
-                   for m in _FINGERPRINT.finditer(text)})
-
-
-def count_log_matches(run_dir: str | os.PathLike, patterns: Mapping[str, str]) -> dict[str, int]:
-    """``{name: number of matches}`` of each regular expression in ``patterns`` over ``<run_dir>/output.log``
-    (every line the ranks and torchrun printed, also those the cell did not show)."""
-    text = (Path(run_dir) / "output.log").read_text()
-    return {name: len(re.findall(pattern, text)) for name, pattern in patterns.items()}
+def agent_failure_kind(output: str) -> str | None:
+    """What failed in torchrun itself (no rank to blame), from its output: ``RENDEZVOUS_TIMEOUT`` (an agent waited
+    for nodes that never came), ``PORT_IN_USE`` (EADDRINUSE on the rendezvous port), or ``None``."""
+    if "RendezvousTimeoutError" in output or "waiting for clients" in output:
+        return RENDEZVOUS_TIMEOUT
+    if "EADDRINUSE" in output or "address already in use" in output.lower():
+        return PORT_IN_USE
+    return None

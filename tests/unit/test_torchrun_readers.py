@@ -1,0 +1,203 @@
+"""torchrun's output and files, read: rank prefixes, redrawn lines, noise, stacks, the root cause. Nothing is launched."""
+
+import json
+import os
+
+from conftest import FIXTURES
+from tutorial_lib.torchrun.noise import NoiseFilter
+from tutorial_lib.torchrun.root_cause import find_root_cause
+from tutorial_lib.torchrun.stacks import innermost_frame, stacks_by_rank, without_tracebacks
+from tutorial_lib.torchrun.tee import RankTails, TeeSplitter, rank_lines, split_rank_prefix, split_tee_line
+
+
+def test_rank_prefix_is_split_and_torchrun_lines_have_no_rank():
+    assert split_rank_prefix("[default1]:step 3/5 loss 0.1") == (1, "step 3/5 loss 0.1")
+    assert split_rank_prefix("[trainer12]:x", rank_offset=4) == (16, "x")
+    assert split_rank_prefix("[1]:") == (None, "[1]:"), "torchrun's failure summary is not a rank's line"
+    assert split_rank_prefix("W1130 12:00 api.py:1] Sending process 7 closing signal SIGTERM")[0] is None
+
+
+def test_a_line_where_torchrun_wrote_several_ranks_chunks_is_split_at_each_ranks_prefix():
+    """torchrun's --tee copies an unfinished line of a rank (a ``\\r`` progress bar: its reader turns each ``\\r``
+    into a line break) without a newline, so the next chunk of any rank continues the line (measured, torch 2.13)."""
+    assert split_tee_line("[default0]:7/50[default1]:") == ["[default0]:7/50", "[default1]:"]
+    assert split_tee_line("[default1]:10/50[default0]:8/50") == ["[default1]:10/50", "[default0]:8/50"]
+    assert split_tee_line("[default1]:[rank1]: Traceback (most recent call last):") == [
+        "[default1]:[rank1]: Traceback (most recent call last):"], "torch's own [rankN]: is no other rank's chunk"
+    # several nodes: the launcher's prefix template is [rank<global rank>]:, torch's excepthook adds its own again
+    assert split_tee_line("[rank3]:7/50[rank2]:[rank2]: Traceback") == ["[rank3]:7/50", "[rank2]:[rank2]: Traceback"]
+    assert split_tee_line("W1130 12:00 api.py:1] [default0]: x") == ["W1130 12:00 api.py:1] [default0]: x"]
+
+    # The lines of a real run (rank 0's and rank 1's bars, then rank 0's print on stdout): every piece to its rank;
+    # the empty pieces that only end an unfinished chunk (the newline or next \r arriving alone) are dropped.
+    tee = TeeSplitter()
+    raw = ["[default0]:", "[default0]:6/50", "[default0]:7/50[default1]:", "[default1]:1/50",
+           "[default1]:5/50[default1]:", "[default1]:6/50", "[default0]:", "[default1]:10/50[default0]:8/50",
+           "[default0]:46/50[default0]:rank 0 done", "[default0]:"]
+    pieces = [piece for line in raw for piece in tee.split(line)]
+    assert [split_rank_prefix(p) for p in pieces] == [
+        (0, ""), (0, "6/50"), (0, "7/50"), (1, ""), (1, "1/50"), (1, "5/50"), (1, "6/50"), (1, "10/50"), (0, "8/50"),
+        (0, "46/50"), (0, "rank 0 done")]
+    assert rank_lines("\n".join(raw))[-3:] == [(0, "8/50"), (0, "46/50"), (0, "rank 0 done")]
+
+
+def test_root_cause_is_read_from_the_summary_and_the_error_file(tmp_path):
+    summary = (FIXTURES / "torchrun_failure_summary.txt").read_text()
+    error_dir = tmp_path / "logs" / "none_abc" / "attempt_0" / "1"
+    error_dir.mkdir(parents=True)
+    (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
+    tails = RankTails()
+    tails.add(1, "last words of rank 1")
+    failure = find_root_cause(summary, tmp_path / "logs", tails)
+    assert failure.rank == 1 and failure.exit_code == 1
+    assert "ValueError: boom on rank 1" in failure.traceback
+    assert failure.log_tail == ["last words of rank 1"]
+
+
+def test_root_cause_without_summary_or_error_file_is_unknown(tmp_path):
+    assert find_root_cause("torchrun: killed", tmp_path, RankTails()) is None
+
+
+def _summary(root_rank, root_exit, other_rank, other_exit):
+    block = "  time      : 2026-11-30_00:28:30\n  host      : localhost\n  rank      : {r} (local_rank: {r})\n  exitcode  : {e} (pid: 1)\n"
+    return ("Failures:\n[1]:\n" + block.format(r=other_rank, e=other_exit)
+            + "------\nRoot Cause (first observed failure):\n[0]:\n" + block.format(r=root_rank, e=root_exit))
+
+
+def _error_file(log_dir, local_rank, message, mtime_ns):
+    path = log_dir / "none_x" / "attempt_0" / str(local_rank) / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": message}}}))
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def test_a_same_second_tie_in_torchruns_summary_is_broken_by_error_file_times(tmp_path):
+    """torchrun's timestamps have 1 s resolution: the peer that failed second can be named root cause."""
+    _error_file(tmp_path, 1, "RuntimeError: injected failure on rank 1", 1_000_000_000_000)
+    _error_file(tmp_path, 0, "RuntimeError: Connection closed by peer", 1_000_000_000_500)
+    tails = RankTails()
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=1), tmp_path, tails)
+    assert failure.rank == 1 and failure.exit_code == 1 and "injected failure" in failure.traceback
+
+
+def test_a_rank_killed_by_a_signal_stays_root_cause_though_a_peer_wrote_an_error_file(tmp_path):
+    _error_file(tmp_path, 0, "RuntimeError: Connection closed by peer", 1_000_000_000_500)
+    tails = RankTails()
+    failure = find_root_cause(_summary(root_rank=1, root_exit=-9, other_rank=0, other_exit=1), tmp_path, tails)
+    assert failure.rank == 1 and failure.exit_code == -9 and failure.traceback == ""
+
+
+def test_an_empty_error_file_and_a_crashed_torchrun_still_name_the_killed_rank(tmp_path):
+    """Rank 1 SIGKILLed; rank 0, stopped by torchrun's SIGTERM while @record wrote its error file, left it empty;
+    torchrun crashed reading it (JSONDecodeError, no summary: seen once under load, torch 2.13)."""
+    _error_file(tmp_path, 0, "x", 1_000_000_000_500)
+    (tmp_path / "none_x" / "attempt_0" / "0" / "error.json").write_text("")
+    (tmp_path / "none_x" / "attempt_0" / "1").mkdir()
+    tails = RankTails()
+    failure = find_root_cause("json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)", tmp_path,
+                              tails)
+    assert failure.rank == 1 and failure.exit_code is None and failure.traceback == ""
+
+
+def test_a_rank_sigtermed_while_failing_is_not_preferred_over_one_that_exited_itself(tmp_path):
+    """Both ranks hit the collective timeout; torchrun SIGTERMs the slower one, which already wrote its error file."""
+    _error_file(tmp_path, 1, "RuntimeError: Timed out (rank 1)", 1_000_000_000_000)
+    _error_file(tmp_path, 0, "RuntimeError: Timed out (rank 0)", 1_000_000_000_500)
+    tails = RankTails()
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-15), tmp_path, tails)
+    assert failure.rank == 0 and failure.exit_code == 1 and "rank 0" in failure.traceback
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_when_torchrun_names_the_peer_that_lost_it(tmp_path):
+    """Reliability trials: rank 1 SIGKILLed in a save, rank 0 failed on the lost connection and torchrun named rank 0."""
+    _error_file(tmp_path, 0, "RuntimeError: [gloo] Read error [127.0.0.1]:5: Connection reset by peer", 1_000_000_000_500)
+    tails = RankTails()
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-9), tmp_path, tails)
+    assert failure.rank == 1 and failure.exit_code == -9 and failure.traceback == ""
+    # a rank that failed for its own reason stays the cause
+    _error_file(tmp_path / "own", 0, "RuntimeError: injected failure on rank 0", 1_000_000_000_000)
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-9), tmp_path / "own", tails)
+    assert failure.rank == 0 and "injected failure" in failure.traceback
+
+
+def test_a_rank_with_its_own_error_beats_an_earlier_lost_connection(tmp_path):
+    """Notebook 05's rank-0-only save: the peer's "Connection closed" file can be written before the timed-out rank's."""
+    _error_file(tmp_path, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4", 1_000_000_000_000)
+    _error_file(tmp_path, 0, "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms",
+                1_000_000_000_500)
+    tails = RankTails()
+    failure = find_root_cause(_summary(root_rank=1, root_exit=1, other_rank=0, other_exit=1), tmp_path, tails)
+    assert failure.rank == 0 and "Timed out" in failure.traceback
+
+
+def test_stacks_by_rank_keeps_each_ranks_last_faulthandler_dump():
+    ranked = [
+        (0, "step 1"), (1, "Current thread 0x01 (most recent call first):"), (1, '  File "/r/a.py", line 3 in old'),
+        (1, "step 2"),  # other output closes a dump
+        (1, "Thread 0x02 (most recent call first):"), (1, '  File "/lib/python3.11/threading.py", line 9 in wait'),
+        (1, ""), (0, "interleaved line of rank 0"),
+        (1, "Current thread 0x01 (most recent call first):"), (1, '  File "/r/ddp_train.py", line 210 in inject_failure'),
+        (1, '  File "/r/ddp_train.py", line 300 in train'), (None, "torchrun: Sending process 2 closing signal SIGTERM"),
+    ]
+    stacks = stacks_by_rank(ranked)
+    assert set(stacks) == {1} and "in old" not in stacks[1] and "threading.py" in stacks[1]
+    assert innermost_frame(stacks[1]) == "ddp_train.py:210 in inject_failure"
+    assert stacks_by_rank([]) == {} and stacks_by_rank([(None, "Current thread 0x1 (most recent call first):")]) == {}
+
+
+def test_the_screen_shows_a_tracebacks_exception_line_not_its_frames():
+    """A failed run's cell shows the cause (the exception line) per rank; frames stay in output.log and the error."""
+    noise = NoiseFilter()
+    lines = [(1, "step 1"), (1, "Traceback (most recent call last):"), (1, '  File "t.py", line 3, in main'),
+             (1, "    raise KeyError('x')"), (1, "KeyError: 'x'"), (1, ""),
+             (1, "During handling of the above exception, another exception occurred:"), (1, ""),
+             (1, "Traceback (most recent call last):"), (1, '  File "t.py", line 5, in main'),
+             (1, "           ^^^^^^"), (1, "RuntimeError: injected failure"), (1, "after"),
+             (None, "E1130 20:31:20.15 123 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 9) of binary: x"),
+             (None, "W1130 20:31:20.15 123 api.py:1028] Sending process 7 closing signal SIGTERM"),
+             (0, "Fatal Python error: Aborted"), (0, "Extension modules: numpy._core, torch._C (total: 2)"),
+             (None, "W1130 20:31:21.00 123 api.py:900] the agent's own warning")]
+    shown = [t for r, t in lines if noise.kind(r, t) is None]
+    assert shown == ["step 1", "KeyError: 'x'", "RuntimeError: injected failure", "after", "Fatal Python error: Aborted",
+                     "W1130 20:31:21.00 123 api.py:900] the agent's own warning"]
+    assert noise.traceback_lines == 9
+    assert without_tracebacks([t for r, t in lines if r == 1]) == ["step 1", "after"]
+
+
+def _terminal(text: str) -> list[str]:
+    """What a terminal shows for ``text``: ``\\r``, ``\\n`` and the rank runner's ESC[G, ESC[A, ESC[K (a tiny emulator)."""
+    import re as _re
+
+    rows, row, col = [""], 0, 0
+    for token in _re.findall(r"\x1b\[[GAK]|\r|\n|[^\x1b\r\n]+", text):
+        if token in ("\r", "\x1b[G"):
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+            rows += [""] * (row + 1 - len(rows))
+        elif token == "\x1b[A":
+            row = max(0, row - 1)
+        elif token == "\x1b[K":
+            rows[row] = rows[row][:col]
+        else:
+            line = rows[row].ljust(col)
+            rows[row], col = line[:col] + token + line[col + len(token):], col + len(token)
+    return rows
+
+
+def test_the_rank_runner_marks_a_line_redrawn_with_carriage_returns_as_a_terminal_draws_it():
+    """torchrun's --tee turns a bare ``\\r`` into a line break, so the rank runner marks redrawn lines (issue 17, input
+    1); a terminal (``cat`` of a rank's log) shows the marked bytes exactly as it shows the script's own."""
+    import io
+
+    from tutorial_lib.child.rank_runner import RedrawMarkingStream
+    buffer = io.BytesIO()
+    stream = RedrawMarkingStream(buffer, encoding="utf-8", newline="\n", write_through=True)
+    writes = ["epoch 1\n", "\r  0%|", "\r 50%|#####", "\r100%|##########|", "\n", "done\n", "a\r\n", "\r", "b", "\n"]
+    for text in writes:
+        assert stream.write(text) == len(text)
+    marked = buffer.getvalue().decode()
+    assert marked == ("epoch 1\n\x1b[G\n\x1b[A  0%|\x1b[G\n\x1b[A 50%|#####\x1b[G\n\x1b[A100%|##########|\x1b[K\n"
+                      "done\na\r\n\x1b[G\n\x1b[Ab\x1b[K\n")
+    assert _terminal(marked) == _terminal("".join(writes)) == ["epoch 1", "100%|##########|", "done", "a", "b", ""]
+    assert "\r" not in marked.replace("\r\n", ""), "no bare \\r left for torchrun's reader to turn into a line break"

@@ -1,0 +1,194 @@
+"""Known failures: the messages gloo, NCCL, torchrun, the allocators and DDP print, each with its cause, a one-line
+fix and the notebook section that shows it; and what a signal or an exit code without a traceback means.
+
+The doctor (``tutorial_lib.doctor``) matches ``CAUSES`` in priority order against a failed run's tracebacks, error
+files and output. The patterns are the messages these libraries print on torch 2.8 and 2.13 (both run in CI, each
+failure of notebooks 02, 05, 06 and 07 is a test on each version); where a version drops a message the doctor also
+reads what both leave. A message torch changes makes the doctor fall back to "Python exception" or "killed by
+signal", never to a wrong specific cause on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught.
+
+    ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
+    """
+
+    name: str
+    pattern: re.Pattern
+    fix: str
+    describe: Callable[[str], str] | None = None
+
+
+# A checkpoint loaded into a model of another shape: DCP's planner (dcp.load), set_state_dict's strict check, and
+# nn.Module.load_state_dict (a full checkpoint), as torch 2.8 and 2.13 word them.
+_SIZE_MISMATCH = (re.compile(r"Size mismatch between saved (?P<saved>torch\.Size\(\[[^\]]*\]\)) and current: "
+                             r"(?P<current>torch\.Size\(\[[^\]]*\]\)) for (?P<key>[\w.]*\w)"),
+                  re.compile(r"size mismatch for (?P<key>[\w.]*\w): copying a param with shape (?P<saved>torch\.Size\("
+                             r"\[[^\]]*\]\)) from checkpoint, the shape in current model is (?P<current>torch\.Size\("
+                             r"\[[^\]]*\]\))"))
+_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]*\w)|Missing key: (?P<key2>[\w.]*\w)|"
+                          r"Missing key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+_UNEXPECTED_KEY = re.compile(r"Unexpected key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+
+
+def describe_checkpoint_mismatch(line: str) -> str:
+    """``"model.net.6.weight: saved [4, 128], this model [128, 128]"`` from a size mismatch message (or the key a
+    missing/unexpected-key message names); the line itself when it is neither.
+
+    Args:
+        line: a line that ``CAUSES``' "checkpoint does not match the model" pattern matched.
+    """
+    for pattern in _SIZE_MISMATCH:
+        m = pattern.search(line)
+        if m:
+            saved, current = (m[name].removeprefix("torch.Size(").removesuffix(")") for name in ("saved", "current"))
+            return f"{m['key']}: saved {saved}, this model {current}"
+    m = _MISSING_KEY.search(line)
+    if m:
+        return f"{m['key'] or m['key2'] or m['keys']}: in this model, not in the checkpoint"
+    m = _UNEXPECTED_KEY.search(line)
+    if m:
+        return f"{m['keys']}: in the checkpoint, not in this model"
+    return line
+
+
+# In priority order: the first cause whose pattern occurs in any rank's traceback or output wins. Specific
+# causes come first; the consequences they trigger on the peers ("Connection reset by peer", a timeout
+# while a peer is already dead) come later or not at all.
+CAUSES = (
+    Cause("port in use", re.compile(r"EADDRINUSE|address already in use", re.I),
+          "another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
+          "another one (06, section 5 'A port that is already taken')"),
+    Cause("rendezvous timeout", re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
+          "not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
+          "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')"),
+    Cause("out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
+                                      r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
+          "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
+          "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
+    Cause("checkpoint does not match the model",
+          re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
+                     r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
+                     r"Unexpected key\(s\) in state_dict"),
+          "the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
+          "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
+          "folder records only the step, world size, format and strategy), or start without --resume "
+          "(05, section 3 'Sharded checkpoints')", describe_checkpoint_mismatch),
+    # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
+    # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
+    Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
+                                            r"collective mismatch|op\.preamble\.length <= op\.nbytes", re.I),
+          "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
+          "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
+          "(07, section 1 'Hang')"),
+    # A rank that finished its work and then died in the interpreter's teardown: a gloo thread aborts while the
+    # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
+    Cause("abort at interpreter exit", re.compile(r"terminate called without an active exception"),
+          "the script had returned: gloo aborted the process during Python's teardown, not your code; the "
+          "launcher's rank runner leaves with os._exit after flushing (tutorial_lib/child/rank_runner.py), do the same at "
+          "the end of a script you run with plain torchrun (07, section 2 'A crashing rank')"),
+    Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
+          "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
+          "(01, section 6 'A parameter without a gradient')"),
+    Cause("collective timeout (hang)", re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
+                                                  r"Socket Timeout"),
+          "a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
+          "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
+          "error (07, section 1 'Hang'; uneven inputs: 02, section 4)"),
+    Cause("NCCL error", re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+                                   r"ncclInvalidUsage|ncclRemoteError|NCCL WARN"),
+          "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
+          "(07, section 3 'Debugging variables')"),
+)
+
+EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
+                  "only because their peer was gone (07, section 2 'A crashing rank')")
+SIGNAL_FIXES = {
+    "SIGKILL": "killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
+               "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')",
+    "SIGSEGV": "a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
+               "that called it (07, section 1d: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo crashes so)",
+    "SIGABRT": "a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
+               "rank's stderr in logs/ (07, section 1 'Hang')",
+    "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
+               "interrupt): look for the rank that failed first",
+    "SIGFPE": "no traceback: an arithmetic fault in native code, most often an integer division by zero in C/C++ (an "
+              "extension, a custom op); Python and torch raise ZeroDivisionError or give inf/nan instead. The "
+              "faulthandler stack in the rank's log names the Python line that called it (07, section 2 'A crashing "
+              "rank')",
+    "SIGBUS": "no traceback: a bad memory access in native code, typically a memory-mapped file (a dataset, a "
+              "checkpoint) truncated or deleted while in use, or /dev/shm full (DataLoader workers pass tensors "
+              "through it: df -h /dev/shm; in Docker raise --shm-size) (07, section 2 'A crashing rank')",
+    "SIGILL": "no traceback: the CPU met an instruction it does not have: a binary (torch, numpy, an extension) "
+              "built for a newer CPU (AVX-512, ...) than this machine's, or a corrupt install; reinstall the wheels "
+              "for this machine (07, section 2 'A crashing rank')",
+    "SIGTRAP": "no traceback: a native breakpoint or assertion trap (__builtin_trap) in C/C++ code, or a debugger "
+               "attached to the rank; the faulthandler stack in the rank's log shows the Python line (07, section 2 "
+               "'A crashing rank')",
+    "SIGSYS": "no traceback: a system call the sandbox forbids (seccomp in a container); run with the container's "
+              "default profile or allow the call (07, section 2 'A crashing rank')",
+    "SIGXCPU": "no traceback: the rank used up its CPU-time limit (ulimit -t, or the batch scheduler's); raise the "
+               "limit or ask for more time (07, section 2 'A crashing rank')",
+    "SIGXFSZ": "no traceback: a write went past the file-size limit (ulimit -f), e.g. a checkpoint or log; raise the "
+               "limit (07, section 2 'A crashing rank')",
+    "SIGPIPE": "no traceback: the rank wrote to a pipe or socket whose reader was gone (output piped into a command "
+               "that exited, such as head) (07, section 2 'A crashing rank')",
+    "SIGINT": "interrupted (Ctrl-C in a terminal, a kernel interrupt in Jupyter): nothing failed by itself",
+    "SIGHUP": "its terminal or session closed (an ssh session ended): start long runs under nohup, tmux or a "
+              "batch scheduler",
+}
+EXIT_FIX = ("rank {rank} ended itself with exit code {code} and left no traceback: sys.exit({code}), exit({code}) or "
+             "os._exit({code}) in its script or in a library it calls ({meaning}); search the code for sys.exit, "
+             "exit( and os._exit, and raise an exception there instead so @record keeps the traceback (07, section 2 "
+             "'A crashing rank')")
+# NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
+NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
+P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
+             "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
+             "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access")
+NO_ERROR_FIX = ("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
+                 "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
+                 "lines say what it was doing (07, section 4 'Out of memory')")
+HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
+             "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
+             "(07, section 1 'Hang')")
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """``"SIGKILL"`` for exit code -9 (torchrun reports a worker killed by signal N as -N); else ``None``."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def exit_code_meaning(code: int) -> str:
+    """What a positive exit code usually means when a process leaves no traceback, in a few words.
+
+    Args:
+        code: the exit code (1..255) torchrun reported for the rank.
+    """
+    if code == 1:
+        return "1 is also what sys.exit('message') gives: the message is then the rank's last line"
+    if code == 2:
+        return "2 is argparse's code for bad command-line arguments: look for 'usage:' and 'error:' in its log"
+    if code in (126, 127):
+        return f"{code} is a shell's 'command {'not executable' if code == 126 else 'not found'}': a wrapper script"
+    if 128 < code < 128 + 65:
+        name = signal_name(128 - code)
+        return f"{code} = 128 + {code - 128}: a shell's way of saying its child was killed by {name}"
+    if code == 255:
+        return "255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"
+    return f"no library here exits with {code} on its own: it is most likely the script's own number"

@@ -1,0 +1,151 @@
+"""Run a lesson script as one process inside this one, without torchrun: ``run_in_process``.
+
+For per-process effects measured on many variants (fp16 underflow, a loss scaler's skipped steps), minus the seconds
+a launch spends starting torchrun and importing torch in new processes. The script runs in this process, so for the
+run it has this process's working folder, ``sys.argv``, ``sys.stdout`` and torch's thread count: one run at a time
+(a lock), each restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..parameters import check_positive_int
+from ..rundir import COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, write_script
+from ..script_source import check_script_args
+from .devices import DevicePlan, resolve_device
+from .spec import LaunchResult
+
+
+def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
+                   label: str | None = None, device: str = "cpu", num_threads: int | None = 1) -> LaunchResult:
+    """Run the shipped script ``name`` as one process, inside this Python process, without torchrun.
+
+    What ``python NAME.py ARGS`` would do (a world of one: the scripts join no process group when
+    ``RANK`` is unset), minus the ~5 s a launch spends starting torchrun and importing torch in new
+    processes. Use it for per-process effects measured on many variants (fp16 underflow, a loss
+    scaler's skipped steps, the speed of a matmul in bf16); use ``run_script`` for anything that
+    involves ranks. The script runs with the run directory as working directory, so its
+    ``metrics/`` land there exactly as in a launch; its printed lines go to ``output.log`` and to
+    this cell; ``command.txt`` holds the equivalent ``python NAME.py ...`` command.
+
+    This process outlives the run, so two things differ from a fresh ``python`` process. A script that
+    makes a world of one (FSDP needs a process group even alone) gets ``--backend gloo``, also on
+    CUDA (gloo moves CUDA tensors through host memory): NCCL would start its communicators and
+    watchdog thread inside the notebook's kernel and keep them after the run, and a hang or abort
+    there takes the kernel with it. And this process's CUDA context stays, with the allocator's
+    cache and peak statistics: before each run, when CUDA is initialised here, the cache is
+    emptied and the peak statistics are reset, so ``torch.cuda.max_memory_allocated`` /
+    ``max_memory_reserved`` measure this run only.
+
+    Args:
+        name: a script from ``available_scripts()``.
+        args: the script's arguments (checked by the script's ``parse_args`` first).
+        runs_dir: parent of the run directory (``None``: ``default_runs_root()``).
+        label: run directory label (default: ``name``).
+        device: ``"cpu"`` or ``"cuda"``; passed as the script's ``--device`` when it has that flag and
+            ``args`` do not set it (``cuda`` runs on GPU 0). Scripts with a ``--backend`` flag get
+            ``--backend gloo`` on either device.
+        num_threads: torch's intra-op CPU threads while the script runs (``torch.set_num_threads``);
+            1, like every rank under torchrun (``OMP_NUM_THREADS=1``); ``None`` keeps this process's.
+
+    Returns:
+        A ``LaunchResult`` with ``plan.nproc_per_node == 1`` and ``plan.backend == "gloo"``;
+        ``metrics()`` reads rank 0's lines.
+
+    Raises:
+        ConfigError: unknown script, bad arguments, ``device`` not ``cpu``/``cuda`` (or ``cuda``
+            without a GPU), ``args`` asking for ``--backend nccl``, or this process is itself a rank
+            of a job (``RANK`` set, or a process group already initialised): the script would then
+            try to join it.
+        Exception: whatever the script raises (its traceback is the script's own).
+    """
+    argv = _in_process_argv(name, args, device, num_threads)
+    plan = resolve_device(device, 1, backend="gloo")
+    run_dir = new_run_dir(label or name, runs_dir)
+    script = write_script(name, run_dir)
+    source = script.read_text()
+    if "--device" not in argv and '"--device"' in source:  # scripts that pick their device
+        argv += ["--device", plan.device]
+    if not any(a.startswith("--backend") for a in argv) and '"--backend"' in source:  # scripts that make a world of one
+        argv += ["--backend", plan.backend]
+    module = check_script_args(script, argv)  # the script, imported once: checked here, run below
+    command = [sys.executable, script.name, *argv]
+    (run_dir / COMMAND_TXT).write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
+                                         + shlex.join(["python", *command[1:]]) + "\n")
+    wall_time_s = _run_main_here(module, [str(script), *argv], run_dir, plan, num_threads)
+    return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
+
+
+def _in_process_argv(name: str, args: Sequence[object], device: str, num_threads: int | None) -> list[str]:
+    """``args`` as strings, once this process may run ``name`` (``run_in_process``'s checks); raises ``ConfigError``."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r}: use 'cpu' or 'cuda'")
+    if "RANK" in os.environ:
+        raise ConfigError(f"RANK={os.environ['RANK']!r} is set in this process: run_in_process would make {name}.py "
+                          "join that job's process group; use run_script, or unset RANK")
+    import torch.distributed as dist  # only here: launching alone never imports torch in this process
+
+    if dist.is_available() and dist.is_initialized():
+        raise ConfigError("this process already has a torch.distributed process group; the script would use it. "
+                          "Use run_script, or call dist.destroy_process_group() first")
+    if num_threads is not None:
+        check_positive_int("num_threads", num_threads)
+    argv = [str(a) for a in args]
+    if "--backend=nccl" in argv or any(a == "--backend" and b == "nccl" for a, b in zip(argv, argv[1:])):
+        raise ConfigError(f"{name}: --backend nccl inside this process: run_in_process runs no NCCL in the notebook's "
+                          "kernel (its communicators and watchdog would outlive the run); drop the flag (gloo is "
+                          "used), or launch the script with run_script")
+    return argv
+
+
+def _run_main_here(module, argv: list[str], run_dir: Path, plan: DevicePlan, num_threads: int | None) -> float:
+    """Run ``module.main()`` with ``sys.argv = argv`` in ``run_dir``, its printed lines in ``output.log`` and then this
+    cell; write run.json and restore argv, working directory and threads. Returns the wall time; raises
+    ``ConfigError`` if the script exited with an error code, or what the script raised."""
+    import torch
+
+    output = io.StringIO()
+    if torch.cuda.is_initialized():  # an earlier run's cached blocks and peaks would count in this run's numbers
+        torch.cuda.empty_cache()
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+    saved_argv, saved_cwd, saved_threads = sys.argv, os.getcwd(), torch.get_num_threads()
+    start = time.monotonic()
+    status, error = RunStatus.FAILED, None
+    try:
+        sys.argv = argv
+        os.chdir(run_dir)
+        torch.set_num_threads(num_threads or saved_threads)
+        with contextlib.redirect_stdout(output), warnings.catch_warnings():
+            # @record enables faulthandler on sys.stderr, which in some hosts (pytest's capture) has no file
+            # descriptor: torch then warns; the run itself is unaffected.
+            warnings.filterwarnings("ignore", "Unable to enable fault handler", UserWarning)
+            module.main()
+        status = RunStatus.FINISHED
+    except SystemExit as e:  # a script's own usage error or message
+        if e.code not in (0, None):
+            error = ConfigError(f"{Path(argv[0]).name} exited with {e.code!r}")
+        else:
+            status = RunStatus.FINISHED
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        torch.set_num_threads(saved_threads)
+        wall_time_s = time.monotonic() - start
+        (run_dir / OUTPUT_LOG).write_text(output.getvalue())
+        RunRecord(status, wall_time_s, device=plan.device, returncode=0 if status == RunStatus.FINISHED else None,
+                  in_process=True).write(run_dir)
+        sys.stdout.write(output.getvalue())
+    if error is not None:
+        raise error
+    return wall_time_s

@@ -1,0 +1,295 @@
+"""Start a planned launch and watch it: the rendezvous, ``command.txt``, the torchrun agents, their output readers,
+the memory sampler, the limits, the stack dump, and the stop that leaves no process behind.
+
+``start_job(plan, view, printer)`` is the start step: everything a ``LaunchPlan`` leaves undone (it picks the port,
+hosts the rendezvous store for simulated nodes, writes ``command.txt``, asks the warm-start helper, starts each node's
+agent) happens here and nowhere before. Everything a job holds is its own: launches from several threads at once each
+get their own run directory, port, output and limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from datetime import timedelta
+
+import psutil
+
+from ..child.protocol import SOCKET_ENV, set_parent_death_signal
+from ..errors import ConfigError
+from ..metrics import JsonlTail
+from ..rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
+from . import warm
+from .live import safe_draw
+from .output import OutputPump, ThrottledPrinter
+from .plan import LOOPBACK, RANK_RUNNER, LaunchPlan
+from .processes import ProcessTree
+from .sampler import MemorySampler
+
+log = logging.getLogger(__name__)
+
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+STACK_DUMP_WAIT_S = 10.0  # the longest wait for every rank's stack; ends 0.5 s after the last rank answered
+_STACK_LINE = re.compile(r'^(Current thread 0x|Thread 0x|\s+File "|\s*$)')
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def host_rendezvous(plan: LaunchPlan) -> tuple[object, int]:
+    """The rendezvous store (simulated nodes only, else ``None``) and its port: ``spec.master_port``, or a free one."""
+    spec = plan.spec
+    if spec.nnodes == 1:
+        return None, spec.master_port or free_port()
+    # The rendezvous store lives here, not in an agent: an agent hosting it would close it on exit
+    # while the other agents still wait at torchrun's exit barrier (an error with a C++ trace).
+    # It listens on a socket bound to 127.0.0.1 (TCPStore alone would listen on every interface).
+    from torch.distributed import TCPStore
+    listener = socket.create_server((LOOPBACK, spec.master_port or 0))
+    port = listener.getsockname()[1]
+    store = TCPStore(LOOPBACK, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach(),
+                     timeout=timedelta(seconds=spec.rendezvous_timeout_s))  # the store now owns the socket
+    return store, port
+
+
+def write_command_txt(plan: LaunchPlan, commands: dict[int, list[str]]) -> None:
+    """Write ``command.txt``, never over one that exists (a second launch into the same run directory is refused).
+
+    Raises:
+        ConfigError: the run directory already holds a launch, or cannot be written.
+    """
+    try:
+        with open(plan.run_dir / COMMAND_TXT, "x") as f:
+            f.write(plan.command_txt(commands))
+    except FileExistsError:
+        raise ConfigError(f"run_dir {str(plan.run_dir)!r} already holds a launch ({COMMAND_TXT}); "
+                          "use a new run directory (new_run_dir) so nothing is overwritten") from None
+    except OSError as e:
+        raise ConfigError(f"run_dir {str(plan.run_dir)!r} is not a writable directory ({e.strerror})") from None
+
+
+def start_commands(plan: LaunchPlan, commands: dict[int, list[str]], printer: ThrottledPrinter,
+                   wait_s: float) -> tuple[dict[int, tuple[list[str], dict[str, str]]], str]:
+    """Each node's command and environment as started, and how: ``"warm"`` (forked from this process's warm-start
+    helper, waiting for it at most ``wait_s``) or ``"cold"``. ``command.txt`` keeps the cold form, the one to copy
+    to a cluster."""
+    cold = {node: (commands[node], dict(plan.node_envs[node])) for node in plan.nodes}
+    if not plan.warm:
+        return cold, "cold"
+    socket_path, reason = warm.warm_path(plan.node_envs[plan.nodes[0]], wait_s=wait_s)
+    if socket_path is None:
+        if warm.say_once(reason):
+            printer.note(f"warm start off ({reason}): torchrun and the ranks start cold, importing torch each")
+        return cold, "cold"
+    return {node: (warm.warm_command(commands[node], RANK_RUNNER), {**plan.node_envs[node], SOCKET_ENV: socket_path})
+            for node in plan.nodes}, "warm"
+
+
+def _reader(stream, out: queue.Queue, node: int = 0) -> None:
+    for raw in iter(stream.readline, b""):
+        out.put((node, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+    out.put((node, None))
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` installed a handler for ``sig`` (Linux ``/proc/<pid>/status`` ``SigCgt``).
+
+    Sending SIGUSR1 to a process that does not catch it would kill it, so the stack dump asks first.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(mask >> (int(sig) - 1) & 1)
+
+
+class LimitReached(Exception):
+    """A limit of the job was reached; ``limit`` names it (``"timeout_s"`` or ``"stall_timeout_s"``)."""
+
+    def __init__(self, limit: str = "timeout_s") -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+def limit_reached(spec, elapsed: float, progress_at: float | None) -> str | None:
+    """The limit the job has gone past ``elapsed`` s after its start (``"timeout_s"`` or ``"stall_timeout_s"``), or
+    ``None``; ``progress_at``: when a rank last logged a metrics line (``None``: none yet, no stall possible)."""
+    if elapsed > spec.timeout_s:
+        return "timeout_s"
+    if spec.stall_timeout_s and progress_at is not None and elapsed - progress_at > spec.stall_timeout_s:
+        return "stall_timeout_s"
+    return None
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Hold back SIGINT (a kernel interrupt) while the job is being stopped; re-deliver it afterwards.
+
+    Only the main thread can set signal handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+def start_job(plan: LaunchPlan, view, printer: ThrottledPrinter) -> RunningJob:
+    """The start step: host the rendezvous, write ``command.txt``, open ``output.log``, and start every node's agent
+    (warm or cold) with its output readers and the memory sampler.
+
+    Raises:
+        ConfigError: ``command.txt`` could not be written (nothing was started).
+    """
+    started_at = time.monotonic()
+    store, port = host_rendezvous(plan)
+    commands = plan.commands(port)
+    write_command_txt(plan, commands)
+    pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, printer, open(plan.run_dir / OUTPUT_LOG, "w"))
+    safe_draw(view.start)
+    starts, start = start_commands(plan, commands, printer, wait_s=plan.spec.timeout_s)
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        for node in plan.nodes:
+            procs[node] = subprocess.Popen(
+                starts[node][0], cwd=plan.run_dir, env=starts[node][1], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its kernel
+                # died stopped its ranks, then hung at exit joining its tee threads (never told to stop), an orphan
+                # for good. Its ranks die with it all the same (the rank runner's own PDEATHSIG). The signal fires
+                # when the thread that starts the agent ends: this one, which waits for the job until every agent
+                # is gone (launch returns, or raises, only then), so never while the job runs.
+                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
+            )
+    except BaseException:
+        for proc in procs.values():
+            ProcessTree(proc.pid).stop(proc, plan.spec.shutdown_grace_s)
+        pump.output_log.close()
+        raise
+    return RunningJob(plan, pump, view, procs, commands, start, store, started_at)
+
+
+class RunningJob:
+    """The started torchrun agents (one per node), their process tree, output readers and memory sampler.
+
+    Attributes:
+        plan: the ``LaunchPlan``.
+        pump: the job's ``OutputPump``.
+        commands: each node's torchrun argv (cold form); ``command``: the first node's.
+        start: ``"warm"`` or ``"cold"``: how the agents and ranks were started.
+    """
+
+    def __init__(self, plan: LaunchPlan, pump: OutputPump, view, procs: dict[int, subprocess.Popen],
+                 commands: dict[int, list[str]], start: str, store: object, started_at: float) -> None:
+        self.plan, self.pump, self.view, self.procs = plan, pump, view, procs
+        self.commands, self.command, self.start = commands, commands[plan.nodes[0]], start
+        self.store = store  # simulated nodes: the rendezvous store, hosted here until every agent is gone
+        self.started_at = started_at
+        self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
+        self.tree = ProcessTree(*(proc.pid for proc in procs.values()))
+        # The job's GPUs, numbered as its ranks see them (simulated nodes: node n's cuda:i is the job's n * nproc + i).
+        self.sampler = MemorySampler(self.tree, plan.run_dir, hz=plan.spec.sample_memory_hz,
+                                     sample_gpus=plan.device_plan.device == "cuda", env=plan.job_env)
+        self.sampler.start()
+        self.readers = [threading.Thread(target=_reader, args=(proc.stdout, pump.lines, node),
+                                         name=f"tutorial_lib-reader-{node}", daemon=True)
+                        for node, proc in procs.items()]
+        for reader in self.readers:
+            reader.start()
+        log.info("launched %s (pids %s) in %s", shlex.join(self.command), [p.pid for p in procs.values()],
+                 plan.run_dir)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def wait(self) -> dict[int, int]:
+        """Pump output and update the view until every agent exited and its output is read; the return codes.
+
+        Raises ``LimitReached`` past a limit (``limit_reached``)."""
+        last_view, progress_at, exited_at = 0.0, None, None
+        while self.pump.open_streams or any(proc.poll() is None for proc in self.procs.values()):
+            self.pump.read_lines(0.1)
+            elapsed = self.elapsed()
+            if elapsed - last_view >= 0.25:
+                last_view = elapsed
+                new_records = self.metrics_tail.read_new()
+                if new_records:
+                    progress_at = elapsed
+                self.view.add(new_records)
+                safe_draw(self.view.update, elapsed, self.sampler.rss_samples)
+            if limit := limit_reached(self.plan.spec, elapsed, progress_at):
+                raise LimitReached(limit)
+            if self.pump.open_streams and all(proc.poll() is not None for proc in self.procs.values()):
+                exited_at = exited_at or elapsed
+                if elapsed - exited_at > 2.0:  # torchrun is gone but orphans still hold the pipe open
+                    self.tree.kill_leftovers()
+        return {node: proc.wait() for node, proc in self.procs.items()}
+
+    def dump_stacks(self) -> dict[int, str]:
+        """Ask every rank that catches SIGUSR1 (faulthandler) for its Python stack; collect what they print."""
+        targets = {rank: proc for rank, proc in self.tree.rank_processes().items()
+                   if catches_signal(proc.pid, STACK_DUMP_SIGNAL)}
+        ranked = self.pump.ranked
+        mark = len(ranked)
+        for proc in targets.values():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(STACK_DUMP_SIGNAL)
+        deadline = time.monotonic() + (STACK_DUMP_WAIT_S if targets else 0)
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            if self.pump.read_lines(0.1):
+                quiet_since = time.monotonic()
+            answered = {rank for rank, text in ranked[mark:] if rank is not None and text.startswith(("Current", "Thread"))}
+            if answered >= set(targets) and time.monotonic() - quiet_since > 0.5:
+                break
+        stacks: dict[int, list[str]] = {}
+        for rank, text in ranked[mark:]:
+            if rank in targets and _STACK_LINE.match(text):
+                stacks.setdefault(rank, []).append(text)
+        return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
+
+    def stop(self, ask_for_stacks: bool) -> tuple[list[int], dict[int, str], int]:
+        """Stop the whole job (after asking its ranks for their stacks if ``ask_for_stacks``): the ranks that were
+        still running, their stacks, and how many processes needed SIGKILL. A second interrupt waits until the end."""
+        ranks_running = self.tree.ranks_alive()
+        stacks = {}
+        if ask_for_stacks:
+            with sigint_deferred():
+                stacks = self.dump_stacks()
+        with sigint_deferred():  # a second interrupt must not cut the cleanup short
+            killed = self.tree.stop(list(self.procs.values()), self.plan.spec.shutdown_grace_s)
+        return ranks_running, stacks, killed
+
+    def close(self) -> None:
+        """On every path: stop sampling, kill leftovers, read the last lines, close the log, the pipes and the
+        rendezvous store."""
+        self.sampler.stop()
+        self.tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
+        for reader in self.readers:
+            reader.join(timeout=5)
+        self.pump.read_lines(0)  # lines that arrived after the loop ended
+        self.pump.output_log.close()
+        for proc in self.procs.values():
+            if proc.stdout:
+                proc.stdout.close()
+        self.pump.finish()
+        self.store = None  # closes the rendezvous store (and its socket) once every agent is gone

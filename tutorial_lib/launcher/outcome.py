@@ -1,0 +1,122 @@
+"""How a launch ended: the ``Outcome`` the live view draws, the ``LaunchError`` or ``LaunchTimeout`` the caller gets,
+and the ``run.json`` record. Builders only: they take what the job left (its plan, its output pump, exit codes,
+stacks) and return values; the launcher decides when to draw, write and raise (``tutorial_lib.launcher.run``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import LaunchError, LaunchTimeout
+from ..rundir import LOGS, RunRecord, RunStatus
+from ..torchrun.root_cause import PORT_IN_USE, RENDEZVOUS_TIMEOUT, agent_failure_kind, find_root_cause, first_failure_of_nodes
+from ..torchrun.stacks import innermost_frame, stopped_ranks_stacks
+from .live import Outcome
+from .output import OutputPump
+from .plan import LOOPBACK, LaunchPlan, command_port
+from .spec import LaunchSpec
+
+
+def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int], port: int | None = None) -> str:
+    """A sentence for failures of torchrun itself (no rank to blame), from its output; "" if unknown.
+
+    Args:
+        output: torchrun's output (every agent's).
+        spec: the job.
+        started: the node ranks this launch started.
+        port: the rendezvous port the launch used (``spec.master_port``, or the free port picked for
+            ``master_port=None``); ``None`` when not known.
+    """
+    kind = agent_failure_kind(output)
+    if kind == RENDEZVOUS_TIMEOUT:
+        missing = sorted(set(range(spec.nnodes)) - set(started))
+        return (f"the rendezvous timed out after {spec.rendezvous_timeout_s:g} s (rendezvous_timeout_s) waiting "
+                f"for {spec.nnodes} nodes; {len(started)} joined" + (f", node(s) {missing} were never started" if missing
+                                                                      else "") + ". Start the same command on every node")
+    if kind == PORT_IN_USE:
+        if spec.master_port is not None:
+            return (f"port {spec.master_port} is already in use (EADDRINUSE) on {LOOPBACK}; pick another master_port, "
+                    "or leave master_port=None for a free one")
+        picked = f"port {port}" if port is not None else "the port"
+        return (f"{picked}, picked as free for this launch (master_port=None), was taken by another process before "
+                f"torchrun bound it (EADDRINUSE on {LOOPBACK}); launch again: each launch picks a new free port")
+    return ""
+
+
+def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int], wall_time_s: float, *,
+                  command: list[str], start: str = "cold") -> tuple[LaunchError, RunRecord, Outcome]:
+    """The ``LaunchError`` of a job where some agent exited non-zero, its run.json (not yet written) and its outcome
+    for the live view: the rank that failed first (or torchrun's own failure, explained), and where the stopped
+    ranks were (in the error and run.json; the view's box says it in its own lines).
+
+    Args:
+        plan: the launch's plan.
+        pump: the job's output pump (its transcripts and every rank's last lines).
+        returncodes: each started node's agent exit code.
+        wall_time_s: seconds from the launch to its end.
+        command: the first node's torchrun argv (its rendezvous port is named if the port was taken).
+        start: ``"warm"`` or ``"cold"``, for run.json.
+    """
+    spec, script, nproc = plan.spec, plan.script, plan.device_plan.nproc_per_node
+    failed = [node for node in plan.nodes if returncodes[node] != 0]
+    returncode = returncodes[failed[0]]
+    failures = [(node, f) for node in failed if (f := find_root_cause(
+        "\n".join(pump.node_transcripts[node]), plan.node_log_dir(node), pump.printer.tails)) is not None]
+    failure = first_failure_of_nodes(failures, {node: plan.node_log_dir(node) for node in plan.nodes}, nproc)
+    if failure is not None and failure.rank is not None:
+        summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
+    else:
+        where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
+        summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
+        reason = explain_agent_failure("\n".join(pump.transcript), spec, plan.nodes, port=command_port(command))
+        summary += f": {reason}" if reason else ""
+    outcome = Outcome(RunStatus.FAILED, wall_time_s, summary)
+    # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
+    # collective timeout the failing rank is the one that waited, and these show where the culprit was.
+    stacks = stopped_ranks_stacks(pump.ranked, plan.run_dir / LOGS, one_node=spec.nnodes == 1,
+                                  failed_rank=failure.rank if failure else None)
+    where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+    if where:
+        summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))
+    record = RunRecord(RunStatus.FAILED, wall_time_s, **plan.shape(start), returncode=returncode, summary=summary,
+                       where=where)
+    error = LaunchError(summary, run_dir=plan.run_dir, command=command, returncode=returncode, failure=failure,
+                        output_tail=pump.transcript[-30:], stacks=stacks)
+    return error, record, outcome
+
+
+def limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, str]:
+    """The value of ``limit`` in ``spec``, what the job did to reach it, and the same in a few words (the live view's)."""
+    if limit == "stall_timeout_s":
+        what = f"made no progress for {spec.stall_timeout_s:g} s"
+        return spec.stall_timeout_s, f"{what} (no rank logged a step; limit stall_timeout_s)", what
+    what = f"timed out after {spec.timeout_s:g} s"
+    return spec.timeout_s, f"{what} (limit timeout_s)", what
+
+
+def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float, ranks_running: list[int],
+                  last_steps: dict[int, int], stacks: dict[int, str], returncode: int | None, *,
+                  command: list[str], start: str = "cold") -> tuple[LaunchTimeout, RunRecord, Outcome]:
+    """The ``LaunchTimeout`` of a job stopped at ``limit``, its run.json (not yet written) and its outcome."""
+    limit_s, what, short = limit_text(plan.spec, limit)
+    summary = (f"{plan.script.name} {what} and was stopped; "
+               f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
+    if stacks:
+        summary += "; where each rank was: " + "; ".join(
+            f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
+    error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
+                          run_dir=plan.run_dir, command=command, returncode=returncode,
+                          output_tail=pump.transcript[-30:])
+    record = RunRecord(RunStatus.TIMEOUT, elapsed, **plan.shape(start), summary=summary, timeout_s=limit_s, limit=limit,
+                       where={rank: innermost_frame(stack) for rank, stack in stacks.items()})
+    return error, record, Outcome(RunStatus.TIMEOUT, elapsed, short)
+
+
+def stopped_outcome(plan: LaunchPlan, exc: BaseException, elapsed: float, *,
+                    start: str = "cold") -> tuple[RunRecord, Outcome]:
+    """The run.json and outcome of a job stopped by an interrupt (``KeyboardInterrupt``) or another exception."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    what = "interrupted" if interrupted else f"stopped by {type(exc).__name__}"
+    status = RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED
+    return RunRecord(status, elapsed, **plan.shape(start), summary=what), Outcome(status, elapsed, what)
+

@@ -1,0 +1,164 @@
+"""What to launch (``LaunchSpec``, checked before anything starts) and what a successful launch returns."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import ConfigError
+from ..metrics import read_memory_notes, read_memory_samples, read_metrics
+from ..parameters import check_positive_int
+from ..rundir import COMMAND_TXT
+from .devices import DevicePlan, resolve_device
+from .live import LIVE_MODES
+from .warm import WARM_ENV
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch and how.
+
+    Attributes:
+        script: path of the training script (normally from ``write_script``).
+        args: the script's own arguments, e.g. ``["--max-steps", 20]`` (converted with ``str``).
+        nproc_per_node: ranks to start (``None``: the default of ``device``: 2 on CPU, one per GPU).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (see ``resolve_device``). With ``"cpu"`` on a GPU
+            machine the workers see no GPU (``CUDA_VISIBLE_DEVICES=""``).
+        run_dir: where logs, metrics and ``command.txt`` go; defaults to the script's folder.
+            It must not already hold a launch (nothing is overwritten).
+        timeout_s: wall-clock limit for the whole job (seconds, > 0); past it the job is stopped
+            and ``LaunchTimeout`` is raised.
+        stall_timeout_s: a hang detector independent of start-up time (seconds, > 0, or ``None``: off):
+            once a rank has logged its first metrics line, the job is stopped and ``LaunchTimeout``
+            (``limit="stall_timeout_s"``) raised when no rank logs a new one for this long. For
+            scripts that write per-step metrics (every training script here); choose it above the
+            slowest step (and checkpoint save).
+        env: extra environment variables for torchrun and the workers (the kernel's ``os.environ``
+            is never modified).
+        max_restarts: torchrun ``--max-restarts`` (elastic restarts of the whole group on failure).
+        nnodes: simulated nodes on this host: one torchrun agent per node (``--nnodes``, c10d rendezvous
+            on loopback, hosted by the launcher), each with ``nproc_per_node`` ranks; the rendezvous
+            gives the agents their node ranks (``GROUP_RANK``). On CUDA each node gets its own GPUs.
+        start_nodes: the node ranks this launch starts (``None``: all). Starting fewer than ``nnodes``
+            simulates a node that never arrives: rendezvous fails after ``rendezvous_timeout_s``.
+        rendezvous_timeout_s: how long an agent waits for the other nodes (``--rdzv-conf join_timeout=``,
+            seconds; multi-node only).
+        master_port: rendezvous port on 127.0.0.1 (1024-65535); ``None`` picks a free one.
+        live: live view mode: ``"auto"``, ``"widgets"``, ``"text"`` or ``"off"`` (see ``tutorial_lib.launcher.live``).
+        sample_memory_hz: memory samples per second (> 0).
+        max_output_lines_per_s: lines per second shown in the cell; the rest go to ``output.log`` only.
+        shutdown_grace_s: how long torchrun gets to stop its workers after SIGTERM before SIGKILL (s).
+        warm: fork torchrun's agent and the ranks from this kernel's warm-start helper, which has imported
+            torch once (``tutorial_lib.launcher.warm``; same processes, exit codes, error files and signals as cold
+            starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default on). Falls back to cold starts,
+            saying why once, whenever the helper cannot serve the job.
+    """
+
+    script: str | os.PathLike
+    args: Sequence[object] = ()
+    nproc_per_node: int | None = None
+    device: str = "auto"
+    run_dir: str | os.PathLike | None = None
+    timeout_s: float = 300.0
+    stall_timeout_s: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    nnodes: int = 1
+    start_nodes: Sequence[int] | None = None
+    rendezvous_timeout_s: float = 60.0
+    master_port: int | None = None
+    live: str = "auto"
+    sample_memory_hz: float = 5.0
+    max_output_lines_per_s: float = 20.0
+    shutdown_grace_s: float = 5.0
+    warm: bool | None = None
+
+    def validate(self, gpu_count: int | None = None) -> DevicePlan:
+        """Check every field; return the device plan. Raises ``ConfigError`` naming the bad value.
+
+        Reads only: whether ``run_dir`` can be written is found when the launch starts, by writing its
+        ``command.txt`` (before any process starts)."""
+        script = Path(self.script)
+        if not script.is_file():
+            raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir)")
+        for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s",
+                     "rendezvous_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        stall = self.stall_timeout_s
+        if stall is not None and (isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0):
+            raise ConfigError(f"stall_timeout_s must be a number > 0 (seconds) or None, got {stall!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be an integer >= 0, got {self.max_restarts!r}")
+        if self.master_port is not None and (
+            isinstance(self.master_port, bool) or not isinstance(self.master_port, int)
+            or not 1024 <= self.master_port <= 65535
+        ):
+            raise ConfigError(f"master_port must be an integer in 1024..65535 or None (free port), got {self.master_port!r}")
+        if self.live not in LIVE_MODES:
+            raise ConfigError(f"live must be one of {LIVE_MODES}, got {self.live!r}")
+        if self.warm not in (None, True, False):
+            raise ConfigError(f"warm must be True, False or None (${WARM_ENV}, default on), got {self.warm!r}")
+        if isinstance(self.args, (str, bytes)):
+            raise ConfigError(f"args must be a list of arguments, not one string: got {self.args!r}; "
+                              f"use shlex.split({self.args!r})")
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ConfigError(f"env must map str to str, got {key!r}: {value!r}")
+        run_dir = Path(self.run_dir) if self.run_dir is not None else script.parent
+        if not run_dir.is_dir():
+            raise ConfigError(f"run_dir {str(run_dir)!r} is not a writable directory")
+        if (run_dir / COMMAND_TXT).exists():
+            raise ConfigError(f"run_dir {str(run_dir)!r} already holds a launch ({COMMAND_TXT}); "
+                              "use a new run directory (new_run_dir) so nothing is overwritten")
+        if self.nproc_per_node is not None:
+            check_positive_int("nproc_per_node", self.nproc_per_node)
+        check_positive_int("nnodes", self.nnodes)
+        if self.start_nodes is not None:
+            nodes = list(self.start_nodes)
+            if not nodes or len(set(nodes)) != len(nodes) or not set(nodes) <= set(range(self.nnodes)):
+                raise ConfigError(f"start_nodes must be distinct node ranks in 0..{self.nnodes - 1} (nnodes="
+                                  f"{self.nnodes}), got {self.start_nodes!r}; None starts every node")
+        plan = resolve_device(self.device, self.nproc_per_node, gpu_count=gpu_count)
+        if self.nnodes > 1 and plan.device == "cuda" and self.nnodes * plan.nproc_per_node > plan.gpu_count:
+            raise ConfigError(f"nnodes={self.nnodes} x nproc_per_node={plan.nproc_per_node} simulated GPU ranks "
+                              f"need as many GPUs, this machine has {plan.gpu_count}; use device='cpu' to "
+                              "simulate nodes, or fewer ranks")
+        return plan
+
+
+@dataclass
+class LaunchResult:
+    """A finished, successful launch.
+
+    Attributes:
+        run_dir: the run directory (``metrics/``, ``samples/``, ``logs/``, ``output.log``, ``command.txt``).
+        command: the argv that ran.
+        returncode: torchrun's exit code (0).
+        wall_time_s: from start to exit, seconds.
+        plan: device, backend and rank count used.
+    """
+
+    run_dir: Path
+    command: list[str]
+    returncode: int
+    wall_time_s: float
+    plan: DevicePlan
+
+    def metrics(self) -> pd.DataFrame:
+        """The per-rank step metrics (``read_metrics``), every rank required."""
+        return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node)
+
+    def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
+        """Memory sampled during the run (``read_memory_samples``; its ``.attrs["notes"]`` as ``memory_notes``)."""
+        return read_memory_samples(self.run_dir, kind)
+
+    def memory_notes(self) -> list[str]:
+        """What to know about the GPU memory samples (``read_memory_notes``): e.g. that no worker process
+        matched NVML's process list, so GPU memory is known per device, not per process. Empty on CPU."""
+        return read_memory_notes(self.run_dir)

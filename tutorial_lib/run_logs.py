@@ -1,0 +1,100 @@
+"""What a finished run's logs say, one named question each: the small readers the notebooks call.
+
+``tl.rank_errors``, ``tl.agent_failures``, ``tl.fatal_errors``, ``tl.collective_fingerprints``, ``tl.count_log_matches``
+and ``tl.lost_connection`` read a run directory's ``output.log`` (every line the ranks and torchrun printed) and
+torchrun's error files, through ``tutorial_lib.torchrun``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from .rundir import LOGS, OUTPUT_LOG
+from .torchrun.attempts import attempts, last_attempt_error_files, read_error_file
+from .torchrun.root_cause import AGENT_FAILED, PEER_LOST
+from .torchrun.tee import rank_lines
+
+
+def rank_errors(run_dir: str | os.PathLike, attempt: int | None = None) -> dict[int, str]:
+    """``{local_rank: traceback}`` from the error files the ranks' ``@record`` wrote in one torchrun attempt.
+
+    Args:
+        run_dir: a one-node run directory (torchrun's logs in ``<run_dir>/logs``).
+        attempt: the attempt (0 = the first start, 1 = the first restart, ...); ``None``: the last one.
+
+    Returns:
+        The traceback (or message) of each rank that wrote an error file; a rank killed by a signal, or stopped
+        by torchrun with SIGTERM, writes none. Empty when no rank wrote one.
+    """
+    log_dir = Path(run_dir) / LOGS
+    if attempt is None:
+        files = last_attempt_error_files(log_dir)
+    else:
+        files = {rank: path for a in attempts(log_dir) if a.number == int(attempt)
+                 for rank, path in a.error_files().items()}
+    return {local_rank: read_error_file(path) for local_rank, path in sorted(files.items())}
+
+
+def lost_connection(error: str) -> bool:
+    """Whether a rank's error is only the loss of its peer (``Connection reset by peer``, ``Connection closed by
+    peer``, ...): the rank failed because another one died, not on its own."""
+    return bool(PEER_LOST.search(error))
+
+
+def agent_failures(run_dir: str | os.PathLike) -> list[tuple[int, int]]:
+    """``[(local_rank, exit_code), ...]`` from torchrun's agent lines ``failed (exitcode: N) local_rank: R`` in
+    ``<run_dir>/output.log``, in order: one per failed worker per attempt, also when torchrun then restarted the
+    group. A negative exit code is the signal that killed the worker (-9: SIGKILL)."""
+    text = (Path(run_dir) / OUTPUT_LOG).read_text()
+    return [(int(m["local_rank"]), int(m["exitcode"])) for m in AGENT_FAILED.finditer(text)]
+
+
+class FatalError(NamedTuple):
+    """A ``Fatal Python error`` a rank printed (faulthandler, on SIGABRT, SIGSEGV, ...) and where it was."""
+
+    rank: int | None
+    error: str  # "Aborted", "Segmentation fault", ...
+    function: str  # the innermost Python function on the stack ("" if none was printed)
+
+
+_FRAME = re.compile(r'^\s*File ".*", line \d+ in (?P<function>\S+)')
+
+
+def fatal_errors(run_dir: str | os.PathLike) -> list[FatalError]:
+    """Every ``Fatal Python error: ...`` in ``<run_dir>/output.log``, with its rank and the innermost Python
+    function of the stack printed after it (faulthandler prints the most recent call first)."""
+    found: list[FatalError] = []
+    pending: dict[int | None, int] = {}  # rank -> index in found still waiting for its first frame
+    for rank, text in rank_lines((Path(run_dir) / OUTPUT_LOG).read_text()):
+        if text.startswith("Fatal Python error: "):
+            pending[rank] = len(found)
+            found.append(FatalError(rank, text.removeprefix("Fatal Python error: ").strip(), ""))
+        elif rank in pending and (frame := _FRAME.match(text)):
+            index = pending.pop(rank)
+            found[index] = found[index]._replace(function=frame["function"])
+    return found
+
+
+# TORCH_DISTRIBUTED_DEBUG=DETAIL's error: "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=9,
+# OpType=ALLREDUCE, TensorShape=[64, 64], ..." (what it decodes of the peer's call can be garbled: not read here).
+_FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
+                          r"OpType=(?P<op>\w+), TensorShape=\[(?P<shape>[\d, ]*)\]")
+
+
+def collective_fingerprints(run_dir: str | os.PathLike) -> list[tuple[int, str, tuple[int, ...]]]:
+    """``[(rank, op, shape), ...]``, sorted and without repeats: the collective each rank reported running when
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` found a mismatch (``<run_dir>/output.log``); a scalar's shape is ``()``."""
+    text = (Path(run_dir) / OUTPUT_LOG).read_text()
+    return sorted({(int(m["rank"]), m["op"], tuple(int(n) for n in m["shape"].split(",") if n.strip()))
+                   for m in _FINGERPRINT.finditer(text)})
+
+
+def count_log_matches(run_dir: str | os.PathLike, patterns: Mapping[str, str]) -> dict[str, int]:
+    """``{name: number of matches}`` of each regular expression in ``patterns`` over ``<run_dir>/output.log``
+    (every line the ranks and torchrun printed, also those the cell did not show)."""
+    text = (Path(run_dir) / OUTPUT_LOG).read_text()
+    return {name: len(re.findall(pattern, text)) for name, pattern in patterns.items()}
