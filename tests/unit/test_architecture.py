@@ -1,0 +1,187 @@
+"""The house plan, held against the code: each folder's rules, an acyclic import graph without upward imports, small
+modules, one reader per torchrun format, and tests that use only the library's public names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "tutorial_lib"
+TESTS = ROOT / "tests"
+# Floors, from the ground up: a module may import its own floor or lower ones, never a higher one.
+#   child/ (programs run by path) and lessons/ (scripts a learner copies) import nothing of the package at all;
+#   torchrun/ reads torchrun's formats and imports only child/ (the rank runner's marks);
+#   errors.py holds the exception types (a LaunchError carries torchrun's RankFailure);
+#   readers of a finished run and the in-kernel lesson helpers; the launcher (the kernel's job control) above them;
+#   the package's face (__init__, __main__) on top.
+FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "launcher": 4, "__init__": 5, "__main__": 5}
+READERS_AND_HELPERS = 3
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def library_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def floor(module: str) -> int:
+    top = module.split(".")[1] if module != "tutorial_lib" else "__init__"
+    return FLOORS.get(top, READERS_AND_HELPERS)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ``tutorial_lib`` modules ``path`` imports (relative imports resolved; ``from . import x`` names x)."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "tutorial_lib"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "tutorial_lib":
+                target = node.module
+            else:
+                continue
+            names = {f"{target}.{a.name}" for a in node.names}
+            found |= {n for n in names if _is_module(n)} or {target}
+    return found
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT / Path(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {module_name(p): imports_of(p) for p in library_files()}
+    return {m: {t for t in targets if t != m} for m, targets in graph.items()}
+
+
+def test_the_child_programs_and_the_lessons_import_nothing_of_the_package():
+    """They run by file path in other processes (every rank, the warm-start helper and its clients), where importing
+    the package would cost seconds and its __init__ would run; a relative import would not even resolve there."""
+    offenders = []
+    for path in [*sorted((PACKAGE / "child").glob("*.py")), *sorted((PACKAGE / "lessons").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tutorial_lib")):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.Import) and any(a.name.startswith("tutorial_lib") for a in node.names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_the_child_programs_load_their_shared_protocol_with_one_loader_held_equal():
+    """rank_runner.py and warm_start.py each carry ``load_sibling`` (they cannot import it: it is what loads the
+    shared protocol), and the copies must not drift."""
+    def loader(path: Path) -> str:
+        tree = ast.parse(path.read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "load_sibling")
+        node.body = node.body[1:]  # its docstring names the other copy
+        return ast.dump(node)
+
+    assert loader(PACKAGE / "child" / "rank_runner.py") == loader(PACKAGE / "child" / "warm_start.py")
+    for name in ("rank_runner.py", "warm_start.py"):
+        assert 'protocol = load_sibling("protocol")' in (PACKAGE / "child" / name).read_text(), name
+
+
+def test_the_import_graph_is_acyclic():
+    graph = import_graph()
+    done, path_ = set(), []
+
+    def visit(module: str) -> None:
+        if module in path_:
+            raise AssertionError("import cycle: " + " -> ".join(path_[path_.index(module):] + [module]))
+        if module in done:
+            return
+        path_.append(module)
+        for target in sorted(graph.get(module, ())):
+            visit(target)
+        path_.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def test_no_module_imports_from_a_higher_floor():
+    upward = [f"{m} (floor {floor(m)}) -> {t} (floor {floor(t)})" for m, targets in import_graph().items()
+              for t in targets if floor(t) > floor(m)]
+    assert upward == []
+
+
+def test_the_floors_hold_what_they_say():
+    """The rules read off the layout: torchrun/ imports only child/; the readers never import the launcher."""
+    graph = import_graph()
+    assert {t for m, ts in graph.items() if m.startswith("tutorial_lib.torchrun") for t in ts
+            if not t.startswith(("tutorial_lib.torchrun", "tutorial_lib.child"))} == set()
+    assert {t for t in graph["tutorial_lib.doctor"] if t.startswith("tutorial_lib.launcher")} == set()
+
+
+def test_no_library_module_is_over_500_lines():
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in library_files()
+               if "lessons" not in p.parts}
+    assert {name: n for name, n in lengths.items() if n > 500} == {}
+
+
+def test_torchruns_attempt_folders_are_globbed_in_exactly_one_function():
+    """The "which attempt folder" rule, written once (``tutorial_lib.torchrun.attempts.attempts``); every reader of
+    an attempt asks it. A glob, rglob or iglob whose pattern names ``attempt_``, anywhere in the library."""
+    found = []
+    for path in library_files():
+        tree = ast.parse(path.read_text())
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
+                name = getattr(call.func, "attr", getattr(call.func, "id", ""))
+                texts = [c.value for arg in call.args for c in ast.walk(arg)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                if name in ("glob", "rglob", "iglob") and any("attempt_" in t for t in texts):
+                    found.append(f"{path.relative_to(ROOT)}:{function.name}")
+    assert sorted(set(found)) == ["tutorial_lib/torchrun/attempts.py:attempts"]
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.rglob("*.py")), ids=lambda p: str(p.relative_to(TESTS)))
+def test_no_test_imports_a_private_name_of_the_library(path):
+    """Tests use the library as its users may: public modules, public names (a private one would pin a seam)."""
+    private = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tutorial_lib"):
+            parts = node.module.split(".") + [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            parts = [p for a in node.names if a.name.startswith("tutorial_lib") for p in a.name.split(".")]
+        else:
+            continue
+        private += [p for p in parts if p.startswith("_") and not (p.startswith("__") and p.endswith("__"))]
+    assert private == []
+
+
+def test_no_library_module_imports_another_modules_private_names():
+    """Seams: a name starting with "_" is its module's own; what another module needs is public (issue 17)."""
+    offenders = []
+    for path in library_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                offenders += [f"{path.name}: from .{node.module} import {a.name}" for a in node.names
+                              if a.name.startswith("_")]
+    assert offenders == []
+
+
+def test_library_functions_stay_short():
+    """Seams (issue 17): launch() is a short sequence of named parts, and no library function runs past 80 lines."""
+    lengths = {}
+    for path in library_files():
+        if "lessons" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lengths[f"{path.relative_to(PACKAGE)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert lengths["launcher/run.py:run_plan"] < 60, lengths["launcher/run.py:run_plan"]
+    assert {name: n for name, n in lengths.items() if n > 80} == {}
