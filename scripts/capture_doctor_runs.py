@@ -10,7 +10,7 @@ reads: ``command.txt``, ``run.json``, ``output.log``, ``metrics/*.jsonl``, torch
 rank's ``stderr.log`` (which also keeps the per-rank folders of every attempt)
 (no checkpoints, scripts or stdout copies). The error files' modification times, which the doctor uses to
 order failures, do not survive git: ``mtimes.json`` keeps them (nanoseconds after the first) and
-``tests/test_doctor_versions.py`` restores them before diagnosing. The torch version is the one this
+``tests/unit/test_doctor_versions.py`` restores them before diagnosing. The torch version is the one this
 interpreter imports (run the script with the venv that ran the workbook).
 """
 

@@ -3,39 +3,46 @@
 The handful of names the notebooks use::
 
     import tutorial_lib as tl
+    tl.setup_notebook(rank_env={})  # once, at the top: figures inline, the warm-start helper starting
     run_dir = tl.new_run_dir("ddp")
     script = tl.write_script("ddp_train", run_dir)
     result = tl.launch(tl.LaunchSpec(script, args=["--max-steps", 30]))
     tl.plot_run(result.metrics(), result.memory_samples())
+
+Importing the package starts no process, registers nothing with IPython and changes no environment variable.
+
+The package's folders say what their files may do: ``launcher/`` is the kernel's job control; ``torchrun/`` reads
+what torchrun prints and leaves behind; ``child/`` holds the programs run by path in other processes, and
+``lessons/`` the scripts a learner copies (neither imports the package); the modules at the top read a finished
+run (``doctor``, ``metrics``, ``profiling``, ``checkpoints``, ``plots``, ``run_logs``, ``rundir``) or help a lesson
+in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``, ``env``, ``parameters``,
+``script_source``).
 """
-
-from .launcher import warm as _warm
-
-_warm.prestart_in_kernel()  # first: in a Jupyter kernel the warm-start helper imports torch while the rest loads
 
 from .attention import sdpa_backends
 from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
                           load_checkpoint_state)
 from .cluster import node_commands, slurm_script
-from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
-from .launcher.environment import set_rank_env
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
+from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
+from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
-from .launcher.run import launch, run_script
-from .launcher.spec import LaunchResult, LaunchSpec
 from .launcher.live import enable_inline_figures
-from .parameters import check_parameters
+from .launcher.run import launch, run_script, setup_notebook
+from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
                       summarize_runs)
+from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
+from .run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
+                       lost_connection, rank_errors)
 from .rundir import available_scripts, new_run_dir, write_script
-from .run_logs import FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors, lost_connection, rank_errors
 from .script_source import import_script, show_script
 
 __all__ = [
@@ -52,6 +59,5 @@ __all__ = [
 ]
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
+__all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone
 __version__ = "0.1.0"
-
-enable_inline_figures()

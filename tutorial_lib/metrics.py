@@ -10,7 +10,7 @@ script (units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_per_s`` per
 script that writes step records (``ALL``); "trainers" is ddp_train, fsdp_train and checkpoint_train. A
 condition in parentheses: the key is written only then (``WHEN``); otherwise the script writes it on every
 line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` checks a record against it, and
-``tests/test_metrics_schema.py`` checks every script's records (no key missing, none undocumented).
+``tests/integration/test_metrics_schema.py`` checks every script's records (no key missing, none undocumented).
 
 ::
 

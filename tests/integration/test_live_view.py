@@ -1,6 +1,6 @@
 """The live view without a browser: papermill stays small under an output flood, a failure is named in red.
 
-tests/test_browser.py checks the same views rendered in JupyterLab.
+tests/notebooks/test_browser.py checks the same views rendered in JupyterLab.
 """
 
 import shutil

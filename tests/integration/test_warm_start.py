@@ -112,7 +112,7 @@ def test_warm_and_cold_runs_give_bitwise_equal_metrics_and_the_warm_one_is_forke
     assert RunRecord.read(cold.run_dir).start == "cold" and RunRecord.read(hot.run_dir).start == "warm"
     assert _metrics(hot).equals(_metrics(cold)), "the same losses and gradient norms, bit for bit"
     # The forked ranks are sampled under their ranks: test_memory_sampling (a job this short can end unsampled).
-    helper = psutil.Process(warm._helper.proc.pid)
+    helper = psutil.Process(warm.current_helper().pid)
     assert helper.is_running() and "serve" in helper.cmdline()
 
 
@@ -123,8 +123,8 @@ def test_the_helper_runs_one_thread_and_each_forked_rank_draws_its_own_seeds(run
     warm.shutdown()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "")
     request.addfinalizer(warm.shutdown)  # a helper started with it would send every later test's jobs cold
-    assert warm.prestart(build_env(tl.resolve_device("cpu", 2))) and warm._helper.wait_ready() is None
-    helper = psutil.Process(warm._helper.proc.pid)
+    assert warm.prestart(build_env(tl.resolve_device("cpu", 2))) and warm.current_helper().wait_ready() is None
+    helper = psutil.Process(warm.current_helper().pid)
     assert helper.num_threads() == 1, "before its first fork"
     draws = {}
     for start in ("warm", "cold"):
@@ -138,7 +138,7 @@ def test_the_helper_runs_one_thread_and_each_forked_rank_draws_its_own_seeds(run
         lines = [line.split("DRAWS ", 1)[1].split() for line in output.splitlines() if "DRAWS " in line]
         draws[start] = {rank: rest for rank, *rest in lines}
         assert sorted(draws[start]) == ["0", "1"]
-    assert warm._helper.proc.pid == helper.pid and helper.num_threads() == 1, "after its forks"
+    assert warm.current_helper().pid == helper.pid and helper.num_threads() == 1, "after its forks"
     for start, ranks in draws.items():
         assert ranks["0"][0] != ranks["1"][0] and ranks["0"][1] != ranks["1"][1], f"{start}: same random draws"
         assert ranks["0"][3] != ranks["1"][3], f"{start}: torch seeds its CPU generator from the OS in each process"
@@ -181,38 +181,39 @@ def test_a_start_up_variable_the_helper_lacks_runs_cold_and_says_so_once(run_roo
 
 def test_a_dead_helper_is_restarted(run_root):
     tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
-    old = warm._helper.proc.pid
+    old = warm.current_helper().pid
     os.kill(old, signal.SIGKILL)
     psutil.Process(old).wait(timeout=10) if psutil.pid_exists(old) else None
     result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
-    assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid != old
+    assert RunRecord.read(result.run_dir).start == "warm" and warm.current_helper().pid != old
 
 
 def test_a_prestarted_helper_is_the_one_the_first_launch_uses(run_root):
     warm.shutdown()
     env = build_env(tl.resolve_device("cpu", 2))
     assert warm.prestart(env) and not warm.prestart(env), "one helper per process"
-    pid = warm._helper.proc.pid
+    pid = warm.current_helper().pid
     result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
-    assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid == pid
+    assert RunRecord.read(result.run_dir).start == "warm" and warm.current_helper().pid == pid
 
 
 def test_an_unused_helper_with_another_start_up_environment_is_restarted_and_a_used_one_goes_cold(run_root):
     """A guess at import time (say the notebook's RANK_ENV then sets a TORCH_* variable) costs a restart, no more."""
     warm.shutdown()
     warm.prestart({**build_env(tl.resolve_device("cpu", 2)), "PYTHONHASHSEED": "7"})
-    guessed = warm._helper.proc.pid
+    guessed = warm.current_helper().pid
     result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
-    assert RunRecord.read(result.run_dir).start == "warm" and warm._helper.proc.pid != guessed
+    assert RunRecord.read(result.run_dir).start == "warm" and warm.current_helper().pid != guessed
     assert not psutil.pid_exists(guessed) or psutil.Process(guessed).status() == psutil.STATUS_ZOMBIE
-    used = warm._helper.proc.pid
+    used = warm.current_helper().pid
     result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True,
                            env={"PYTHONHASHSEED": "7"})
-    assert RunRecord.read(result.run_dir).start == "cold" and warm._helper.proc.pid == used
+    assert RunRecord.read(result.run_dir).start == "cold" and warm.current_helper().pid == used
 
 
 @pytest.mark.parametrize("setting", ["1", "0"])
-def test_import_in_a_jupyter_kernel_prestarts_the_helper_unless_warm_starts_are_off(run_root, monkeypatch, setting):
+def test_the_notebooks_setup_call_in_a_jupyter_kernel_starts_the_helper_unless_warm_starts_are_off(
+        run_root, monkeypatch, setting):
     import nbformat
     from nbclient import NotebookClient
 
@@ -222,13 +223,34 @@ def test_import_in_a_jupyter_kernel_prestarts_the_helper_unless_warm_starts_are_
     nb.cells = [nbformat.v4.new_code_cell(
         "import tutorial_lib as tl\n"
         "from tutorial_lib.launcher import warm\n"
-        "prestarted = warm._helper.proc.pid if warm._helper else None\n"
-        f"result = tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(run_root)!r}, device='cpu', live='off')\n"
+        "imported = warm.current_helper()\n"
+        "tl.setup_notebook({})\n"
+        "prestarted = warm.current_helper().pid if warm.current_helper() else None\n"
+        f"result = tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(run_root)!r}, device='cpu', "
+        "live='off')\n"
         "from tutorial_lib.rundir import RunRecord\n"
-        "print(prestarted is not None, RunRecord.read(result.run_dir).start, warm._helper is not None and warm._helper.proc.pid == prestarted)")]
+        "helper = warm.current_helper()\n"
+        "print(imported is None, prestarted is not None, RunRecord.read(result.run_dir).start, "
+        "helper is not None and helper.pid == prestarted)")]
     NotebookClient(nb, timeout=120, kernel_name="python3").execute()
-    printed = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream").split()[-3:]
-    assert printed == (["True", "warm", "True"] if setting == "1" else ["False", "cold", "False"]), printed
+    printed = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream").split()[-4:]
+    expected = ["True", "True", "warm", "True"] if setting == "1" else ["True", "False", "cold", "False"]
+    assert printed == expected, "import starts nothing; the setup call starts the helper the first launch uses"
+
+
+def test_the_helper_outlives_the_thread_that_started_it(run_root):
+    """A launch from a thread (a sweep, a thread pool) may start the helper; the helper must not end with that thread
+    (a parent-death signal would fire then: the helper and every job forked from it were killed)."""
+    import threading
+
+    warm.shutdown()
+    starter = threading.Thread(target=warm.prestart, args=(build_env(tl.resolve_device("cpu", 2)),))
+    starter.start()
+    starter.join()
+    helper = warm.current_helper()
+    assert helper.wait_ready() is None, "the helper ended with the thread that started it"
+    result = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
+    assert RunRecord.read(result.run_dir).start == "warm" and warm.current_helper().pid == helper.pid
 
 
 def test_the_helper_dies_with_the_process_that_started_it_and_removes_its_folder(tmp_path):
@@ -237,7 +259,8 @@ def test_the_helper_dies_with_the_process_that_started_it_and_removes_its_folder
 
     code = ("import tutorial_lib as tl, sys; "
             f"tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(tmp_path)!r}, device='cpu', live='off', warm=True); "
-            "from tutorial_lib.launcher import warm; print('HELPER', warm._helper.folder, warm._helper.proc.pid, flush=True); "
+            "from tutorial_lib.launcher import warm; helper = warm.current_helper(); "
+            "print('HELPER', helper.folder, helper.pid, flush=True); "
             "sys.stdin.read()")
     kernel = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(tl.__file__))))

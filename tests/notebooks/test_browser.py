@@ -140,7 +140,7 @@ def notebook_with_a_long_run(notebook_dir: Path) -> tuple[Path, int]:
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     max_steps = int(re.search(r"^MAX_STEPS: int = (\d+)", params.source, re.M).group(1))
     nb.cells += [
-        nbformat.v4.new_markdown_cell("## Added by tests/test_browser.py: a failing run (caught), and a long run to "
+        nbformat.v4.new_markdown_cell("## Added by tests/notebooks/test_browser.py: a failing run (caught), and a long run to "
                                       "interrupt from the toolbar"),
         nbformat.v4.new_code_cell(
             'try:\n'

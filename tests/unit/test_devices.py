@@ -50,16 +50,21 @@ def test_a_short_collective_timeout_keeps_a_floor_on_nccl_that_covers_its_set_up
             collective_timeout_s(bad, resolve_device("cpu", gpu_count=0))
 
 
-def test_rank_env_reaches_the_environment_every_launch_copies(monkeypatch):
+def test_the_rank_env_is_kept_by_the_library_and_merged_into_every_launch_never_into_os_environ(request):
     import os
 
     from tutorial_lib import set_rank_env
-    from tutorial_lib.launcher.environment import build_env
-    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)  # and removed again after the test
-    assert set_rank_env({"NCCL_P2P_DISABLE": 1}) == {"NCCL_P2P_DISABLE": "1"}
-    assert os.environ["NCCL_P2P_DISABLE"] == "1"
-    assert build_env(resolve_device("cuda", gpu_count=2))["NCCL_P2P_DISABLE"] == "1", "launches copy os.environ"
-    assert set_rank_env(None) == {} and set_rank_env({}) == {}
+    from tutorial_lib.launcher.environment import build_env, rank_env
+    request.addfinalizer(lambda: set_rank_env(None))
+    before = dict(os.environ)
+    assert set_rank_env({"NCCL_P2P_DISABLE": 1}) == {"NCCL_P2P_DISABLE": "1"} == rank_env()
+    assert dict(os.environ) == before, "the kernel's environment is not touched"
+    assert build_env(resolve_device("cuda", gpu_count=2))["NCCL_P2P_DISABLE"] == "1", "every launch gets it"
+    assert build_env(resolve_device("cpu", gpu_count=0), {"NCCL_P2P_DISABLE": "0"})["NCCL_P2P_DISABLE"] == "0", \
+        "a launch's own env= wins"
+    assert "NCCL_P2P_DISABLE" not in build_env(resolve_device("cpu", gpu_count=0), base={}), "an explicit base is all"
+    assert set_rank_env({"OTHER": "x"}) == {"OTHER": "x"} == rank_env(), "a call replaces the earlier one"
+    assert set_rank_env(None) == {} == rank_env() and set_rank_env({}) == {}
     with pytest.raises(ConfigError, match="RANK_ENV must be a dict"):
         set_rank_env("NCCL_P2P_DISABLE=1")
     with pytest.raises(ConfigError, match=r"invalid variable name\(s\) \['BAD NAME'\]"):

@@ -78,3 +78,28 @@ def test_import_script_gives_the_scripts_classes_without_running_main(tmp_path):
     assert not (tmp_path / "metrics").exists(), "main() did not run"
     with pytest.raises(tl.ConfigError, match="'no_such_script' is neither a file nor a shipped script"):
         tl.import_script("no_such_script")
+
+
+def test_checking_a_scripts_arguments_swaps_no_process_wide_stream(tmp_path, capsys):
+    """Launches from several threads check their arguments at once: a check that swapped sys.stdout could leave it
+    swapped for every later print (seen with two threads). The script's own parse_args sees the streams as they are,
+    and a rejection is reported in the error, printed nowhere."""
+    import sys
+
+    from tutorial_lib.script_source import check_script_args
+    script = tmp_path / "s.py"
+    script.write_text("import argparse, sys\nSEEN = []\n\ndef parse_args(argv):\n    SEEN.append((sys.stdout, sys.stderr))\n"
+                      "    p = argparse.ArgumentParser()\n    p.add_argument('--steps', type=int, required=True)\n"
+                      "    args = p.parse_args(argv)\n    if args.steps < 1:\n        p.error('--steps must be >= 1')\n"
+                      "    return args\n")
+    out, err = sys.stdout, sys.stderr
+    module = check_script_args(script, ["--steps", 3])
+    assert module.SEEN == [(out, err)], "parse_args ran with this process's own streams"
+    assert module.argparse.ArgumentParser is __import__("argparse").ArgumentParser, "the module is left as it was"
+    with pytest.raises(ConfigError, match=r"s.py: argument --steps: invalid int value: 'x' \(it was given"):
+        check_script_args(script, ["--steps", "x"])
+    with pytest.raises(ConfigError, match="s.py: --steps must be >= 1"):
+        check_script_args(script, ["--steps", 0])
+    check_script_args(script, ["--help"])
+    assert sys.stdout is out and sys.stderr is err
+    assert capsys.readouterr() == ("", ""), "nothing printed: not the usage, not the help"

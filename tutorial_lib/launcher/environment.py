@@ -1,6 +1,7 @@
-"""The environment of every launch: this process's, the launcher's defaults, and what the caller adds.
+"""The environment of every launch: this process's, the rank environment, the launcher's defaults, what a spec adds.
 
-``build_env`` is pure (a new dict; ``os.environ`` is never modified by a launch).
+The rank environment (``set_rank_env``: the notebooks' ``RANK_ENV``) is kept here and merged into each launch's
+environment; ``build_env`` returns a new dict. Nothing here modifies ``os.environ``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ from ..errors import ConfigError
 from .devices import DevicePlan
 
 
+_rank_env: dict[str, str] = {}  # what every launch adds to its ranks' environment (set_rank_env)
+
+
 def set_rank_env(rank_env: Mapping[str, object] | None) -> dict[str, str]:
-    """Put extra variables into this process's environment, which every later launch copies to its ranks.
+    """Set the extra variables every later launch of this process gives its ranks (and ``run_in_process`` its run).
 
     The notebooks' ``RANK_ENV`` parameter lands here, e.g. ``{"NCCL_P2P_DISABLE": "1"}`` on consumer GPU boards
     whose peer-to-peer path is broken (every multi-GPU collective then stalls until its timeout; ``python -m
-    tutorial_lib env`` reports peer access), or ``{"NCCL_SOCKET_IFNAME": "eth0"}``. A launch's own ``env=``
-    still wins for that launch.
+    tutorial_lib env`` reports peer access), or ``{"NCCL_SOCKET_IFNAME": "eth0"}``. They are kept by the library and
+    merged into each launch's environment (``build_env``); this process's own ``os.environ`` is never changed. A
+    call replaces what an earlier one set; a launch's own ``env=`` still wins for that launch.
 
     Args:
-        rank_env: variable name -> value (numbers are written as text); ``None`` or ``{}`` changes nothing.
+        rank_env: variable name -> value (numbers are written as text); ``None`` or ``{}``: no extra variables.
 
     Returns:
         The variables set, as text.
@@ -30,24 +35,30 @@ def set_rank_env(rank_env: Mapping[str, object] | None) -> dict[str, str]:
     Raises:
         ConfigError: ``rank_env`` is not a mapping, or a name is not a valid variable name.
     """
+    global _rank_env
     if rank_env is None:
-        return {}
+        rank_env = {}
     if not isinstance(rank_env, Mapping):
         raise ConfigError(f"RANK_ENV must be a dict of variable names to values, got {rank_env!r}; "
                           'e.g. {"NCCL_P2P_DISABLE": "1"}')
     bad = [name for name in rank_env if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name))]
     if bad:
         raise ConfigError(f"RANK_ENV has invalid variable name(s) {bad}; names are letters, digits and _")
-    values = {name: str(value) for name, value in rank_env.items()}
-    os.environ.update(values)
-    return values
+    _rank_env = {name: str(value) for name, value in rank_env.items()}  # replaced whole: a reader sees one or the other
+    return dict(_rank_env)
+
+
+def rank_env() -> dict[str, str]:
+    """The variables ``set_rank_env`` set (a copy)."""
+    return dict(_rank_env)
 
 
 def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[str, str] | None = None,
               shutdown_grace_s: float = 5.0, max_restarts: int = 0) -> dict[str, str]:
-    """The environment of torchrun and its workers: a copy of ``base`` (``os.environ``) plus settings.
+    """The environment of torchrun and its workers: a copy of ``base`` plus settings.
 
-    Never modifies ``os.environ``. Adds, unless already set:
+    ``base``: ``None`` for this process's environment (``os.environ``) with the rank environment (``set_rank_env``)
+    over it. Never modifies ``os.environ``. Adds, unless already set:
     ``OMP_NUM_THREADS=1`` (ranks share the cores; also silences torchrun's banner),
     ``PYTHONUNBUFFERED=1`` (lines arrive as they are printed),
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torchrun's SIGTERM-to-SIGKILL grace, seconds),
@@ -61,7 +72,7 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     On CPU with GPUs present, ``CUDA_VISIBLE_DEVICES=""`` hides them from the workers.
     ``extra`` is applied last and wins.
     """
-    env = dict(os.environ if base is None else base)
+    env = {**os.environ, **_rank_env} if base is None else dict(base)
     defaults = {
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",

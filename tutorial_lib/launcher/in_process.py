@@ -2,8 +2,8 @@
 
 For per-process effects measured on many variants (fp16 underflow, a loss scaler's skipped steps), minus the seconds
 a launch spends starting torchrun and importing torch in new processes. The script runs in this process, so for the
-run it has this process's working folder, ``sys.argv``, ``sys.stdout`` and torch's thread count: one run at a time
-(a lock), each restored afterwards.
+run it has this process's working folder, ``sys.argv``, ``sys.stdout``, torch's thread count and ``os.environ`` (with
+the rank environment, ``set_rank_env``, as a launched rank would): one run at a time (a lock), each restored after.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import io
 import os
 import shlex
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -23,7 +24,11 @@ from ..parameters import check_positive_int
 from ..rundir import COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, write_script
 from ..script_source import check_script_args
 from .devices import DevicePlan, resolve_device
+from .environment import rank_env
 from .spec import LaunchResult
+
+# What a run changes for its duration belongs to this whole process: two runs from two threads would interleave them.
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
@@ -82,7 +87,8 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
     command = [sys.executable, script.name, *argv]
     (run_dir / COMMAND_TXT).write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
                                          + shlex.join(["python", *command[1:]]) + "\n")
-    wall_time_s = _run_main_here(module, [str(script), *argv], run_dir, plan, num_threads)
+    with _ONE_AT_A_TIME:
+        wall_time_s = _run_main_here(module, [str(script), *argv], run_dir, plan, num_threads)
     return LaunchResult(run_dir=run_dir, command=command, returncode=0, wall_time_s=wall_time_s, plan=plan)
 
 
@@ -126,7 +132,7 @@ def _run_main_here(module, argv: list[str], run_dir: Path, plan: DevicePlan, num
         sys.argv = argv
         os.chdir(run_dir)
         torch.set_num_threads(num_threads or saved_threads)
-        with contextlib.redirect_stdout(output), warnings.catch_warnings():
+        with contextlib.redirect_stdout(output), warnings.catch_warnings(), _environment(rank_env()):
             # @record enables faulthandler on sys.stderr, which in some hosts (pytest's capture) has no file
             # descriptor: torch then warns; the run itself is unaffected.
             warnings.filterwarnings("ignore", "Unable to enable fault handler", UserWarning)
@@ -149,3 +155,19 @@ def _run_main_here(module, argv: list[str], run_dir: Path, plan: DevicePlan, num
     if error is not None:
         raise error
     return wall_time_s
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """``os.environ`` with ``values`` set while the block runs (a run in this process reads its variables there, as a
+    launched rank does from its own environment); each variable is restored, or removed, afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

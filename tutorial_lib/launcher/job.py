@@ -258,7 +258,8 @@ class RunningJob:
         while time.monotonic() < deadline:
             if self.pump.read_lines(0.1):
                 quiet_since = time.monotonic()
-            answered = {rank for rank, text in ranked[mark:] if rank is not None and text.startswith(("Current", "Thread"))}
+            answered = {rank for rank, text in ranked[mark:]
+                        if rank is not None and text.startswith(("Current", "Thread"))}
             if answered >= set(targets) and time.monotonic() - quiet_since > 0.5:
                 break
         stacks: dict[int, list[str]] = {}

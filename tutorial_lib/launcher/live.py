@@ -173,6 +173,7 @@ class NotebookView(LiveView):
     def start(self):
         from IPython.display import display
 
+        enable_inline_figures()  # the figure below is drawn as an image (the notebook's setup call may not have run)
         self._start_progress()
         self._plot = display(_Text("(the loss and memory plot appears once two steps are logged)"), display_id=True)
 

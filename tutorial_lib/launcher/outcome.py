@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from ..errors import LaunchError, LaunchTimeout
 from ..rundir import LOGS, RunRecord, RunStatus
-from ..torchrun.root_cause import PORT_IN_USE, RENDEZVOUS_TIMEOUT, agent_failure_kind, find_root_cause, first_failure_of_nodes
+from ..torchrun.root_cause import (PORT_IN_USE, RENDEZVOUS_TIMEOUT, agent_failure_kind, find_root_cause,
+                                   first_failure_of_nodes)
 from ..torchrun.stacks import innermost_frame, stopped_ranks_stacks
 from .live import Outcome
 from .output import OutputPump

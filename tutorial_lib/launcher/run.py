@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..rundir import OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, write_script
 from ..script_source import check_script_args
+from . import warm
+from .devices import DevicePlan
+from .environment import build_env, set_rank_env
 from .job import LimitReached, RunningJob, start_job
-from .live import Outcome, make_view, safe_draw
+from .live import Outcome, enable_inline_figures, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
@@ -131,3 +134,28 @@ def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.Pat
     plan = plan_launch(LaunchSpec(script, args=args, **spec))
     check_script_args(script, plan.spec.args)
     return run_plan(plan)
+
+
+def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:
+    """The notebook's setup call (its first cell after the parameters): what importing the library no longer does.
+
+    Importing ``tutorial_lib`` starts no process, registers nothing and changes no environment variable. This call,
+    made once at the top of a notebook:
+
+    * sets the rank environment every later launch gives its ranks (``set_rank_env(rank_env)``; the kernel's
+      ``os.environ`` stays as it is);
+    * in a Jupyter kernel, shows matplotlib figures inline (``enable_inline_figures``: the library draws without
+      pyplot, so IPython's inline backend never registers itself);
+    * starts the warm-start helper (unless ``$TUTORIAL_LIB_WARM=0``; Linux only), so it imports torch while the next
+      cells run instead of during the first launch, which would otherwise start it.
+
+    Args:
+        rank_env: the notebook's ``RANK_ENV`` (variable name -> value); ``None``: no extra variables.
+
+    Raises:
+        ConfigError: a bad ``rank_env`` (``set_rank_env``) or a bad ``$TUTORIAL_LIB_WARM``.
+    """
+    set_rank_env(rank_env)
+    enable_inline_figures()
+    if warm.warm_enabled(None):
+        warm.prestart(build_env(DevicePlan("cpu", "gloo", 1, 0)))  # the start-up variables a CPU launch will have

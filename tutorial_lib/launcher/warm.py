@@ -3,11 +3,11 @@
 ``launch`` asks ``warm_path(job_env)`` before it starts a job. The answer is the helper's socket (the job then
 runs warm: see ``tutorial_lib/child/warm_start.py`` for how) or the reason it runs cold, which the launcher prints
 once per kernel and reason. The helper imports torch and torch._dynamo (3.5-3.9 s here, in a slow hour of
-2026-12-01) and lives as long as the kernel (it dies with it, and removes its folder). In a Jupyter kernel ``import
-tutorial_lib`` starts it (``prestart``), so it imports torch while the notebook's first cells run; elsewhere
-(a script, pytest) the first warm launch does. A helper no job has used yet is restarted, not given up, when
-the first job's start-up environment differs from its own (say ``RANK_ENV`` set a ``TORCH_*`` variable).
-Cold when:
+2026-12-01) and lives as long as the kernel (it dies with it, and removes its folder). Importing ``tutorial_lib``
+starts nothing: the notebooks' setup call (``tl.setup_notebook``) starts the helper (``prestart``), so it imports
+torch while the notebook's next cells run; elsewhere the first warm launch does. A helper no job has used yet is
+restarted, not given up, when the first job's start-up environment differs from its own (say ``RANK_ENV`` set a
+``TORCH_*`` variable). Cold when:
 
 * ``TUTORIAL_LIB_WARM=0`` (or ``LaunchSpec(warm=False)``);
 * not Linux (the client passes file descriptors over a Unix socket and relies on ``PR_SET_PDEATHSIG``);
@@ -15,7 +15,11 @@ Cold when:
   except ``OMP_NUM_THREADS``, ``TORCH_CPP_*``, ...) differs from the helper's: those are read when Python
   or torch start, so a forked child would not see them;
 * torch changed on disk since the helper started (a reinstall): the helper is restarted;
-* the helper died or did not become ready in time: restarted once, else cold.
+* the helper died or did not become ready in time: restarted once, else cold; the job's own ``timeout_s`` also
+  bounds its wait.
+
+Launches from several threads share the one helper: starting it, restarting it and handing it out happen under
+one lock; any number of them may wait for its ``ready`` line at once, each at most until its own deadline.
 """
 
 from __future__ import annotations
@@ -23,16 +27,16 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import selectors
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from ..child import protocol
 from ..errors import ConfigError
-from .devices import DevicePlan
-from .environment import build_env
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,13 @@ def _torch_stamp() -> tuple[str, float]:
 
 
 class WarmHelper:
-    """One running ``warm_start.py serve`` process, started with ``python`` and a start-up environment."""
+    """One running ``warm_start.py serve`` process, started with ``python`` and a start-up environment.
+
+    Attributes:
+        pid: the helper's process id.
+        folder: its folder in the temporary directory (its socket and pid registry), removed when it ends.
+        failure: why it failed (it exited, or was not ready within ``READY_TIMEOUT_S``); ``None`` otherwise.
+    """
 
     def __init__(self, python: str, env: dict[str, str]) -> None:
         self.python = python
@@ -73,41 +83,76 @@ class WarmHelper:
         self.torch_stamp = _torch_stamp()
         self.folder = tempfile.mkdtemp(prefix="tutorial_lib-warm-")
         self.socket_path = os.path.join(self.folder, "helper.sock")
-        # It ends when its stdin reaches end of file: this process holds the pipe's other end, which closes
-        # however this process ends (warm_start.serve). Not a parent-death signal: that fires when the thread that
-        # started the helper ends, and a launch from a thread pool's thread starts it (the helper then died, and with
-        # it another thread's job, when the first thread ended).
+        # It ends when its stdin reaches end of file: this process holds the pipe's other end, which closes however
+        # this process ends (warm_start.serve). Not a parent-death signal, which fires when the *thread* that started
+        # the helper ends: a launch from a thread pool's thread may start it, and the helper (with every job forked
+        # from it, another thread's too) then died when that thread ended.
         self.proc = subprocess.Popen(
             [python, "-u", str(WARM_START), "serve", self.socket_path], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.ready = False
-        self.used = False  # a job was forked from it: from then on a different start-up environment runs cold
+        self.pid = self.proc.pid
+        self.started_at = time.monotonic()
+        self.used = False  # a job was handed it: from then on a different start-up environment runs cold
+        self.failure: str | None = None
+        self._ready = threading.Event()
+        self._reading = threading.RLock()  # one thread reads the helper's output at a time
+        self._output = b""
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str | None:
-        """Wait for the helper's ``ready`` line; ``None`` when ready, else why not (the helper is then stopped)."""
+    @property
+    def ready(self) -> bool:
+        """Whether the helper printed its ``ready`` line (it has imported torch and listens)."""
+        return self._ready.is_set()
+
+    def wait_ready(self, wait_s: float = READY_TIMEOUT_S) -> str | None:
+        """Wait at most ``wait_s`` for the helper's ``ready`` line; ``None`` once ready, else why not.
+
+        Any number of threads may wait at once: one reads the helper's output (never blocking past its own deadline),
+        the others wait for it or for their deadline, whichever comes first. A wait that ends before the helper is
+        ready leaves it running for the others; the helper is stopped only when it failed (``failure``: it exited,
+        or ``READY_TIMEOUT_S`` passed since it started).
+        """
+        deadline = time.monotonic() + wait_s
+        while not self.ready and self.failure is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._reading.acquire(timeout=remaining):
+                break
+            try:
+                self._read_output(until=min(deadline, self.started_at + READY_TIMEOUT_S))
+            finally:
+                self._reading.release()
         if self.ready:
             return None
-        deadline = time.monotonic() + timeout_s
-        line = b""
-        import selectors
+        return self.failure or f"the warm-start helper was not ready within the job's {wait_s:g} s"
 
+    def _read_output(self, until: float) -> None:
+        """Read what the helper printed until its ``ready`` line, its end, or ``until``; the caller holds
+        ``_reading``. Past the helper's own ``READY_TIMEOUT_S`` it has failed."""
+        if self.ready or self.failure is not None:
+            return
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            while not self.ready:
+                timeout = until - time.monotonic()
+                if timeout <= 0 or not sel.select(timeout=timeout):
                     break
-                line = self.proc.stdout.readline()
-                if line.strip() == protocol.READY_LINE:
-                    self.ready = True
-                    return None
-                if not line:
-                    break
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                self._output += chunk
+                if protocol.READY_LINE in self._output.splitlines():
+                    self._ready.set()
+                elif not chunk:  # end of file: it exited
+                    last = (self._output.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+                    self._fail(f"the warm-start helper did not start ({last})")
+                    return
+        if not self.ready and time.monotonic() >= self.started_at + READY_TIMEOUT_S:
+            self._fail(f"the warm-start helper was not ready after {READY_TIMEOUT_S:g} s")
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
         self.close()
-        return f"the warm-start helper did not start ({line.decode(errors='replace').strip() or 'no output'})"
 
     def usable_for(self, python: str, env: dict[str, str]) -> str | None:
         """``None`` if a job with this ``python`` and environment can be forked from this helper, else why not."""
-        if self.proc.poll() is not None:
+        if self.failure is not None or self.proc.poll() is not None:
             return "the warm-start helper exited"
         if python != self.python:
             return f"the job's Python ({python}) is not the helper's ({self.python})"
@@ -124,12 +169,14 @@ class WarmHelper:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe:
-                pipe.close()
+        with self._reading:  # a thread reading its output now sees the end of file and lets go
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe and not pipe.closed:
+                    pipe.close()
         protocol.remove_folder(self.socket_path)
 
 
+_lock = threading.Lock()  # guards _helper and _said: launches from several threads share them
 _helper: WarmHelper | None = None
 _said: set[str] = set()
 
@@ -137,26 +184,40 @@ _said: set[str] = set()
 def warm_path(env: dict[str, str], python: str | None = None, wait_s: float = READY_TIMEOUT_S
               ) -> tuple[str | None, str | None]:
     """The helper's socket for a job with environment ``env`` (started or restarted as needed), or ``None`` and
-    why the job runs cold. Linux only."""
-    global _helper
+    why the job runs cold. Waits for the helper at most ``wait_s`` (the job's ``timeout_s``; it runs cold after
+    that). Linux only; safe to call from several threads at once."""
     python = python or sys.executable
     if not sys.platform.startswith("linux"):
         return None, "warm starts need Linux"
-    reason = _helper.usable_for(python, env) if _helper is not None else None
-    if _helper is not None and reason is not None:
-        restartable = not _helper.used or reason.startswith(("the warm-start helper exited", "torch changed"))
-        if not restartable:
+    with _lock:
+        helper, reason = _claim(python, env)
+    if helper is None:
+        return None, reason
+    reason = helper.wait_ready(min(wait_s, READY_TIMEOUT_S))
+    if reason is not None:
+        return None, reason
+    return helper.socket_path, None
+
+
+def _claim(python: str, env: dict[str, str]) -> tuple[WarmHelper | None, str | None]:
+    """The helper a job with ``python`` and ``env`` is to use, started or restarted as needed, and marked used; or
+    ``None`` and why not. The caller holds ``_lock``."""
+    global _helper
+    if _helper is not None:
+        reason = _helper.usable_for(python, env)
+        if reason is None:
+            _helper.used = True
+            return _helper, None
+        if _helper.used and not reason.startswith(("the warm-start helper exited", "torch changed")):
             return None, reason
         _helper.close()
         _helper = None
-    if _helper is None:
+    try:
         _helper = _start_helper(python, env)
-    reason = _helper.wait_ready(min(wait_s, READY_TIMEOUT_S))
-    if reason is not None:
-        _helper = None
-        return None, reason
+    except OSError as e:
+        return None, f"the warm-start helper could not start ({e})"
     _helper.used = True
-    return _helper.socket_path, None
+    return _helper, None
 
 
 def _start_helper(python: str, env: dict[str, str]) -> WarmHelper:
@@ -175,44 +236,30 @@ def prestart(env: dict[str, str], python: str | None = None) -> bool:
     helper that cannot start is the first launch's to report.
     """
     global _helper
-    if _helper is not None or not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return False
-    try:
-        _helper = _start_helper(python or sys.executable, env)
-    except OSError as e:
-        log.info("warm-start helper not prestarted: %s", e)
-        return False
+    with _lock:
+        if _helper is not None:
+            return False
+        try:
+            _helper = _start_helper(python or sys.executable, env)
+        except OSError as e:
+            log.info("warm-start helper not prestarted: %s", e)
+            return False
     return True
 
 
-def prestart_in_kernel() -> bool:
-    """In a Jupyter kernel with warm starts on (the default), start the kernel's helper now; whether one was started.
-
-    ``import tutorial_lib`` calls it first thing, so the helper imports torch while the rest of the library and
-    the notebook's first cells load, instead of during the first launch. Its start-up environment is what
-    ``build_env`` makes of this process's environment (``set_rank_env`` may still change that: the first launch
-    then restarts the unused helper). Outside a kernel, with ``$TUTORIAL_LIB_WARM=0`` or a bad value (the first
-    launch reports it), or not on Linux: nothing.
-    """
-    if "ipykernel" not in sys.modules:  # a script or pytest; checked first: importing IPython costs 0.2 s
-        return False
-    from IPython import get_ipython
-
-    if not hasattr(get_ipython(), "kernel"):  # a terminal IPython
-        return False
-    try:
-        if not warm_enabled(None):
-            return False
-    except ConfigError:
-        return False
-    return prestart(build_env(DevicePlan("cpu", "gloo", 1, 0)))
+def current_helper() -> WarmHelper | None:
+    """This process's warm-start helper, if one was started (and not stopped since)."""
+    return _helper
 
 
 def say_once(reason: str) -> str | None:
     """``reason`` the first time it is given in this kernel, else ``None`` (the launcher prints it once)."""
-    if reason in _said:
-        return None
-    _said.add(reason)
+    with _lock:
+        if reason in _said:
+            return None
+        _said.add(reason)
     return reason
 
 
@@ -230,12 +277,14 @@ def warm_command(command: list[str], rank_runner: str | os.PathLike) -> list[str
     if command[1:3] != ["-m", "torch.distributed.run"] or rank_runner not in command:
         raise ValueError(f"not a torchrun command of build_command: {command[:3]} ... (no {rank_runner})")
     at = command.index(rank_runner)
-    return [command[0], str(WARM_START), "run", *command[1:at], str(WARM_START), "run", *command[at:]]
+    return [command[0], str(WARM_START), protocol.CLIENT_COMMAND, *command[1:at], str(WARM_START),
+            protocol.CLIENT_COMMAND, *command[at:]]
 
 
 def shutdown() -> None:
-    """Stop this kernel's helper (tests; it otherwise dies with the kernel)."""
+    """Stop this process's helper (tests; it otherwise dies with the process)."""
     global _helper
-    if _helper is not None:
-        _helper.close()
-        _helper = None
+    with _lock:
+        if _helper is not None:
+            _helper.close()
+            _helper = None

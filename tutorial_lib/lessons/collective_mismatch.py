@@ -22,7 +22,7 @@ What it shows
       rank saves its gradients before and after that step's all-reduces to ``<metrics-dir>/grads_rank<RANK>.pt``.
     The gradients are averaged by hand (what DDP does in buckets during backward) because DDP's constructor
     crashes (SIGSEGV) under TORCH_DISTRIBUTED_DEBUG=DETAIL with gloo in torch 2.8 and 2.13 (notebook 07 says so,
-    tests/test_troubleshooting.py launches it).
+    tests/integration/test_troubleshooting.py launches it).
 
 Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl``.
 Only torch and the Python standard library are used.
