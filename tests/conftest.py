@@ -1,4 +1,9 @@
-"""Shared fixtures: isolated run folders, text live view, and a check that no process is left behind."""
+"""Shared by every test folder: isolated run folders, text live view, and a check that no process is left behind.
+
+The folders say how their tests run: ``unit/`` in this process only (pure functions, fixture run directories);
+``integration/`` with real launches, kernels or child processes (marked ``integration`` here, so ``-m "not
+integration"`` is the quick set); ``notebooks/`` over the workbook's notebooks (papermill, the browser).
+"""
 
 from __future__ import annotations
 
@@ -66,6 +71,13 @@ def printed_before_stacks(run_dir: Path, text: str) -> bool:
     log = (Path(run_dir) / "output.log").read_text().splitlines()
     dump = next((i for i, line in enumerate(log) if "(most recent call first)" in line), len(log))
     return any(text in line for line in log[:dump])
+
+
+def pytest_collection_modifyitems(config, items):
+    integration = ROOT / "tests" / "integration"
+    for item in items:
+        if integration in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture
