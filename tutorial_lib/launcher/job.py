@@ -166,9 +166,9 @@ def start_job(plan: LaunchPlan, view, printer: ThrottledPrinter) -> RunningJob:
     write_command_txt(plan, commands)
     pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, printer, open(plan.run_dir / OUTPUT_LOG, "w"))
     safe_draw(view.start)
-    starts, start = start_commands(plan, commands, printer, wait_s=plan.spec.timeout_s)
     procs: dict[int, subprocess.Popen] = {}
     try:
+        starts, start = start_commands(plan, commands, printer, wait_s=plan.spec.timeout_s)
         for node in plan.nodes:
             procs[node] = subprocess.Popen(
                 starts[node][0], cwd=plan.run_dir, env=starts[node][1], stdin=subprocess.DEVNULL,
