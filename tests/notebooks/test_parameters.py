@@ -60,3 +60,20 @@ def test_every_notebook_declares_its_parameters_in_a_form_papermill_reads_and_ch
         code = [c for c in nb.cells if c.cell_type == "code"]
         index = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
         assert code[index + 1].source.startswith("tl.check_parameters(globals())"), path.name
+
+
+def test_every_notebook_makes_the_setup_call_before_it_launches_or_draws():
+    """Importing tutorial_lib starts and registers nothing: each notebook calls tl.setup_notebook(RANK_ENV) (the rank
+    environment for every launch, figures inline, the warm-start helper) in its setup, before any launch or figure."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    uses = re.compile(r"tl\.(run_script|launch|run_in_process|plot_\w+)\(")
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        setup = next((i for i, c in enumerate(code) if c.startswith("tl.setup_notebook(RANK_ENV)")), None)
+        first_use = next((i for i, c in enumerate(code) if uses.search(c)), len(code))
+        assert setup is not None and setup <= first_use, path.name  # its first line, before what its cell defines
+        assert not any("set_rank_env" in c for c in code), f"{path.name}: setup_notebook sets RANK_ENV"
