@@ -7,12 +7,10 @@ launched through the library.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest

@@ -12,7 +12,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.launcher import warm
-from tutorial_lib.child import protocol, warm_start
+from tutorial_lib.child import protocol
 from tutorial_lib.launcher.environment import build_env
 from tutorial_lib.launcher.plan import RANK_RUNNER
 from tutorial_lib.rundir import RunRecord
