@@ -401,12 +401,12 @@ def plot_mesh(ranks: pd.DataFrame, shard_label: str = "", replicate_label: str =
     if len(set(coords)) != len(coords):
         raise ValueError(f"two ranks at one mesh coordinate: {coords}")
     n_rows, n_cols = max(r for r, _ in coords) + 1, max(c for _, c in coords) + 1
-    fig, (ax,) = _figure(width_in=2.4 * n_cols + 2.2, height_in=1.5 * n_rows + 1.2)
+    fig, (ax,) = _figure(width_in=2.6 * n_cols + 2.2, height_in=1.5 * n_rows + 1.2)
     colors = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
     for (row, col), rank, holds in zip(coords, ranks["rank"], ranks["holds"]):
         ax.add_patch(Rectangle((col + 0.08, row + 0.1), 0.84, 0.8, facecolor=colors[col % len(colors)],
                                edgecolor="black", lw=1))
-        ax.text(col + 0.5, row + 0.5, f"rank {rank}\n{holds}", ha="center", va="center", fontsize=9)
+        ax.text(col + 0.5, row + 0.5, f"rank {rank}\n{holds}", ha="center", va="center", fontsize=8)
     link = {"arrowstyle": "<->", "color": "0.3", "lw": 1.4, "shrinkA": 0, "shrinkB": 0}
     for row in range(n_rows):  # a shard group: the ranks of one row
         for col in range(n_cols - 1):
