@@ -10,13 +10,16 @@ Executed notebooks go to ``<output-dir>/<name>.ipynb``, run directories of the t
 ``<output-dir>/runs/``. Parameters are given as papermill's own CLI takes them, and merged in its order
 (later wins): ``-f FILE`` (YAML file), ``-y YAML``, ``-p NAME VALUE`` (``2`` an int, ``1e-5`` a float,
 ``None``/``True``/``False`` what they say, anything else a string), ``-r NAME VALUE`` (always a string).
-They reach the notebooks' ``parameters`` cell and through it the training subprocesses. Every notebook
-gets a row in the summary table, whatever it raised; exits 1 if any notebook fails.
+They reach the notebooks' ``parameters`` cell and through it the training subprocesses. A parameter that none of
+the notebooks to run declares (a typo such as ``-p NPROCS 3``) is refused before anything runs, naming the closest
+declared one (papermill itself only warns and runs the notebook with its default). Every notebook gets a row in the
+summary table, whatever it raised; exits 1 if any notebook fails or a parameter is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import platform
 import re
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import papermill as pm
 import yaml
+from papermill.inspection import inspect_notebook
 from jupyter_client.manager import AsyncKernelManager
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +95,24 @@ def merged_parameters(args: argparse.Namespace) -> dict:
     parameters.update({name: parameter_value(value) for name, value in args.parameter})
     parameters.update(dict(args.parameter_raw))
     return parameters
+
+
+def undeclared_parameters(parameters: dict, notebooks: list[Path]) -> list[str]:
+    """One message per name in ``parameters`` that no notebook of ``notebooks`` declares in its ``parameters`` cell
+    (read as ``papermill --help-notebook`` reads it), naming the closest declared name (``difflib``) if one is close.
+
+    Returns an empty list when every name is declared somewhere (papermill ignores a name a notebook does not declare,
+    so a batch may pass a parameter that only some notebooks have).
+    """
+    declared = sorted({name for nb in notebooks for name in inspect_notebook(str(nb))})
+    messages = []
+    for name in parameters:
+        if name in declared:
+            continue
+        close = difflib.get_close_matches(name, declared, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        messages.append(f"parameter {name!r}: no notebook to run declares it; {hint}declared: {', '.join(declared)}")
+    return messages
 
 
 def describe(name: str, message: object, width: int = 100) -> str:
@@ -211,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown notebook(s) {sorted(unknown)}; available: {[nb.stem for nb in notebooks]}", file=sys.stderr)
             return 2
         notebooks = [nb for nb in notebooks if nb.stem in args.only]
+    refused = undeclared_parameters(parameters, notebooks)
+    if refused:  # before anything runs: papermill would warn and run the notebook with the default
+        print("\n".join(refused), file=sys.stderr)
+        return 1
     out_dir = args.output_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     # The kernels inherit these: run directories under the output folder; progress as text (no widgets in files).

@@ -37,9 +37,10 @@ from .metrics import (read_collectives, read_memory_notes, read_memory_samples, 
                       summarize_runs)
 from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
+                    plot_memory_prediction, plot_mesh, plot_reshard_tradeoff, plot_resume, plot_run, plot_tensor_bytes,
+                    plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
-from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
+from .profiling import overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown
 from .run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
                        lost_connection, rank_errors)
 from .rundir import available_scripts, new_run_dir, write_script
@@ -55,7 +56,8 @@ __all__ = [
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
     "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process",
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
-    "overlap_intervals", "plot_timeline", "read_trace_intervals", "sdpa_backends", "step_breakdown",
+    "overlap_intervals", "plot_timeline", "read_allreduce_launches", "read_trace_intervals", "sdpa_backends",
+    "step_breakdown", "plot_mesh", "plot_reshard_tradeoff",
 ]
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say

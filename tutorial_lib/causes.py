@@ -94,9 +94,10 @@ CAUSES = (
     # A rank that finished its work and then died in the interpreter's teardown: a gloo thread aborts while the
     # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
     Cause("abort at interpreter exit", re.compile(r"terminate called without an active exception"),
-          "the script had returned: gloo aborted the process during Python's teardown, not your code; the "
-          "launcher's rank runner leaves with os._exit after flushing (tutorial_lib/child/rank_runner.py), do the same at "
-          "the end of a script you run with plain torchrun (07, section 2 'A crashing rank')"),
+          "the script had returned: gloo aborted the process during Python's teardown, not your code, and the "
+          "rank's work is done; end main() with dist.destroy_process_group() in a finally (it makes the abort rarer, "
+          "not impossible), not with os._exit, which skips atexit handlers and a running dcp.async_save; the "
+          "launcher's rank runner leaves with os._exit for you (07, section 2 'A crashing rank')"),
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
           "(01, section 6 'A parameter without a gradient')"),

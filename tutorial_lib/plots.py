@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 MIB = 2**20
@@ -337,4 +338,91 @@ def plot_timeline(intervals: pd.DataFrame, overlaps: pd.DataFrame | None = None,
     ax.invert_yaxis()
     ax.set_xlabel("time (ms) from the first recorded step")
     ax.set_title(title or "profiled steps per rank")
+    return fig
+
+
+KIB = 2**10
+
+
+def plot_reshard_tradeoff(table: pd.DataFrame, unsharded_bytes: float, title: str = "") -> Figure:
+    """``reshard_after_forward`` settings side by side: the parameter bytes a rank holds between forward and backward
+    against the all-gathers each step issues (FSDP2's memory-for-communication trade).
+
+    Args:
+        table: one row per setting, indexed by its label (``"True"``, ``"False"``, ``"2"``, ...), columns
+            ``held_bytes`` (parameter bytes a rank holds between forward and backward) and ``all_gathers`` (a
+            mapping {group size: all-gathers per step}; an int setting's backward all-gathers run in smaller groups).
+        unsharded_bytes: the whole model's parameter bytes, drawn as a dashed line on the left panel.
+        title: the figure's title.
+
+    Left: held bytes per setting (KiB) under the unsharded model's; right: all-gathers per step, stacked by the size
+    of the group they ran in (one colour per group size).
+    """
+    fig, (held, gathers) = _figure(ncols=2, width_in=4.6)
+    labels = [str(label) for label in table.index]
+    x = range(len(labels))
+    held.bar(x, table["held_bytes"] / KIB, color="#1f77b4")
+    held.axhline(unsharded_bytes / KIB, color="black", ls="--", lw=1, label="whole model (unsharded)")
+    held.set_ylabel("KiB held between forward and backward")
+    held.set_ylim(0, unsharded_bytes / KIB * 1.35)
+    held.legend(fontsize=8, loc="upper left")
+    sizes = sorted({int(size) for counts in table["all_gathers"] for size in counts}, reverse=True)
+    bottom = [0] * len(labels)
+    for size in sizes:
+        counts = [int({int(k): v for k, v in c.items()}.get(size, 0)) for c in table["all_gathers"]]
+        gathers.bar(x, counts, bottom=bottom, label=f"in groups of {size} ranks")
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    gathers.yaxis.set_major_locator(MaxNLocator(integer=True))
+    gathers.set_ylim(0, max(bottom) * 1.35)
+    gathers.set_ylabel("all-gathers per step")
+    gathers.legend(fontsize=8, loc="upper left")
+    for ax in (held, gathers):
+        ax.set_xticks(list(x), labels)
+        ax.set_xlabel("reshard_after_forward")
+    fig.suptitle(title or "reshard_after_forward: memory held against all-gathers", fontsize=10)
+    return fig
+
+
+def plot_mesh(ranks: pd.DataFrame, shard_label: str = "", replicate_label: str = "", title: str = "") -> Figure:
+    """A 2-D ``DeviceMesh`` ``("replicate", "shard")`` as a grid: one box per rank at its mesh coordinate.
+
+    Args:
+        ranks: one row per rank, columns ``rank``, ``mesh_coordinate`` (``(row, column)``: the replicate index and
+            the shard index) and ``holds`` (text: what the rank stores, e.g. ``"rows 0-31"``).
+        shard_label: what each row's group (a *shard group*: the ranks that together hold one full copy) runs,
+            e.g. ``"all-gather, reduce-scatter"``; written along every row.
+        replicate_label: what each column's group (a *replicate group*: the ranks holding the same shard) runs,
+            e.g. ``"all-reduce"``; written along every column.
+        title: axes title.
+
+    Boxes of one column share a colour: the same shard. Raises ValueError when two ranks share a coordinate.
+    """
+    coords = [tuple(c) for c in ranks["mesh_coordinate"]]
+    if len(set(coords)) != len(coords):
+        raise ValueError(f"two ranks at one mesh coordinate: {coords}")
+    n_rows, n_cols = max(r for r, _ in coords) + 1, max(c for _, c in coords) + 1
+    fig, (ax,) = _figure(width_in=2.6 * n_cols + 2.2, height_in=1.5 * n_rows + 1.2)
+    colors = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
+    for (row, col), rank, holds in zip(coords, ranks["rank"], ranks["holds"]):
+        ax.add_patch(Rectangle((col + 0.08, row + 0.1), 0.84, 0.8, facecolor=colors[col % len(colors)],
+                               edgecolor="black", lw=1))
+        ax.text(col + 0.5, row + 0.5, f"rank {rank}\n{holds}", ha="center", va="center", fontsize=8)
+    link = {"arrowstyle": "<->", "color": "0.3", "lw": 1.4, "shrinkA": 0, "shrinkB": 0}
+    for row in range(n_rows):  # a shard group: the ranks of one row
+        for col in range(n_cols - 1):
+            ax.annotate("", (col + 1.08, row + 0.5), (col + 0.92, row + 0.5), arrowprops=link)
+        ax.text(n_cols + 0.05, row + 0.5, f"shard group {row}:\n{shard_label}", va="center", fontsize=8)
+    for col in range(n_cols):  # a replicate group: the ranks of one column
+        for row in range(n_rows - 1):
+            ax.annotate("", (col + 0.5, row + 1.1), (col + 0.5, row + 0.9), arrowprops={**link, "ls": "--"})
+        ax.text(col + 0.5, n_rows + 0.05, f"replicate group {col}:\n{replicate_label}", ha="center", va="top",
+                fontsize=8)
+    ax.set_xlim(0, n_cols + 1.3)
+    ax.set_ylim(n_rows + 0.55, 0)  # row 0 on top, as the mesh prints
+    ax.set_xticks([c + 0.5 for c in range(n_cols)], [f"shard index {c}" for c in range(n_cols)])
+    ax.set_yticks([r + 0.5 for r in range(n_rows)], [f"replicate index {r}" for r in range(n_rows)])
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(title or f"DeviceMesh {n_rows} x {n_cols} (replicate, shard)")
     return fig

@@ -185,6 +185,87 @@ def read_trace_intervals(run_dir: str | os.PathLike) -> pd.DataFrame:
     return table[INTERVAL_COLUMNS].sort_values(["rank", "start_ms"], kind="stable").reset_index(drop=True)
 
 
+_LAUNCH = "c10d::allreduce_"  # the all-reduce as the training thread issues it (DDP's buckets too), every backend
+_COMMS = "record_param_comms"  # NCCL's record of a collective (its dtype), inside the c10d op
+_ELEMENT_BYTES = {"float": 4, "Float": 4, "double": 8, "Double": 8, "c10::Half": 2, "Half": 2,
+                  "c10::BFloat16": 2, "BFloat16": 2}
+LAUNCH_COLUMNS = ["rank", "step", "bucket", "issued_ms", "elements", "element_bytes", "bytes", "backward_ops_after"]
+
+
+def _elements(event: dict) -> float:
+    """Elements of the tensors a ``c10d::allreduce_`` op was given (its first argument, a tensor list), from the
+    shapes the profiler recorded (``record_shapes=True``); NaN without them."""
+    dims = event.get("args", {}).get("Input Dims") or []
+    shapes = dims[0] if dims and isinstance(dims[0], list) else []
+    if not shapes or not all(isinstance(shape, list) for shape in shapes):
+        return float("nan")
+    total = 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return float(total)
+
+
+def _rank_launches(rank: int, events: list[dict]) -> list[dict]:
+    host = [e for e in events if e.get("cat") not in _DEVICE_CATEGORIES]
+    rows = []
+    for step_event in sorted((e for e in host if _STEP.match(e["name"])), key=lambda e: e["ts"]):
+        step = int(_STEP.match(step_event["name"]).group(1)) + 1
+        start, end = step_event["ts"], step_event["ts"] + step_event["dur"]
+        inside = [e for e in host if start <= e["ts"] < end]
+        optimizer = _cpu_phases(inside).get("optimizer", (end, end))[0]
+        backward = sorted(e["ts"] for e in inside if e["name"].startswith(_BACKWARD_PREFIX))
+        launches = sorted((e for e in inside if e["name"] == _LAUNCH and e["ts"] < optimizer), key=lambda e: e["ts"])
+        gloo = sorted((e for e in inside if e["name"] in ("gloo:all_reduce", "gloo:allreduce") and e["ts"] < optimizer),
+                      key=lambda e: e["ts"])
+        comms = [e for e in inside if e["name"] == _COMMS]
+        for bucket, e in enumerate(launches):
+            nested = [c for c in comms if e["ts"] <= c["ts"] <= e["ts"] + e["dur"]]
+            if nested:  # NCCL: the comms record inside the op carries the dtype
+                dtype = nested[0].get("args", {}).get("dtype")
+            else:  # gloo: its worker starts the launches in the order they were issued
+                types = gloo[bucket].get("args", {}).get("Input type") if bucket < len(gloo) else None
+                dtype = types[0] if types else None
+            element_bytes = _ELEMENT_BYTES.get(dtype, float("nan"))
+            elements = _elements(e)
+            rows.append({"rank": rank, "step": step, "bucket": bucket, "issued_ms": (e["ts"] - start) / 1e3,
+                         "elements": elements, "element_bytes": element_bytes, "bytes": elements * element_bytes,
+                         "backward_ops_after": sum(t > e["ts"] for t in backward)})
+    return rows
+
+
+def read_allreduce_launches(run_dir: str | os.PathLike) -> pd.DataFrame:
+    """DDP's gradient all-reduces as each rank's training thread issued them, step by step, from the traces.
+
+    DDP issues a bucket's all-reduce from the autograd hook of the bucket's last gradient (a ``c10d::allreduce_`` op
+    on the thread running backward) and lets backward go on. So a bucket issued while backward still had ops to run
+    (``backward_ops_after > 0``) could overlap them; the last bucket is issued by the last gradient (0 ops after it),
+    and a model whose gradients all fit in one bucket has nothing to overlap. This reads the order of events on the
+    training thread, not durations: it does not depend on how busy the machine was.
+
+    Args:
+        run_dir: a run directory whose ``metrics/`` holds ``trace_rank<R>.json`` (or that folder itself), written
+            with ``record_shapes=True`` for the sizes (``ddp_train.py --profile-steps N`` does).
+
+    Returns:
+        One row per gradient all-reduce (those issued before the step's optimizer; the loss's logging all-reduce
+        after it is left out), columns ``LAUNCH_COLUMNS``: ``rank``, ``step``, ``bucket`` (0, 1, ...: the order of
+        issue, the last layers' bucket first), ``issued_ms`` (from the start of the step), ``elements`` (the
+        bucket's length), ``element_bytes`` (from the dtype gloo's ``gloo:all_reduce`` or NCCL's
+        ``record_param_comms`` recorded; NaN when the trace has neither), ``bytes`` (elements x element_bytes: what
+        the rank all-reduced), ``backward_ops_after`` (backward's autograd ops that started after the issue).
+
+    Raises:
+        MetricsError: no trace, or a file that is not a Chrome trace.
+    """
+    rows = []
+    for rank, path in trace_files(run_dir).items():
+        rows += _rank_launches(rank, _events(path))
+    return pd.DataFrame(rows, columns=LAUNCH_COLUMNS)
+
+
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[list[float]] = []
     for a, b in sorted(intervals):

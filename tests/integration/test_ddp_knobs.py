@@ -34,7 +34,9 @@ def ranks(tmp_path_factory):
 def test_rank_0_prints_a_summary_of_every_lesson_and_where_the_json_is(ranks):
     log = ranks[0]["output_log"]
     for line in ["rank 0 of 2, torch", "buckets: all-reduces per step by bucket_cap_mb (MiB): None (default): 2, 25: 1",
-                 "bucket_view: gradient_as_bucket_view=False/True: grads inside a bucket 0 of 16 / 16 of 16",
+                 "bucket_view: gradient_as_bucket_view=False / True / True with zero_grad(set_to_none=False): grads "
+                 "inside a bucket 0 of 16 / 16 of 16 / 16 of 16", "copies into / out of buckets per backward 16 / 16, "
+                 "16 / 0, 0 / 0",
                  "static_graph: True vs False: the same losses", "fp16_compress_hook: 921602 (float16",
                  "head_b returned, not in the loss: fails at step 2", "ddp_knobs_rank<RANK>.json",
                  "expect DDP's warning (once per rank) that find_unused_parameters=True found no unused parameters"]:
@@ -56,18 +58,36 @@ def test_smaller_buckets_mean_more_allreduces_per_step(ranks):
             assert row["all_reduce_calls_first_step"] == 1 and len(row["bucket_numels_first_step"]) == 1, \
                 "step 1: one bucket of everything, before DDP rebuilds its buckets in gradient-ready order"
         assert rows["None (default)"]["bucket_numels"] == rows["1"]["bucket_numels"] != rows["25"]["bucket_numels"]
+        # Exactly as notebook 10 derives them: 7 Linear(256, 256) (65536 + 256 elements each) and the head (256 + 1),
+        # in backward's order (the head first), a bucket closed once it reaches its cap.
+        layer, head = 65536 + 256, 257
+        assert rows["0.25"]["bucket_numels"] == rows["0.05"]["bucket_numels"] == [head + layer] + [layer] * 6
+        assert rows["1"]["bucket_numels"] == [head + 4 * layer, 3 * layer] and rows["25"]["bucket_numels"] == [
+            head + 7 * layer]
+        assert rows["1"]["param_numels"] == [65536, 256] * 7 + [256, 1], "model.parameters() order"
         assert len({row["loss_last"] for row in rows.values()}) == 1, "bucketing changes nothing in the math"
 
 
 def test_gradient_as_bucket_view_aliases_the_buckets_and_halves_gradient_storage(ranks):
     for r in ranks:
         off, on = r["bucket_view"]["False"], r["bucket_view"]["True"]
+        kept = r["bucket_view"]["True, zero_grad(set_to_none=False)"]
         n = off["param_tensors"]
-        assert (off["grads_inside_a_bucket"], on["grads_inside_a_bucket"]) == (0, n)
+        assert (off["grads_inside_a_bucket"], on["grads_inside_a_bucket"], kept["grads_inside_a_bucket"]) == (0, n, n)
         assert (off["grad_storages"], on["grad_storages"]) == (n, on["buckets"])
         assert off["grad_and_bucket_storage_bytes"] == off["grad_bytes"] + off["bucket_bytes"] == 2 * on["grad_bytes"]
         assert on["grad_and_bucket_storage_bytes"] == on["grad_bytes"] == on["bucket_bytes"]
-        assert off["losses"] == on["losses"]
+        assert off["losses"] == on["losses"] == kept["losses"]
+
+
+def test_gradient_as_bucket_view_saves_one_copy_and_zero_grad_without_none_saves_the_other(ranks):
+    """Issue 26: "no copies" was wrong. Counted in a backward (TorchDispatchMode, copy_ and mul.out between a .grad and
+    a bucket): without views in and out; with views and zero_grad's default set_to_none=True, in once; with views
+    and set_to_none=False, none (backward accumulates into the bucket)."""
+    for r in ranks:
+        copies = {label: (v["copies_into_buckets"], v["copies_out_of_buckets"])
+                  for label, v in r["bucket_view"].items()}
+        assert copies == {"False": (16, 16), "True": (16, 0), "True, zero_grad(set_to_none=False)": (0, 0)}, copies
 
 
 def test_static_graph_trains_identically(ranks):
@@ -75,6 +95,9 @@ def test_static_graph_trains_identically(ranks):
         s = r["static_graph"]
         assert s["True"]["losses"] == s["False"]["losses"] and s["max_param_diff"] == 0.0
         assert s["True"]["all_reduce_calls_per_step"] == s["False"]["all_reduce_calls_per_step"] == 2
+        assert s["True"]["all_reduce_calls_first_step"] == s["False"]["all_reduce_calls_first_step"] == 1, \
+            "step 1: one bucket either way (static_graph all-reduces it after backward, DDP after the last gradient)"
+        assert s["True"]["bucket_numels"] == s["False"]["bucket_numels"]
 
 
 def test_compression_hooks_halve_the_bytes_and_stay_close_to_fp32(ranks):
@@ -102,11 +125,14 @@ def test_a_returned_but_unused_head_fails_plain_and_static_graph_ddp_and_the_fix
         static = v["static_graph=True, head_b returned, not in the loss"]
         assert (plain["ok"], plain["failed_at_step"]) == (False, 2) and expected in plain["error"]
         assert "parameters that were not used in producing loss" in plain["error"]
-        # static_graph gets one step further, and blames a graph that did not change
+        # static_graph gets one step further; for DDP the graph did change: head_b's hooks fired in step 1 only (an
+        # undefined gradient through _DDPSink, .grad stays None), find_unused_parameters=True's in every step
         assert (static["ok"], static["failed_at_step"]) == (False, 3) and expected in static["error"]
         assert "training graph has changed" in static["error"]
-        assert plain["head_b_grad"] == ["none"] and static["head_b_grad"] == ["none", "none"], \
-            "head_b got no gradient in any step: the graph did not change"
+        assert plain["head_b_grad"] == ["none"] and static["head_b_grad"] == ["none", "none"]
+        found = v["find_unused_parameters=True, head_b returned, not in the loss"]
+        assert [u["head_b_hooks_fired_in_steps"] for u in (plain, static, found)] == [[], [1], list(range(1, 9))]
+        assert v["static_graph=True, head_b computed, not returned"]["head_b_hooks_fired_in_steps"] == []
         for label in ("find_unused_parameters=True, head_b returned, not in the loss",
                       "static_graph=True, head_b computed, not returned"):
             assert v[label]["ok"] and v[label]["trunk_max_param_diff_vs_reference"] == 0.0, label

@@ -61,6 +61,26 @@ def test_dataloader_bench_one_knob_at_a_time_counts_worker_starts_prefetch_and_p
         assert [row["batches_requested_at_start"] for row in rows.values()] == [0, 4, 4, 8, 4], "prefetch x workers"
         assert [row["batch_is_pinned"] for row in rows.values()] == [False] * 4 + [torch.cuda.is_available()]
         assert all(row["samples"] == 96 for row in rows.values()), "2 epochs of the rank's 48 samples"
+        assert [row["loading_processes"] for row in rows.values()] == [1, 4, 2, 4, 4], "who loaded: the workers"
+
+
+def test_dataloader_bench_counts_loads_that_overlap_in_time(run_root):
+    """Issue 26: notebooks 02 and 08 assert that workers load in parallel (not that they are faster): from every
+    sample's load times, 1 load at a time without workers, 2 at once with 2 workers (sleeping 5 ms per sample)."""
+    result = run("dataloader_bench", ["--dataset-size", 64, "--batch-size", 4, "--epochs", 1, "--num-workers", 0, 2,
+                                      "--sample-delay-ms", 5], run_root)
+    for r in tl.read_rank_json(result.run_dir, "loader"):
+        rows = [(row["num_workers"], row["persistent_workers"], row["max_concurrent_loads"]) for row in r["rows"]]
+        assert rows == [(0, False, 1), (2, False, 2), (2, True, 2)], rows
+        assert all(row["first_batch_s"] > 0 for row in r["rows"])
+
+
+def test_max_concurrent_loads_counts_only_loads_in_progress_at_one_instant():
+    bench = tl.import_script(SCRIPTS_DIR / "dataloader_bench.py")
+    assert bench.max_concurrent([]) == 0
+    assert bench.max_concurrent([(1, 0.0, 1.0), (1, 1.0, 2.0), (1, 2.0, 3.0)]) == 1, "back to back: never two"
+    assert bench.max_concurrent([(1, 0.0, 2.0), (2, 1.0, 3.0)]) == 2
+    assert bench.max_concurrent([(1, 0.0, 9.0), (2, 1.0, 2.0), (3, 1.5, 2.5), (2, 3.0, 4.0)]) == 3
 
 
 @pytest.mark.parametrize("mode, per_step", [("every_micro_step", 3), ("no_sync", 1)])

@@ -109,6 +109,60 @@ def test_gpu_kernels_take_the_phase_of_the_cpu_interval_that_launched_them(tmp_p
     assert b["overlap_ms"] == pytest.approx(0.3), "the NCCL kernel overlaps the backward GEMM on the GPU (2.5-2.8 ms)"
 
 
+def ddp_step(k, t0, buckets):
+    """One recorded DDP step on gloo (µs from t0) whose backward runs 5 autograd ops, 0-4, 400 µs apart; DDP issues
+    bucket i's all-reduce (``c10d::allreduce_``, with its recorded shape) inside the op of ``buckets[i]``; gloo runs
+    each on its thread before the optimizer; the loss's all-reduce comes after it."""
+    events = [x(f"ProfilerStep#{k}", t0, 9000, cat="user_annotation"),
+              x("DistributedDataParallel.forward", t0, 1000, cat="user_annotation")]
+    events += [x(f"autograd::engine::evaluate_function: Op{i}", t0 + 1000 + 400 * i, 300) for i in range(5)]
+    for i, (op, elements) in enumerate(buckets):
+        issued = t0 + 1000 + 400 * op + 100
+        recorded = {"Input Dims": [[[elements]], [], [], [], [], []],
+                    "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"]}
+        events.append(x("c10d::allreduce_", issued, 50, **recorded))
+        events.append(x("gloo:all_reduce", issued + 60, 2000, tid=GLOO_A + i, cat="user_annotation",
+                        **{"Input Dims": [[elements]], "Input type": ["float"]}))
+    events += [x("Optimizer.step#AdamW.step", t0 + 6000, 500, cat="user_annotation"),
+               x("c10d::allreduce_", t0 + 6600, 50, **{"Input Dims": [[[1]], [], [], [], [], []]}),
+               x("gloo:all_reduce", t0 + 6700, 100, tid=GLOO_A, cat="user_annotation",
+                 **{"Input Dims": [[1]], "Input type": ["float"]})]
+    return events
+
+
+def test_allreduce_launches_say_which_bucket_was_issued_while_backward_still_ran(tmp_path):
+    """Notebook 08's overlap criterion, from the order of events: two buckets (the first issued in op 2 of 0-4) meet
+    it, the same model in one bucket (issued in the last op) is its control and must not."""
+    two = write_traces(tmp_path / "two", {0: ddp_step(2, 1_000_000, [(2, 1000), (4, 500)]),
+                                          1: ddp_step(2, 1_000_000, [(2, 1000), (4, 500)])})
+    one = write_traces(tmp_path / "one", {0: ddp_step(2, 1_000_000, [(4, 1500)])})
+    launches = tl.read_allreduce_launches(two)
+    assert list(launches.columns) == ["rank", "step", "bucket", "issued_ms", "elements", "element_bytes", "bytes",
+                                      "backward_ops_after"]
+    rank0 = launches[launches["rank"] == 0]
+    assert rank0[["step", "bucket", "elements", "bytes", "backward_ops_after"]].values.tolist() == [
+        [3, 0, 1000, 4000, 2], [3, 1, 500, 2000, 0]], "the loss's all-reduce after the optimizer is left out"
+    assert rank0["issued_ms"].tolist() == [1.9, 2.7]
+    control = tl.read_allreduce_launches(one)
+    assert control[["bucket", "elements", "bytes", "backward_ops_after"]].values.tolist() == [[0, 1500, 6000, 0]]
+    assert launches.groupby(["rank", "step"])["bytes"].sum().tolist() == [6000, 6000] == [control["bytes"].sum()] * 2
+
+
+def test_allreduce_launches_read_nccls_dtype_and_say_nan_without_recorded_shapes(tmp_path):
+    t0 = 2_000_000
+    nccl = [x("ProfilerStep#2", t0, 5000, cat="user_annotation"),
+            x("autograd::engine::evaluate_function: Op0", t0 + 1000, 300),
+            x("c10d::allreduce_", t0 + 1100, 80, **{"Input Dims": [[[8, 4], [3]]]}),
+            x("record_param_comms", t0 + 1110, 50, **{"Collective name": "allreduce", "dtype": "BFloat16"}),
+            x("autograd::engine::evaluate_function: Op1", t0 + 1400, 300),
+            x("Optimizer.step#AdamW.step", t0 + 3000, 500, cat="user_annotation")]
+    bare = [x("ProfilerStep#2", t0, 5000, cat="user_annotation"), x("c10d::allreduce_", t0 + 1100, 80)]
+    row = tl.read_allreduce_launches(write_traces(tmp_path / "nccl", {0: nccl})).iloc[0]
+    assert (row["elements"], row["element_bytes"], row["bytes"], row["backward_ops_after"]) == (35, 2, 70, 1)
+    row = tl.read_allreduce_launches(write_traces(tmp_path / "bare", {0: bare})).iloc[0]
+    assert row[["elements", "element_bytes", "bytes"]].isna().all(), "no shapes recorded: unknown, not 0"
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "no trace_rank\\*.json .* --profile-steps N"),
     ("{not json", "cannot read the profiler trace"),
@@ -168,6 +222,25 @@ def test_two_ranks_trace_ddp_buckets_before_the_optimizer_on_gloo(run_root):
     assert (per_step["all-reduce"] == 2).all(), "two DDP buckets: the output and hidden layers, then the input layer"
     assert (per_step["other collective"] == 1).all(), "the logged loss's all-reduce, after the optimizer"
     assert (iv[iv["phase"] != "other collective"]["where"].str.startswith(("cpu thread", "gloo thread"))).all()
+
+
+@pytest.mark.integration
+def test_two_buckets_are_issued_during_backward_and_one_bucket_is_not(run_root):
+    """The real traces of this torch version: notebook 08's criterion holds for DDP's default buckets, every step on
+    every rank, and fails for --bucket-cap-mb large enough for one bucket; the bytes are the gradients' either way."""
+    args = ["--max-steps", 4, "--profile-steps", 2, "--input-dim", 256, "--hidden-dim", 512, "--dataset-size", 256]
+    runs = {cap: tl.run_script("ddp_train", args + (["--bucket-cap-mb", cap] if cap else []), runs_dir=run_root,
+                               device="cpu", nproc_per_node=2, timeout_s=120) for cap in (None, 1000)}
+    grad_bytes = 4 * (256 * 512 + 512 + 512 * 512 + 512 + 512 * 8 + 8)
+    for cap, result in runs.items():
+        launches = tl.read_allreduce_launches(result.run_dir)
+        per_step = launches.groupby(["rank", "step"])
+        assert sorted(per_step.groups) == [(0, 3), (0, 4), (1, 3), (1, 4)]
+        assert (per_step["bytes"].sum() == grad_bytes).all() and (launches["element_bytes"] == 4).all(), launches
+        first = launches[launches["bucket"] == 0]["backward_ops_after"]
+        assert (per_step.size() == (2 if cap is None else 1)).all(), launches
+        assert (first > 0).all() if cap is None else (first == 0).all(), launches
+        assert (per_step["backward_ops_after"].last() == 0).all(), "the last bucket comes with the last gradient"
 
 
 @pytest.mark.parametrize("line", [

@@ -77,6 +77,7 @@ def test_collectives_check_runs_as_a_world_of_one(tmp_path):
     (["--max-steps", "two"], "invalid int value: 'two'"),
     (["--pg-timeout-s", "0"], "--pg-timeout-s must be > 0"),
     (["--optimizer", "lion"], "invalid choice: 'lion'"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be > 0 (MiB), got 0.0"),
 ])
 def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
     out = run([LESSONS_DIR / "ddp_train.py", *args], tmp_path)

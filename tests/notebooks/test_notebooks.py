@@ -84,6 +84,41 @@ def test_run_workbook_reports_a_failing_notebook_and_exits_non_zero(tmp_path):
     assert not list((tmp_path / "runs").glob("*/command.txt")), "nothing was launched"
 
 
+@pytest.mark.parametrize("flag, hint", [(["-p", "NPROCS", "3"], "did you mean NPROC? "),
+                                        (["-y", "NOT_A_PARAM: 1"], "declared: DEVICE, NPROC, ")])
+def test_run_workbook_refuses_a_parameter_no_notebook_declares_before_running_anything(tmp_path, flag, hint):
+    """Issue 26: a typo (`-p NPROCS 3`) used to get papermill's warning, then "1 passed" with the default NPROC."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--output-dir",
+                           str(tmp_path / "out"), "--only", "00_environment_check", *flag],
+                          capture_output=True, text=True, timeout=300)
+    name = flag[1].split(":")[0]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"parameter {name!r}: no notebook to run declares it; {hint}" in proc.stderr, proc.stderr
+    assert "did you mean" not in proc.stderr or name == "NPROCS", "no close name, no guess"
+    assert not (tmp_path / "out").exists() and "passed" not in proc.stdout, "nothing ran"
+
+
+def test_a_parameter_declared_by_one_notebook_of_the_batch_is_accepted(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from run_workbook import undeclared_parameters
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    paths = []
+    for name, params in [("01_a", "NPROC = None"), ("02_b", "NPROC = None\nMAX_STEPS = 3")]:
+        nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                               "language": "python"}})
+        nb.cells = [nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]})]
+        nbformat.write(nb, tmp_path / f"{name}.ipynb")
+        paths.append(tmp_path / f"{name}.ipynb")
+    assert undeclared_parameters({"NPROC": 2, "MAX_STEPS": 5}, paths) == [], "MAX_STEPS: 02_b declares it"
+    assert undeclared_parameters({"MAX_STEPS": 5, "MAX_STEP": 5}, paths[:1]) == [
+        "parameter 'MAX_STEPS': no notebook to run declares it; declared: NPROC",
+        "parameter 'MAX_STEP': no notebook to run declares it; declared: NPROC"]
+    assert undeclared_parameters({"MAX_STEP": 5}, paths) == [
+        "parameter 'MAX_STEP': no notebook to run declares it; did you mean MAX_STEPS? declared: MAX_STEPS, NPROC"]
+
+
 def test_run_workbook_passes_none_as_none_like_papermill(tmp_path):
     """Issue 17's input 2: `-p NPROC None` used to reach the notebook as the string 'None' and fail."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--output-dir", str(tmp_path),

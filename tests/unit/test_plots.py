@@ -76,3 +76,36 @@ def test_a_run_without_memory_columns_or_samples_still_draws_with_visible_points
     loss_ax, mem_ax = fig.axes
     assert all(line.get_marker() == "o" for line in loss_ax.get_lines())
     assert mem_ax.get_title() == "memory per rank (no memory data)"
+
+
+def test_mesh_plot_puts_each_rank_at_its_coordinate_and_colours_one_shard_alike():
+    """Notebook 09's 2 x 2 mesh: who holds which shard, which group runs which collective."""
+    ranks = pd.DataFrame({"rank": [0, 1, 2, 3], "mesh_coordinate": [(0, 0), (0, 1), (1, 0), (1, 1)],
+                          "holds": ["rows 0-31", "rows 32-63"] * 2})
+    ax = tl.plot_mesh(ranks, "all-gather, reduce-scatter", "all-reduce").axes[0]
+    boxes = {(round(p.get_y()), round(p.get_x())): p.get_facecolor() for p in ax.patches}
+    assert set(boxes) == {(0, 0), (0, 1), (1, 0), (1, 1)}, "one box per rank at (row, column)"
+    assert boxes[(0, 0)] == boxes[(1, 0)] != boxes[(0, 1)] == boxes[(1, 1)], "a column (one shard) shares a colour"
+    at = {t.get_text(): t.get_position() for t in ax.texts}
+    assert at["rank 3\nrows 32-63"] == (1.5, 1.5) and at["rank 1\nrows 32-63"] == (1.5, 0.5)
+    assert [t for t in at if t.startswith("shard group")] == ["shard group 0:\nall-gather, reduce-scatter",
+                                                              "shard group 1:\nall-gather, reduce-scatter"]
+    assert [t for t in at if t.startswith("replicate group")] == ["replicate group 0:\nall-reduce",
+                                                                  "replicate group 1:\nall-reduce"]
+    assert ax.yaxis_inverted(), "row 0 on top, as the mesh prints"
+    with pytest.raises(ValueError, match="two ranks at one mesh coordinate"):
+        tl.plot_mesh(ranks.assign(mesh_coordinate=[(0, 0)] * 4))
+
+
+def test_reshard_tradeoff_plot_draws_held_bytes_and_all_gathers_stacked_by_group_size():
+    table = pd.DataFrame({"held_bytes": [200 * 1024, 100 * 1024, 400 * 1024, 200 * 1024],
+                          "all_gathers": [{"4": 7}, {"4": 8}, {"4": 4}, {"2": 4, "4": 4}]},
+                         index=["default (None)", "True", "False", "2"])
+    held, gathers = tl.plot_reshard_tradeoff(table, unsharded_bytes=400 * 1024).axes
+    assert [p.get_height() for p in held.patches] == [200, 100, 400, 200], "KiB held between forward and backward"
+    assert [t.get_text() for t in held.get_xticklabels()] == ["default (None)", "True", "False", "2"]
+    assert list(held.get_lines()[0].get_ydata()) == [400, 400], "the unsharded model, dashed"
+    bars = [(p.get_x() + p.get_width() / 2, p.get_y(), p.get_height()) for p in gathers.patches]
+    assert bars == [(0, 0, 7), (1, 0, 8), (2, 0, 4), (3, 0, 4),  # groups of 4 first, at the bottom
+                    (0, 7, 0), (1, 8, 0), (2, 4, 0), (3, 4, 4)], bars  # the int's backward all-gathers in pairs
+    assert [t.get_text() for t in gathers.get_legend().get_texts()] == ["in groups of 4 ranks", "in groups of 2 ranks"]

@@ -118,8 +118,9 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
     * one node, no restarts: static (``--master-addr``/``--master-port``);
     * one node with ``max_restarts > 0``: ``c10d`` on ``127.0.0.1:master_port``. The static rendezvous
       hands every attempt the same store keys, so a restarted group read the dead attempt's gloo
-      addresses ("Gloo connectFullMesh failed ... Connection refused") or hung; c10d starts each
-      attempt in a fresh round (torch 2.13, measured);
+      addresses ("Gloo connectFullMesh failed ... Connection refused") or hung (torch 2.8 and 2.13: 1 and 2
+      of 5 restarts recovered); c10d starts each attempt in a fresh round, with
+      ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (``build_env``; pytorch/pytorch#135712);
     * ``nnodes > 1``: every agent joins the ``c10d`` rendezvous at ``127.0.0.1:master_port`` as a client
       (``is_host=false``: the launcher hosts that store, so it outlives every agent) and waits at most
       ``rendezvous_timeout_s`` for the others (``join_timeout``); node ranks follow arrival order.

@@ -16,7 +16,11 @@ accelerator the DataLoader warns and pins nothing). Every rank reads its own sha
 Besides the speed, each row counts what the knobs do, in the training process: ``worker_starts`` (worker
 processes started over all epochs, by ``worker_init_fn``), ``batches_requested_at_start`` (batches whose
 indices the loader had sent to its workers when ``iter(loader)`` returned, in epoch 0: ``prefetch_factor``
-per worker) and ``batch_is_pinned`` (the first batch's ``is_pinned()``).
+per worker), ``batch_is_pinned`` (the first batch's ``is_pinned()``), and from the moments every sample's load
+began and ended (each sample carries them, read from the machine-wide monotonic clock): ``max_concurrent_loads``
+(the most loads in progress at one instant: 1 without workers, up to ``num_workers`` with them) and
+``loading_processes`` (the processes that loaded samples). ``first_batch_s`` is the time from ``iter(loader)`` to
+the first batch in epoch 0 (with workers: starting them, and one worker loading a whole batch).
 Writes ``<metrics-dir>/loader_rank<RANK>.json``. Only torch and the standard library.
 """
 
@@ -70,8 +74,11 @@ class SlowDataset(Dataset):
         return self.size
 
     def __getitem__(self, i):
+        started = time.monotonic()
         time.sleep(self.delay_s)  # stands in for reading and decoding one sample
-        return torch.full((self.features,), float(i))
+        # The sample, and when and where it was loaded (the workbook's measurement: loads that overlap in time).
+        return torch.full((self.features,), float(i)), torch.tensor([os.getpid(), started, time.monotonic()],
+                                                                    dtype=torch.float64)
 
 
 class CountingSampler(DistributedSampler):
@@ -118,7 +125,7 @@ def measure(config, dataset, sampler, args, device):
     starts = multiprocessing.Value("i", 0)  # shared with the workers: each adds 1 when it starts
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
                         worker_init_fn=functools.partial(count_worker_start, starts), **config)
-    samples, requested_at_start, pinned = 0, 0, None
+    samples, requested_at_start, pinned, loads, first_batch_s = 0, 0, None, [], None
     start = time.perf_counter()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -126,17 +133,31 @@ def measure(config, dataset, sampler, args, device):
         batches = iter(loader)  # with workers: starts them (unless persistent) and sends out the first index batches
         if epoch == 0:
             requested_at_start = -(-sampler.drawn // args.batch_size)
-        for batch in batches:
+        for batch, load in batches:
+            first_batch_s = time.perf_counter() - start if first_batch_s is None else first_batch_s
             pinned = batch.is_pinned() if pinned is None else pinned
             batch = batch.to(device, non_blocking=config["pin_memory"])
             samples += batch.shape[0]
+            loads += load.tolist()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     del batches, loader  # stops persistent workers: every worker has run worker_init_fn before it is joined
     return {**config, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
-            "worker_starts": starts.value, "batches_requested_at_start": requested_at_start,
-            "batch_is_pinned": bool(pinned)}
+            "first_batch_s": first_batch_s, "worker_starts": starts.value,
+            "batches_requested_at_start": requested_at_start, "batch_is_pinned": bool(pinned),
+            "max_concurrent_loads": max_concurrent(loads), "loading_processes": len({pid for pid, _, _ in loads})}
+
+
+def max_concurrent(loads):
+    """The most loads in progress at one instant, from (pid, start, end) triples: a sweep over the start and end
+    moments (an end before a start at the same moment: touching loads do not overlap)."""
+    moments = sorted([(end, -1) for _, _, end in loads] + [(begin, 1) for _, begin, _ in loads])
+    running = most = 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    return most
 
 
 def setup(args):

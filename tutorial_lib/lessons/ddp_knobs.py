@@ -12,18 +12,25 @@ What it shows (each variant builds the same model again, from the same seed, and
       with backward, more per-call latency). A bucket holds whole tensors. The default, ``bucket_cap_mb=None``, is
       25 MiB except for the first bucket (1 MiB): not the same buckets as an explicit 25.
     * bucket_view: ``gradient_as_bucket_view=True`` makes every ``param.grad`` a view into its bucket, so the
-      gradients are not held twice (once in ``.grad``, once in the bucket); the training is the same.
+      gradients are not held twice (once in ``.grad``, once in the bucket); the training is the same. The copies
+      are counted: without it each gradient is copied into its bucket and back; with it, after
+      ``zero_grad(set_to_none=True)`` (the default) each new ``.grad`` is still copied in once (and then becomes the
+      view), after ``zero_grad(set_to_none=False)`` backward accumulates straight into the bucket: no copy.
     * static_graph: ``static_graph=True`` tells DDP the set of used parameters and the graph do not change between
-      iterations; the losses are the same as without it (bitwise on 2 ranks; on 3 or more, within float rounding:
-      an element's 3+ gradients are added in an order that depends on where the buckets put it).
+      iterations. In iteration 1 DDP then only records which gradient hooks fire and all-reduces every bucket after
+      backward (a callback ``_DDPSink`` queues); later iterations are the same as without it, and so are the losses
+      (bitwise on 2 ranks; on 3 or more, within float rounding: an element's 3+ gradients are added in an order
+      that depends on where the buckets put it).
     * comm_hook: ``register_comm_hook`` replaces DDP's all-reduce of a bucket. ``fp16_compress_hook`` casts the
       bucket to fp16, all-reduces that and casts back: half the bytes per step, gradients rounded (the loss stays
       close, not equal). ``bf16_compress_hook`` does the same in bf16, but DDP accepts it only on a CUDA build of
       torch with NCCL 2.10+ (a CPU build refuses it); the hand-written ``bf16_hook`` below works anywhere.
     * unused_head: a second head whose output the forward returns but the loss leaves out gets no gradient.
-      Plain DDP fails at the next forward (step 2); ``static_graph=True`` fails at step 3, saying the graph changed
-      (it did not); ``find_unused_parameters=True`` trains, and so does not returning the head, or putting it in
-      the loss (torch 2.8 and 2.13 alike).
+      Plain DDP fails at the next forward (step 2). ``static_graph=True`` fails at step 3, saying the graph changed,
+      and for DDP it did: in iteration 1 every returned output runs through ``_DDPSink``, whose backward sends an
+      undefined gradient into head_b, so head_b's gradient hooks fired in step 1 and never after.
+      ``find_unused_parameters=True`` trains through the same mechanism (``_DDPSink`` in every iteration), and so
+      does not returning the head, or putting it in the loss (torch 2.8 and 2.13 alike).
 
 All-reduces are counted with torch.profiler (each is one ``c10d::allreduce_`` op, whatever the backend) in one step;
 the bytes and dtype of every tensor handed to an all-reduce are read with a ``TorchDispatchMode`` in the next. Failures of a variant are
@@ -138,7 +145,7 @@ def batch(args, rank, step, device):
     return x.to(device), x[:, :1].sin().to(device)
 
 
-def train_step(model, optimizer, args, rank, step, device, head_b_in_loss=False, inspect=None):
+def train_step(model, optimizer, args, rank, step, device, head_b_in_loss=False, inspect=None, set_to_none=True):
     x, y = batch(args, rank, step, device)
     a, b = model(x)
     loss = (a - y).pow(2).mean()
@@ -148,7 +155,7 @@ def train_step(model, optimizer, args, rank, step, device, head_b_in_loss=False,
     if inspect is not None:
         inspect(model)  # look at the gradients before the optimizer uses and zero_grad drops them
     optimizer.step()
-    optimizer.zero_grad()
+    optimizer.zero_grad(set_to_none=set_to_none)  # True (the default): the next backward makes new .grad tensors
     return loss
 
 
@@ -196,6 +203,7 @@ def lesson_buckets(args, rank, device):
                     "bucket_numels": buckets.numels_in_step[3],
                     "buckets_per_step": buckets.calls_in_step[3],  # what the hook saw, against the profiler's count
                     "param_tensors": len(list(model.parameters())),
+                    "param_numels": [p.numel() for p in model.parameters()],  # model.parameters() order
                     "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                     "loss_last": losses[-1], "step_time_s": step_time_s})
     return out
@@ -203,21 +211,26 @@ def lesson_buckets(args, rank, device):
 
 def lesson_bucket_view(args, rank, device):
     out = {}
-    for view in (False, True):
+    for label, view, set_to_none in [("False", False, True), ("True", True, True),
+                                     ("True, zero_grad(set_to_none=False)", True, False)]:
         model = build(args, device, gradient_as_bucket_view=view)
         buckets = BucketRecorder()
         model.register_comm_hook(buckets, buckets.hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        losses = [train_step(model, optimizer, args, rank, step, device).item() for step in (1, 2)]
+        losses = [train_step(model, optimizer, args, rank, step, device, set_to_none=set_to_none).item()
+                  for step in (1, 2)]
         x, y = batch(args, rank, 3, device)  # step 3's backward; the gradients are looked at before zero_grad
         allocated_before = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
-        (model(x)[0] - y).pow(2).mean().backward()
+        with _TensorCopies() as copies:  # which copies DDP makes between .grad and its buckets
+            (model(x)[0] - y).pow(2).mean().backward()
         grads = [p.grad for p in model.parameters()]
         ranges = buckets.buffer_ranges  # (data_ptr, nbytes) of every bucket of the last backward
         inside = [any(start <= g.data_ptr() < start + size for start, size in ranges) for g in grads]
         storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}
-        out[str(view)] = {
-            "gradient_as_bucket_view": view, "param_tensors": len(grads),
+        into, out_of = copies.between(ranges)
+        out[label] = {
+            "gradient_as_bucket_view": view, "zero_grad_set_to_none": set_to_none, "param_tensors": len(grads),
+            "copies_into_buckets": into, "copies_out_of_buckets": out_of,  # tensors copied in step 3's backward
             "grads_inside_a_bucket": sum(inside),  # param.grad.data_ptr() lies in a bucket's buffer
             "grad_storages": len(storages), "buckets": len(ranges),
             "grad_bytes": sum(g.numel() * g.element_size() for g in grads),
@@ -236,9 +249,12 @@ def lesson_static_graph(args, rank, device):
     out, models = {}, {}
     for static in (False, True):
         models[static] = build(args, device, static_graph=static)
+        buckets = BucketRecorder()
+        models[static].register_comm_hook(buckets, buckets.hook)  # DDP's plain all-reduce, each bucket noted
         losses, counts, step_time_s = train(models[static], args, rank, device)
         out[str(static)] = {"static_graph": static, "losses": losses, "all_reduce_calls_per_step": counts["all_reduce"],
-                            "step_time_s": step_time_s}
+                            "all_reduce_calls_first_step": buckets.calls_in_step[1],
+                            "bucket_numels": buckets.numels_in_step[3], "step_time_s": step_time_s}
     out["max_param_diff"] = param_diff(models[False], models[True])
     return out
 
@@ -297,7 +313,11 @@ def lesson_unused_head(args, rank, device):
         model = build(args, device, head_b=mode, **kwargs)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         row = {"head_b": mode, "ddp_kwargs": kwargs, "ok": True, "failed_at_step": None, "error": None, "losses": [],
-               "head_b_grad": []}  # per step: "none" (no gradient), "zero" (all zeros) or "nonzero"
+               "head_b_grad": [],  # per step: "none" (no gradient), "zero" (all zeros) or "nonzero"
+               "head_b_hooks_fired_in_steps": []}  # steps whose backward ran head_b's AccumulateGrad (DDP's hook)
+        step = 0
+        if model.module.head_b is not None:
+            watch_accumulate_grad(model.module.head_b.weight, lambda: row["head_b_hooks_fired_in_steps"].append(step))
         for step in range(1, args.max_steps + 1):
             try:
                 row["losses"].append(train_step(model, optimizer, args, rank, step, device, mode == "in_loss",
@@ -315,6 +335,13 @@ def lesson_unused_head(args, rank, device):
         out[label] = row
         dist.barrier()  # every rank is done with this variant before the next one starts
     return out
+
+
+def watch_accumulate_grad(param, callback):
+    """Call ``callback()`` whenever backward runs ``param``'s AccumulateGrad node, the node DDP hooks to learn that a
+    gradient is ready; it runs also for an undefined gradient (``param.grad`` then stays None)."""
+    node = param.view_as(param).grad_fn.next_functions[0][0]  # the AccumulateGrad node DDP's reducer holds too
+    node.register_hook(lambda grad_inputs, grad_outputs: callback())
 
 
 def head_b_grad(model):
@@ -374,12 +401,14 @@ def summary_lines(result):
                      f"{rows[0]['all_reduced_bytes_per_step']} bytes per step for every cap; last losses "
                      + ", ".join(sorted({f"{row['loss_last']:.9g}" for row in rows})))
     if "bucket_view" in result:
-        lines.append("bucket_view: gradient_as_bucket_view=False/True: grads inside a bucket "
-                     + " / ".join(f"{v['grads_inside_a_bucket']} of {v['param_tensors']}"
-                                  for v in result["bucket_view"].values())
+        views = result["bucket_view"].values()
+        lines.append("bucket_view: gradient_as_bucket_view=False / True / True with zero_grad(set_to_none=False): "
+                     "grads inside a bucket " + " / ".join(f"{v['grads_inside_a_bucket']} of {v['param_tensors']}"
+                                                           for v in views)
                      + "; gradient + bucket storage "
-                     + " / ".join(f"{v['grad_and_bucket_storage_bytes']}" for v in result["bucket_view"].values())
-                     + " bytes")
+                     + " / ".join(f"{v['grad_and_bucket_storage_bytes']}" for v in views)
+                     + " bytes; copies into / out of buckets per backward "
+                     + ", ".join(f"{v['copies_into_buckets']} / {v['copies_out_of_buckets']}" for v in views))
     if "static_graph" in result:
         s = result["static_graph"]
         same = "the same" if s["True"]["losses"] == s["False"]["losses"] else "not bitwise the same"
@@ -434,6 +463,31 @@ class _CollectiveBytes(TorchDispatchMode):
         if func.__name__.startswith("allreduce_") and func.namespace == "c10d":
             self.tensors += [(str(t.dtype).replace("torch.", ""), t.numel() * t.element_size()) for t in args[0]]
         return func(*args, **(kwargs or {}))
+
+
+class _TensorCopies(TorchDispatchMode):
+    """Notes every copy between two tensors dispatched while active (``copy_``, and ``mul.out`` with which DDP's
+    reducer divides while it copies): (destination data_ptr, source data_ptr). ``between(ranges)`` counts the copies
+    into and out of the given buffers (DDP's buckets): ``(into, out_of)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.__name__ == "copy_.default":
+            self.copies.append((args[0].data_ptr(), args[1].data_ptr()))
+        elif func.__name__ == "mul.out" and torch.is_tensor(args[0]):
+            self.copies.append((kwargs["out"].data_ptr(), args[0].data_ptr()))
+        return func(*args, **kwargs)
+
+    def between(self, ranges):
+        def inside(ptr):
+            return any(start <= ptr < start + size for start, size in ranges)
+        into = sum(inside(dst) and not inside(src) for dst, src in self.copies)
+        out_of = sum(inside(src) and not inside(dst) for dst, src in self.copies)
+        return into, out_of
 
 
 @contextlib.contextmanager

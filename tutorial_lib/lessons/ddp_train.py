@@ -78,6 +78,9 @@ def parse_args(argv=None):
                    help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range)")
     p.add_argument("--clip-grad-norm", type=float, default=0.0,
                    help="clip the global gradient L2 norm to this value (0: no clipping)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb: the largest gradient bucket it all-reduces at once (MiB); default: "
+                        "DDP's own (25 MiB, the first bucket 1 MiB)")
     add_workbook_flags(p)
     return check_args(p, p.parse_args(argv))
 
@@ -170,7 +173,9 @@ def make_model(args, local_rank, device):
     model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)  # fp32 weights in every precision
     if dist.is_initialized():
         # DDP broadcasts rank 0's parameters, then hooks backward() to all-reduce (average) the gradients.
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        # bucket_cap_mb=None is DDP's default: gradients are all-reduced in buckets of 25 MiB, the first one 1 MiB,
+        # each bucket as soon as all its gradients are ready, while backward goes on (notebooks 08 and 10).
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
     return model
 
 
@@ -209,7 +214,9 @@ def train(args, rank, local_rank, world_size, device):
             # loss is this rank's *local* loss, over its own samples; the global mean needs one more collective.
             loss_global = loss.detach().float().clone()  # a copy: all_reduce works in place
             if dist.is_initialized() and not skips_collective(args, rank, step):  # workbook: skip-collective
-                dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)  # SUM / world_size: gloo has no AVG
+                # SUM, then divide: every backend has SUM (gloo's and NCCL's all_reduce also take ReduceOp.AVG on
+                # torch 2.8 and 2.13; gloo's reduce_scatter AVG sums on 2.8: notebook 09).
+                dist.all_reduce(loss_global, op=dist.ReduceOp.SUM)
                 loss_global /= world_size
             if step % args.log_every == 0 or step == args.max_steps:  # one write per line: ranks never interleave
                 sys.stdout.write(f"step {step}/{args.max_steps} epoch {epoch} loss_local {loss.item():.5f} "
@@ -279,6 +286,8 @@ def check_args(p, args):
     for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "output_dim", "log_every"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.bucket_cap_mb is not None and not args.bucket_cap_mb > 0:
+        p.error(f"--bucket-cap-mb must be > 0 (MiB), got {args.bucket_cap_mb}")
     for name in ("pg_timeout_s", "init_scale", "loss_weight"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -391,6 +400,7 @@ def make_profiler(args, rank, device):
         activities=activities,
         schedule=torch.profiler.schedule(wait=1, warmup=PROFILE_SKIP_STEPS - 1, active=args.profile_steps, repeat=1),
         on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path)),
+        record_shapes=True,  # each all-reduce's tensor shapes and dtype: the bytes it sent (notebook 08)
     )
     profiler.start()
     return profiler
