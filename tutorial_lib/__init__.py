@@ -28,7 +28,10 @@ from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_
 from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
                       summarize_runs)
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
+                    plot_memory_prediction, plot_pipeline_timeline, plot_resume, plot_run, plot_tensor_bytes, plot_timeline,
+                    plot_tradeoff)
+from .pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations,
+                       pipeline_events, replay_slots)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .profiling import overlap_intervals, read_trace_intervals, step_breakdown
 from .scripts import available_scripts, import_script, new_run_dir, show_script, write_script
@@ -47,6 +50,8 @@ __all__ = [
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
     "overlap_intervals", "plot_timeline", "read_trace_intervals", "sdpa_backends", "step_breakdown",
 ]
+__all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "order_violations", "pipeline_events",
+            "plot_pipeline_timeline", "replay_slots"]  # pipeline: what a pipeline's stages did
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # torchrun_logs: what a run's logs say
 __version__ = "0.1.0"
