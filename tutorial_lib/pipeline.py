@@ -77,7 +77,7 @@ def replay_slots(orders: Mapping[int, Sequence[str]], forward_slots: int = 1, ba
         for s in stages:
             while position[s] < len(parsed[s]):
                 kind, mb = parsed[s][position[s]]
-                needs = (s - 1, "F", mb) if kind == "F" and s > 0 else (s + 1, "B", mb) if kind == "B" and s < last else None
+                needs = _dependency(s, kind, mb, last)
                 if needs is not None and needs not in end:
                     break
                 start = max(free[s], end.get(needs, 0))
@@ -90,6 +90,16 @@ def replay_slots(orders: Mapping[int, Sequence[str]], forward_slots: int = 1, ba
             raise ValueError(f"these orders cannot have run: every unfinished stage waits for an action no stage ran "
                              f"before it (stage: next action) {waiting}")
     return pd.DataFrame(rows)
+
+
+def _dependency(stage: int, kind: str, microbatch: int, last: int) -> tuple[int, str, int] | None:
+    """What an action waits for from another stage: a forward, the previous stage's forward of the micro-batch; a
+    backward, the next stage's backward of it (None on the first stage's forwards and the last stage's backwards)."""
+    if kind == "F" and stage > 0:
+        return stage - 1, "F", microbatch
+    if kind == "B" and stage < last:
+        return stage + 1, "B", microbatch
+    return None
 
 
 def _parse(action: str, stage: int) -> tuple[str, int]:
@@ -124,7 +134,7 @@ def order_violations(events: pd.DataFrame) -> list[str]:
     last = events["stage"].max()
     found = []
     for (stage, action, mb), r in at.items():
-        other = (stage - 1, "F", mb) if action == "F" and stage > 0 else (stage + 1, "B", mb) if action == "B" and stage < last else None
+        other = _dependency(stage, action, mb, last)
         if other in at and r.start_ms < at[other].end_ms:
             found.append(f"stage {stage} {action}{mb} started at {r.start_ms:.3f} ms, before stage {other[0]} "
                          f"{other[1]}{mb} ended at {at[other].end_ms:.3f} ms")

@@ -45,7 +45,8 @@ def parse_args(argv=None):
                    help="tokens per sequence of the attention (count; divisible by 2 x the number of ranks)")
     p.add_argument("--n-heads", type=int, default=8, help="attention heads (count)")
     p.add_argument("--head-dim", type=int, default=64, help="features per head (count)")
-    p.add_argument("--matmul-size", type=int, default=4096, help="M = N = K of the float8 matmul (count, a multiple of 16)")
+    p.add_argument("--matmul-size", type=int, default=4096,
+                   help="M = N = K of the float8 matmul (count, a multiple of 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic tensors")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu (where both lessons say why they "
@@ -71,7 +72,9 @@ def parse_args(argv=None):
 
 
 def setup(args):
-    """Join the process group (a world of one over an in-memory store without torchrun); return (rank, world, device)."""
+    """Join the process group (a world of one over an in-memory store without torchrun).
+
+    Returns: (rank, world size, device)."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")

@@ -78,7 +78,9 @@ def parse_args(argv=None):
 
 
 def setup(args):
-    """Join the process group (a world of one over an in-memory store without torchrun); return (rank, world, device)."""
+    """Join the process group (a world of one over an in-memory store without torchrun).
+
+    Returns: (rank, world size, device)."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -90,11 +92,15 @@ def setup(args):
         dist.init_process_group(backend=backend, timeout=timeout)
     else:  # a pipeline stage talks through a process group, even alone
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    if dist.get_world_size() > 2:
-        raise ValueError(f"pipeline_parallel.py splits seed 000's model into its two halves: 2 stages, so WORLD_SIZE "
-                         f"must be 2 (or 1: both halves in one stage), got {dist.get_world_size()}; use "
-                         f"torchrun --nproc-per-node 2")
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def check_world(world_size):
+    """Raises ValueError naming WORLD_SIZE unless it is 1 or 2: the model has two halves, so two stages at most."""
+    if world_size > 2:
+        raise ValueError(f"pipeline_parallel.py splits seed 000's model into its two halves: 2 stages, so WORLD_SIZE "
+                         f"must be 2 (or 1: both halves in one stage), got {world_size}; use "
+                         f"torchrun --nproc-per-node 2")
 
 
 class TwoHalves(nn.Module):
@@ -319,7 +325,8 @@ def compare_with_unsplit(run, reference, names):
     diffs = {n: (run["grads"][n] - reference[n]).abs().max().item() for n in names}
     norm = sum(run["grads"][n].norm().item() ** 2 for n in names) ** 0.5
     ref_norm = sum(reference[n].norm().item() ** 2 for n in names) ** 0.5
-    return {"grad_max_abs_diff": max(diffs.values()), "grad_max_abs": max(reference[n].abs().max().item() for n in names),
+    return {"grad_max_abs_diff": max(diffs.values()),
+            "grad_max_abs": max(reference[n].abs().max().item() for n in names),
             "grad_norm_ratio": norm / ref_norm}
 
 
@@ -329,6 +336,7 @@ def main():
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # torch.profiler: quiet on start and stop (2.13), no GPU (2.8)
     rank, world_size, device = setup(args)
     try:
+        check_world(world_size)
         model = build(args, device)  # the unsplit model: loss and gradients every configuration must give
         x, y = batch(args, device)
         ref_loss = F.mse_loss(model(x), y)
@@ -343,7 +351,8 @@ def main():
                     continue  # one micro-batch is the same for every schedule: run once
                 done_by_hand = done_by_hand or (n_micro == 1 and world_size > 1)
                 run = run_configuration(args, rank, world_size, device, schedule_name, n_micro)
-                runs.append({**{k: v for k, v in run.items() if k != "grads"}, **compare_with_unsplit(run, reference, names)})
+                runs.append({**{k: v for k, v in run.items() if k != "grads"},
+                             **compare_with_unsplit(run, reference, names)})
         control = run_configuration(args, rank, world_size, device, args.schedules[0], max(args.microbatches),
                                     scale_grads=False)  # gradients summed over micro-batches, not averaged
         result = {"rank": rank, "world_size": world_size, "stage": rank, "num_stages": world_size,

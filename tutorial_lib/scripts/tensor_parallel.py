@@ -62,7 +62,8 @@ def parse_args(argv=None):
                    help="what to run, in this order (2d needs an even world of at least 4 ranks)")
     p.add_argument("--vocab-size", type=int, default=128, help="vocabulary size (count; divisible by the tp size)")
     p.add_argument("--dim", type=int, default=64, help="model width (count)")
-    p.add_argument("--n-heads", type=int, default=4, help="attention heads (count; divisible by the tp size)")
+    p.add_argument("--n-heads", type=int, default=8,
+                   help="attention heads (count; divisible by the tp size: 8 fits 1, 2, 4 and 8 ranks)")
     p.add_argument("--n-layers", type=int, default=2, help="transformer blocks of the model lessons (count)")
     p.add_argument("--seq-len", type=int, default=16, help="tokens per sequence (count; divisible by the tp size)")
     p.add_argument("--batch-size", type=int, default=4,
@@ -106,14 +107,17 @@ def check_world(args, world_size):
         raise ValueError(f"--lessons 2d needs an even world of at least 4 ranks (a (WORLD_SIZE // 2, 2) mesh), got "
                          f"WORLD_SIZE={world_size}; run it with torchrun --nproc-per-node 4")
     for tp in sizes:
-        for flag, value in (("--n-heads", args.n_heads), ("--vocab-size", args.vocab_size), ("--seq-len", args.seq_len)):
+        for flag, value in (("--n-heads", args.n_heads), ("--vocab-size", args.vocab_size),
+                            ("--seq-len", args.seq_len)):
             if value % tp:
                 raise ValueError(f"{flag} {value} is not divisible by the tensor-parallel size {tp}: every rank must "
                                  f"hold whole heads, an equal slice of the vocabulary and of the sequence")
 
 
 def setup(args):
-    """Join the process group (a world of one over an in-memory store without torchrun); return (rank, world, device)."""
+    """Join the process group (a world of one over an in-memory store without torchrun).
+
+    Returns: (rank, world size, device)."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -397,7 +401,8 @@ def run_block(block, x):
         y = block(x)
     with count_collectives() as backward:
         (y.float().pow(2).sum() / 2).backward()
-    return {"output": y.detach(), "input_grad": x.grad, "grads": {n: whole(p.grad) for n, p in block.named_parameters()},
+    return {"output": y.detach(), "input_grad": x.grad,
+            "grads": {n: whole(p.grad) for n, p in block.named_parameters()},
             "forward": forward, "backward": backward, "activation_bytes": dict(saved.by_module)}
 
 
