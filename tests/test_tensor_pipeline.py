@@ -124,6 +124,16 @@ def test_context_parallel_and_float8_record_why_they_do_not_run_on_cpu_and_leave
     assert F.scaled_dot_product_attention is sdpa and DTensor._op_dispatcher._custom_op_handlers is handlers
 
 
+def test_context_parallel_and_float8_under_torchrun_on_cpu_ranks_say_why_on_every_rank(run_root):
+    ranks = tl.read_rank_json(run("context_parallel_float8", ["--seq-len", 64], run_root).run_dir, "cp_float8")
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    for r in ranks:
+        assert not r["context_parallel"]["ran"] and "for_cpu.default does not have a sharding strategy" in \
+            r["context_parallel"]["reason"]
+        assert r["context_parallel"]["local_shape"] == [2, 8, 32, 64], "each rank held half the sequence when it failed"
+        assert not r["float8"]["ran"] and "this rank runs on cpu" in r["float8"]["reason"]
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("tensor_parallel", ["--lessons", "block", "2d"], "--lessons 2d needs an even world of at least 4 ranks"),
     ("tensor_parallel", ["--dim", 30, "--n-heads", 4], "--n-heads must divide --dim, got --dim 30 --n-heads 4"),

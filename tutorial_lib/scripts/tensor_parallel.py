@@ -238,11 +238,12 @@ def model_plan(n_layers, sequence_parallel=False, vocab_parallel_loss=True):
     return plan
 
 
-def build(module_cls, args, device, *extra):
-    torch.manual_seed(args.seed)  # the same weights on every rank and in the one-process reference
+def build(module_cls, args, device):
+    """A Block or the GPT, from the seed: the same weights on every rank and in the one-process reference."""
+    torch.manual_seed(args.seed)
     if module_cls is GPT:
         return GPT(args.vocab_size, args.dim, args.n_heads, args.n_layers, args.seq_len).to(device)
-    return module_cls(args.dim, args.n_heads, *extra).to(device)
+    return module_cls(args.dim, args.n_heads).to(device)
 
 
 def batch(args, step, device, rows=None):
