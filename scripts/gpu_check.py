@@ -71,6 +71,14 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
                    "FSDP2 with fp16 + GradScaler (CUDA only): a loss_scale and peak_allocated_bytes > 0 every step"),
     "grad_accum": ((), SUCCESS_IS_THE_CHECK),
+    "context_parallel_float8": ((), "context parallelism over nccl: each rank holds 1/N of the sequence, the ring "
+                                    "attention's output equals one process's in bf16; float8 (torch._scaled_mm) on "
+                                    "compute capability >= 8.9, else the reason recorded (notebook 12 asserts)"),
+    "pipeline_parallel": ((), SUCCESS_IS_THE_CHECK + "; 2 stages on 2 GPUs (1 stage on 1 GPU), GPipe and 1F1B over "
+                              "nccl's send/recv (notebook 12 asserts the bubble, memory and gradients)"),
+    "tensor_parallel": (("--lessons", "block", "sequence", "model"),
+                        SUCCESS_IS_THE_CHECK + "; TP, SP and loss_parallel over nccl (notebook 12 asserts the counts, "
+                        "bytes and the equality with one process)"),
     "model_parallel": ((), "each rank's halves on the devices pick_devices() gives it, no GPU shared by two ranks, "
                            "split across two GPUs when there is a pair per rank; output equals one device's"),
     "sampler_demo": ((), SUCCESS_IS_THE_CHECK + "; gloo, no tensors move"),
@@ -106,6 +114,10 @@ NOTEBOOK_ASSERTS = {
     "10_ddp_in_depth": "all-reduces per step against bucket_cap_mb, gradients as bucket views (and the CUDA memory "
                        "they save), static_graph, compression hooks halving the bytes (bf16_compress_hook accepted "
                        "on CUDA), the returned-but-unused head under static_graph and its fixes",
+    "12_tensor_and_pipeline_parallel": "TP's shards, collectives and activation bytes per block, SP and loss_parallel "
+                                       "equal to one process over nccl (2, 4 or 8 GPUs; else CPU ranks), FSDP x TP "
+                                       "on a (2, 2) mesh (4 GPUs, else 4 CPU ranks), the pipeline bubble and memory "
+                                       "on 2 GPUs, context parallelism and float8 on the GPUs",
 }
 
 
@@ -205,6 +217,8 @@ def plan_checks(gpu_count: int) -> list[Check]:
                            f"{Path(__file__).name} (its arguments on GPUs and what the check asserts)")
         args, asserts = SCRIPT_CHECKS[name]
         ranks, per_rank = model_parallel_layout(gpu_count) if name == "model_parallel" else (gpu_count, 1)
+        if name == "pipeline_parallel":  # seed 000's two halves: two stages, one GPU each (one stage on one GPU)
+            ranks = min(gpu_count, 2)
         checks.append(Check(f"script {name}", "script", name, asserts, (Launch(name, args, ranks, "cuda", per_rank),)))
     checks.append(Check("precisions fp32/bf16/fp16", "precisions", "ddp_train",
                         "each precision autocast supports here ends within 5% of fp32's loss; step time vs fp32",
@@ -360,11 +374,30 @@ def verify_collectives_check(result: tl.LaunchResult, launch: Launch, gpus: int)
                                 for b in ranks[0]["bandwidth"])
 
 
+def verify_context_parallel_float8(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    """The GPU-only lessons ran where they can: ring attention equal to one process's within bf16 rounding (4 eps of
+    bf16 times the output's magnitude), float8 on compute capability >= 8.9 and within float8's rounding."""
+    notes = []
+    for r in tl.read_rank_json(result.run_dir, "cp_float8"):
+        cp, f8 = r["context_parallel"], r["float8"]
+        assert cp["ran"], f"rank {r['rank']}: context parallelism did not run on {r['device']}: {cp.get('reason')}"
+        assert cp["output_max_abs_diff"] <= 4 * 2**-7 * cp["output_max_abs"], cp
+        assert cp["local_shape"][2] * r["world_size"] == cp["global_shape"][2], cp
+        assert f8["ran"] or "compute capability" in f8["reason"], f8
+        if f8["ran"]:
+            assert f8["bf16_rel_error"] < f8["float8_rel_error"] < 2**-3, f8
+    notes.append(f"ring attention max |diff| {cp['output_max_abs_diff']:.2e}")
+    notes.append(f"float8 {f8['float8_ms']:.3f} ms vs bf16 {f8['bf16_ms']:.3f} ms, "
+                 f"rel. error {f8['float8_rel_error']:.3f}"
+                 if f8["ran"] else f"float8 skipped: {f8['reason']}")
+    return "; ".join(notes)
+
+
 VERIFY = {  # scripts not named here: a finished launch is the check (the notebooks assert the details)
     "ddp_train": verify_ddp_train, "dataloader_bench": verify_dataloader_bench,
     "sync_batchnorm": verify_sync_batchnorm, "fsdp_train": verify_fsdp_train,
     "model_parallel": verify_model_parallel, "checkpoint_train": verify_checkpoint_train,
-    "collectives_check": verify_collectives_check,
+    "collectives_check": verify_collectives_check, "context_parallel_float8": verify_context_parallel_float8,
 }
 
 

@@ -37,8 +37,10 @@ from .metrics import (read_collectives, read_memory_notes, read_memory_samples, 
                       summarize_runs)
 from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_memory_prediction, plot_mesh, plot_reshard_tradeoff, plot_resume, plot_run, plot_tensor_bytes,
-                    plot_timeline, plot_tradeoff)
+                    plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
+                    plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
+from .pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations,
+                       pipeline_events, replay_slots)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .profiling import overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown
 from .run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
@@ -59,6 +61,8 @@ __all__ = [
     "overlap_intervals", "plot_timeline", "read_allreduce_launches", "read_trace_intervals", "sdpa_backends",
     "step_breakdown", "plot_mesh", "plot_reshard_tradeoff",
 ]
+__all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "order_violations", "pipeline_events",
+            "plot_pipeline_timeline", "replay_slots"]  # pipeline: what a pipeline's stages did
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone

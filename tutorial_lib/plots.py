@@ -426,3 +426,47 @@ def plot_mesh(ranks: pd.DataFrame, shard_label: str = "", replicate_label: str =
         side.set_visible(False)
     ax.set_title(title or f"DeviceMesh {n_rows} x {n_cols} (replicate, shard)")
     return fig
+
+
+PIPELINE_COLORS = {"F": "#1f77b4", "B": "#ff7f0e"}
+
+
+def plot_pipeline_timeline(events: pd.DataFrame, unit: str = "slot", title: str = "") -> Figure:
+    """Each pipeline stage on its own row: forwards (blue) and backwards (orange), labelled with their micro-batch;
+    the gaps are the bubble.
+
+    Args:
+        events: one row per action: ``stage``, ``action`` ("F" or "B"), ``microbatch``, ``start_<unit>`` and
+            ``end_<unit>`` (``tutorial_lib.pipeline.replay_slots`` for slots, ``pipeline_events`` for ms); with a
+            ``panel`` column, one axes per panel value, stacked in order of appearance.
+        unit: ``"slot"`` or ``"ms"``: which start/end columns to draw.
+        title: the figure's title.
+
+    Raises: ValueError for another unit, or when the start/end columns of ``unit`` are missing.
+    """
+    if unit not in ("slot", "ms") or not {f"start_{unit}", f"end_{unit}"} <= set(events.columns):
+        raise ValueError(f"unit must be 'slot' or 'ms' with start_<unit> and end_<unit> columns, got {unit!r} and "
+                         f"columns {list(events.columns)}")
+    panels = list(dict.fromkeys(events["panel"])) if "panel" in events else [None]
+    stages = sorted(events["stage"].unique())
+    fig = Figure(figsize=(10.0, 0.6 + (0.45 * len(stages) + 0.5) * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, panel in zip(axes, panels):
+        df = events if panel is None else events[events["panel"] == panel]
+        for row in df.itertuples():
+            start, end = getattr(row, f"start_{unit}"), getattr(row, f"end_{unit}")
+            ax.broken_barh([(start, end - start)], (row.stage - 0.4, 0.8), facecolors=PIPELINE_COLORS[row.action],
+                           edgecolors="white", linewidth=0.5)
+            if unit == "slot" or end - start > 0.02 * (df[f"end_{unit}"].max() - df[f"start_{unit}"].min()):
+                ax.text((start + end) / 2, row.stage, f"{row.action}{row.microbatch}", ha="center", va="center",
+                        fontsize=7, color="white")
+        ax.set_yticks(stages, [f"stage {s}" for s in stages])
+        ax.set_ylim(max(stages) + 0.6, min(stages) - 0.6)
+        if panel is not None:
+            ax.set_title(str(panel), fontsize=9, loc="left")
+    axes[-1].set_xlabel("time slot (every action one slot)" if unit == "slot" else "ms from the step's first action")
+    handles = [axes[0].broken_barh([], (0, 0), facecolors=c, label=label)
+               for label, c in (("forward", PIPELINE_COLORS["F"]), ("backward", PIPELINE_COLORS["B"]))]
+    fig.legend(handles=handles, fontsize=8, loc="outside upper right", ncols=2)
+    fig.suptitle(title or "pipeline schedule per stage")
+    return fig

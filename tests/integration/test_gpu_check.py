@@ -66,7 +66,7 @@ def test_plan_covers_every_script_and_every_notebook_on_cuda(gpus):
     notebooks = [c for c in checks if c.kind == "notebook"]
     assert sorted(c.name for c in scripts) == sorted(SHIPPED_SCRIPTS)
     assert all(len(c.launches) == 1 and c.launches[0].script == c.name and c.launches[0].device == "cuda" for c in scripts)
-    assert sorted(c.name for c in notebooks) == sorted(NOTEBOOKS) and len(NOTEBOOKS) == 11
+    assert sorted(c.name for c in notebooks) == sorted(NOTEBOOKS) and len(NOTEBOOKS) == 12
     assert all(c.parameters["DEVICE"] == "cuda" for c in notebooks)
     assert all(c.asserts for c in checks), "every check says what it asserts"
     assert len({c.label for c in checks}) == len(checks)
@@ -167,3 +167,36 @@ def test_the_gpu_check_holds_every_launch_to_the_metrics_schema(tmp_path):
     row.update(peak_allocated_bytes=1, peak_reserved_bytes=2)
     (tmp_path / "metrics" / "rank0.jsonl").write_text(json.dumps(row) + "\n")
     gpu_check.check_metrics_schema(tmp_path, launch)
+
+
+def cp_float8_results(run_dir, context_parallel, float8):
+    (run_dir / "metrics").mkdir(parents=True)
+    for rank in (0, 1):
+        (run_dir / "metrics" / f"cp_float8_rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "world_size": 2, "device": f"cuda:{rank}", "context_parallel": context_parallel,
+            "float8": float8}))
+    return SimpleNamespace(run_dir=run_dir)
+
+
+RING = {"ran": True, "output_max_abs_diff": 0.01, "output_max_abs": 4.0, "global_shape": [2, 8, 4096, 64],
+        "local_shape": [2, 8, 2048, 64]}
+
+
+def test_the_gpu_only_lessons_are_verified_where_they_can_run(tmp_path):
+    launch = gpu_check.Launch("context_parallel_float8", (), 2)
+    float8 = {"ran": True, "float8_rel_error": 0.04, "bf16_rel_error": 0.003, "float8_ms": 0.2, "bf16_ms": 0.3}
+    verify = gpu_check.verify_context_parallel_float8
+    assert "ring attention" in verify(cp_float8_results(tmp_path / "a", RING, float8), launch, 2)
+    older_gpu = {"ran": False, "reason": "NVIDIA A100 has compute capability 8.0; float8 matmuls need >= 8.9"}
+    assert "float8 skipped" in verify(cp_float8_results(tmp_path / "b", RING, older_gpu), launch, 2)
+
+
+@pytest.mark.parametrize("context_parallel", [
+    {"ran": False, "reason": "NotImplementedError: ..."},  # it must run on GPUs
+    {**RING, "output_max_abs_diff": 0.5},  # beyond bf16 rounding
+    {**RING, "local_shape": [2, 8, 4096, 64]},  # each rank must hold 1/N of the sequence
+])
+def test_the_gpu_only_lessons_fail_the_gpu_check_when_wrong(tmp_path, context_parallel):
+    with pytest.raises(AssertionError):
+        result = cp_float8_results(tmp_path, context_parallel, {"ran": False, "reason": "compute capability 8.0"})
+        gpu_check.verify_context_parallel_float8(result, gpu_check.Launch("context_parallel_float8", (), 2), 2)

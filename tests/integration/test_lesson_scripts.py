@@ -76,7 +76,7 @@ def test_dataloader_bench_counts_loads_that_overlap_in_time(run_root):
 
 
 def test_max_concurrent_loads_counts_only_loads_in_progress_at_one_instant():
-    bench = tl.import_script(SCRIPTS_DIR / "dataloader_bench.py")
+    bench = tl.import_script(LESSONS_DIR / "dataloader_bench.py")
     assert bench.max_concurrent([]) == 0
     assert bench.max_concurrent([(1, 0.0, 1.0), (1, 1.0, 2.0), (1, 2.0, 3.0)]) == 1, "back to back: never two"
     assert bench.max_concurrent([(1, 0.0, 2.0), (2, 1.0, 3.0)]) == 2

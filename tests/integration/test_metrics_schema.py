@@ -32,7 +32,8 @@ RUNS = {
     "ddp_knobs": [["--lessons", "buckets", "--bucket-caps-mb", 1, "--max-steps", 4]],  # ddp_knobs_rank<R>.json only
 }
 NEEDS_GPUS = {"sync_batchnorm"}  # refuses to run without CUDA; writes no step records (syncbn_rank<R>.json)
-NO_STEP_RECORDS = {"fsdp_knobs"}  # needs 2 or 4 ranks; writes one JSON per rank (knobs_rank<R>.json), no steps
+NO_STEP_RECORDS = {"fsdp_knobs",  # needs 2 or 4 ranks; writes one JSON per rank (knobs_rank<R>.json), no steps
+                   "tensor_parallel", "pipeline_parallel", "context_parallel_float8"}  # tp_, pp_, cp_float8_rank<R>.json
 
 
 @pytest.fixture(scope="module")

@@ -94,6 +94,9 @@ SMALL_ARGS = {
     "collective_mismatch": ["--max-steps", 2], "distributed_eval": [],
     "fsdp_knobs": ["--dim", 16, "--n-layers", 1],
     "ddp_knobs": ["--lessons", "static_graph", "--max-steps", 4],
+    "tensor_parallel": ["--lessons", "block", "sequence", "model", "--max-steps", 2, "--dim", 32],
+    "pipeline_parallel": ["--microbatches", 1, 2, "--input-dim", 16, "--hidden-dim", 32, "--batch-size", 8],
+    "context_parallel_float8": ["--seq-len", 64],
 }
 
 

@@ -1,0 +1,607 @@
+"""Tensor and sequence parallelism on a GPT-style transformer, then 2-D (FSDP x TP), each checked against one process.
+
+Run card
+    torchrun --nproc-per-node 2 tensor_parallel.py --lessons block sequence model   # a 1-D mesh of 2 ranks
+    torchrun --nproc-per-node 4 tensor_parallel.py --lessons 2d                     # a (2, 2) mesh: dp x tp
+    python tensor_parallel.py --lessons block sequence model                        # a world of one (mesh of 1)
+
+What it shows (every lesson builds the same model from the same seed, and the same model unsharded as "one process")
+    * block: ``parallelize_module`` with ``ColwiseParallel`` on the attention's q, k, v projections and the MLP's
+      first Linear, ``RowwiseParallel`` on the attention output and the MLP's second Linear (Megatron-LM's split:
+      each rank holds whole heads and a slice of the MLP's hidden units). Per block: one all-reduce after the
+      attention and one after the MLP in forward, one for each input gradient in backward; the input is made a
+      DTensor once per sub-module (``PrepareModuleInput``), or q, k and v each all-reduce their own input
+      gradient. Which weights each rank holds, the activation bytes each rank saves for backward (per module),
+      and outputs and gradients against one process. A control: a nanoGPT-style fused qkv Linear split the same
+      way gives every rank parts of q, k and v of different heads, and a wrong output.
+    * sequence: ``SequenceParallel`` on the norms and ``PrepareModuleInput`` from ``Shard(1)``: the all-reduces
+      become an all-gather (into the attention / MLP) and a reduce-scatter (out of them), and the norms' activations
+      are split along the sequence.
+    * model: the whole model (embedding, blocks, final norm, vocabulary-parallel head) trained a few SGD steps with
+      ``loss_parallel`` (the cross-entropy computed on vocabulary shards, logits never gathered), with and without
+      sequence parallelism: collectives per step, activation bytes per rank, and the loss of every step against one
+      process trained on the same batches.
+    * 2d: a (dp, tp) ``DeviceMesh``: tensor parallel inside each tp group, FSDP2 (``fully_shard``) across the dp
+      groups; which rows of a weight each rank holds, which group runs which collective, and the loss of each
+      data-parallel group (and their mean) against one process on the same rows.
+
+Collectives are counted with torch.profiler: each is one c10d dispatcher op whatever the backend
+(``c10d::allreduce_``; DTensor's all-gathers and reduce-scatters are ``c10d::allgather_into_tensor_coalesced_`` and
+``c10d::reduce_scatter_tensor_coalesced_``, FSDP2's ``c10d::_allgather_base_`` and ``c10d::_reduce_scatter_base_``).
+Which process group ran each one is read with a ``TorchDispatchMode`` (2d lesson). Activation bytes: every tensor
+autograd saves for backward passes a ``saved_tensors_hooks`` pack hook; parameters are not counted, and each tensor
+counts once. Each rank writes ``<metrics-dir>/tp_rank<RANK>.json``. Only torch and the Python standard library.
+"""
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module)
+
+LESSONS = ("block", "sequence", "model", "2d")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lessons", nargs="+", choices=LESSONS, default=["block", "sequence", "model"],
+                   help="what to run, in this order (2d needs an even world of at least 4 ranks)")
+    p.add_argument("--vocab-size", type=int, default=128, help="vocabulary size (count; divisible by the tp size)")
+    p.add_argument("--dim", type=int, default=64, help="model width (count)")
+    p.add_argument("--n-heads", type=int, default=8,
+                   help="attention heads (count; divisible by the tp size: 8 fits 1, 2, 4 and 8 ranks)")
+    p.add_argument("--n-layers", type=int, default=2, help="transformer blocks of the model lessons (count)")
+    p.add_argument("--seq-len", type=int, default=16, help="tokens per sequence (count; divisible by the tp size)")
+    p.add_argument("--batch-size", type=int, default=4,
+                   help="sequences per step (count); in 2d, per data-parallel group")
+    p.add_argument("--max-steps", type=int, default=3, help="SGD steps of the model and 2d lessons (count, >= 2)")
+    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (unitless)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and of the synthetic data")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="process-group backend; auto: nccl on cuda, gloo on cpu")
+    p.add_argument("--pg-timeout-s", type=float, default=60.0,
+                   help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, "
+                        "30 on gloo")
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for tp_rank<RANK>.json (created)")
+    args = p.parse_args(argv)
+    for name in ("vocab_size", "dim", "n_heads", "n_layers", "seq_len", "batch_size"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.dim % args.n_heads:
+        p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
+    if args.max_steps < 2:
+        p.error(f"--max-steps must be >= 2 (the first step is profiled, the second shows the update), got "
+                f"{args.max_steps}")
+    if args.lr <= 0 or args.pg_timeout_s <= 0:
+        p.error(f"--lr and --pg-timeout-s must be > 0, got {args.lr}, {args.pg_timeout_s}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch.cuda.is_available() is False (no GPU visible, or a CPU-only torch build); "
+                "use --device cpu or --device auto")
+    return args
+
+
+def check_world(args, world_size):
+    """Refuse, before any lesson runs, sizes that the tensor-parallel split cannot divide.
+
+    Raises: ValueError naming the flag, its value and the tp size (the world for block/sequence/model, 2 for 2d).
+    """
+    sizes = ([world_size] if {"block", "sequence", "model"} & set(args.lessons) else []) + \
+        ([2] if "2d" in args.lessons else [])
+    if "2d" in args.lessons and (world_size < 4 or world_size % 2):
+        raise ValueError(f"--lessons 2d needs an even world of at least 4 ranks (a (WORLD_SIZE // 2, 2) mesh), got "
+                         f"WORLD_SIZE={world_size}; run it with torchrun --nproc-per-node 4")
+    for tp in sizes:
+        for flag, value in (("--n-heads", args.n_heads), ("--vocab-size", args.vocab_size),
+                            ("--seq-len", args.seq_len)):
+            if value % tp:
+                raise ValueError(f"{flag} {value} is not divisible by the tensor-parallel size {tp}: every rank must "
+                                 f"hold whole heads, an equal slice of the vocabulary and of the sequence")
+
+
+def setup(args):
+    """Join the process group (a world of one over an in-memory store without torchrun).
+
+    Returns: (rank, world size, device)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)  # LOCAL_RANK: the GPU index on this node
+    backend = ("nccl" if use_cuda else "gloo") if args.backend == "auto" else args.backend
+    timeout = timedelta(seconds=args.pg_timeout_s)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:  # a DeviceMesh needs a process group even alone
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+# --- the model: a GPT-style decoder (pre-norm blocks, causal attention with SDPA, a GELU MLP) -----------------------
+
+class Attention(nn.Module):
+    """Causal self-attention with separate q, k, v projections (a fused qkv Linear cannot be split by columns: see
+    ``FusedAttention``)."""
+
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        # -1, not n_heads: under tensor parallelism each rank's q, k, v hold only its own heads
+        q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, n_heads)
+        self.norm2, self.mlp = nn.LayerNorm(dim), MLP(dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embeddings."""
+
+    def __init__(self, vocab_size, dim, seq_len):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab_size, dim), nn.Embedding(seq_len, dim)
+
+    def forward(self, tokens):
+        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size, dim, n_heads, n_layers, seq_len):
+        super().__init__()
+        self.embed = Embedding(vocab_size, dim, seq_len)
+        self.blocks = nn.ModuleList(Block(dim, n_heads) for _ in range(n_layers))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+# --- the parallel plans: which module is split how ------------------------------------------------------------------
+
+def block_plan(sequence_parallel=False, prepare_input=True):
+    """``parallelize_module`` plan of one Block, keys relative to the block.
+
+    Colwise (output features split) then Rowwise (input features split): the pair needs no collective in between,
+    and one at the end: an all-reduce of the partial sums (Replicate), or with sequence parallelism a reduce-scatter
+    along the sequence (Shard(1)). The norms then run on sequence shards, and the input of the attention and of the
+    MLP is all-gathered back to the whole sequence first.
+    """
+    between = Shard(1) if sequence_parallel else Replicate()  # the layout of activations between sub-modules
+    plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(output_layouts=between),
+            "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=between)}
+    if prepare_input:
+        # Make the input a DTensor once for q, k and v together: their three partial input gradients are summed
+        # locally and reduced once. Without it each projection converts (and in backward reduces) its own.
+        plan["attn"] = PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),))
+        plan["mlp"] = PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),))
+    if sequence_parallel:
+        plan["norm1"], plan["norm2"] = SequenceParallel(), SequenceParallel()
+    return plan
+
+
+def model_plan(n_layers, sequence_parallel=False, vocab_parallel_loss=True):
+    """Plan of the whole GPT: every block as ``block_plan``, the head split over the vocabulary.
+
+    The embeddings stay whole on every rank (small here); with sequence parallelism their output is cut along the
+    sequence (no communication) for the first norm. With ``vocab_parallel_loss`` the head's output stays a DTensor
+    sharded over the vocabulary, for ``loss_parallel``; otherwise it is all-gathered into whole logits.
+    """
+    plan = {f"blocks.{i}.{key}": style for i in range(n_layers)
+            for key, style in block_plan(sequence_parallel).items()}
+    if sequence_parallel:
+        plan["embed"] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),))
+        plan["norm"] = SequenceParallel()
+    plan["head"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                   output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
+                                   use_local_output=not vocab_parallel_loss)
+    return plan
+
+
+def build(module_cls, args, device):
+    """A Block or the GPT, from the seed: the same weights on every rank and in the one-process reference."""
+    torch.manual_seed(args.seed)
+    if module_cls is GPT:
+        return GPT(args.vocab_size, args.dim, args.n_heads, args.n_layers, args.seq_len).to(device)
+    return module_cls(args.dim, args.n_heads).to(device)
+
+
+def batch(args, step, device, rows=None):
+    """Token batch of one step (the same on every rank): inputs and next-token-like targets (a fixed permutation)."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    n = rows or args.batch_size
+    x = torch.randint(0, args.vocab_size, (n, args.seq_len), generator=g)
+    perm = torch.randperm(args.vocab_size, generator=torch.Generator().manual_seed(args.seed + 17))
+    return x.to(device), perm[x].to(device)
+
+
+def local(t):
+    """This rank's part of a tensor: the local shard of a DTensor, the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def whole(t):
+    """The whole tensor: a DTensor gathered (``full_tensor``: Shard all-gathered, Partial reduced)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+# --- the lessons ---------------------------------------------------------------------------------------------------
+
+def lesson_block(args, rank, world_size, device):
+    """One Block under tensor parallelism: forward and backward against the unsharded block on the same input."""
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
+    x = torch.randn(2, args.seq_len, args.dim, generator=torch.Generator().manual_seed(args.seed + 1)).to(device)
+    one = run_block(build(Block, args, device), x)  # one process: the whole block
+    out = {"one_process": summary_of(one), "shapes": {}}
+    for label, plan in [("TP", block_plan()), ("TP, q/k/v each ColwiseParallel", block_plan(prepare_input=False))]:
+        block = parallelize_module(build(Block, args, device), mesh, plan)
+        run = run_block(block, x)
+        out[label] = {**summary_of(run), **compare(run, one)}
+        if label == "TP":
+            out["shapes"] = {name: {"global": list(p.shape), "local": list(local(p).shape),
+                                    "placements": [placement_name(q) for q in getattr(p, "placements", [])]}
+                             for name, p in block.named_parameters()}
+    out["fused qkv, ColwiseParallel (wrong)"] = fused_qkv_control(args, mesh, x, one["output"], device)
+    return out
+
+
+def lesson_sequence(args, rank, world_size, device):
+    """The same Block with sequence parallelism: each rank passes in and gets out its slice of the sequence."""
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
+    x = torch.randn(2, args.seq_len, args.dim, generator=torch.Generator().manual_seed(args.seed + 1)).to(device)
+    one = run_block(build(Block, args, device), x)
+    block = parallelize_module(build(Block, args, device), mesh, block_plan(sequence_parallel=True))
+    run = run_block(block, x.chunk(world_size, dim=1)[rank])  # this rank's tokens only
+    reference = {**one, "output": one["output"].chunk(world_size, dim=1)[rank],
+                 "input_grad": one["input_grad"].chunk(world_size, dim=1)[rank]}
+    return {"SP": {**summary_of(run), **compare(run, reference)}, "one_process": summary_of(one),
+            "norm_grad_placements": [placement_name(q) for q in getattr(block.norm1.weight.grad, "placements", [])]}
+
+
+def lesson_model(args, rank, world_size, device):
+    """The whole GPT, a few SGD steps with loss_parallel, with and without sequence parallelism."""
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
+    out = {}
+    for label, sp in [("TP", False), ("TP + SP", True)]:
+        reference = build(GPT, args, device)  # one process, trained on the same batches
+        model = parallelize_module(build(GPT, args, device), mesh, model_plan(args.n_layers, sequence_parallel=sp))
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        ref_optimizer = torch.optim.SGD(reference.parameters(), lr=args.lr)
+        steps = []
+        for step in range(1, args.max_steps + 1):
+            x, y = batch(args, step, device)
+            saved = SavedActivations(model)
+            with count_collectives(enabled=step == 1) as counts, saved.recording():
+                logits = model(x)  # a DTensor sharded over the vocabulary: each rank holds V / tp of every row
+                with loss_parallel():  # cross-entropy on vocabulary shards: max, sum-exp and target all-reduced
+                    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+                    loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            ref_loss = F.cross_entropy(reference(x).flatten(0, 1), y.flatten())
+            ref_loss.backward()
+            ref_optimizer.step()
+            ref_optimizer.zero_grad(set_to_none=True)
+            steps.append({"step": step, "loss": whole(loss).item(), "loss_one_process": ref_loss.item(),
+                          "activation_bytes": saved.total(), **({"collectives": counts} if step == 1 else {})})
+        out[label] = {"steps": steps, "logits_local_shape": list(local(logits).shape),
+                      "logits_placements": [placement_name(q) for q in logits.placements],
+                      "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
+                      "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
+    return out
+
+
+def lesson_2d(args, rank, world_size, device):
+    """FSDP2 across the dp dimension, tensor parallel within the tp dimension, on a (world // 2, 2) mesh."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    mesh = init_device_mesh(device.type, (world_size // 2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    reference = build(GPT, args, device)
+    model = build(GPT, args, device)
+    # 1. tensor parallel inside each tp group (whole logits here: a plain cross-entropy, every collective visible)
+    parallelize_module(model, mesh["tp"], model_plan(args.n_layers, vocab_parallel_loss=False))
+    # 2. FSDP2 across the dp groups, on the TP-sharded parameters: one unit per block, then the root
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    if dist.get_backend() == "gloo":  # FSDP2's ReduceOp.AVG reduce-scatter sums on gloo in torch 2.8 (pytorch#162338)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+    holdings = {name: held_block(local(p), dict(reference.named_parameters())[name])
+                for name, p in model.named_parameters() if name in HOLDINGS}
+    placements = {name: [placement_name(q) for q in p.placements] for name, p in model.named_parameters()
+                  if name in HOLDINGS}
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=args.lr)
+    steps = []
+    for step in range(1, args.max_steps + 1):
+        x, y = batch(args, step, device, rows=dp_size * args.batch_size)  # the global batch of every dp group
+        rows = slice(dp_rank * args.batch_size, (dp_rank + 1) * args.batch_size)  # this dp group's rows
+        with count_collectives(enabled=step == 1) as counts, collective_groups(enabled=step == 2) as groups, \
+                warnings.catch_warnings():
+            # torch 2.13's FSDP2 warns when a module returns a view (in-place ops on it would skip a hook): the
+            # head's whole logits (DTensor.to_local()) are one, and nothing here modifies them in place.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+            loss = F.cross_entropy(model(x[rows]).flatten(0, 1), y[rows].flatten())
+            loss.backward()  # TP all-reduces in the tp group; FSDP reduce-scatters gradients in the dp group
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():  # one process, on this dp group's rows only, before its step on the whole batch
+            ref_rows_loss = F.cross_entropy(reference(x[rows]).flatten(0, 1), y[rows].flatten()).item()
+        ref_loss = F.cross_entropy(reference(x).flatten(0, 1), y.flatten())
+        ref_loss.backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad(set_to_none=True)
+        steps.append({"step": step, "loss": loss.item(), "loss_one_process_same_rows": ref_rows_loss,
+                      "loss_one_process_whole_batch": ref_loss.item(),
+                      **({"collectives": counts} if step == 1 else {}),
+                      **({"collectives_by_group": groups} if step == 2 else {})})
+    return {"mesh_shape": list(mesh.shape), "mesh_coordinate": mesh.get_coordinate(), "dp_rank": dp_rank,
+            "tp_group": dist.get_process_group_ranks(mesh["tp"].get_group()),
+            "dp_group": dist.get_process_group_ranks(mesh["dp"].get_group()),
+            "holdings": holdings, "placements": placements, "steps": steps,
+            "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
+            "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
+
+
+HOLDINGS = ("blocks.0.attn.wq.weight", "blocks.0.attn.wo.weight", "blocks.0.mlp.fc2.bias", "blocks.0.norm1.weight",
+            "embed.tok.weight", "head.weight")  # the parameters whose rows and columns the 2d lesson locates
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workbook instrumentation: what the notebook reads (collective counts, activation bytes, comparisons with one
+# process, who holds which rows), and the fused-qkv control. Not needed to use tensor parallelism.
+# ---------------------------------------------------------------------------------------------------------------
+
+def run_block(block, x):
+    """Forward and backward of one block on ``x`` (a leaf), profiled separately; loss = sum of squares / 2."""
+    x = x.detach().clone().requires_grad_(True)
+    saved = SavedActivations(block)
+    with count_collectives() as forward, saved.recording():
+        y = block(x)
+    with count_collectives() as backward:
+        (y.float().pow(2).sum() / 2).backward()
+    return {"output": y.detach(), "input_grad": x.grad,
+            "grads": {n: whole(p.grad) for n, p in block.named_parameters()},
+            "forward": forward, "backward": backward, "activation_bytes": dict(saved.by_module)}
+
+
+def summary_of(run):
+    return {"collectives_forward": run["forward"], "collectives_backward": run["backward"],
+            "activation_bytes": run["activation_bytes"], "output_max_abs": run["output"].abs().max().item()}
+
+
+def compare(run, reference):
+    """Largest differences from the one-process run: output, input gradient, each parameter's gradient, and the
+    largest magnitudes they are relative to."""
+    grads = {n: (g - reference["grads"][n]).abs().max().item() for n, g in run["grads"].items()}
+    return {"output_max_abs_diff": (run["output"] - reference["output"]).abs().max().item(),
+            "input_grad_max_abs_diff": (run["input_grad"] - reference["input_grad"]).abs().max().item(),
+            "param_grad_max_abs_diff": max(grads.values()), "param_grad_max_abs_diff_by_name": grads,
+            "param_grad_max_abs": max(g.abs().max().item() for g in reference["grads"].values()),
+            "input_grad_max_abs": reference["input_grad"].abs().max().item()}
+
+
+class FusedAttention(nn.Module):
+    """nanoGPT's attention: one Linear makes q, k and v, laid out [q | k | v] along its output features."""
+
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in self.c_attn(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def fused_qkv_control(args, mesh, x, reference_output, device):
+    """The Block with a fused qkv Linear, split by ColwiseParallel like q, k, v: rank 0 gets [q | first half of k]
+    (for 2 ranks), so its "k" and "v" are not k and v. Returns the output's distance from the unsplit model's."""
+    block = build(Block, args, device)
+    fused = FusedAttention(args.dim, args.n_heads).to(device)
+    with torch.no_grad():  # the same q, k, v and output weights as the reference, fused
+        fused.c_attn.weight.copy_(torch.cat([block.attn.wq.weight, block.attn.wk.weight, block.attn.wv.weight]))
+        fused.c_attn.bias.copy_(torch.cat([block.attn.wq.bias, block.attn.wk.bias, block.attn.wv.bias]))
+        fused.c_proj.load_state_dict(block.attn.wo.state_dict())
+    block.attn = fused
+    unsplit = block(x).detach()  # fused but whole: the same function as the reference
+    parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                     "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
+    with torch.no_grad():
+        output = block(x)
+    return {"unsplit_max_abs_diff": (unsplit - reference_output).abs().max().item(),
+            "output_max_abs_diff": (output - reference_output).abs().max().item()}
+
+
+def placement_name(placement):
+    """``Shard(0)``, ``Replicate()``, ``Partial()`` (or ``_StridedShard(0)``): a DTensor's layout on one mesh dim."""
+    name = type(placement).__name__
+    if name == "_StridedShard":
+        return f"_StridedShard({placement.dim})"
+    if placement.is_shard():
+        return f"Shard({placement.dim})"
+    return "Replicate()" if placement.is_replicate() else "Partial()"
+
+
+def held_block(shard, full):
+    """Which rows (and columns) of ``full`` this rank's ``shard`` is, found by comparing values: [[row0, row1],
+    [col0, col1]] (half-open), or None when the shard is no contiguous block of ``full``."""
+    full = full.detach()
+    shard = shard.detach().reshape(-1, 1) if full.dim() == 1 else shard.detach()
+    full2 = full.reshape(-1, 1) if full.dim() == 1 else full
+    h, w = shard.shape
+    for r in range(0, full2.shape[0] - h + 1, max(h, 1)):
+        for c in range(0, full2.shape[1] - w + 1, max(w, 1)):
+            if torch.equal(full2[r:r + h, c:c + w], shard):
+                return [[r, r + h], [c, c + w]]
+    return None
+
+
+COLLECTIVES = {"c10d::allreduce_": "all_reduce",  # each c10d collective is one dispatcher op on every backend
+               "c10d::allgather_into_tensor_coalesced_": "all_gather", "c10d::_allgather_base_": "all_gather",
+               "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
+               "c10d::_reduce_scatter_base_": "reduce_scatter"}
+
+
+@contextlib.contextmanager
+def count_collectives(enabled=True):
+    """Count the collectives issued inside the block with torch.profiler; the dict is filled when it exits."""
+    counts = {name: 0 for name in dict.fromkeys(COLLECTIVES.values())}
+    if not enabled:
+        yield counts
+        return
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield counts
+    for event in prof.events():
+        if event.name in COLLECTIVES:
+            counts[COLLECTIVES[event.name]] += 1
+
+
+@contextlib.contextmanager
+def collective_groups(enabled=True):
+    """Which process group ran each collective inside the block: {"all_reduce [0, 1]": calls, ...}.
+
+    A ``TorchDispatchMode`` sees every op called from Python with its arguments: DTensor's functional
+    collectives name their group (``group_name``), FSDP2's c10d ops carry the ProcessGroup itself. (Not run with
+    the profiler: on torch 2.13 an op the mode intercepts shows up twice in the profile.)"""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.utils._python_dispatch import TorchDispatchMode
+    kinds = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
+             "_allgather_base_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+             "_reduce_scatter_base_": "reduce_scatter"}
+    found = collections.Counter()
+
+    class Groups(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kind = kinds.get(func.__name__.split(".")[0]) if func.namespace in ("c10d", "_c10d_functional") else None
+            if kind:
+                names = [a for a in args if isinstance(a, str)]  # functional: (..., reduce_op, [size,] group_name)
+                pg = (_resolve_process_group(names[-1]) if names else
+                      dist.ProcessGroup.unbox(next(a for a in args if type(a).__name__ == "ScriptObject")))
+                found[f"{kind} {dist.get_process_group_ranks(pg)}"] += 1
+            return func(*args, **(kwargs or {}))
+
+    out = {}
+    if not enabled:
+        yield out
+        return
+    with Groups():
+        yield out
+    out.update(sorted(found.items()))
+
+
+class SavedActivations:
+    """Bytes autograd saves for backward while ``recording()``, per module (the innermost one running).
+
+    Parameters (and views of them, like a Linear's transposed weight) are not activations: a saved tensor whose
+    storage is a parameter's is skipped. A tensor saved twice (a Linear input also saved by the next op) counts once.
+    """
+
+    def __init__(self, model):
+        self.model, self.stack, self.seen = model, ["(top)"], set()
+        self.by_module = collections.Counter()
+        self.params = {local(p).untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(self, t):
+        lt = local(t)
+        key = (lt.data_ptr(), lt.numel())
+        if lt.untyped_storage().data_ptr() not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.by_module[self.stack[-1]] += lt.numel() * lt.element_size()
+        return t
+
+    def enter(self, name):
+        self.stack.append(name)  # (returns None: a hook's return value would replace the module's input or output)
+
+    def leave(self):
+        self.stack.pop()
+
+    @contextlib.contextmanager
+    def recording(self):
+        handles = []
+        for name, module in self.model.named_modules():
+            if name:
+                handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self.enter(name)))
+                handles.append(module.register_forward_hook(lambda m, a, o: self.leave()))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+                yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def total(self):
+        return sum(self.by_module.values())
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    # torch 2.13's profiler logs each start and stop on stderr, and 2.8's CUDA wheel on a machine without a GPU an
+    # error per profile (gpuGetDeviceCount): the counts are what this script wants from it.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    rank, world_size, device = setup(args)
+    try:
+        check_world(args, world_size)  # before any lesson: a late refusal would waste the earlier ones
+        lessons = {"block": lesson_block, "sequence": lesson_sequence, "model": lesson_model, "2d": lesson_2d}
+        result = {"rank": rank, "world_size": world_size, "torch": torch.__version__, "device": str(device),
+                  "args": vars(args)}
+        for name in args.lessons:
+            result[name] = lessons[name](args, rank, world_size, device)
+            if rank == 0:
+                sys.stdout.write(f"{name}: done on {world_size} rank(s)\n")
+            dist.barrier()
+        path = Path(args.metrics_dir) / f"tp_rank{rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        sys.stdout.write(f"rank {rank}: {', '.join(args.lessons)} done; every number in {path.resolve()}\n")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
