@@ -119,6 +119,20 @@ def test_the_state_folder_comes_from_the_environment(monkeypatch):
     assert LocalCluster.default().state_dir == Path(os.environ.get("TMPDIR") or "/tmp") / f"tutorial_lib-slurm-{os.getuid()}"
 
 
+def test_a_daemon_that_ignores_sigterm_is_killed():
+    ignores = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                "signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert ignores.stdout.readline() == "ready\n"
+        local_cluster._terminate(psutil.Process(ignores.pid), timeout_s=0.5)
+        assert ignores.wait(timeout=10) == -9, "SIGKILL after the SIGTERM timeout"
+    finally:
+        ignores.kill()
+        ignores.wait()
+        ignores.stdout.close()
+
+
 # --- the real cluster --------------------------------------------------------------------------------------------
 
 def cluster_processes(cluster: LocalCluster) -> list[psutil.Process]:

@@ -456,7 +456,7 @@ class LocalCluster:
             if popen is not None:
                 popen.poll()
             (self.state_dir / "run" / f"{d.name}.json").unlink(missing_ok=True)
-        left = [p for p in survivors if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in survivors if not _gone(p)]
         if left:
             raise SlurmError(f"processes of the local SLURM cluster in {self.state_dir} are still alive after "
                              f"SIGKILL: {[(p.pid, p.name()) for p in left]}")
@@ -487,17 +487,29 @@ def _stop_rank(daemon: Daemon) -> int:
     return 0 if daemon.name.startswith("slurmd") else 1 if daemon.name == "slurmctld" else 2
 
 
-def _terminate(proc: psutil.Process, *, timeout_s: float) -> None:
-    """SIGTERM ``proc``, SIGKILL it after ``timeout_s``; reap it if it is this process's child."""
+def _gone(proc: psutil.Process) -> bool:
+    """Whether ``proc`` has exited: a zombie counts (a daemon started by an earlier command is a child of init, which
+    may take seconds to reap it; this process reaps its own through ``_STARTED``)."""
     try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=timeout_s)
-    except psutil.TimeoutExpired:
-        logger.warning("%s (pid %d) ignored SIGTERM for %g s: SIGKILL", proc.name(), proc.pid, timeout_s)
-        try:
-            proc.kill()
-            proc.wait(timeout=10)
-        except psutil.NoSuchProcess:
-            pass
+        return proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
-        pass
+        return True
+
+
+def _terminate(proc: psutil.Process, *, timeout_s: float) -> None:
+    """SIGTERM ``proc`` and wait until it has exited; SIGKILL it if it is still there after ``timeout_s``, and wait
+    10 s more (a process that survives that is reported by ``leftovers``)."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            if sig == signal.SIGKILL:
+                logger.warning("%s (pid %d) ignored SIGTERM for %g s: SIGKILL", proc.name(), proc.pid, timeout_s)
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            return
+        deadline = time.monotonic() + wait_s
+        while not _gone(proc):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        else:
+            return
