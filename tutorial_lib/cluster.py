@@ -118,15 +118,12 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
                                 names=dict(job_name=job_name, partition=partition, account=account,
                                            socket_ifname=socket_ifname, run_dir=run_dir))
     options = [f"--job-name={job_name}", f"--nodes={nnodes}", "--ntasks-per-node=1",
-               *([f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []),  # only where the job uses GPUs
-               *([f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else []),
-               *([f"--partition={partition}"] if partition else []), *([f"--account={account}"] if account else []),
-               f"--time={time_limit}", *([f"--chdir={run_dir}"] if run_dir is not None else []), "--output=%x-%j.out"]
+               *_optional(gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, partition=partition,
+                          account=account), f"--time={time_limit}", *_optional(chdir=run_dir), "--output=%x-%j.out"]
     port = "$rdzv_port" if rendezvous_port is None else str(rendezvous_port)
     port_line = "rdzv_port=$((29500 + SLURM_JOB_ID % 2000))  # one port per job\n" if rendezvous_port is None else ""
     # Slurm 22.05's srun no longer inherits the job's --cpus-per-task: repeat it.
-    srun = ["srun", "--kill-on-bad-exit=1", *([f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else []),
-            "--output=%x-%j-node%n.out"]
+    srun = ["srun", "--kill-on-bad-exit=1", *_optional(cpus_per_task=cpus_per_task), "--output=%x-%j-node%n.out"]
     torchrun_argv = [*_launcher(torchrun), "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
                      "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d"]
     sbatch_lines = "".join(f"#SBATCH {option}\n" for option in options)
@@ -149,6 +146,11 @@ export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
     --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:{port}" --log-dir logs --tee 3 \\
     {shlex.join([str(script), *map(str, args)])}
 """
+
+
+def _optional(**options: object) -> list[str]:
+    """``--name=value`` for each option that is set (not ``None``, 0 or ""): GPUs only where the job uses them."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in options.items() if value]
 
 
 def _check_job(*, nnodes: int, nproc_per_node: int | None, gpus_per_node: int, cpus_per_task: int | None,
