@@ -16,7 +16,7 @@ COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python
 COMPAT_VENV ?= .venv-torch2.8
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: install workbook test lab env bench compat clean-outputs
+.PHONY: install workbook test lab env bench compat slurm slurm-down clean-outputs
 
 install: $(STAMP)
 
@@ -54,6 +54,15 @@ bench: $(STAMP)  ## benchmarks as ratios (launcher, warm starts, metrics, memory
 
 env: $(STAMP)  ## print the environment report
 	$(BIN)/python -m tutorial_lib env
+
+# A two-node SLURM cluster on this machine (root and Debian's slurm-wlm: apt-get install -y --no-install-recommends
+# slurm-wlm), its state in one folder: $$TUTORIAL_LIB_SLURM_DIR, else /tmp/tutorial_lib-slurm-<uid>, or
+# SLURM_ARGS="--state-dir DIR". `python -m tutorial_lib slurm status` shows it.
+slurm: $(STAMP)  ## start the local SLURM cluster (2 nodes on 127.0.0.1) and print its SLURM_CONF export line
+	$(BIN)/python -m tutorial_lib slurm up $(SLURM_ARGS)
+
+slurm-down: $(STAMP)  ## stop the local SLURM cluster: cancel its jobs, stop its daemons by PID
+	$(BIN)/python -m tutorial_lib slurm down $(SLURM_ARGS)
 
 clean-outputs:
 	rm -rf outputs notebooks/runs

@@ -93,3 +93,57 @@ def run_root(tmp_path):
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+SLURM_TEST_PREFIX = "tutorial_lib-slurm-test-"  # the state folders of the clusters the tests start (.ci/run checks)
+
+
+def private_slurm_cluster():
+    """A ``LocalCluster`` in a new folder under /tmp (munged needs every folder above its socket searchable by all,
+    which pytest's ``/tmp/pytest-of-<user>`` is not), or a skip (a failure under ``TUTORIAL_LIB_REQUIRE_SLURM=1``,
+    which CI sets once slurm-wlm is installed) where SLURM cannot run here."""
+    import tempfile
+
+    from tutorial_lib.errors import SlurmUnavailable
+    from tutorial_lib.slurm import LocalCluster, check_can_run
+
+    try:
+        check_can_run()
+    except SlurmUnavailable as e:
+        if os.environ.get("TUTORIAL_LIB_REQUIRE_SLURM") == "1":
+            pytest.fail(f"TUTORIAL_LIB_REQUIRE_SLURM=1 but the local SLURM cluster cannot run: {e}")
+        pytest.skip(f"no local SLURM cluster: {e}")
+    folder = Path(tempfile.mkdtemp(prefix=SLURM_TEST_PREFIX, dir="/tmp"))
+    folder.chmod(0o755)
+    return LocalCluster(folder)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local two-node SLURM cluster for the session: the one already up in ``$TUTORIAL_LIB_SLURM_DIR`` (or the
+    default folder) if any, left running; else one started in a private folder and stopped after the last test,
+    with a check that none of its processes is left."""
+    import shutil
+
+    from tutorial_lib.errors import SlurmError
+    from tutorial_lib.slurm import LocalCluster
+
+    shared = LocalCluster.default()
+    if shared.is_up():
+        yield shared
+        return
+    cluster = private_slurm_cluster()
+    try:
+        cluster.up()
+    except SlurmError as e:
+        shutil.rmtree(cluster.state_dir, ignore_errors=True)
+        if os.environ.get("TUTORIAL_LIB_REQUIRE_SLURM") == "1":
+            pytest.fail(f"TUTORIAL_LIB_REQUIRE_SLURM=1 but the local SLURM cluster did not start: {e}")
+        pytest.skip(f"the local SLURM cluster did not start: {e}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        left = cluster.leftovers()
+        assert not left, f"local SLURM cluster processes left: {[(p.pid, p.name()) for p in left]}"
+        shutil.rmtree(cluster.state_dir, ignore_errors=True)

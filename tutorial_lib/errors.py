@@ -32,6 +32,50 @@ class MetricsError(TutorialError):
     """Metrics or memory samples that a run should have written are missing or unreadable."""
 
 
+class SlurmError(TutorialError):
+    """A SLURM command failed, or the local SLURM cluster could not be started or stopped.
+
+    Attributes:
+        command: the argv that failed (``[]`` when no command is to blame).
+        returncode: its exit status, or ``None``.
+        stderr: what it printed on stderr (or the daemon's last log lines), stripped.
+    """
+
+    def __init__(self, message: str, *, command: list[str] | None = None, returncode: int | None = None,
+                 stderr: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.command = list(command or [])
+        self.returncode = returncode
+        self.stderr = stderr
+
+    def __str__(self) -> str:
+        lines = [self.message]
+        if self.stderr and self.stderr not in self.message:
+            lines += ["", *("  " + line for line in self.stderr.splitlines()[-15:])]
+        return "\n".join(lines)
+
+
+class SlurmUnavailable(SlurmError):
+    """The local SLURM cluster cannot run on this machine (not root, or slurm-wlm is not installed); the message
+    says what to install or run instead."""
+
+
+class JobWaitTimeout(SlurmError):
+    """A SLURM job did not reach the awaited state in time.
+
+    Attributes (besides ``SlurmError``'s): job_id; last_state: the job's state at the last look (a ``JobState``
+    value, or ``None`` if the job was gone); reason: its pending reason then; timeout_s: the limit, in seconds.
+    """
+
+    def __init__(self, message: str, *, job_id: int, last_state: str | None, reason: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.last_state = last_state
+        self.reason = reason
+        self.timeout_s = timeout_s
+
+
 class LaunchError(TutorialError):
     """A launched job failed: a rank raised, crashed, or torchrun itself failed.
 
