@@ -607,6 +607,7 @@ def train(args, rank, local_rank, world_size, device):
     optimizer = build_optimizer(args, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
     batches = Batches(train_set, args.batch_size, rank, world_size, args.seed)
+    torch.manual_seed(args.seed + 7919 * (rank + 1))  # dropout's draws: reproducible, different on every rank
     train_state = TrainState()
     # async_save's background writes use collectives of their own: on a group of their own, they never interleave
     # with training's on the default group (on gloo they did, and a rank aborted: a collective mismatch).
@@ -767,7 +768,7 @@ class StepLog:
         self.tokens_per_step = args.batch_size * args.grad_accum_steps * args.block_size
         self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
                        "world_size": world_size, "device": str(device), "strategy": args.parallel,
-                       "precision": str(compute_dtype(args, device)).removeprefix("torch."),
+                       "precision": "bf16" if compute_dtype(args, device) == torch.bfloat16 else "fp32",
                        "resumed_from_step": resumed_from}
         self.save_events, self.t0 = [], time.perf_counter()
         if rank == 0:
