@@ -104,6 +104,9 @@ def parse_args(argv=None):
                    help="recompute in backward: full = each block's whole forward; selective = all but its "
                         "matmul and attention outputs")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--compile-backend", type=str, default="inductor",
+                   help="torch.compile's backend: inductor (generates kernels; needs a C++ compiler on CPU), or "
+                        "aot_eager (traces forward and backward, runs them eagerly: quick to compile)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="ddp: gradient bucket size (MiB)")
     p.add_argument("--no-optimize-ddp", action="store_true",
                    help="ddp + compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
@@ -315,7 +318,7 @@ def build_model(args, device, mesh=None, init=True):
     model.checkpointing = args.activation_checkpointing
     if args.compile:
         for block in model.blocks:
-            block.compile()  # in place, before sharding (torchtitan's order: checkpointing, compile, FSDP)
+            block.compile(backend=args.compile_backend)  # in place, before sharding (torchtitan's order: checkpointing, compile, FSDP)
     if sharded:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
         dtype = compute_dtype(args, device)
