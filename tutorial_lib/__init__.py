@@ -25,8 +25,10 @@ from .launcher import LaunchResult, LaunchSpec, launch, run_in_process, run_scri
 from .live import enable_inline_figures
 from .parameters import check_parameters
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
-from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
-                      summarize_runs)
+from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
+                          read_memory_table)
+from .metrics import (loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
+                      read_rank_json, summarize_runs)
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_resume, plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
@@ -47,6 +49,8 @@ __all__ = [
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
     "overlap_intervals", "plot_timeline", "read_trace_intervals", "sdpa_backends", "step_breakdown",
 ]
+__all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "memory_table", "plan_memory",
+            "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # torchrun_logs: what a run's logs say
 __version__ = "0.1.0"

@@ -228,7 +228,9 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
 
 
 def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
-    """The peaks a ``train_lm.py --track-memory`` run measured, one ``{category: bytes}`` per rank, sorted by rank.
+    """The peaks a ``train_lm.py --track-memory`` run measured, one ``{category: bytes}`` per rank, sorted by rank:
+    of the rank's accelerator when it has one (on a GPU the corpus and each batch's first copy stay on the CPU), else
+    of the CPU.
 
     DDP's gradient buckets, which torch's tracker files under activations, stay there: compare with a plan
     through ``compare_plan``, which moves them.
@@ -237,7 +239,11 @@ def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
         MetricsError: the run wrote no ``memory_rank<R>.json``.
     """
     from .metrics import read_rank_json
-    return [categories_of(next(iter(r["peak"].values()))) for r in read_rank_json(run_dir, "memory")]
+    out = []
+    for record in read_rank_json(run_dir, "memory"):
+        devices = sorted(record["peak"], key=lambda d: d.startswith("cpu"))  # an accelerator first
+        out.append(categories_of(record["peak"][devices[0]]))
+    return out
 
 
 def compare_plan(plan: MemoryPlan, measured: Mapping[str, int]):
@@ -279,12 +285,15 @@ def memory_table(sizes: Sequence[str] = tuple(GPT_SIZES), world_sizes: Sequence[
 
     Args:
         sizes: keys of ``GPT_SIZES``; world_sizes: GPUs (one rank each); layouts: keys of ``LAYOUTS``.
-        capacity_gib: memory per GPU (GiB; a "24 GB" RTX 4090 D has 23.99 GiB, ``torch.cuda.mem_get_info``).
+        capacity_gib: memory per GPU (GiB). An RTX 4090 D's "24 GB" is 24 GiB (GDDR6X, 24564 MiB as nvidia-smi
+            reports it; what the driver leaves to processes is a little less, inside the context margin).
         batch_size, block_size, vocab_size: windows per rank, tokens per window, vocabulary.
 
     Returns:
-        A DataFrame, one row per (size, world size, layout): parameters, the planned peak (GiB), the headroom
-        (GiB, after ``headroom_bytes``' margins) and ``fits``. DDP on one GPU is one process.
+        A DataFrame, one row per (size, world size, layout): ``model``, ``n_params``, ``gpus``, ``layout``,
+        ``peak_gib`` (the plan), ``unsimulated_gib`` (``MemoryPlan.unsimulated_bytes``), ``state_analytic_gib``
+        (16 bytes per parameter / shards), ``headroom_gib`` (``headroom_bytes``: after the margins), ``fits``.
+        DDP on one GPU is one process.
 
     Raises:
         ConfigError: an unknown size or layout.
@@ -295,29 +304,63 @@ def memory_table(sizes: Sequence[str] = tuple(GPT_SIZES), world_sizes: Sequence[
         raise ConfigError(f"unknown sizes or layouts {unknown}; sizes: {list(GPT_SIZES)}, layouts: {list(LAYOUTS)}")
     rows = []
     for size in sizes:
-        n_layers, d_model, n_heads = GPT_SIZES[size]
-        model = ["--n-layers", n_layers, "--d-model", d_model, "--n-heads", n_heads, "--block-size", block_size,
-                 "--vocab-size", vocab_size, "--batch-size", batch_size]
         for world in world_sizes:
             for layout in layouts:
-                flags = list(LAYOUTS[layout])
-                if world == 1 and flags[1] == "ddp":
-                    flags[1] = "none"
-                plan = plan_memory(model + flags, world_size=world)
-                rows.append({"model": size, "n_params": plan.n_params, "GPUs": world, "layout": layout,
-                             "peak (GiB)": round(plan.total_bytes / GIB, 2),
-                             "state, analytic (GiB)": round(plan.state_bytes_analytic / GIB, 2),
-                             "headroom (GiB)": round(plan.headroom_bytes(capacity_gib * GIB) / GIB, 2),
-                             "plan_time_s": round(plan.plan_time_s, 2)})
-                rows[-1]["fits"] = rows[-1]["headroom (GiB)"] >= 0
+                plan = plan_memory(table_args(size, layout, world, batch_size=batch_size, block_size=block_size,
+                                              vocab_size=vocab_size), world_size=world)
+                headroom = plan.headroom_bytes(capacity_gib * GIB) / GIB
+                rows.append({"model": size, "n_params": plan.n_params, "gpus": world, "layout": layout,
+                             "peak_gib": round(plan.total_bytes / GIB, 3),
+                             "unsimulated_gib": round(plan.unsimulated_bytes / GIB, 3),
+                             "state_analytic_gib": round(plan.state_bytes_analytic / GIB, 3),
+                             "headroom_gib": round(headroom, 3), "fits": bool(headroom >= 0)})
     return pd.DataFrame(rows)
+
+
+def table_args(size: str, layout: str, world_size: int, *, batch_size: int = 1, block_size: int = 1024,
+               vocab_size: int = 50304) -> list:
+    """train_lm.py's flags for one row of ``memory_table`` (DDP on one GPU is ``--parallel none``)."""
+    n_layers, d_model, n_heads = GPT_SIZES[size]
+    flags = list(LAYOUTS[layout])
+    if world_size == 1 and flags[1] == "ddp":
+        flags[1] = "none"
+    return ["--n-layers", n_layers, "--d-model", d_model, "--n-heads", n_heads, "--block-size", block_size,
+            "--vocab-size", vocab_size, "--batch-size", batch_size, *flags]
+
+
+def read_memory_table():
+    """The stored ``memory_table()`` for 24 GB GPUs (``tutorial_lib/data/memory_table_24gb.csv``, written by
+    ``python -m tutorial_lib.memory_plan``; the torch that planned it is in its ``torch`` column)."""
+    import pandas as pd
+    return pd.read_csv(Path(__file__).resolve().parent / "data" / "memory_table_24gb.csv")
 
 
 def largest_fitting(table, layout: str, gpus: int) -> str | None:
     """The largest model size in ``memory_table``'s ``table`` that fits with ``layout`` on ``gpus`` GPUs, or None."""
-    fitting = table[(table["layout"] == layout) & (table["GPUs"] == gpus) & table["fits"]]
+    fitting = table[(table["layout"] == layout) & (table["gpus"] == gpus) & table["fits"]]
     return None if fitting.empty else fitting.sort_values("n_params")["model"].iloc[-1]
 
 
-__all__ = ["MemoryPlan", "plan_memory", "read_memory_snapshots", "compare_plan", "memory_table", "largest_fitting",
-           "categories_of", "GPT_SIZES", "LAYOUTS", "CONTEXT_MARGIN_BYTES", "FRAGMENTATION_MARGIN"]
+__all__ = ["MemoryPlan", "plan_memory", "read_memory_snapshots", "compare_plan", "memory_table", "table_args",
+           "read_memory_table", "largest_fitting", "categories_of", "GPT_SIZES", "LAYOUTS", "CONTEXT_MARGIN_BYTES",
+           "FRAGMENTATION_MARGIN"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tutorial_lib.memory_plan [OUT.csv]``: plan ``memory_table()`` and write it (default: the stored
+    table), with the torch version and the seconds each plan took printed."""
+    import sys
+
+    import torch
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = Path(argv[0]) if argv else Path(__file__).resolve().parent / "data" / "memory_table_24gb.csv"
+    table = memory_table()
+    table["torch"] = torch.__version__
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, index=False)
+    print(table.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

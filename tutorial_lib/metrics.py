@@ -411,3 +411,25 @@ def summarize_runs(runs: Mapping[str, pd.DataFrame], baseline: str | None = None
     if baseline is not None:
         table.insert(1, "loss_diff_vs_baseline", (table["final_loss"] - table.loc[baseline, "final_loss"]).abs())
     return table
+
+
+def loss_curves(runs: Mapping[str, pd.DataFrame], column: str = "loss_global") -> pd.DataFrame:
+    """Several runs' curves side by side: one column per run, rank 0's ``column`` by step.
+
+    Args:
+        runs: label -> that run's metrics table (``read_metrics`` / ``LaunchResult.metrics()``).
+        column: the per-step value to compare (``loss_global`` is the same on every rank).
+
+    Returns:
+        A DataFrame indexed by ``step``; a step a run did not reach is NaN in its column.
+
+    Raises:
+        MetricsError: a run without ``column``.
+    """
+    curves = {}
+    for label, df in runs.items():
+        if column not in df:
+            raise MetricsError(f"run {label!r} has no {column!r} column; it has {sorted(df.columns)}")
+        rank0 = df[df["rank"] == df["rank"].min()].dropna(subset=[column])
+        curves[label] = rank0.set_index("step")[column]
+    return pd.DataFrame(curves).sort_index()

@@ -40,6 +40,7 @@ Python standard library are used, so the file can be copied to a cluster as is.
 import argparse
 import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
@@ -620,7 +621,7 @@ def train(args, rank, local_rank, world_size, device):
     if path is not None:
         dcp.load(state, checkpoint_id=path)  # model, optimizer, scheduler, data position, step, this rank's RNG
         sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}\n")
-    log = StepLog(args, rank, local_rank, world_size, device, model, optimizer, resumed_from=train_state.step)  # workbook
+    log = StepLog(args, rank, local_rank, world_size, device, model, optimizer, data, train_state.step)  # workbook
     pending = None  # the async save in flight
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
     while train_state.step < last_step:
@@ -690,7 +691,7 @@ def check_world(args, world_size):
 # Dense bf16 tensor-core peak (FP32 accumulate) and plain fp32 peak, TFLOPS, by device name; the datasheets' boost
 # clock figures. RTX 4090 D: 114 SMs to the 4090's 128 (147.1 vs 165.2 bf16). Longest name first when matching.
 PEAK_TFLOPS = {"H200": (989.4, 66.9), "H100 PCIe": (756.0, 51.2), "H100": (989.4, 66.9), "A100": (312.0, 19.5),
-               "RTX 4090 D": (147.1, 73.5), "RTX 4090": (165.2, 82.6), "L40S": (362.1, 91.6), "A10": (125.0, 31.2)}
+               "RTX 4090 D": (147.1, 73.5), "RTX 4090": (165.2, 82.6)}
 
 
 def add_workbook_flags(p):
@@ -736,13 +737,11 @@ def model_flops_per_token(cfg, n_params):
     return 6 * n_matmul + 12 * cfg.n_layers * cfg.d_model * cfg.block_size
 
 
-def peak_flops(device, dtype):
-    """This device's peak FLOP/s for ``dtype`` from PEAK_TFLOPS, or None (CPU, or a GPU not in the table)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+def peak_flops(device_name, dtype):
+    """Peak FLOP/s for ``dtype`` of the device called ``device_name`` (torch.cuda.get_device_name), from
+    PEAK_TFLOPS, or None (a CPU, or a GPU not in the table). "NVIDIA GeForce RTX 4090 D" is a 4090 D, not a 4090."""
     for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key in name:
+        if key in (device_name or ""):
             return PEAK_TFLOPS[key][0 if dtype == torch.bfloat16 else 1] * 1e12
     return None
 
@@ -759,7 +758,7 @@ class StepLog:
     """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl``; rank 0 prints a line
     every --log-every steps. Keys: tutorial_lib/metrics.py's schema."""
 
-    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, resumed_from):
+    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, data, resumed_from):
         self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
         self.metrics_dir = Path(args.metrics_dir)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -767,7 +766,8 @@ class StepLog:
         cfg = model_config(args)
         n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
         self.flops_per_token = model_flops_per_token(cfg, n_params)
-        self.peak = peak_flops(device, compute_dtype(args, device))
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.peak = peak_flops(device_name, compute_dtype(args, device))
         self.tokens_per_step = args.batch_size * args.grad_accum_steps * args.block_size
         self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
                        "world_size": world_size, "device": str(device), "strategy": args.parallel,
@@ -776,8 +776,12 @@ class StepLog:
         self.save_events, self.t0 = [], time.perf_counter()
         if rank == 0:
             (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
-                "rank": 0, "n_params": n_params, "flops_per_token": self.flops_per_token,
+                "rank": 0, "n_params": n_params, "flops_per_token": self.flops_per_token, "device_name": device_name,
                 "peak_flops": self.peak, "config": vars(cfg), "args": vars(args)}))
+        # Which bytes this rank trains on: every rank must read the same corpus (tests/test_train_lm.py compares).
+        (self.metrics_dir / f"data_rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "corpus_bytes": len(data), "corpus_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest(),
+            "python": sys.version.split()[0]}))
 
     def start(self, step):
         self.t0 = time.perf_counter()
