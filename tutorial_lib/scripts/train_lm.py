@@ -466,8 +466,16 @@ def evaluate(model, dataset, args, rank, world_size, device):
         totals[0] += (losses.sum(dim=1) * weight).sum().double()
         totals[1] += weight.sum().double() * y.shape[1]
     dist.all_reduce(totals)  # SUM: over all ranks, every window once
+    reshard(model)
     model.train()
     return (totals[0] / totals[1]).item()
+
+
+def reshard(model):
+    """FSDP keeps the root unit's parameters gathered after its forward (backward would need them first); after a
+    forward without backward (evaluation, generation) that is a whole copy of the root for nothing: free it."""
+    if hasattr(model, "reshard"):  # an FSDPModule
+        model.reshard()
 
 
 def autocast_for(args, device):
@@ -671,6 +679,7 @@ def generate(model, args, device):
         top = torch.topk(logits, 20)
         choice = torch.multinomial(F.softmax(top.values, dim=-1), 1, generator=g)
         idx = torch.cat([idx, top.indices[choice].view(1, 1)], dim=1)
+    reshard(model)
     model.train()
     return bytes(idx[0].tolist()).decode("utf-8", errors="replace")
 
