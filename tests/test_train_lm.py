@@ -199,3 +199,16 @@ def test_the_stored_24gb_table_covers_every_row_and_more_gpus_never_hurt_fsdp():
     ddp = table[table["layout"] == "DDP fp32"].pivot_table(index="model", columns="gpus", values="peak_gib")
     assert ((ddp[4] - ddp[1]).abs() / ddp[1] < 0.25).all(), "DDP holds everything on every rank"
     assert (table["headroom_gib"] >= 0).eq(table["fits"]).all()
+
+
+@pytest.mark.integration
+def test_async_save_on_the_training_process_group_breaks_the_job(tmp_path):
+    """On the default gloo group the background save's collectives interleave with training's: a rank aborts on a size
+    mismatch or the ranks wait until the collective timeout (both seen here). On a group of its own (every other
+    async save in this file) it never did."""
+    args = [*SMALL, "--parallel", "fsdp", "--batch-size", 4, "--save-every", 1, "--async-save", "--save-group",
+            "default", "--pg-timeout-s", 10]
+    with pytest.raises(LaunchError) as info:
+        launch(tmp_path / "runs", "save-default-group", args, 2)
+    assert tl.diagnose(info.value).cause in ("collective mismatch", "collective timeout (hang)"), str(info.value)
+    assert not wait_no_job_processes(str(tmp_path))

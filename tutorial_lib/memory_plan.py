@@ -128,6 +128,7 @@ def categories_of(snapshot: Mapping[str, int]) -> dict[str, int]:
 def _fake_world(world_size: int):
     """A fake process group of ``world_size`` ranks in this process (rank 0), destroyed on exit."""
     import torch.distributed as dist
+    import torch.distributed._tools.fake_collectives  # noqa: F401  (c10d's collectives on fake tensors; torch 2.8)
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers torch's "fake" backend)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -285,8 +286,8 @@ def memory_table(sizes: Sequence[str] = tuple(GPT_SIZES), world_sizes: Sequence[
 
     Args:
         sizes: keys of ``GPT_SIZES``; world_sizes: GPUs (one rank each); layouts: keys of ``LAYOUTS``.
-        capacity_gib: memory per GPU (GiB). An RTX 4090 D's "24 GB" is 24 GiB (GDDR6X, 24564 MiB as nvidia-smi
-            reports it; what the driver leaves to processes is a little less, inside the context margin).
+        capacity_gib: memory per GPU (GiB). An RTX 4090 D's "24 GB" is 24 GiB of GDDR6X (the driver keeps a few
+            MiB of it: inside the context margin).
         batch_size, block_size, vocab_size: windows per rank, tokens per window, vocabulary.
 
     Returns:

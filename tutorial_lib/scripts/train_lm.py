@@ -623,7 +623,7 @@ def train(args, rank, local_rank, world_size, device):
     train_state = TrainState()
     # async_save's background writes use collectives of their own: on a group of their own, they never interleave
     # with training's on the default group (on gloo they did, and a rank aborted: a collective mismatch).
-    save_group = dist.new_group(backend="gloo") if args.async_save else None
+    save_group = dist.new_group(backend="gloo") if args.async_save and args.save_group == "own" else None
     state = checkpoint_state(model, optimizer, scheduler, batches, train_state, rank, device)
     path = resume_path(args)
     if path is not None:
@@ -705,6 +705,9 @@ PEAK_TFLOPS = {"H200": (989.4, 66.9), "H100 PCIe": (756.0, 51.2), "H100": (989.4
 
 def add_workbook_flags(p):
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--save-group", choices=["own", "default"], default="own",
+                   help="--async-save's process group: own (a new gloo group); default: the mistake, training's own "
+                        "group, whose collectives then interleave with the background save's")
     p.add_argument("--track-memory", action="store_true",
                    help="run the second step under torch's memory tracker (FSDPMemTracker under fsdp/hsdp, else "
                         "MemTracker) and write its peak by category to <metrics-dir>/memory_rank<RANK>.json")
