@@ -93,6 +93,7 @@ SMALL_ARGS = {
     "collective_mismatch": ["--max-steps", 2], "distributed_eval": [],
     "fsdp_knobs": ["--dim", 16, "--n-layers", 1],
     "ddp_knobs": ["--lessons", "static_graph", "--max-steps", 4],
+    "train_lm": ["--max-steps", 2, "--n-layers", 1, "--d-model", 32, "--corpus-bytes", 65536],
 }
 
 

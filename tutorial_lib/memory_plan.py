@@ -147,8 +147,9 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
 
     Args:
         args: the script's flags (``--parallel``, ``--n-layers``, ``--d-model``, ``--n-heads``, ``--block-size``,
-            ``--vocab-size``, ``--batch-size``, ``--precision``, ``--activation-checkpointing``, ...), checked by
-            its own parser. ``--precision auto`` means what it means on CPU (fp32): say ``bf16`` for a GPU plan.
+            ``--vocab-size``, ``--batch-size``, ``--precision``, ``--ac-mode``, ...), checked by
+            its own parser. Without ``--precision`` the script computes in fp32 on CPU, where the plan runs: say
+            ``--precision bf16`` for a GPU's default.
         world_size: ranks to simulate (>= 1); ``--parallel none`` needs 1, ``hsdp`` a multiple of
             ``--replicate-degree``.
         script: the lesson script (a shipped name or a path) whose model and training step are planned.
@@ -162,7 +163,6 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
     """
     import torch
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -185,8 +185,32 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
     ddp = parsed.parallel == "ddp"
     if ddp:  # DDP's reducer cannot run on fake tensors: plan one process, then add DDP's buckets
         parsed.parallel = "none"
+    snapshot, n_params, largest_unit = _traced_step(module, parsed, world_size)
+    peak = categories_of(snapshot)
+    notes = []
+    if ddp:
+        bucket_bytes = n_params * 4  # fp32 gradients, one bucket element per parameter element
+        peak["gradients"] += bucket_bytes
+        notes.append(f"DDP: {bucket_bytes} bytes of gradient buckets added to the one-process plan")
+    shards = {"none": 1, "fsdp": world_size, "hsdp": world_size // parsed.replicate_degree}[parsed.parallel]
+    analytic = n_params * bytes_per_parameter("ddp")["total"] / shards  # 16 bytes per parameter, sharded or not
+    unsimulated = 4 * largest_unit if parsed.parallel in ("fsdp", "hsdp") else 0
+    if unsimulated:
+        notes.append(f"not in the peak: the largest unit's reduce-scatter input, {unsimulated} bytes (headroom counts it)")
+    return MemoryPlan(args=tuple(argv), parallel="ddp" if ddp else parsed.parallel, world_size=world_size,
+                      n_params=n_params, peak_bytes=peak, state_bytes_analytic=analytic,
+                      plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
+                      unsimulated_bytes=unsimulated, notes=tuple(notes))
+
+
+def _traced_step(module, parsed, world_size: int) -> tuple[dict, int, int]:
+    """The script's model and training step in fake mode over ``world_size`` fake ranks: (the tracker's peak snapshot
+    of the tracked step, parameters, the largest FSDP unit's parameters)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     device = torch.device("cpu")
-    with _fake_world(world_size if not ddp else 1):
+    with _fake_world(world_size if parsed.parallel != "none" else 1):
         mesh = module.make_mesh(parsed, world_size, device) if parsed.parallel in ("fsdp", "hsdp") else None
         with FakeTensorMode():
             model = module.build_model(parsed, device, mesh, init=False)  # fake weights: no values to initialise
@@ -209,24 +233,7 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
             n_params = sum(p.numel() for p in model.parameters())
             block_numels = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
-    largest_unit = max(block_numels + [n_params - sum(block_numels)])  # a block, or the root's own parameters
-    peak = categories_of(snapshot)
-    notes = []
-    if ddp:
-        bucket_bytes = n_params * 4  # fp32 gradients, one bucket element per parameter element
-        peak["gradients"] += bucket_bytes
-        notes.append(f"DDP: {bucket_bytes} bytes of gradient buckets added to the one-process plan")
-    share = 1 if parsed.parallel in ("none",) or ddp else (
-        world_size // parsed.replicate_degree if parsed.parallel == "hsdp" else world_size)
-    analytic = n_params * bytes_per_parameter("ddp")["total"] / share
-    unsimulated = 4 * largest_unit if parsed.parallel in ("fsdp", "hsdp") else 0
-    if unsimulated:
-        notes.append(f"not in the peak: the largest unit's reduce-scatter input, {unsimulated} bytes (headroom counts it)")
-    return MemoryPlan(args=tuple(argv), parallel="ddp" if ddp else parsed.parallel, world_size=world_size,
-                      n_params=n_params, peak_bytes=peak, state_bytes_analytic=analytic,
-                      plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      unsimulated_bytes=unsimulated, notes=tuple(notes))
-
+    return snapshot, n_params, max(block_numels + [n_params - sum(block_numels)])  # a block, or the root's own
 
 def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
     """The peaks a ``train_lm.py --track-memory`` run measured, one ``{category: bytes}`` per rank, sorted by rank:
@@ -276,7 +283,7 @@ GPT_SIZES = {"125M": (12, 768, 12), "350M": (24, 1024, 16), "760M": (24, 1536, 1
 LAYOUTS = {"DDP fp32": ["--parallel", "ddp", "--precision", "fp32"],
            "FSDP2 fp32": ["--parallel", "fsdp", "--precision", "fp32"],
            "FSDP2 bf16": ["--parallel", "fsdp", "--precision", "bf16"],
-           "FSDP2 bf16 + AC": ["--parallel", "fsdp", "--precision", "bf16", "--activation-checkpointing", "full"]}
+           "FSDP2 bf16 + AC": ["--parallel", "fsdp", "--precision", "bf16", "--ac-mode", "full"]}
 
 
 def memory_table(sizes: Sequence[str] = tuple(GPT_SIZES), world_sizes: Sequence[int] = (1, 4, 8),

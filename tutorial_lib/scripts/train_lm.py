@@ -3,7 +3,7 @@
 Run card
     python train_lm.py --parallel none --max-steps 200                      # one process, CPU or one GPU
     torchrun --nproc-per-node 2 train_lm.py --parallel ddp                  # replicas, gradients all-reduced
-    torchrun --nproc-per-node 4 train_lm.py --parallel fsdp --activation-checkpointing selective
+    torchrun --nproc-per-node 4 train_lm.py --parallel fsdp --ac-mode selective
     torchrun --nproc-per-node 4 train_lm.py --parallel hsdp --replicate-degree 2   # shard in 2, replicate x 2
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr HOST --master-port 29500 \
         train_lm.py --parallel hsdp --replicate-degree 2 --n-layers 24 --d-model 2048 --n-heads 16
@@ -98,12 +98,13 @@ def parse_args(argv=None):
     p.add_argument("--clip-grad-norm", type=float, default=1.0, help="clip the global gradient norm (0: off)")
     p.add_argument("--foreach", action="store_true",
                    help="AdamW's foreach implementation: faster on GPUs, but temporaries for all parameters at once")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                   help="compute dtype; auto: bf16 on CUDA, fp32 on CPU (bf16 matmuls are slow on CPUs without "
-                        "avx512_bf16/AMX); parameters, gradients and optimizer state stay fp32 either way")
-    p.add_argument("--activation-checkpointing", choices=["none", "full", "selective"], default="none",
-                   help="recompute in backward: full = each block's whole forward; selective = all but its "
-                        "matmul and attention outputs")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="compute dtype (default: bf16 on CUDA, fp32 on CPU, where bf16 matmuls are slow without "
+                        "avx512_bf16/AMX); parameters, gradients and optimizer state stay fp32 either way; fp16 "
+                        "would need a gradient scaler, which this script does not have: refused")
+    p.add_argument("--ac-mode", choices=["none", "full", "selective"], default="none",
+                   help="activation checkpointing per block, recomputed in backward: full = the block's whole "
+                        "forward; selective = all but its matmul and attention outputs; none")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--compile-backend", type=str, default="inductor",
                    help="torch.compile's backend: inductor (generates kernels; needs a C++ compiler on CPU), or "
@@ -294,7 +295,7 @@ def model_config(args):
 
 
 def compute_dtype(args, device):
-    if args.precision == "auto":
+    if args.precision is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
 
@@ -316,7 +317,7 @@ def build_model(args, device, mesh=None, init=True):
     # only. DDP and one process hold the whole model anyway: built on the device directly.
     with torch.device("meta" if sharded else device):
         model = GPT(model_config(args))
-    model.checkpointing = args.activation_checkpointing
+    model.checkpointing = args.ac_mode
     if args.compile:
         for block in model.blocks:
             block.compile(backend=args.compile_backend)  # in place, before sharding (torchtitan's order: checkpointing, compile, FSDP)
@@ -721,6 +722,9 @@ def check_args(p, args):
     for name in ("eval_every", "save_every", "stop_at_step", "sample_tokens", "clip_grad_norm", "weight_decay"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.precision == "fp16":
+        p.error("--precision fp16 needs a gradient scaler, which train_lm.py does not have: use bf16 (fp32's exponent "
+                "range, no scaler needed), or ddp_train.py / fsdp_train.py for fp16 with a GradScaler")
     if args.d_model % args.n_heads:
         p.error(f"--n-heads must divide --d-model, got --d-model {args.d_model} --n-heads {args.n_heads}")
     if args.vocab_size < 256:
