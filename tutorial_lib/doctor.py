@@ -120,7 +120,7 @@ CAUSES = (
           "torch.compile under DDP with a small bucket_cap_mb: dynamo's DDPOptimizer cannot split the graph at "
           "these buckets. Set torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py "
           "--no-optimize-ddp: one graph, DDP's buckets still overlap backward) or use a larger bucket_cap_mb "
-          "(11, section 7 'torch.compile')"),
+          "(11, section 9 'Notes')"),
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
           "(01, section 6 'A parameter without a gradient')"),

@@ -695,7 +695,7 @@ def check_world(args, world_size):
 # ---------------------------------------------------------------------------------------------------------------
 # Workbook instrumentation: not needed to train on a cluster.
 # Flag checks, the per-step metrics record (one JSON line per step per rank), the tokens/s and model FLOPs
-# utilisation, save timings, the generated sample, and --track-memory (torch's memory tracker on the first steps).
+# utilisation, save timings, the generated sample, and --track-memory (torch's memory tracker on the second step).
 # ---------------------------------------------------------------------------------------------------------------
 
 # Dense bf16 tensor-core peak (FP32 accumulate) and plain fp32 peak, TFLOPS, by device name; the datasheets' boost
