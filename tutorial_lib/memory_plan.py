@@ -203,7 +203,8 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
     analytic = n_params * bytes_per_parameter("ddp")["total"] / shards  # 16 bytes per parameter, sharded or not
     unsimulated = 4 * largest_unit if parsed.parallel in ("fsdp", "hsdp") else 0
     if unsimulated:
-        notes.append(f"not in the peak: the largest unit's reduce-scatter input, {unsimulated} bytes (headroom counts it)")
+        notes.append(f"not in the peak: the largest unit's reduce-scatter input, {unsimulated} bytes (the headroom "
+                     "counts it)")
     return MemoryPlan(args=tuple(argv), parallel="ddp" if ddp else parsed.parallel, world_size=world_size,
                       n_params=n_params, peak_bytes=peak, state_bytes_analytic=analytic,
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
@@ -232,11 +233,12 @@ def _traced_step(module, parsed, world_size: int) -> tuple[dict, int, int]:
             batches.order = list(range(len(batches.sampler)))  # a fake tensor has no values to shuffle by
             # As --track-memory: one step to warm up (the optimizer's state, FSDP's lazy initialisation, DTensor's
             # sharding caches), then the second step under the tracker.
-            loss, norm = module.train_step(model, optimizer, batches, parsed, device)
+            scaler = module.make_scaler(parsed, device)
+            loss, norm = module.train_step(model, optimizer, scaler, batches, parsed, device)
             loss_global = loss.clone()  # noqa: F841  (the script's loop keeps these until the next step)
             tracker = module.make_tracker(model, optimizer)
             with tracker:
-                module.train_step(model, optimizer, batches, parsed, device)
+                module.train_step(model, optimizer, scaler, batches, parsed, device)
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
             n_params = sum(p.numel() for p in model.parameters())
             block_numels = [sum(p.numel() for p in block.parameters()) for block in model.blocks]

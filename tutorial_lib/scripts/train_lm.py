@@ -100,8 +100,10 @@ def parse_args(argv=None):
                    help="AdamW's foreach implementation: faster on GPUs, but temporaries for all parameters at once")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="compute dtype (default: bf16 on CUDA, fp32 on CPU, where bf16 matmuls are slow without "
-                        "avx512_bf16/AMX); parameters, gradients and optimizer state stay fp32 either way; fp16 "
-                        "would need a gradient scaler, which this script does not have: refused")
+                        "avx512_bf16/AMX); parameters, gradients and optimizer state stay fp32 either way; fp16: "
+                        "CUDA only, with a gradient scaler")
+    p.add_argument("--grad-scaler", choices=["auto", "on", "off"], default="auto",
+                   help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range)")
     p.add_argument("--ac-mode", choices=["none", "full", "selective"], default="none",
                    help="activation checkpointing per block, recomputed in backward: full = the block's whole "
                         "forward; selective = all but its matmul and attention outputs; none")
@@ -297,7 +299,7 @@ def model_config(args):
 def compute_dtype(args, device):
     if args.precision is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
 
 
 def make_mesh(args, world_size, device):
@@ -320,7 +322,8 @@ def build_model(args, device, mesh=None, init=True):
     model.checkpointing = args.ac_mode
     if args.compile:
         for block in model.blocks:
-            block.compile(backend=args.compile_backend)  # in place, before sharding (torchtitan's order: checkpointing, compile, FSDP)
+            # In place, before sharding (torchtitan's order: activation checkpointing, compile, FSDP).
+            block.compile(backend=args.compile_backend)
     if sharded:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
         dtype = compute_dtype(args, device)
@@ -485,7 +488,13 @@ def autocast_for(args, device):
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32 and args.parallel in ("none", "ddp"))
 
 
-def train_step(model, optimizer, batches, args, device):
+def make_scaler(args, device):
+    """fp16's gradient scaler; with bf16 or fp32 a disabled one, whose every call passes through."""
+    on = args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16")
+    return torch.amp.GradScaler(device.type, enabled=on)
+
+
+def train_step(model, optimizer, scaler, batches, args, device):
     """One optimizer step over --grad-accum-steps micro-batches; returns (mean loss, gradient norm) as tensors."""
     loss_sum = torch.zeros((), device=device)
     for micro in range(args.grad_accum_steps):
@@ -493,27 +502,21 @@ def train_step(model, optimizer, batches, args, device):
         # DDP: all-reduce only after the last micro-batch (no_sync). FSDP reduce-scatters after each one on purpose:
         # holding unsharded gradients until the last (set_requires_gradient_sync(False)) costs the memory it saves.
         last = micro == args.grad_accum_steps - 1
-        sync = model.no_sync() if args.parallel == "ddp" and not last else _nothing()
+        sync = model.no_sync() if args.parallel == "ddp" and not last else contextlib.nullcontext()
         with sync:
             with autocast_for(args, device):
                 logits = model(x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / args.grad_accum_steps
-            loss.backward()  # DDP all-reduces, FSDP reduce-scatters the gradients here
+            scaler.scale(loss).backward()  # DDP all-reduces, FSDP reduce-scatters the gradients here
         loss_sum += loss.detach()
+    scaler.unscale_(optimizer)  # clipping must see the true gradients, not the scaled ones
     # On FSDP's DTensor gradients the norm is a DTensor; full_tensor() is the global value (Partial on torch 2.8).
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm or float("inf"))
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    optimizer.step()
+    scaler.step(optimizer)  # optimizer.step(), skipped when a gradient is inf/NaN (fp16 overflow)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, norm
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # --- Checkpoints: DCP, every rank writes its own shards -------------------------------------------------------------
@@ -561,8 +564,8 @@ class TrainState(Stateful):
         self.step = int(state["step"])
 
 
-def checkpoint_state(model, optimizer, scheduler, batches, train_state, rank, device):
-    return {"app": ModelAndOptimizer(model, optimizer), "scheduler": scheduler, "data": batches,
+def checkpoint_state(model, optimizer, scheduler, scaler, batches, train_state, rank, device):
+    return {"app": ModelAndOptimizer(model, optimizer), "scheduler": scheduler, "scaler": scaler, "data": batches,
             "train": train_state, f"rng_rank{rank}": RNG(device)}
 
 
@@ -600,7 +603,7 @@ def main():
     try:
         if args.create_seed_checkpoint:
             if world_size != 1:
-                sys.exit("--create-seed-checkpoint runs as one process: python train_lm.py --create-seed-checkpoint DIR")
+                sys.exit("--create-seed-checkpoint runs as one process: python train_lm.py --create-seed-checkpoint D")
             create_seed_checkpoint(args, device)
         else:
             train(args, rank, local_rank, world_size, device)
@@ -619,13 +622,14 @@ def train(args, rank, local_rank, world_size, device):
     model = build_model(args, device, mesh)
     optimizer = build_optimizer(args, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
+    scaler = make_scaler(args, device)
     batches = Batches(train_set, args.batch_size, rank, world_size, args.seed)
     torch.manual_seed(args.seed + 7919 * (rank + 1))  # dropout's draws: reproducible, different on every rank
     train_state = TrainState()
     # async_save's background writes use collectives of their own: on a group of their own, they never interleave
     # with training's on the default group (on gloo they did, and a rank aborted: a collective mismatch).
     save_group = dist.new_group(backend="gloo") if args.async_save and args.save_group == "own" else None
-    state = checkpoint_state(model, optimizer, scheduler, batches, train_state, rank, device)
+    state = checkpoint_state(model, optimizer, scheduler, scaler, batches, train_state, rank, device)
     path = resume_path(args)
     if path is not None:
         dcp.load(state, checkpoint_id=path)  # model, optimizer, scheduler, data position, step, this rank's RNG
@@ -639,7 +643,7 @@ def train(args, rank, local_rank, world_size, device):
         log.start(step)  # workbook: the step's clock
         lr = scheduler.get_last_lr()[0]
         with log.tracking(step):  # workbook: --track-memory, torch's memory tracker on the second step
-            loss, grad_norm = train_step(model, optimizer, batches, args, device)
+            loss, grad_norm = train_step(model, optimizer, scaler, batches, args, device)
         scheduler.step()
         loss_global = loss.clone()
         dist.all_reduce(loss_global)  # SUM then / world: each rank's loss is over its own windows
@@ -698,8 +702,9 @@ def check_world(args, world_size):
 # utilisation, save timings, the generated sample, and --track-memory (torch's memory tracker on the second step).
 # ---------------------------------------------------------------------------------------------------------------
 
-# Dense bf16 tensor-core peak (FP32 accumulate) and plain fp32 peak, TFLOPS, by device name; the datasheets' boost
-# clock figures. RTX 4090 D: 114 SMs to the 4090's 128 (147.1 vs 165.2 bf16). Longest name first when matching.
+# Dense bf16 (= fp16) tensor-core peak with FP32 accumulate, and plain fp32 peak, TFLOPS, by device name; the
+# datasheets' boost clock figures. RTX 4090 D: 114 SMs to the 4090's 128 (147.1 vs 165.2 bf16). The longest name is
+# matched first.
 PEAK_TFLOPS = {"H200": (989.4, 66.9), "H100 PCIe": (756.0, 51.2), "H100": (989.4, 66.9), "A100": (312.0, 19.5),
                "RTX 4090 D": (147.1, 73.5), "RTX 4090": (165.2, 82.6)}
 
@@ -722,9 +727,10 @@ def check_args(p, args):
     for name in ("eval_every", "save_every", "stop_at_step", "sample_tokens", "clip_grad_norm", "weight_decay"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.precision == "fp16":
-        p.error("--precision fp16 needs a gradient scaler, which train_lm.py does not have: use bf16 (fp32's exponent "
-                "range, no scaler needed), or ddp_train.py / fsdp_train.py for fp16 with a GradScaler")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.precision == "fp16" and not use_cuda:
+        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
+        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
     if args.d_model % args.n_heads:
         p.error(f"--n-heads must divide --d-model, got --d-model {args.d_model} --n-heads {args.n_heads}")
     if args.vocab_size < 256:
@@ -758,7 +764,7 @@ def peak_flops(device_name, dtype):
     PEAK_TFLOPS, or None (a CPU, or a GPU not in the table). "NVIDIA GeForce RTX 4090 D" is a 4090 D, not a 4090."""
     for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
         if key in (device_name or ""):
-            return PEAK_TFLOPS[key][0 if dtype == torch.bfloat16 else 1] * 1e12
+            return PEAK_TFLOPS[key][0 if dtype in (torch.bfloat16, torch.float16) else 1] * 1e12
     return None
 
 
@@ -787,7 +793,8 @@ class StepLog:
         self.tokens_per_step = args.batch_size * args.grad_accum_steps * args.block_size
         self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
                        "world_size": world_size, "device": str(device), "strategy": args.parallel,
-                       "precision": "bf16" if compute_dtype(args, device) == torch.bfloat16 else "fp32",
+                       "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(compute_dtype(args, device),
+                                                                                         "fp32"),
                        "resumed_from_step": resumed_from}
         self.save_events, self.t0 = [], time.perf_counter()
         if rank == 0:
@@ -796,7 +803,8 @@ class StepLog:
                 "peak_flops": self.peak, "config": vars(cfg), "args": vars(args)}))
         # Which bytes this rank trains on: every rank must read the same corpus (tests/test_train_lm.py compares).
         (self.metrics_dir / f"data_rank{rank}.json").write_text(json.dumps({
-            "rank": rank, "corpus_bytes": len(data), "corpus_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest(),
+            "rank": rank, "corpus_bytes": len(data),
+            "corpus_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest(),
             "python": sys.version.split()[0]}))
 
     def start(self, step):
@@ -880,8 +888,8 @@ def make_tracker(model, optimizer):
 def write_memory_snapshot(tracker, path, rank):
     """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.memory_plan reads the same)."""
     peak = tracker.get_tracker_snapshot("peak")
-    path.write_text(json.dumps({"rank": rank, "peak": {str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()}
-                                                       for dev, snap in peak.items()}}))
+    path.write_text(json.dumps({"rank": rank, "peak": {
+        str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))
 
 
 if __name__ == "__main__":
