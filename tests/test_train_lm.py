@@ -212,3 +212,11 @@ def test_async_save_on_the_training_process_group_breaks_the_job(tmp_path):
         launch(tmp_path / "runs", "save-default-group", args, 2)
     assert tl.diagnose(info.value).cause in ("collective mismatch", "collective timeout (hang)"), str(info.value)
     assert not wait_no_job_processes(str(tmp_path))
+
+
+def test_selective_activation_checkpointing_keeps_less_than_none_and_more_than_full():
+    """Op-level selective checkpointing (torch.utils.checkpoint.create_selective_checkpoint_contexts, in torch 2.8 and
+    2.13) keeps the matmul and attention outputs: between no checkpointing and whole blocks, in the planned peak."""
+    activations = {ac: tl.plan_memory(["--parallel", "fsdp", "--n-layers", 4, "--ac-mode", ac], world_size=2)
+                   .peak_bytes["activations"] for ac in ("none", "selective", "full")}
+    assert activations["none"] > activations["selective"] > activations["full"] > 0, activations
