@@ -14,6 +14,7 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
     metrics    ddp_train.py (hidden width 1024) with per-step metrics vs ``--no-metrics``, both launched [<= 1.02]
     memory     fsdp_train.py at 2 ranks: FSDP2 per-rank parameter + gradient + AdamW bytes vs DDP [<= 0.52],
                and the analytic model's largest relative error vs measurement [<= 10%]
+    plan       tl.plan_memory of a 6.7 B GPT on 8 ranks (FSDP2, bf16, activation checkpointing), seconds [<= 30]
     workbook   every notebook with papermill (on the warm path): seconds each [<= 60] and the whole workbook's wall time vs the sum
                of the runs inside it (from each run's run.json: torchrun launches, including failed and
                timed-out ones, and ``tl.run_in_process`` runs) [<= 1.3 on the cold path; printed for the warm one,
@@ -53,8 +54,8 @@ from tutorial_lib.launcher.environment import build_env  # noqa: E402
 from tutorial_lib.launcher.job import free_port  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
-SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu", "soak", "matrix")
-DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
+SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu", "soak", "matrix")
+DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
 
 
 def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
@@ -189,6 +190,20 @@ def bench_memory(root: Path) -> list[dict]:
     return [row("memory: FSDP2 / DDP state bytes per rank (N=2)", ratio, 0.52,
                 note=f"{max(measured['fsdp2'].values()) / 2**20:.2f} MiB vs {max(measured['ddp'].values()) / 2**20:.2f} MiB"),
             row("memory: analytic model's largest relative error", error, 0.10, unit="fraction")]
+
+
+def bench_plan() -> list[dict]:
+    """tl.plan_memory of a 6.7 B GPT (32 x 4096, 1024-token windows, vocabulary 50304) on 8 ranks, FSDP2 bf16 with
+    activation checkpointing: seconds per plan, the first one in this process (imports included) and the next."""
+    from tutorial_lib.memory_plan import table_args
+    args = table_args("6.7B", "FSDP2 bf16 + AC", 8)
+    times = []
+    for _ in range(2):
+        plan = tl.plan_memory(args, world_size=8)
+        times.append(plan.plan_time_s)
+    note = f"{plan.n_params / 1e9:.2f} B parameters, peak {plan.total_bytes / 2**30:.2f} GiB per rank"
+    return [row("plan: 7B on 8 ranks, first plan in the process (s)", times[0], 30.0, unit="s", note=note),
+            row("plan: 7B on 8 ranks, the next one (s)", times[1], 30.0, unit="s")]
 
 
 def bench_workbook(root: Path, paths: tuple[str, ...] = ("warm",)) -> list[dict]:
@@ -395,7 +410,7 @@ def main() -> int:
         for section in args.only:
             start = time.monotonic()
             fn = {"launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
-                  "memory": lambda: bench_memory(root), "workbook": lambda: bench_workbook(root, ("warm", "cold") if "warm" in args.only else ("warm",)),
+                  "memory": lambda: bench_memory(root), "plan": bench_plan, "workbook": lambda: bench_workbook(root, ("warm", "cold") if "warm" in args.only else ("warm",)),
                   "warm": lambda: bench_warm(root, args.reps),
                   "gpu": lambda: bench_gpu(root),
                   "soak": lambda: soak_launches(root, args.soak_launches) + failure_matrix(root, args.soak_repeats),

@@ -33,8 +33,10 @@ from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
 from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
-from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
-                      summarize_runs)
+from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
+                          read_memory_table)
+from .metrics import (loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
+                      read_rank_json, summarize_runs)
 from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
@@ -63,6 +65,8 @@ __all__ = [
 ]
 __all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "order_violations", "pipeline_events",
             "plot_pipeline_timeline", "replay_slots"]  # pipeline: what a pipeline's stages did
+__all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "memory_table", "plan_memory",
+            "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone

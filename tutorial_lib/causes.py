@@ -98,6 +98,13 @@ CAUSES = (
           "rank's work is done; end main() with dist.destroy_process_group() in a finally (it makes the abort rarer, "
           "not impossible), not with os._exit, which skips atexit handlers and a running dcp.async_save; the "
           "launcher's rank runner leaves with os._exit for you (07, section 2 'A crashing rank')"),
+    # dynamo's DDPOptimizer splits a compiled graph at DDP's bucket boundaries and insists that the first bucket is
+    # no larger than the others; a small bucket_cap_mb breaks that (torch 2.8 and 2.13 alike).
+    Cause("DDP + torch.compile bucket split", re.compile(r"First bucket should be smaller/equal to other buckets"),
+          "torch.compile under DDP with a small bucket_cap_mb: dynamo's DDPOptimizer cannot split the graph at "
+          "these buckets. Set torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py "
+          "--no-optimize-ddp: one graph, DDP's buckets still overlap backward) or use a larger bucket_cap_mb "
+          "(11, section 9 'Notes')"),
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
           "(01, section 6 'A parameter without a gradient')"),

@@ -7,7 +7,7 @@ Step metrics schema
 -------------------
 Every shipped script that trains writes these keys, the same key and unit for the same quantity in every
 script (units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_per_s`` per second). "all" is every
-script that writes step records (``ALL``); "trainers" is ddp_train, fsdp_train and checkpoint_train. A
+script that writes step records (``ALL``); "trainers" is ddp_train, fsdp_train, checkpoint_train and train_lm. A
 condition in parentheses: the key is written only then (``WHEN``); otherwise the script writes it on every
 line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` checks a record against it, and
 ``tests/integration/test_metrics_schema.py`` checks every script's records (no key missing, none undocumented).
@@ -23,10 +23,13 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     step_time_s            float s     all                            wall time of the step on this rank
     loss_global            float -     all but grad_accum, uneven_inputs, unused_params
                                                                       mean of loss_local over ranks (an all_reduce)
-    local_rank             int   -     ddp_train, checkpoint_train    rank on this node (LOCAL_RANK)
-    device                 str   -     ddp_train, fsdp_train          the rank's device, e.g. cpu or cuda:0
-    precision              str   -     ddp_train, fsdp_train          fp32, bf16 or fp16 (--precision)
-    strategy               str   -     fsdp_train                     ddp, fsdp2, fsdp1, ... (--strategy)
+    local_rank             int   -     ddp_train, checkpoint_train, train_lm
+                                                                      rank on this node (LOCAL_RANK)
+    device                 str   -     ddp_train, fsdp_train, train_lm
+                                                                      the rank's device, e.g. cpu or cuda:0
+    precision              str   -     ddp_train, fsdp_train, train_lm
+                                                                      fp32, bf16 or fp16 (--precision)
+    strategy               str   -     fsdp_train, train_lm           the layout (--strategy; train_lm: --parallel)
     samples_per_s          float 1/s   ddp_train, fsdp_train, grad_accum
                                                                       samples this rank processed per second
     global_samples_per_s   float 1/s   ddp_train                      samples all ranks processed per second
@@ -35,7 +38,7 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     loss_scale             float -     ddp_train, fsdp_train          scale the backward used (1.0: no scaler)
     step_skipped           bool  -     ddp_train                      scaler skipped optimizer.step (inf/NaN grads)
     optimizer_steps        int   -     ddp_train                      optimizer steps applied so far
-    grad_norm              float -     ddp_train                      L2 norm of all gradients, before clipping
+    grad_norm              float -     ddp_train, train_lm            L2 norm of all gradients, before clipping
     grad_zero_fraction     float -     ddp_train                      fraction of gradient elements exactly 0
     grad_zero_elements     int   -     fsdp_train (fp16)              gradient elements exactly 0 (fp16 underflow)
     param_bytes            int   bytes trainers                       this rank's parameter tensors
@@ -56,9 +59,12 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     all_gather_calls       int   -     fsdp_train (counted)           all-gathers in this step (FSDP: parameter unshards)
     reduce_scatter_calls   int   -     fsdp_train (counted)           reduce-scatters in this step (FSDP: gradient shards)
     attempt                int   -     checkpoint_train               restart attempt (TORCHELASTIC_RESTART_COUNT)
-    resumed_from_step      int   -     checkpoint_train               step of the checkpoint loaded (0: none)
-    lr                     float -     checkpoint_train               learning rate this step used
-    epoch                  int   -     checkpoint_train               epoch of the batch order
+    resumed_from_step      int   -     checkpoint_train, train_lm     step of the checkpoint loaded (0: none)
+    lr                     float -     checkpoint_train, train_lm     learning rate this step used
+    epoch                  int   -     checkpoint_train, train_lm     epoch of the batch order
+    tokens_per_s           float 1/s   train_lm                       tokens this rank trained on per second
+    mfu                    float -     train_lm (known gpu)           model FLOP/s / the device's peak FLOP/s
+    eval_loss              float -     train_lm (eval)                held-out loss: mean over every rank's tokens
     skipped_collective     bool  -     collective_mismatch            this rank skipped a loss all_reduce (--fail-rank)
 
 A script's other results (one JSON file per rank, ``<name>_rank<R>.json``) are read with ``read_rank_json``.
@@ -92,12 +98,14 @@ class MetricKey:
 
 
 ALL = ("ddp_train", "fsdp_train", "checkpoint_train", "grad_accum", "model_parallel", "collective_mismatch",
-       "uneven_inputs", "unused_params")  # every script that writes per-step records
-TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train")  # the scripts that log memory
+       "uneven_inputs", "unused_params", "train_lm")  # every script that writes per-step records
+TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train", "train_lm")  # the scripts that log memory
 # The conditions of keys not always written; every one names what decides it.
 WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16",
         "counted": "grad_accum: every step; unused_params: last step, with --count-allreduces; "
-                   "fsdp_train: with --count-collectives"}
+                   "fsdp_train: with --count-collectives",
+        "eval": "on evaluation steps (--eval-every N, and the last step)",
+        "known gpu": "on a CUDA device whose peak FLOP/s the script knows (train_lm.py's PEAK_TFLOPS)"}
 
 STEP_METRICS: tuple[MetricKey, ...] = (
     MetricKey("step", "int", "-", "optimizer step, from 1", ALL),
@@ -107,11 +115,14 @@ STEP_METRICS: tuple[MetricKey, ...] = (
     MetricKey("loss_local", "float", "-", "this rank's loss on its own batch", ALL),
     MetricKey("step_time_s", "float", "s", "wall time of the step on this rank", ALL),
     MetricKey("loss_global", "float", "-", "mean of loss_local over ranks (an all_reduce)",
-              ("ddp_train", "fsdp_train", "checkpoint_train", "model_parallel", "collective_mismatch")),
-    MetricKey("local_rank", "int", "-", "rank on this node (LOCAL_RANK)", ("ddp_train", "checkpoint_train")),
-    MetricKey("device", "str", "-", "the rank's device, e.g. cpu or cuda:0", ("ddp_train", "fsdp_train")),
-    MetricKey("precision", "str", "-", "fp32, bf16 or fp16 (--precision)", ("ddp_train", "fsdp_train")),
-    MetricKey("strategy", "str", "-", "ddp, fsdp2, fsdp1, ... (--strategy)", ("fsdp_train",)),
+              ("ddp_train", "fsdp_train", "checkpoint_train", "model_parallel", "collective_mismatch", "train_lm")),
+    MetricKey("local_rank", "int", "-", "rank on this node (LOCAL_RANK)", ("ddp_train", "checkpoint_train",
+                                                                            "train_lm")),
+    MetricKey("device", "str", "-", "the rank's device, e.g. cpu or cuda:0", ("ddp_train", "fsdp_train",
+                                                                                "train_lm")),
+    MetricKey("precision", "str", "-", "fp32, bf16 or fp16 (--precision)", ("ddp_train", "fsdp_train", "train_lm")),
+    MetricKey("strategy", "str", "-", "the layout (--strategy; train_lm: --parallel)",
+              ("fsdp_train", "train_lm")),
     MetricKey("samples_per_s", "float", "1/s", "samples this rank processed per second",
               ("ddp_train", "fsdp_train", "grad_accum")),
     MetricKey("global_samples_per_s", "float", "1/s", "samples all ranks processed per second", ("ddp_train",)),
@@ -121,7 +132,7 @@ STEP_METRICS: tuple[MetricKey, ...] = (
               ("ddp_train", "fsdp_train")),
     MetricKey("step_skipped", "bool", "-", "scaler skipped optimizer.step (inf/NaN grads)", ("ddp_train",)),
     MetricKey("optimizer_steps", "int", "-", "optimizer steps applied so far", ("ddp_train",)),
-    MetricKey("grad_norm", "float", "-", "L2 norm of all gradients, before clipping", ("ddp_train",)),
+    MetricKey("grad_norm", "float", "-", "L2 norm of all gradients, before clipping", ("ddp_train", "train_lm")),
     MetricKey("grad_zero_fraction", "float", "-", "fraction of gradient elements exactly 0", ("ddp_train",)),
     MetricKey("grad_zero_elements", "int", "-", "gradient elements exactly 0 (fp16 underflow)", ("fsdp_train",),
               "fp16"),
@@ -148,9 +159,14 @@ STEP_METRICS: tuple[MetricKey, ...] = (
               ("fsdp_train",), "counted"),
     MetricKey("attempt", "int", "-", "restart attempt (TORCHELASTIC_RESTART_COUNT)", ("checkpoint_train",)),
     MetricKey("resumed_from_step", "int", "-", "step of the checkpoint loaded (0: none)",
-              ("checkpoint_train",)),
-    MetricKey("lr", "float", "-", "learning rate this step used", ("checkpoint_train",)),
-    MetricKey("epoch", "int", "-", "epoch of the batch order", ("checkpoint_train",)),
+              ("checkpoint_train", "train_lm")),
+    MetricKey("lr", "float", "-", "learning rate this step used", ("checkpoint_train", "train_lm")),
+    MetricKey("epoch", "int", "-", "epoch of the batch order", ("checkpoint_train", "train_lm")),
+    MetricKey("tokens_per_s", "float", "1/s", "tokens this rank trained on per second", ("train_lm",)),
+    MetricKey("mfu", "float", "-", "model FLOP/s / the device's peak FLOP/s", ("train_lm",),
+              "known gpu"),
+    MetricKey("eval_loss", "float", "-", "held-out loss: mean over every rank's tokens",
+              ("train_lm",), "eval"),
     MetricKey("skipped_collective", "bool", "-", "this rank skipped a loss all_reduce (--fail-rank)",
               ("collective_mismatch",)),
 )
@@ -394,3 +410,25 @@ def summarize_runs(runs: Mapping[str, pd.DataFrame], baseline: str | None = None
     if baseline is not None:
         table.insert(1, "loss_diff_vs_baseline", (table["final_loss"] - table.loc[baseline, "final_loss"]).abs())
     return table
+
+
+def loss_curves(runs: Mapping[str, pd.DataFrame], column: str = "loss_global") -> pd.DataFrame:
+    """Several runs' curves side by side: one column per run, rank 0's ``column`` by step.
+
+    Args:
+        runs: label -> that run's metrics table (``read_metrics`` / ``LaunchResult.metrics()``).
+        column: the per-step value to compare (``loss_global`` is the same on every rank).
+
+    Returns:
+        A DataFrame indexed by ``step``; a step a run did not reach is NaN in its column.
+
+    Raises:
+        MetricsError: a run without ``column``.
+    """
+    curves = {}
+    for label, df in runs.items():
+        if column not in df:
+            raise MetricsError(f"run {label!r} has no {column!r} column; it has {sorted(df.columns)}")
+        rank0 = df[df["rank"] == df["rank"].min()].dropna(subset=[column])
+        curves[label] = rank0.set_index("step")[column]
+    return pd.DataFrame(curves).sort_index()

@@ -97,6 +97,7 @@ SMALL_ARGS = {
     "tensor_parallel": ["--lessons", "block", "sequence", "model", "--max-steps", 2, "--dim", 32],
     "pipeline_parallel": ["--microbatches", 1, 2, "--input-dim", 16, "--hidden-dim", 32, "--batch-size", 8],
     "context_parallel_float8": ["--seq-len", 64],
+    "train_lm": ["--max-steps", 2, "--n-layers", 1, "--d-model", 32, "--corpus-bytes", 65536],
 }
 
 

@@ -69,7 +69,7 @@ def test_dataloader_bench_sets_the_device_before_joining_the_nccl_group(fake_cud
 
 
 WORLD_OF_ONE = ["collectives_check", "ddp_knobs", "fsdp_knobs", "fsdp_train", "uneven_inputs", "unused_params", "sync_batchnorm",
-                "tensor_parallel", "pipeline_parallel", "context_parallel_float8"]
+                "tensor_parallel", "pipeline_parallel", "context_parallel_float8", "train_lm"]
 
 
 def test_every_script_that_makes_a_world_of_one_takes_a_backend_flag():
