@@ -26,7 +26,9 @@ The text file of ``export``/``import`` has one block per markdown cell::
     the Chinese text (what import stores)
 
 ``import`` records the block's ``source_sha1`` as the translated version, so translating from an export of stale
-English marks the cell stale again.
+English marks the cell stale again. A translation whose English changed since is exported with a first line
+``<!-- stale: ... -->`` above it; ``import`` refuses a block that still carries it, so a stale cell is never marked
+up to date by an export and import that changed nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ NOTEBOOKS = ROOT / "notebooks"
 EDITION = "zh"  # the twins' folder under notebooks/ and their language
 TWINS = NOTEBOOKS / EDITION
 UNTRANSLATED = ""  # source_sha1 of a cell that holds English text waiting for its translation
+STALE_MARK = "<!-- stale: the English above changed since this was translated; update, then delete this line -->"
 
 
 def english_notebooks() -> list[Path]:
@@ -148,6 +151,8 @@ def export_text(english: Path) -> str:
         mine = zh.get(cell.get("id"))
         translated = mine is not None and _translated_sha(mine) not in (None, UNTRANSLATED)
         body = mine.source if translated else ""
+        if translated and _translated_sha(mine) != sha1(cell.source):
+            body = f"{STALE_MARK}\n{body}"
         blocks.append(f"<!-- cell {cell.get('id')} source_sha1 {sha1(cell.source)} -->\n<!-- en\n"
                       f"{cell.source.replace('-->', '--&gt;')}\n-->\n{body}\n")
     return "\n".join(blocks)
@@ -174,6 +179,9 @@ def import_text(english: Path, text: str) -> int:
         translation = m["text"].strip("\n")
         if not translation.strip():
             continue  # not translated yet: left as it is
+        if STALE_MARK in translation:
+            raise ValueError(f"{twin.name}: cell {m['id']} still carries the mark {STALE_MARK!r}: bring the "
+                             "translation up to date with the English above it, then delete the mark")
         cell.source = translation
         cell.metadata["translation"] = {"source_sha1": m["sha"]}
         count += 1

@@ -6,8 +6,9 @@ Run card
     python pipeline_parallel.py --microbatches 1 2                            # a world of one: one stage, both halves
 
 What it shows
-    * seed 000 section 4.3's model (``part1``: Linear 1000 -> 2000 and ReLU, ``part2``: Linear 2000 -> 1000, MSE
-      loss), its halves on two ranks: stage 0 holds ``part1``, stage 1 holds ``part2``;
+    * seed 000 section 4.3's model (``part1``: Linear 1000 -> 2000, ``part2``: Linear 2000 -> 1000, MSE loss; here
+      with a ReLU after ``part1``, which the seed leaves out), its halves on two ranks: stage 0 holds ``part1`` and
+      the ReLU, stage 1 holds ``part2``;
     * one micro-batch is the seed's model parallelism, written out by hand across two processes: stage 0 runs the
       whole batch forward and sends the activation (``dist.send``), stage 1 runs forward, loss and backward and
       sends the activation's gradient back, then stage 0 runs its backward. Each stage idles while the other works;
