@@ -73,7 +73,8 @@ def test_every_notebook_makes_the_setup_call_before_it_launches_or_draws():
     uses = re.compile(r"tl\.(run_script|launch|run_in_process|plot_\w+)\(")
     for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-        setup = next((i for i, c in enumerate(code) if c.startswith("tl.setup_notebook(RANK_ENV)")), None)
+        first_call = re.compile(r"(tl\.check_parameters\(globals\(\)\).*\n)?tl\.setup_notebook\(RANK_ENV\)")
+        setup = next((i for i, c in enumerate(code) if first_call.match(c)), None)
         first_use = next((i for i, c in enumerate(code) if uses.search(c)), len(code))
-        assert setup is not None and setup <= first_use, path.name  # its first line, before what its cell defines
+        assert setup is not None and setup <= first_use, path.name  # its first line (after the parameter check), before what its cell defines
         assert not any("set_rank_env" in c for c in code), f"{path.name}: setup_notebook sets RANK_ENV"
