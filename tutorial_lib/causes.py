@@ -112,6 +112,21 @@ CAUSES = (
           "(07, section 3 'Debugging variables')"),
 )
 
+# The failures of torchrun itself, no rank to blame: the launcher explains them in its error (with the spec's port and
+# node count), the doctor by these causes.
+AGENT_FAILURES = ("port in use", "rendezvous timeout")
+
+
+def agent_failure(output: str) -> Cause | None:
+    """The cause of a failure of torchrun itself (``AGENT_FAILURES``: the rendezvous port was taken, a node never
+    joined) that ``output`` (torchrun's) shows, or ``None``.
+
+    Args:
+        output: torchrun's output, every node's.
+    """
+    return next((c for c in CAUSES if c.name in AGENT_FAILURES and c.pattern.search(output)), None)
+
+
 EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
                   "only because their peer was gone (07, section 2 'A crashing rank')")
 SIGNAL_FIXES = {

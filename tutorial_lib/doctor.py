@@ -23,7 +23,7 @@ from .metrics import read_metrics
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
-from .torchrun.root_cause import AGENT_FAILED, root_cause_from_logs
+from .torchrun.root_cause import AGENT_FAILED, find_root_cause
 from .torchrun.stacks import innermost_frame, last_meaningful_line, stopped_ranks_stacks
 from .torchrun.tee import RankTails, rank_lines
 
@@ -400,8 +400,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     record = RunRecord.read(run_dir) if error is None else None
     recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
     ranks = _split_ranks(_evidence_output(output, recovered))
-    failure = error.failure if error is not None else root_cause_from_logs(
-        output, run_dir / LOGS, node_log_dirs(run_dir), ranks.tails, recovered=recovered)
+    failure = error.failure if error is not None else find_root_cause(
+        output, node_log_dirs(run_dir) or {None: run_dir / LOGS}, ranks.tails, recovered=recovered)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
     last_steps = _run_last_steps(run_dir, error)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..causes import agent_failure
 from ..errors import LaunchError, LaunchTimeout
 from ..rundir import LOGS, RunRecord, RunStatus
-from ..torchrun.root_cause import (PORT_IN_USE, RENDEZVOUS_TIMEOUT, agent_failure_kind, find_root_cause,
-                                   first_failure_of_nodes)
+from ..torchrun.root_cause import find_root_cause
 from ..torchrun.stacks import innermost_frame, stopped_ranks_stacks
 from .live import Outcome
 from .output import OutputPump
@@ -28,13 +28,14 @@ def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int],
         port: the rendezvous port the launch used (``spec.master_port``, or the free port picked for
             ``master_port=None``); ``None`` when not known.
     """
-    kind = agent_failure_kind(output)
-    if kind == RENDEZVOUS_TIMEOUT:
+    cause = agent_failure(output)  # the doctor's table of causes: one classification for both
+    kind = cause.name if cause is not None else ""
+    if kind == "rendezvous timeout":
         missing = sorted(set(range(spec.nnodes)) - set(started))
         return (f"the rendezvous timed out after {spec.rendezvous_timeout_s:g} s (rendezvous_timeout_s) waiting "
                 f"for {spec.nnodes} nodes; {len(started)} joined" + (f", node(s) {missing} were never started" if missing
                                                                       else "") + ". Start the same command on every node")
-    if kind == PORT_IN_USE:
+    if kind == "port in use":
         if spec.master_port is not None:
             return (f"port {spec.master_port} is already in use (EADDRINUSE) on {LOOPBACK}; pick another master_port, "
                     "or leave master_port=None for a free one")
@@ -58,12 +59,12 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
         command: the first node's torchrun argv (its rendezvous port is named if the port was taken).
         start: ``"warm"`` or ``"cold"``, for run.json.
     """
-    spec, script, nproc = plan.spec, plan.script, plan.device_plan.nproc_per_node
+    spec, script = plan.spec, plan.script
     failed = [node for node in plan.nodes if returncodes[node] != 0]
     returncode = returncodes[failed[0]]
-    failures = [(node, f) for node in failed if (f := find_root_cause(
-        "\n".join(pump.node_transcripts[node]), plan.node_log_dir(node), pump.printer.tails)) is not None]
-    failure = first_failure_of_nodes(failures, {node: plan.node_log_dir(node) for node in plan.nodes}, nproc)
+    # The rule the doctor uses too, over every node's output and log folder.
+    log_dirs = {node: plan.node_log_dir(node) for node in plan.nodes} if spec.nnodes > 1 else {None: plan.node_log_dir(0)}
+    failure = find_root_cause("\n".join(pump.transcript), log_dirs, pump.printer.tails)
     if failure is not None and failure.rank is not None:
         summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
     else:
