@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .attempts import Attempt, failed_attempt, read_error_file, read_exit_record, read_log_tail
-from .stacks import STACK_HEADER, fatal_report, fatal_signal, last_traceback
+from .stacks import STACK_HEADER, fatal_report, fatal_signal, last_traceback, readable_tail
 from .tee import RankTails, rank_lines
 
 # How a rank of the failed attempt ended (``RankEnd.how``). The first three are failures of the rank's own.
@@ -114,6 +114,12 @@ class RankFailure:
         """``{rank: signal name}`` of every rank a fatal signal killed (``{1: "SIGSEGV"}``)."""
         return {e.rank: e.signal for e in sorted(self.ends, key=_by_rank)
                 if e.how == SIGNAL and e.rank is not None and e.signal}
+
+    @property
+    def stopped(self) -> list[int]:
+        """The ranks that failed for no reason of their own (stopped by torchrun, or left no trace): where they were
+        when stopped says where a hang's culprit was."""
+        return sorted(e.rank for e in self.ends if e.how in (STOPPED, NO_TRACE) and e.rank is not None)
 
     @property
     def finished(self) -> list[int]:
@@ -361,5 +367,5 @@ def find_root_cause(output: str, log_dirs: Path | Mapping[int | None, Path], tai
     if first is None:
         return None
     return RankFailure(rank=first.rank, exit_code=first.exit_code, traceback=first.traceback,
-                       log_tail=(tails or RankTails()).tail(first.rank), how=first.how, fatal_error=first.fatal_error,
+                       log_tail=readable_tail((tails or RankTails()).tail(first.rank, 1000))[-20:], how=first.how, fatal_error=first.fatal_error,
                        ends=ends)

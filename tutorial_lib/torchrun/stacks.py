@@ -102,6 +102,22 @@ _RUNNER_FRAME = re.compile(r'^\s*File "[^"]*/tutorial_lib/child/[^"/]+\.py", lin
 _RUNPY_FRAME = re.compile(r'^\s*File "(<frozen runpy>|[^"]*/runpy\.py)", line \d+')
 
 
+def readable_tail(lines) -> list[str]:
+    """A rank's last lines as a learner reads them: each ``faulthandler`` dump without the workbook's runner frames
+    (``learner_stack``) and without its list of extension modules."""
+    kept, dump = [], []
+    for line in list(lines or []) + [None]:
+        if line is not None and (STACK_HEADER.match(line) or (dump and STACK_BODY.match(line))):
+            dump.append(line)
+            continue
+        if dump:
+            kept += learner_stack("\n".join(dump)).splitlines()
+            dump = []
+        if line is not None and not line.startswith("Extension modules:"):
+            kept.append(line)
+    return kept
+
+
 def learner_stack(stack: str) -> str:
     """A ``faulthandler`` dump (most recent call first) without the workbook's runner frames: in each thread, the
     first frame of ``tutorial_lib/child/`` and every frame after it (the outer ones), and the ``runpy`` frames right
@@ -132,14 +148,17 @@ def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
     return stacks_by_rank(ranked)
 
 
-def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None) -> dict[int, str]:
+def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None,
+                         failed_themselves=()) -> dict[int, str]:
     """The stacks of every rank but ``failed_rank``, as printed when torchrun stopped them (faulthandler on SIGTERM):
     from the output (``ranked_lines``), and on one node also from the ranks' own ``stderr.log`` files, which keep a
-    dump that reached the file after torchrun's ``--tee`` copy stopped."""
+    dump that reached the file after torchrun's ``--tee`` copy stopped. Not of the ranks in ``failed_themselves``
+    (they raised, lost their peer, died): a dump they printed while leaving says nothing of where they were."""
     found = stacks_by_rank(ranked_lines)
     if one_node:
         found = {**stacks_from_rank_logs(log_dir), **found}
-    return {rank: stack for rank, stack in sorted(found.items()) if rank != failed_rank}
+    return {rank: stack for rank, stack in sorted(found.items())
+            if rank != failed_rank and rank not in set(failed_themselves)}
 
 
 _NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')
