@@ -108,6 +108,31 @@ CAUSES = (
     Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
           "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
           "(01, section 6 'A parameter without a gradient')"),
+    # A GPU program on a machine without a usable GPU, as torch 2.8's CUDA wheel and 2.13's CPU build say it:
+    # torch.cuda.set_device: "Found no NVIDIA driver on your system" (2.8, CUDA wheel, no driver), "module
+    # 'torch._C' has no attribute '_cuda_setDevice'" (2.13 CPU build); a CUDA tensor: "Torch not compiled with CUDA
+    # enabled" (CPU build); init_process_group("nccl"): "ProcessGroupNCCL is only supported with GPUs, no GPUs found!"
+    # (2.8), "Distributed package doesn't have NCCL built in" (2.13 CPU build); all measured here. "No CUDA GPUs are
+    # available" (CUDA_VISIBLE_DEVICES empty) and "no CUDA-capable device is detected" (the CUDA runtime's
+    # cudaErrorNoDevice) are the texts of torch's and CUDA's sources, not seen on this machine.
+    Cause("no GPU", re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled|"
+                               r"has no attribute '_cuda_setDevice'|ProcessGroupNCCL is only supported with GPUs|"
+                               r"Distributed package doesn't have NCCL built in|No CUDA GPUs are available|"
+                               r"no CUDA-capable device is detected"),
+          "the script asks for a GPU and this machine has none torch can use (or torch is a CPU build): choose the "
+          "device and backend from what is there (device = 'cuda' if torch.cuda.is_available() else 'cpu'; nccl "
+          "on CUDA, gloo on CPU; torch.cuda.set_device and device_ids only on CUDA), as the lesson scripts do, or "
+          "run it on a machine whose nvidia-smi lists GPUs with a CUDA build of torch (06, section 2 'The GPU "
+          "comes from LOCAL_RANK, never from RANK')"),
+    # A GPU index the node does not have: the CUDA runtime's cudaErrorInvalidDevice, "CUDA error: invalid device
+    # ordinal" (torch.cuda.set_device(i) and tensors on cuda:i, i >= the node's GPU count); torch.cuda's own check
+    # "Invalid device id" (get_device_properties). The texts of torch 2.8's CUDA wheel (libcudart's error strings,
+    # torch/cuda/__init__.py): this machine has no GPU to show them on.
+    Cause("invalid device ordinal", re.compile(r"invalid device ordinal|Invalid device id"),
+          "a rank asked for a GPU index this node does not have: take the GPU from LOCAL_RANK "
+          "(torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), never from RANK, which counts the ranks of every "
+          "node, and start at most torch.cuda.device_count() ranks per node (--nproc-per-node; CUDA_VISIBLE_DEVICES "
+          "limits what a node shows) (06, section 2 'The GPU comes from LOCAL_RANK, never from RANK')"),
     Cause("collective timeout (hang)", re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
                                                   r"Socket Timeout"),
           "a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
@@ -119,8 +144,33 @@ CAUSES = (
           "(07, section 3 'Debugging variables')"),
 )
 
+# The failures of torchrun itself, no rank to blame: the launcher explains them in its error (with the spec's port and
+# node count), the doctor by these causes.
+AGENT_FAILURES = ("port in use", "rendezvous timeout")
+
+
+def agent_failure(output: str) -> Cause | None:
+    """The cause of a failure of torchrun itself (``AGENT_FAILURES``: the rendezvous port was taken, a node never
+    joined) that ``output`` (torchrun's) shows, or ``None``.
+
+    Args:
+        output: torchrun's output, every node's.
+    """
+    return next((c for c in CAUSES if c.name in AGENT_FAILURES and c.pattern.search(output)), None)
+
+
 EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
                   "only because their peer was gone (07, section 2 'A crashing rank')")
+# When several ranks raised an error of their own (the same code failing everywhere: a missing key, a bad path).
+EVERY_RANK_RAISED_FIX = ("ranks {ranks} each raised (rank {rank} first): not a peer's failure but code every one of "
+                          "them runs; fix the line the traceback points to (07, section 2 'A crashing rank')")
+# A rank that returned while the others still waited in a collective for it (the launcher's rank runner records
+# exit code 0; torchrun reports no rank that exits 0).
+FINISHED_CAUSE = "a rank finished while the others waited"
+FINISHED_FIX = ("rank {rank} returned (exit code 0) while rank(s) {waiting} waited for it in a collective it never "
+                "called: a collective inside `if rank == 0:`, a final barrier() or all_reduce on some ranks only, or "
+                "more batches on one rank than another. Every rank must call the same collectives in the same order "
+                "(07, section 1c 'One rank skips a collective'; uneven inputs: 02, section 4)")
 SIGNAL_FIXES = {
     "SIGKILL": "killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
                "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')",

@@ -16,15 +16,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import (CAUSES, EXCEPTION_FIX, EXIT_FIX, HANG_FIX, NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIXES,
-                     exit_code_meaning, signal_name)
+from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_CAUSE, FINISHED_FIX, HANG_FIX,
+                     NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIXES, exit_code_meaning, signal_name)
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
 from .metrics import read_metrics
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
-from .torchrun.root_cause import AGENT_FAILED, root_cause_from_logs
-from .torchrun.stacks import innermost_frame, last_meaningful_line, stopped_ranks_stacks
+from .torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause
+from .torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
 from .torchrun.tee import RankTails, rank_lines
 
 
@@ -37,6 +37,7 @@ _NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: Collecti
 # checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
 _COLLECTIVE_FRAME = re.compile(r"in (all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
                                r"reduce|gather|scatter|_engine_run_backward|run_backward)$")
+_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[\w.]*(Error|Exception)):")
 
 
@@ -65,6 +66,12 @@ class Diagnosis:
         limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
         recovered: the run finished (``failed`` is False) after torchrun restarted the group
             (``max_restarts``); the other fields then describe the failure it recovered from.
+        raised: every rank that raised an exception of its own (not a lost connection), in rank order; more than
+            one: the same code failed on several ranks, no peer's failure.
+        signals: ``{rank: signal name}`` of every rank a fatal signal killed (``{0: "SIGFPE", 1: "SIGSEGV"}``).
+        finished: the ranks whose script returned (exit code 0) while the others failed.
+        stack: the Python stack faulthandler printed when a fatal signal killed the rank (most recent call first,
+            the workbook's runner frames left out; the whole report is in the rank's log), else empty.
     """
 
     run_dir: Path
@@ -82,6 +89,10 @@ class Diagnosis:
     timeout_s: float | None = None
     limit: str = ""
     recovered: bool = False
+    raised: list[int] = field(default_factory=list)
+    signals: dict[int, str] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    stack: list[str] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows."""
@@ -98,10 +109,21 @@ class Diagnosis:
             which = "no-progress limit, stall_timeout_s" if self.limit == "stall_timeout_s" else "wall-clock limit"
             rows = [("failed", f"{self.run_dir.name}: stopped at the {which} ({self.timeout_s:g} s), "
                                "no rank had failed")]
+        elif self.cause == FINISHED_CAUSE:
+            rows = [("failed", f"{self.run_dir.name}: {who} returned (exit code 0) while the others waited for it")]
         else:
             rows = [("failed", f"{self.run_dir.name}: {who} first{code}")]
         if self.error:
             rows.append(("error", _clip(self.error)))
+        if len(self.raised) > 1:
+            rows.append(("raised", f"ranks {', '.join(map(str, self.raised))} each raised an error of their own"))
+        others = {r: name for r, name in self.signals.items() if r != self.rank}
+        if others:
+            rows.append(("also killed", ", ".join(f"rank {r} by {name}" for r, name in others.items())))
+        if self.finished and self.cause != FINISHED_CAUSE:
+            rows.append(("finished", f"rank(s) {', '.join(map(str, self.finished))} returned (exit code 0)"))
+        for i, frame in enumerate(self.stack[:4]):
+            rows.append(("stack" if i == 0 else "", frame.strip()))
         rows.append(("last step", ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or
                      "no rank logged a step"))
         for r, w in sorted(self.where.items()):
@@ -270,14 +292,15 @@ def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
 
 
 def _where(run_dir: Path, error: LaunchError | None, record: RunRecord | None, ranked: list[tuple[int | None, str]],
-           failed_rank: int | None, timed_out: bool) -> dict[int, str]:
+           failure: RankFailure, timed_out: bool) -> dict[int, str]:
     """``{rank: "file:line in function"}``: the error's or ``run.json``'s stacks, else (not on a timeout) those
     the other ranks printed when torchrun stopped them (SIGTERM)."""
     where = dict(getattr(error, "where", {}) or {})
     where = where or (dict(record.where) if record is not None else {})
     if not where and not timed_out:
+        themselves = [e.rank for e in failure.ends if e.rank is not None and e.rank not in failure.stopped]
         stacks = stopped_ranks_stacks(ranked, run_dir / LOGS, one_node=not node_log_dirs(run_dir),
-                                      failed_rank=failed_rank)
+                                      failed_rank=failure.rank, failed_themselves=themselves)
         where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
     return where
 
@@ -304,11 +327,15 @@ def _failed_diagnosis(run_dir: Path, error: LaunchError | None, record: RunRecor
     """The ``Diagnosis`` of a failed run before its cause is known: who failed, how, where every rank was."""
     tb_lines = [line for line in (failure.traceback or "").splitlines() if line.strip()]
     timeout_s, limit = _limits(error, record, timed_out)
+    fatal = failure.fatal_error or fatal_report(ranks.by_rank.get(failure.rank, []))
     return Diagnosis(
         run_dir=run_dir, failed=not recovered, recovered=recovered, rank=failure.rank, exit_code=failure.exit_code,
         signal=signal_name(failure.exit_code), error=_error_line(failure, timed_out, ranks.lines),
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps,
-        where=_where(run_dir, error, record, ranks.ranked, failure.rank, timed_out), timeout_s=timeout_s, limit=limit,
+        where=_where(run_dir, error, record, ranks.ranked, failure, timed_out), timeout_s=timeout_s, limit=limit,
+        raised=failure.raised, signals=failure.signals, finished=failure.finished,
+        stack=[f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in map(_FRAME.match, fatal.splitlines())
+               if m],
     )
 
 
@@ -336,8 +363,25 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
 
 def _last_words(failure: RankFailure, rank_lines_: list[str]) -> str:
     """A rank's faulthandler report, else the last line of its log tail (not faulthandler's module list)."""
-    return _fatal_error(rank_lines_) or next(
+    return _fatal_error(failure.fatal_error.splitlines()) or _fatal_error(rank_lines_) or next(
         (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
+
+
+def _exception_fix(failure: RankFailure) -> str:
+    """The fix for a rank's own exception: the others lost their peer, or raised errors of their own too."""
+    if len(failure.raised) > 1:
+        return EVERY_RANK_RAISED_FIX.format(ranks=", ".join(map(str, failure.raised)), rank=failure.rank)
+    return EXCEPTION_FIX.format(rank=failure.rank)
+
+
+def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
+    """The cause of a run whose first "failure" is a rank that returned while the others waited in a collective."""
+    waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how in (LOST_PEER, STOPPED))
+    diagnosis.cause = FINISHED_CAUSE
+    diagnosis.fix = FINISHED_FIX.format(rank=failure.rank, waiting=", ".join(map(str, waiting)) or "?")
+    peer = next((e for e in failure.ends if e.how == LOST_PEER and e.traceback), None)
+    diagnosis.evidence = (f"rank {peer.rank}, waiting: {_exception_line(peer.traceback)}" if peer else
+                          f"rank {failure.rank} exited 0")
 
 
 def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: list[str], timed_out: bool) -> None:
@@ -350,7 +394,7 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
     elif diagnosis.error and diagnosis.signal is None:
         name = diagnosis.error.split(":", 1)[0]
         diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", diagnosis.error
-        diagnosis.fix = EXCEPTION_FIX.format(rank=failure.rank)
+        diagnosis.fix = _exception_fix(failure)
     elif _aborted_in_collective(diagnosis.signal, rank_lines_):
         mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
         diagnosis.cause, diagnosis.fix = mismatch.name, mismatch.fix
@@ -400,8 +444,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     record = RunRecord.read(run_dir) if error is None else None
     recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
     ranks = _split_ranks(_evidence_output(output, recovered))
-    failure = error.failure if error is not None else root_cause_from_logs(
-        output, run_dir / LOGS, node_log_dirs(run_dir), ranks.tails, recovered=recovered)
+    failure = error.failure if error is not None else find_root_cause(
+        output, node_log_dirs(run_dir) or {None: run_dir / LOGS}, ranks.tails, recovered=recovered)
     error_files = _error_files(run_dir)
     timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
     last_steps = _run_last_steps(run_dir, error)
@@ -413,6 +457,9 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     # Evidence: the root cause's traceback first, then every rank's error file, then everything printed.
     texts = [failure.traceback or "", *error_files.values(), *(getattr(error, "output_tail", None) or []),
              *ranks.lines]
-    if not _match_cause(diagnosis, texts, timed_out):
-        _fallback_cause(diagnosis, failure, ranks.by_rank.get(failure.rank, []), timed_out)
+    if failure.how == FINISHED and not timed_out:
+        _finished_cause(diagnosis, failure)
+    elif not _match_cause(diagnosis, texts, timed_out):
+        _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
+                        timed_out)
     return diagnosis

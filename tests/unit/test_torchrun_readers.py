@@ -66,7 +66,7 @@ def _summary(root_rank, root_exit, other_rank, other_exit):
 
 def _error_file(log_dir, local_rank, message, mtime_ns):
     path = log_dir / "none_x" / "attempt_0" / str(local_rank) / "error.json"
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": message}}}))
     os.utime(path, ns=(mtime_ns, mtime_ns))
 
@@ -201,3 +201,48 @@ def test_the_rank_runner_marks_a_line_redrawn_with_carriage_returns_as_a_termina
                       "done\na\r\n\x1b[G\n\x1b[Ab\x1b[K\n")
     assert _terminal(marked) == _terminal("".join(writes)) == ["epoch 1", "100%|##########|", "done", "a", "b", ""]
     assert "\r" not in marked.replace("\r\n", ""), "no bare \\r left for torchrun's reader to turn into a line break"
+
+
+def _rank_folder(log_dir, local_rank, attempt=0):
+    folder = log_dir / "none_x" / f"attempt_{attempt}" / str(local_rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_on_several_nodes_global_ranks_come_from_the_labels_not_the_folder_numbers(tmp_path):
+    """c10d hands out node ranks by arrival order: the launcher's node 0 (logs/node0) can hold global ranks 2 and 3.
+    Rank 3 raised without @record (its traceback, labelled [rank3]: by torch, is only in its stderr.log); rank 0, on
+    node 1's folder, lost its peer and its error file is named in its node's summary."""
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    for node in (node0, node1):
+        for local_rank in (0, 1):
+            _rank_folder(node, local_rank)
+    (_rank_folder(node0, 1) / "stderr.log").write_text(
+        "[rank3]: Traceback (most recent call last):\n[rank3]:   File \"/r/train.py\", line 9, in <module>\n"
+        "[rank3]: ValueError: bad shard\n")
+    _error_file(node1, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4", 2_000_000_000_000)
+    summary = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-01_00:00:00\n  host      : localhost\n"
+               "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 5)\n"
+               f"  error_file: {node1 / 'none_x' / 'attempt_0' / '0' / 'error.json'}\n  traceback : RuntimeError\n")
+    failure = find_root_cause(summary, {0: node0, 1: node1})
+    assert (failure.rank, failure.how, failure.raised) == (3, "raised", [3]), failure
+    assert failure.traceback.endswith("ValueError: bad shard") and "[rank3]" not in failure.traceback
+    assert {e.rank: (e.node, e.local_rank) for e in failure.ends} == {0: (1, 0), 1: (1, 1), 2: (0, 0), 3: (0, 1)}
+
+
+def test_a_fatal_signal_in_a_ranks_log_beats_the_peer_torchrun_reported_first(tmp_path):
+    """torch 2.13, warm start, one busy core: torchrun saw rank 0's exit (code 1, "Connection reset by peer", no
+    @record) before rank 1's, and named rank 0 the root cause; rank 1's stderr.log holds faulthandler's report."""
+    (_rank_folder(tmp_path, 0) / "stderr.log").write_text(
+        "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"/r/segv.py\", line 17, in <module>\n"
+        "[rank0]: RuntimeError: [pair.cc:537] Read error [127.0.0.1]:37055: Connection reset by peer.\n")
+    (_rank_folder(tmp_path, 1) / "stderr.log").write_text(
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007fe8c106cb80 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+        '  File "/r/segv.py", line 15 in <module>\n  File "<frozen runpy>", line 88 in _run_code\n'
+        '  File "/x/tutorial_lib/child/rank_runner.py", line 218 in run\n\nExtension modules: torch._C (total: 1)\n')
+    failure = find_root_cause(_summary(root_rank=0, root_exit=1, other_rank=1, other_exit=-11).replace(
+        "rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 1)\n", ""), tmp_path)
+    assert (failure.rank, failure.exit_code, failure.signal, failure.how) == (1, -11, "SIGSEGV", "killed by a signal")
+    assert failure.fatal_error.splitlines()[0] == "Fatal Python error: Segmentation fault"
+    assert "segv.py" in failure.fatal_error and "rank_runner" not in failure.fatal_error, "the runner's frames cut"

@@ -8,6 +8,7 @@ copy in each, held equal by a test). Standard library only.
 * the parent-death signal (``set_parent_death_signal``);
 * the marks the rank runner puts on a line a rank redraws with carriage returns (``REDRAWN_END``, ...), which the
   launcher's output reader turns back into the line's latest state;
+* the record of how a rank's script ended (``EXIT_RECORD``), which the root-cause reader reads;
 * the warm-start helper's socket variable, its ``ready`` line, its pid registry and its folder;
 * which environment variables Python or torch read at start-up (a child forked from the helper would not see a
   changed value: such a job goes cold).
@@ -52,6 +53,11 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
 # ``REDRAW_DONE`` before the newline that ends the line. A terminal draws them as it draws ``\r`` (column 1; next
 # line, cursor up; erase the rest of the line); the launcher shows the line's latest state.
 REDRAWN_END, REDRAW_START, REDRAW_DONE = "\x1b[G", "\x1b[A", "\x1b[K"
+
+# How a rank's script ended, written by the rank runner as it leaves (``{"rank": 1, "local_rank": 1, "exit_code": 0,
+# "time_ns": ...}``) next to torchrun's error file for that rank (the folder of ``$TORCHELASTIC_ERROR_FILE``): torchrun
+# reports no rank that exits 0, and only the failures it saw first. A rank killed by a signal writes none.
+EXIT_RECORD = "exit.json"
 
 # The warm-start helper: the kernel starts ``python warm_start.py serve SOCKET_PATH``, which prints ``READY_LINE``
 # once it has imported torch; clients (``python warm_start.py run ARGV``) find it through ``SOCKET_ENV``.

@@ -15,9 +15,15 @@ otherwise each need to write themselves:
   failed job for a script that finished (measured on torch 2.13; see ``../shared/FACTS.md`` of the project).
   Until then what the script left (its namespace, an uncaught exception's frames) is not freed: freeing a DDP
   model there can deadlock in gloo's teardown on torch 2.13 (see ``run``).
-* ``faulthandler`` prints every thread's Python stack on SIGUSR1 (the launcher asks for it before it stops a
-  job that hangs) and on SIGTERM (torchrun stops the other ranks with it when one fails), then SIGTERM
-  terminates as before: after a collective timeout the rank that caused it shows where it was.
+* ``faulthandler`` prints every thread's Python stack on a fatal signal (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL:
+  ``faulthandler.enable``, which ``@record`` also calls; the rank then dies of the signal as before), on SIGUSR1
+  (the launcher asks for it before it stops a job that hangs) and on SIGTERM (torchrun stops the other ranks with
+  it when one fails), then SIGTERM terminates as before: after a collective timeout the rank that caused it shows
+  where it was, and a native crash shows the Python line that called into it.
+* It records how the script ended (its exit code; ``protocol.EXIT_RECORD``) in torchrun's folder for the rank:
+  torchrun reports no rank that exits 0, and only the failures it sees first.
+* An uncaught exception's traceback starts at the script's first frame, as ``python`` prints it (the runner's
+  own frames left out).
 * On Linux the rank dies with torchrun (``PR_SET_PDEATHSIG``): a killed launcher leaves no orphan rank.
 * A line redrawn with carriage returns (``\\r`` not followed by ``\\n``: a tqdm progress bar) written through
   ``sys.stdout`` or ``sys.stderr`` reaches the rank's log with marks a terminal draws exactly as before (``cat``
@@ -26,6 +32,8 @@ otherwise each need to write themselves:
   preceded by ``ESC[K`` (erase the rest of the line). torchrun's ``--tee`` reads the logs as text, which turns a
   bare ``\\r`` into a line break, so without the marks the launcher could not tell a redrawn line from 50
   printed ones; with them, the cell shows each rank's latest state of the line (``tutorial_lib.torchrun.tee.Redraws``).
+  A bar drawn one line below the cursor (tqdm's ``position=N``: newline, ``\\r``, the bar, cursor up ``ESC[A``) is
+  such a line: the cursor-up and the newline that comes back down are left out.
   Bytes written to the streams' ``buffer`` or file descriptor pass unchanged.
 
 Standard library only, and it imports nothing of ``tutorial_lib`` (whose ``__init__`` would cost every rank
@@ -39,11 +47,13 @@ import functools
 import importlib.abc
 import importlib.util
 import io
+import json
 import os
 import re
 import runpy
 import signal
 import sys
+import time
 
 
 def load_sibling(name: str):
@@ -61,7 +71,8 @@ def load_sibling(name: str):
 
 
 protocol = load_sibling("protocol")  # what the launcher and this runner agree on: the redraw marks, the death signal
-_BREAKS = re.compile(r"(\r\n|\r|\n)")
+_BREAKS = re.compile(r"(\r\n|\r|\n|\x1b\[A)")
+_CURSOR_UP = "\x1b[A"
 
 
 class RedrawMarkingStream(io.TextIOWrapper):
@@ -69,19 +80,26 @@ class RedrawMarkingStream(io.TextIOWrapper):
 
     _redrawing = False  # a \r was written since the last newline
     _start_pending = False  # the next text written starts a redraw
+    _up = False  # the cursor went up from the redrawn line (ESC[A), to come back down with the next newline
 
     def write(self, text):
         if not isinstance(text, str) or not (self._redrawing or "\r" in text):
             return super().write(text)
         out = []
         for part in _BREAKS.split(text):
-            if part == "\r":
+            if part == _CURSOR_UP:  # tqdm's position=N: down a line (\n), \r, the bar, back up (ESC[A)
+                self._up = True
+            elif part in ("\n", "\r\n") and self._up:
+                self._up = False  # back down onto the redrawn line: the next \r redraws it
+            elif part == "\r":
+                self._up = False
                 out.append(protocol.REDRAWN_END + "\n")
                 self._redrawing = self._start_pending = True
             elif part in ("\n", "\r\n"):
                 out.append((protocol.REDRAW_DONE if self._redrawing else "") + part)
                 self._redrawing = self._start_pending = False
             elif part:
+                self._up = False
                 out.append((protocol.REDRAW_START if self._start_pending else "") + part)
                 self._start_pending = False
         super().write("".join(out))
@@ -113,6 +131,13 @@ def _flush() -> None:
         ctypes.CDLL(None).fflush(None)  # C stdio too (NCCL's INFO lines, block-buffered into a file)
     except (OSError, AttributeError):
         pass
+
+
+def _cut(e: BaseException):
+    """``(exception, traceback)`` for ``sys.excepthook``, both from the script's first frame (``_script_frames``):
+    the default hook prints the exception's own ``__traceback__``, torch.distributed's the one it is given."""
+    tb = _script_frames(e.__traceback__)
+    return e.with_traceback(tb), tb
 
 
 def _script_frames(tb):
@@ -226,11 +251,12 @@ def run(argv: list[str]) -> int:
             code = 1
     except KeyboardInterrupt as e:
         _KEPT.append(e)
-        sys.excepthook(type(e), e, _script_frames(e.__traceback__))
+        sys.excepthook(type(e), *_cut(e))
         code = -int(signal.SIGINT)
     except BaseException as e:  # noqa: BLE001 - what the interpreter prints for an uncaught exception
         _KEPT.append(e)
-        sys.excepthook(type(e), e, _script_frames(e.__traceback__))  # torch.distributed's hook adds "[rankN]:"
+        # torch.distributed's hook adds "[rankN]:"
+        sys.excepthook(type(e), *_cut(e))
         code = 1
     atexit._run_exitfuncs()  # what the interpreter runs before its teardown
     return code
@@ -246,15 +272,37 @@ def leave(code: int) -> None:
     os._exit(code & 0xFF)
 
 
+def record_exit(code: int) -> None:
+    """Write how the script ended (``protocol.EXIT_RECORD``: global and local rank, exit code, time) next to torchrun's
+    error file for this rank (the folder of ``$TORCHELASTIC_ERROR_FILE``), so a rank that finished (torchrun reports
+    none that exit 0) or that torchrun did not report is known; nothing outside torchrun or without its folder."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    folder = os.path.dirname(error_file)
+    if not error_file or not os.path.isdir(folder):
+        return
+    path = os.path.join(folder, protocol.EXIT_RECORD)
+    try:
+        record = {"rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]), "exit_code": code,
+                  "time_ns": time.time_ns()}
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+    except (KeyError, ValueError, OSError):
+        pass
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         print("usage: python rank_runner.py SCRIPT [ARGS...]", file=sys.stderr)
         os._exit(2)
     _die_with_parent()
+    faulthandler.enable(all_threads=True)  # a fatal signal (SIGSEGV, SIGFPE, SIGABRT, ...) prints the Python stack
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     sys.stdout, sys.stderr = _mark_redraws(sys.stdout), _mark_redraws(sys.stderr)
-    leave(run(sys.argv[1:]))
+    code = run(sys.argv[1:])
+    record_exit(code)
+    leave(code)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..causes import agent_failure
 from ..errors import LaunchError, LaunchTimeout
 from ..rundir import LOGS, RunRecord, RunStatus
-from ..torchrun.root_cause import (PORT_IN_USE, RENDEZVOUS_TIMEOUT, agent_failure_kind, find_root_cause,
-                                   first_failure_of_nodes)
-from ..torchrun.stacks import innermost_frame, stopped_ranks_stacks
+from ..torchrun.root_cause import find_root_cause
+from ..torchrun.noise import NoiseFilter
+from ..torchrun.root_cause import FINISHED, SIGNAL, RankFailure
+from ..torchrun.stacks import innermost_frame, learner_stack, stopped_ranks_stacks
+from ..torchrun.tee import split_rank_prefix
 from .live import Outcome
 from .output import OutputPump
 from .plan import LOOPBACK, LaunchPlan, command_port
@@ -28,13 +31,14 @@ def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int],
         port: the rendezvous port the launch used (``spec.master_port``, or the free port picked for
             ``master_port=None``); ``None`` when not known.
     """
-    kind = agent_failure_kind(output)
-    if kind == RENDEZVOUS_TIMEOUT:
+    cause = agent_failure(output)  # the doctor's table of causes: one classification for both
+    kind = cause.name if cause is not None else ""
+    if kind == "rendezvous timeout":
         missing = sorted(set(range(spec.nnodes)) - set(started))
         return (f"the rendezvous timed out after {spec.rendezvous_timeout_s:g} s (rendezvous_timeout_s) waiting "
                 f"for {spec.nnodes} nodes; {len(started)} joined" + (f", node(s) {missing} were never started" if missing
                                                                       else "") + ". Start the same command on every node")
-    if kind == PORT_IN_USE:
+    if kind == "port in use":
         if spec.master_port is not None:
             return (f"port {spec.master_port} is already in use (EADDRINUSE) on {LOOPBACK}; pick another master_port, "
                     "or leave master_port=None for a free one")
@@ -42,6 +46,41 @@ def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int],
         return (f"{picked}, picked as free for this launch (master_port=None), was taken by another process before "
                 f"torchrun bound it (EADDRINUSE on {LOOPBACK}); launch again: each launch picks a new free port")
     return ""
+
+
+def failure_text(failure: RankFailure) -> str:
+    """What the launch's error says of its root cause, after the script's name: ``"failed on rank 1 (killed by
+    SIGSEGV, exit code -11)"``, ``"failed on rank 0 (exit code 1); ranks 0, 1 each raised"``, or for a rank that
+    finished while the others waited for it, ``"failed: rank 1 finished (exit code 0) while rank 0 waited for it"``."""
+    if failure.how == FINISHED:
+        waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how not in (FINISHED,))
+        return (f"failed: rank {failure.rank} finished (exit code 0) while rank(s) {', '.join(map(str, waiting))} "
+                "waited for it (a collective it never called)")
+    how = f"killed by {failure.signal}, " if failure.how == SIGNAL and failure.signal else ""
+    text = f"failed on rank {failure.rank} ({how}exit code {failure.exit_code})"
+    if len(failure.raised) > 1:
+        text += f"; ranks {', '.join(map(str, failure.raised))} each raised"
+    others = {r: name for r, name in failure.signals.items() if r != failure.rank}
+    if others:
+        text += "; " + ", ".join(f"rank {r} killed by {name}" for r, name in others.items())
+    return text
+
+
+def _failed_themselves(failure: RankFailure | None) -> list[int]:
+    """The ranks whose own end (an error, a lost peer, a signal, an exit) explains them, not where they were stopped."""
+    if failure is None or not failure.ends:
+        return []
+    return [e.rank for e in failure.ends if e.rank is not None and e.rank not in failure.stopped]
+
+
+def output_tail(transcript: Sequence[str], n: int = 30) -> list[str]:
+    """The last ``n`` lines of the job's output without the ranks' ``faulthandler`` dumps (each rank's stack is in the
+    error's ``stacks``, its runner frames left out; the dumps stay in ``output.log``)."""
+    noise, kept = NoiseFilter(), []
+    for line in transcript:
+        if noise.kind(split_rank_prefix(line)[0], split_rank_prefix(line)[1]) != NoiseFilter.STACK:
+            kept.append(line)
+    return kept[-n:]
 
 
 def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int], wall_time_s: float, *,
@@ -58,14 +97,14 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
         command: the first node's torchrun argv (its rendezvous port is named if the port was taken).
         start: ``"warm"`` or ``"cold"``, for run.json.
     """
-    spec, script, nproc = plan.spec, plan.script, plan.device_plan.nproc_per_node
+    spec, script = plan.spec, plan.script
     failed = [node for node in plan.nodes if returncodes[node] != 0]
     returncode = returncodes[failed[0]]
-    failures = [(node, f) for node in failed if (f := find_root_cause(
-        "\n".join(pump.node_transcripts[node]), plan.node_log_dir(node), pump.printer.tails)) is not None]
-    failure = first_failure_of_nodes(failures, {node: plan.node_log_dir(node) for node in plan.nodes}, nproc)
+    # The rule the doctor uses too, over every node's output and log folder.
+    log_dirs = {node: plan.node_log_dir(node) for node in plan.nodes} if spec.nnodes > 1 else {None: plan.node_log_dir(0)}
+    failure = find_root_cause("\n".join(pump.transcript), log_dirs, pump.printer.tails)
     if failure is not None and failure.rank is not None:
-        summary = f"{script.name} failed on rank {failure.rank} (exit code {failure.exit_code})"
+        summary = f"{script.name} {failure_text(failure)}"
     else:
         where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
         summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
@@ -75,14 +114,16 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
     # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
     # collective timeout the failing rank is the one that waited, and these show where the culprit was.
     stacks = stopped_ranks_stacks(pump.ranked, plan.run_dir / LOGS, one_node=spec.nnodes == 1,
-                                  failed_rank=failure.rank if failure else None)
+                                  failed_rank=failure.rank if failure else None,
+                                  failed_themselves=_failed_themselves(failure))
+    stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
     where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
     if where:
         summary += "; when stopped: " + "; ".join(f"rank {rank} was in {place}" for rank, place in sorted(where.items()))
     record = RunRecord(RunStatus.FAILED, wall_time_s, **plan.shape(start), returncode=returncode, summary=summary,
                        where=where)
     error = LaunchError(summary, run_dir=plan.run_dir, command=command, returncode=returncode, failure=failure,
-                        output_tail=pump.transcript[-30:], stacks=stacks)
+                        output_tail=output_tail(pump.transcript), stacks=stacks)
     return error, record, outcome
 
 
@@ -100,6 +141,7 @@ def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float
                   command: list[str], start: str = "cold") -> tuple[LaunchTimeout, RunRecord, Outcome]:
     """The ``LaunchTimeout`` of a job stopped at ``limit``, its run.json (not yet written) and its outcome."""
     limit_s, what, short = limit_text(plan.spec, limit)
+    stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
     summary = (f"{plan.script.name} {what} and was stopped; "
                f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
     if stacks:
@@ -107,7 +149,7 @@ def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float
             f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
     error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                           run_dir=plan.run_dir, command=command, returncode=returncode,
-                          output_tail=pump.transcript[-30:])
+                          output_tail=output_tail(pump.transcript))
     record = RunRecord(RunStatus.TIMEOUT, elapsed, **plan.shape(start), summary=summary, timeout_s=limit_s, limit=limit,
                        where={rank: innermost_frame(stack) for rank, stack in stacks.items()})
     return error, record, Outcome(RunStatus.TIMEOUT, elapsed, short)

@@ -33,6 +33,8 @@ class ThrottledPrinter:
     traceback frames are shown whole; False in a cell's stdout or a terminal, which show its exception line.
     """
 
+    LAST_LINES = 5  # at the end, each rank's last lines the budget held back are shown, this many at most
+
     def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30,
                  log_name: str = OUTPUT_LOG, keeps_full_tracebacks: bool = False) -> None:
         self.stream = stream
@@ -44,6 +46,8 @@ class ThrottledPrinter:
         self.suppressed = 0
         self.tails = RankTails(tail_lines)  # what each rank said last, shown or not: the error reports' tails
         self.keeps_full_tracebacks = keeps_full_tracebacks
+        self._recent = RankTails(self.LAST_LINES)  # each rank's last lines meant for the screen, shown or not
+        self._behind: dict[int | None, int] = {}  # rank -> its lines held back since its last line shown
 
     def _stream(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout  # resolved late: ipykernel swaps it
@@ -55,16 +59,38 @@ class ThrottledPrinter:
             self.tails.add(rank, text)
         if not show:
             return
+        self._recent.add(rank, text)
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.last_refill) * self.rate)
         self.last_refill = now
         if self.tokens < 1 and not force and not _ERROR_LINE.match(text):  # an error line always gets through
             self.suppressed += 1
+            self._behind[rank] = self._behind.get(rank, 0) + 1
             return
         self.tokens = max(0.0, self.tokens - 1)
         self.flush_suppressed()
+        self._behind.pop(rank, None)
+        self._write(rank, text)
+
+    def _write(self, rank: int | None, text: str) -> None:
         label = "torchrun" if rank is None else f"rank {rank}"
         self._stream().write(f"[{label}] {text}\n")
+
+    def show_last_lines(self) -> None:
+        """At the job's end: say how many lines were not shown, then show each rank's last lines (``LAST_LINES`` at
+        most) that the budget held back, whatever the budget: a long-printing rank's last lines are usually what
+        matters (its final loss, where it stopped), and the cell would otherwise show only its first ones."""
+        behind = {rank: count for rank, count in self._behind.items() if count}
+        if not behind:
+            self.flush_suppressed()
+            return
+        self._stream().write(f"[launcher] {self.suppressed} line(s) not shown to keep the output small; all lines are "
+                             f"in {self.log_name}; the last lines of each rank:\n")
+        self.suppressed = 0
+        for rank in sorted(behind, key=lambda r: (r is None, r or 0)):
+            for text in self._recent.tail(rank, min(behind[rank], self.LAST_LINES)):
+                self._write(rank, text)
+        self._behind.clear()
 
     def redraw(self, rank: int | None, text: str | None) -> None:
         """Show ``text`` as ``rank``'s line being redrawn (a progress bar's latest state), in place, where the stream
@@ -167,11 +193,11 @@ class OutputPump:
 
     def finish(self) -> None:
         """After the output log is closed: show what was held back (the final state of every line still being redrawn,
-        the count of lines not shown), and say how many traceback lines were not shown."""
+        the count of lines not shown and each rank's last lines), and say how many traceback lines were not shown."""
         for rank, text in self.redraws.end_all().items():
             self.printer.emit(rank, text)
             self.printer.redraw(rank, None)
-        self.printer.flush_suppressed()
+        self.printer.show_last_lines()
         if self.noise.traceback_lines and not self.printer.keeps_full_tracebacks:
             self.printer.note(f"{self.noise.traceback_lines} traceback line(s) not shown (the exception line is); "
                               f"every line is in {self.run_dir / OUTPUT_LOG}")

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..child.protocol import EXIT_RECORD
+
 ERROR_FILE = "error.json"
 
 
@@ -38,6 +40,41 @@ class Attempt:
         """``{local_rank: stderr.log}`` of the ranks whose log exists."""
         return {rank: folder / "stderr.log" for rank, folder in self.rank_dirs().items()
                 if (folder / "stderr.log").is_file()}
+
+
+def failed_attempt(log_dir: str | os.PathLike, recovered: bool = False) -> Attempt | None:
+    """The attempt whose failure is to be explained: the last one; for a run that finished after torchrun restarted
+    the group (``recovered``), the one before the last (else the last in which a rank wrote an error file)."""
+    found = attempts(log_dir)
+    if recovered and len(found) >= 2:
+        return found[-2]
+    return last_attempt(log_dir, with_error_files=recovered)
+
+
+def read_exit_record(rank_dir: str | os.PathLike) -> dict | None:
+    """How the rank of torchrun's rank folder ``rank_dir`` ended, as the workbook's rank runner recorded it when
+    it left (``{"rank", "local_rank", "exit_code", "time_ns"}``, ``child/protocol.py``'s ``EXIT_RECORD``); ``None``
+    when there is none (a rank killed by a signal, or a script torchrun ran without the rank runner)."""
+    try:
+        data = json.loads((Path(rank_dir) / EXIT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+
+
+def read_log_tail(path: str | os.PathLike, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last ``max_bytes`` of a rank's log (``stderr.log``, ``stdout.log``) as lines; ``[]`` if it cannot be read.
+    The end is what says how a rank ended (its traceback, faulthandler's report), also after 100,000 lines."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    return lines[1:] if size > max_bytes else lines  # the first line may be cut
 
 
 def attempts(log_dir: str | os.PathLike) -> list[Attempt]:

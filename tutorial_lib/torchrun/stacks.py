@@ -10,6 +10,7 @@ lines; pure, except ``stacks_from_rank_logs``, which reads torchrun's per-rank l
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 from .attempts import last_attempt
@@ -43,13 +44,16 @@ STACK_BODY = re.compile(r'^(\s+File "|\s*$)')
 
 def stacks_by_rank(ranked_lines) -> dict[int, str]:
     """The last ``faulthandler`` dump of every rank in ``ranked_lines`` (``(rank, text)`` pairs, rank ``None``
-    for torchrun's own lines): ``{rank: text}``, headers and frames as printed (most recent call first)."""
+    for torchrun's own lines) that a live rank printed when asked (SIGUSR1, SIGTERM): ``{rank: text}``, headers and
+    frames as printed (most recent call first). The report of a fatal error (``Fatal Python error: ...`` and the
+    stack after it: the rank died there) is not such a dump: ``fatal_report`` reads it."""
     blocks: dict[int, list[str]] = {}
     open_block: dict[int, list[str]] = {}
+    fatal: dict[int, bool] = {}  # the rank's last non-blank line was "Fatal Python error: ..."
     for rank, text in ranked_lines:
         if rank is None:
             continue
-        if STACK_HEADER.match(text):
+        if STACK_HEADER.match(text) and (rank in open_block or not fatal.get(rank)):
             if rank not in open_block:
                 open_block[rank] = []
                 blocks[rank] = open_block[rank]  # a new dump replaces the rank's previous one
@@ -58,7 +62,78 @@ def stacks_by_rank(ranked_lines) -> dict[int, str]:
             open_block[rank].append(text)
         else:
             open_block.pop(rank, None)
+        if text.strip():
+            fatal[rank] = FATAL_ERROR.match(text) is not None
     return {rank: "\n".join(lines).strip("\n") for rank, lines in sorted(blocks.items())}
+
+
+# faulthandler's report of a fatal signal (``faulthandler.enable``: the rank runner's, and ``@record``'s), and the
+# signal behind each: Python's faulthandler handles exactly these five.
+FATAL_ERROR = re.compile(r"^Fatal Python error: (?P<what>Segmentation fault|Floating point exception|Aborted|"
+                         r"Bus error|Illegal instruction)")
+FATAL_SIGNALS = {"Segmentation fault": signal.SIGSEGV, "Floating point exception": signal.SIGFPE,
+                 "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS, "Illegal instruction": signal.SIGILL}
+
+
+def fatal_report(lines) -> str:
+    """The last ``Fatal Python error: ...`` in ``lines`` (a rank's log) with the stack faulthandler printed after it,
+    the workbook's runner frames left out (``learner_stack``); ``""`` if there is none."""
+    lines = list(lines or [])
+    starts = [i for i, line in enumerate(lines) if FATAL_ERROR.match(line)]
+    if not starts:
+        return ""
+    report = [lines[starts[-1]].rstrip()]
+    for line in lines[starts[-1] + 1:]:
+        if not (STACK_HEADER.match(line) or STACK_BODY.match(line)):
+            break
+        report.append(line.rstrip())
+    return learner_stack("\n".join(report)).strip("\n")
+
+
+def fatal_signal(report: str) -> int | None:
+    """The signal number behind a ``fatal_report`` (11 for ``Segmentation fault``), or ``None``."""
+    match = FATAL_ERROR.match(report or "")
+    return int(FATAL_SIGNALS[match["what"]]) if match else None
+
+
+# The workbook's own frames under a learner's script: the rank runner and the warm-start helper (both run by path
+# from tutorial_lib/child/), and the ``runpy`` frames through which they run the script.
+_RUNNER_FRAME = re.compile(r'^\s*File "[^"]*/tutorial_lib/child/[^"/]+\.py", line \d+')
+_RUNPY_FRAME = re.compile(r'^\s*File "(<frozen runpy>|[^"]*/runpy\.py)", line \d+')
+
+
+def readable_tail(lines) -> list[str]:
+    """A rank's last lines as a learner reads them: each ``faulthandler`` dump without the workbook's runner frames
+    (``learner_stack``) and without its list of extension modules."""
+    kept, dump = [], []
+    for line in list(lines or []) + [None]:
+        if line is not None and (STACK_HEADER.match(line) or (dump and STACK_BODY.match(line))):
+            dump.append(line)
+            continue
+        if dump:
+            kept += learner_stack("\n".join(dump)).splitlines()
+            dump = []
+        if line is not None and not line.startswith("Extension modules:"):
+            kept.append(line)
+    return kept
+
+
+def learner_stack(stack: str) -> str:
+    """A ``faulthandler`` dump (most recent call first) without the workbook's runner frames: in each thread, the
+    first frame of ``tutorial_lib/child/`` and every frame after it (the outer ones), and the ``runpy`` frames right
+    above it, through which the runner ran the script. The log keeps the whole dump."""
+    kept: list[str] = []
+    cutting = False
+    for line in stack.splitlines():
+        if STACK_HEADER.match(line) or not line.strip():
+            cutting = False
+        elif cutting or _RUNNER_FRAME.match(line):
+            cutting = True
+            while kept and _RUNPY_FRAME.match(kept[-1]):
+                kept.pop()
+            continue
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
@@ -73,14 +148,17 @@ def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
     return stacks_by_rank(ranked)
 
 
-def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None) -> dict[int, str]:
+def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None,
+                         failed_themselves=()) -> dict[int, str]:
     """The stacks of every rank but ``failed_rank``, as printed when torchrun stopped them (faulthandler on SIGTERM):
     from the output (``ranked_lines``), and on one node also from the ranks' own ``stderr.log`` files, which keep a
-    dump that reached the file after torchrun's ``--tee`` copy stopped."""
+    dump that reached the file after torchrun's ``--tee`` copy stopped. Not of the ranks in ``failed_themselves``
+    (they raised, lost their peer, died): a dump they printed while leaving says nothing of where they were."""
     found = stacks_by_rank(ranked_lines)
     if one_node:
         found = {**stacks_from_rank_logs(log_dir), **found}
-    return {rank: stack for rank, stack in sorted(found.items()) if rank != failed_rank}
+    return {rank: stack for rank, stack in sorted(found.items())
+            if rank != failed_rank and rank not in set(failed_themselves)}
 
 
 _NOT_A_CAUSE = re.compile(r'^(\s*File "|Extension modules:|Current thread 0x|Thread 0x|\s*\^+\s*$|Traceback \(most recent)')
@@ -139,7 +217,8 @@ def innermost_frame(stack: str) -> str:
     faulthandler prints ``Current thread 0x... (most recent call first):`` (or ``Thread 0x...``)
     followed by ``  File "path", line N in name`` lines. The answer is the innermost frame of the
     script itself, followed by the innermost frame overall when that is inside a library, e.g.
-    ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``.
+    ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``. The workbook's runner frames
+    (``learner_stack``) are never the answer.
     """
     lines = stack.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
@@ -152,6 +231,8 @@ def innermost_frame(stack: str) -> str:
             break  # the next thread
     if not frames:
         return ""
+    learner = [m for m in frames if not _RUNNER_FRAME.match(m.string) and not _RUNPY_FRAME.match(m.string)]
+    frames = learner or frames
     text = [f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in frames]
     own = next((i for i, m in enumerate(frames) if not _LIBRARY.search(m["path"])), 0)
     return text[own] if own == 0 else f"{text[own]} -> {text[0]}"
