@@ -31,6 +31,7 @@ from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
+from .launcher.spawn import SpawnOutcome, spawn_with_timeout
 from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
@@ -41,6 +42,7 @@ from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
                     plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
+from .printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
 from .pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations,
                        pipeline_events, replay_slots)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
@@ -70,4 +72,6 @@ __all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "mem
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone
+__all__ += ["DEFAULT_LOSS_PATTERN", "SpawnOutcome", "read_printed_metrics",
+            "spawn_with_timeout"]  # scripts of your own: their printed loss lines; mp.spawn from a notebook
 __version__ = "0.1.0"

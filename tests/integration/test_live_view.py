@@ -59,6 +59,41 @@ def test_a_flood_of_lines_leaves_papermill_a_small_notebook(tmp_path, run_root, 
         assert "finished in" in box.data["text/plain"], "a notebook opened without widget state still shows the outcome"
 
 
+def test_plain_papermill_with_widgets_saves_the_ranks_lines_and_the_loss_curve_as_text(tmp_path, run_root,
+                                                                                       monkeypatch):
+    """Issue 26: plain papermill (no $TUTORIAL_LIB_LIVE, ipywidgets installed: the widget view) and nbconvert see the
+    ranks' lines as text, in the widget's text/plain, which JupyterLab does not draw (it draws the widget); a script's
+    printed losses are drawn as the figure."""
+    import nbconvert
+
+    monkeypatch.delenv("TUTORIAL_LIB_LIVE", raising=False)  # what a learner's own papermill run has
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "hello.py").write_text(
+        "import os\n"
+        "rank = os.environ['RANK']\n"
+        "print(f'hello from rank {rank}', flush=True)\n"
+        "for step in range(1, 4):\n"
+        "    print(f'step {step} loss {1 / step:.3f}', flush=True)\n")
+    source, out = tmp_path / "plain.ipynb", tmp_path / "plain-out.ipynb"
+    nbformat.write(notebook("import tutorial_lib as tl\n"
+                            "result = tl.run_script(SCRIPT, device='cpu', timeout_s=120, runs_dir=RUNS)",
+                            parameters="SCRIPT = None\nRUNS = None"), source)
+    pm.execute_notebook(source, out, parameters={"SCRIPT": str(project / "hello.py"), "RUNS": str(run_root)},
+                        kernel_name="python3", progress_bar=False, cwd=str(tmp_path))
+    cell = nbformat.read(out, as_version=4).cells[-1]
+    box = next(o for o in cell.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {}))
+    text = box.data["text/plain"]
+    lines = [f"[rank {r}] {t}" for r in (0, 1) for t in [f"hello from rank {r}", "step 1 loss 1.000",
+                                                          "step 3 loss 0.333"]]
+    assert all(line in text.splitlines() for line in lines), text
+    assert f"ranks run in {project}" in text and "finished in" in text and "output.log" in text
+    assert "rank 1: step 3  loss 0.3330" in text, "the progress comes from the printed losses"
+    assert any("image/png" in o.get("data", {}) for o in cell.outputs), "and so does the figure"
+    markdown, _ = nbconvert.MarkdownExporter().from_filename(str(out))
+    assert all(line in markdown for line in lines), "nbconvert to text shows them too"
+
+
 def test_a_failing_rank_is_named_in_a_red_box_with_its_cause_and_logs(tmp_path, run_root):
     from nbclient import NotebookClient
 

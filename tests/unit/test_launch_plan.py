@@ -182,3 +182,47 @@ def test_the_limit_check_names_the_limit_and_a_stall_needs_a_first_metrics_line(
     assert limit_reached(spec, 8.0, None) is None, "no metrics line yet: start-up is not a stall"
     assert limit_reached(spec, 8.0, 4.5) == "stall_timeout_s" and limit_reached(spec, 8.0, 5.5) is None
     assert limit_reached(LaunchSpec(script, timeout_s=10), 9.9, 0.0) is None, "stall_timeout_s=None: off"
+
+
+def test_the_ranks_run_in_the_scripts_folder_unless_cwd_says_otherwise_and_command_txt_says_where(tmp_path):
+    """Issue 26: a launch says where its ranks run; a script of yours finds the files beside it."""
+    project, runs, elsewhere = tmp_path / "my project", tmp_path / "runs", tmp_path / "data"
+    for folder in (project, runs, elsewhere):
+        folder.mkdir()
+    script = project / "train.py"
+    script.write_text("")
+    lesson = plan_launch(LaunchSpec(script, device="cpu"))  # a lesson script: written into its run directory
+    assert lesson.cwd == lesson.run_dir == project.resolve()
+    assert lesson.command_txt({0: ["torchrun", "train.py"]}).startswith(f"cd {shlex.quote(str(project))} && ")
+    own = plan_launch(LaunchSpec(script, device="cpu", run_dir=runs))
+    assert own.cwd == project.resolve() and own.run_dir == runs.resolve()
+    first, second = own.command_txt({0: ["torchrun"]}).splitlines()
+    assert first == f"# ranks run in {project}; logs, metrics, run.json: {runs}"
+    assert second.startswith(f"cd {shlex.quote(str(project))} && ") and second.endswith(" torchrun")
+    given = plan_launch(LaunchSpec(script, device="cpu", run_dir=runs, cwd=elsewhere))
+    assert given.cwd == elsewhere.resolve() and f"cd {elsewhere} && " in given.command_txt({0: ["torchrun"]})
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["data", "my project", "runs", "train.py"], "pure"
+
+
+@pytest.mark.parametrize("cwd, match", [
+    ("missing", r"cwd '.*missing' is not a folder \(missing\): the ranks' working folder must exist"),
+    ("t.py", r"is not a folder \(a file\)"),
+    ("", "cwd must be a folder"),
+    (b"/tmp", "cwd must be a folder"),
+])
+def test_a_bad_working_folder_is_a_config_error(tmp_path, cwd, match):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    value = str(tmp_path / cwd) if cwd in ("missing", "t.py") else cwd
+    with pytest.raises(ConfigError, match=match):
+        plan_launch(LaunchSpec(script, device="cpu", cwd=value))
+
+
+def test_a_loss_pattern_is_checked_with_the_spec(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    for bad, match in [(r"loss (\d+)", "needs the groups"), (r"(?P<step>\d+", "not a regular expression"),
+                       (42, "must be a str or a compiled re.Pattern")]:
+        with pytest.raises(ConfigError, match=match):
+            plan_launch(LaunchSpec(script, device="cpu", loss_pattern=bad))
+    assert plan_launch(LaunchSpec(script, device="cpu", loss_pattern=None)).spec.loss_pattern is None

@@ -26,6 +26,7 @@ import psutil
 from ..child.protocol import SOCKET_ENV, set_parent_death_signal
 from ..errors import ConfigError
 from ..metrics import JsonlTail
+from ..printed_metrics import PrintedMetricsWriter, compile_loss_pattern
 from ..rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
 from . import warm
 from .live import safe_draw
@@ -33,6 +34,7 @@ from .output import OutputPump, ThrottledPrinter
 from .plan import LOOPBACK, RANK_RUNNER, LaunchPlan
 from .processes import ProcessTree
 from .sampler import MemorySampler
+from .spec import already_launched
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,7 @@ def write_command_txt(plan: LaunchPlan, commands: dict[int, list[str]]) -> None:
         with open(plan.run_dir / COMMAND_TXT, "x") as f:
             f.write(plan.command_txt(commands))
     except FileExistsError:
-        raise ConfigError(f"run_dir {str(plan.run_dir)!r} already holds a launch ({COMMAND_TXT}); "
-                          "use a new run directory (new_run_dir) so nothing is overwritten") from None
+        raise ConfigError(already_launched(plan.run_dir)) from None
     except OSError as e:
         raise ConfigError(f"run_dir {str(plan.run_dir)!r} is not a writable directory ({e.strerror})") from None
 
@@ -171,7 +172,7 @@ def start_job(plan: LaunchPlan, view, printer: ThrottledPrinter) -> RunningJob:
         starts, start = start_commands(plan, commands, printer, wait_s=plan.spec.timeout_s)
         for node in plan.nodes:
             procs[node] = subprocess.Popen(
-                starts[node][0], cwd=plan.run_dir, env=starts[node][1], stdin=subprocess.DEVNULL,
+                starts[node][0], cwd=plan.cwd, env=starts[node][1], stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its kernel
                 # died stopped its ranks, then hung at exit joining its tee threads (never told to stop), an orphan
@@ -205,6 +206,10 @@ class RunningJob:
         self.store = store  # simulated nodes: the rendezvous store, hosted here until every agent is gone
         self.started_at = started_at
         self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
+        # Loss points from the ranks' printed lines (a script of your own): drawn while no metrics JSON has come.
+        self.printed = PrintedMetricsWriter(plan.run_dir, compile_loss_pattern(plan.spec.loss_pattern))
+        self.printed_from = 0  # pump.ranked[printed_from:] is not read for losses yet
+        self.wrote_json = False
         self.tree = ProcessTree(*(proc.pid for proc in procs.values()))
         # The job's GPUs, numbered as its ranks see them (simulated nodes: node n's cuda:i is the job's n * nproc + i).
         self.sampler = MemorySampler(self.tree, plan.run_dir, hz=plan.spec.sample_memory_hz,
@@ -221,6 +226,18 @@ class RunningJob:
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at
 
+    def read_records(self) -> list[dict]:
+        """The step records that arrived since the last call: the metrics JSON the ranks wrote, or, for a script that
+        has written none, the loss points read from the lines they printed (``PrintedMetricsWriter``; both kinds are
+        kept in ``metrics/``)."""
+        records = self.metrics_tail.read_new()
+        self.wrote_json = self.wrote_json or bool(records)
+        ranked, elapsed = self.pump.ranked, self.elapsed()
+        printed = [r for rank, text in ranked[self.printed_from:]
+                   if (r := self.printed.take(rank, text, elapsed)) is not None]
+        self.printed_from = len(ranked)
+        return records if self.wrote_json else printed
+
     def wait(self) -> dict[int, int]:
         """Pump output and update the view until every agent exited and its output is read; the return codes.
 
@@ -231,7 +248,7 @@ class RunningJob:
             elapsed = self.elapsed()
             if elapsed - last_view >= 0.25:
                 last_view = elapsed
-                new_records = self.metrics_tail.read_new()
+                new_records = self.read_records()
                 if new_records:
                     progress_at = elapsed
                 self.view.add(new_records)

@@ -84,8 +84,9 @@ def in_jupyter_kernel() -> bool:
 
 
 def progress_fields(record: dict) -> list[str]:
-    """``step i/n``, and ``loss`` and ``samples/s`` when the script reports them, from one metrics record."""
-    fields = [f"step {record.get('step')}/{record.get('max_steps', '?')}"]
+    """``step i/n`` (``step i`` when the script does not say ``n``: a loss read from a printed line), and ``loss``
+    and ``samples/s`` when the script reports them, from one metrics record."""
+    fields = [f"step {record.get('step')}" + (f"/{record['max_steps']}" if "max_steps" in record else "")]
     if "loss_local" in record:
         fields.append(f"loss {record['loss_local']:.4f}")
     if "samples_per_s" in record:
@@ -134,12 +135,18 @@ class LiveView:
 
 
 class TerminalView(LiveView):
-    """A progress line on stdout every ``interval_s`` seconds (and at the end)."""
+    """A line saying where the ranks run (``cwd``, when known), then a progress line on stdout every ``interval_s``
+    seconds (and at the end)."""
 
-    def __init__(self, interval_s: float = 3.0) -> None:
+    def __init__(self, interval_s: float = 3.0, cwd: str | os.PathLike | None = None) -> None:
         super().__init__()
         self.interval_s = interval_s
+        self.cwd = cwd
         self._last = 0.0
+
+    def start(self):
+        if self.cwd is not None:
+            sys.stdout.write(f"[launcher] {where_ranks_run(self.cwd)}\n")
 
     def update(self, elapsed_s, rss_samples, final=False):
         if final or elapsed_s - self._last >= self.interval_s:
@@ -163,10 +170,12 @@ class NotebookView(LiveView):
     progress, the outcome and the failure box; this class decides when and what.
     """
 
-    def __init__(self, plot_interval_s: float = 1.0, run_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, plot_interval_s: float = 1.0, run_dir: str | os.PathLike | None = None,
+                 cwd: str | os.PathLike | None = None) -> None:
         super().__init__()
         self.plot_interval_s = plot_interval_s
         self.run_dir = run_dir
+        self.cwd = cwd  # where the ranks run: said in the status
         self._last_plot = -1e9
         self._plotted_records = -1
 
@@ -262,7 +271,8 @@ class TextNotebookView(NotebookView):
 
     def _draw_progress(self, elapsed_s, outcome=None):
         status = f"elapsed {elapsed_s:.1f} s" + (f" - {outcome.text}" if outcome else "")
-        self._progress.update(_Text("\n".join(self.progress_lines(elapsed_s) + [status])))
+        where = [where_ranks_run(self.cwd)] if self.cwd is not None else []
+        self._progress.update(_Text("\n".join(self.progress_lines(elapsed_s) + where + [status])))
 
     def _draw_alert(self, title, details):
         pass
@@ -276,8 +286,8 @@ class WidgetNotebookView(NotebookView):
     """
 
     def __init__(self, plot_interval_s: float = 1.0, run_dir: str | os.PathLike | None = None,
-                 log_lines: int = 200) -> None:
-        super().__init__(plot_interval_s, run_dir)
+                 log_lines: int = 200, cwd: str | os.PathLike | None = None) -> None:
+        super().__init__(plot_interval_s, run_dir, cwd)
         self._bars: dict[int, tuple] = {}
         self.log_stream = LogBuffer(log_lines)
         self._log_version = -1
@@ -287,6 +297,7 @@ class WidgetNotebookView(NotebookView):
         from IPython.display import display
 
         self._header = w.HTML("<b>starting torchrun ...</b>")
+        self._where = html.escape(f" · {where_ranks_run(self.cwd)}") if self.cwd is not None else ""
         self._rows = w.VBox([])
         self._alert = w.HTML(layout=w.Layout(display="none"))
         self._log = w.HTML(_log_html([]))
@@ -298,9 +309,15 @@ class WidgetNotebookView(NotebookView):
         self._box_handle = display(self._widget_bundle("starting torchrun ..."), raw=True, display_id=True)
 
     def _widget_bundle(self, text: str) -> dict:
-        """The box's display data; ``text/plain`` (what a notebook saved without widget state shows) is ``text``."""
+        """The box's display data. Its ``text/plain`` is what a notebook saved without widget state shows (plain
+        papermill, nbconvert, a diff, a code review; JupyterLab draws the widget instead): ``text``, then the lines of
+        the output area, so the ranks' lines are text there too."""
         data = self._box._repr_mimebundle_()
-        data["text/plain"] = text
+        lines, head = self.log_stream.lines(), [text]
+        if lines:
+            where = f"; every line in {Path(self.run_dir) / 'output.log'}" if self.run_dir else ""
+            head.append(f"output, rank-prefixed (the last {self.log_stream.maxlen} lines{where}):")
+        data["text/plain"] = "\n".join(head + lines)
         return data
 
     def _draw_progress(self, elapsed_s, outcome=None):
@@ -319,10 +336,10 @@ class WidgetNotebookView(NotebookView):
         if new_rank:
             self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
         if outcome is None:
-            self._header.value = f"<b style='color:inherit'>running</b> &middot; elapsed {elapsed_s:.1f} s"
+            self._header.value = f"<b style='color:inherit'>running</b> &middot; elapsed {elapsed_s:.1f} s{self._where}"
         else:
             colour = "#c62828" if outcome.failed else "#2e7d32"
-            self._header.value = f"<b style='color:{colour}'>{html.escape(outcome.text)}</b>"
+            self._header.value = f"<b style='color:{colour}'>{html.escape(outcome.text)}</b>{self._where}"
             for bar, _ in self._bars.values():
                 bar.bar_style = "danger" if outcome.failed else "success"
         if self.log_stream.version != self._log_version:
@@ -341,7 +358,9 @@ class WidgetNotebookView(NotebookView):
         self._alert.layout.display = None
 
     def _draw_outcome(self, elapsed_s, outcome):
-        self._box_handle.update(self._widget_bundle("\n".join(self.progress_lines(elapsed_s) + [outcome.text])), raw=True)
+        where = [where_ranks_run(self.cwd)] if self.cwd is not None else []
+        self._box_handle.update(self._widget_bundle("\n".join(self.progress_lines(elapsed_s) + where + [outcome.text])),
+                                raw=True)
 
 
 class LogBuffer:
@@ -394,8 +413,15 @@ class _Text:
         return self.text
 
 
-def make_view(mode: str = "auto", run_dir: str | os.PathLike | None = None) -> LiveView:
-    """Build the live view for ``mode`` (see the module docstring); ``run_dir`` is named where logs are.
+def where_ranks_run(cwd: str | os.PathLike) -> str:
+    """The status's words for the ranks' working folder."""
+    return f"ranks run in {cwd}"
+
+
+def make_view(mode: str = "auto", run_dir: str | os.PathLike | None = None,
+              cwd: str | os.PathLike | None = None) -> LiveView:
+    """Build the live view for ``mode`` (see the module docstring); ``run_dir`` is named where logs are, ``cwd`` (the
+    ranks' working folder) in the status.
 
     Raises:
         ConfigError: unknown mode.
@@ -409,16 +435,16 @@ def make_view(mode: str = "auto", run_dir: str | os.PathLike | None = None) -> L
     if mode == "off":
         return LiveView()
     if not in_jupyter_kernel():
-        return TerminalView()
+        return TerminalView(cwd=cwd)
     if mode in ("auto", "widgets"):
         try:
             import ipywidgets  # noqa: F401
 
-            return WidgetNotebookView(run_dir=run_dir)
+            return WidgetNotebookView(run_dir=run_dir, cwd=cwd)
         except ImportError:
             if mode == "widgets":
                 raise ConfigError("live='widgets' needs ipywidgets: pip install ipywidgets") from None
-    return TextNotebookView(run_dir=run_dir)
+    return TextNotebookView(run_dir=run_dir, cwd=cwd)
 
 
 def enable_inline_figures() -> None:

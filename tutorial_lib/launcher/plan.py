@@ -37,6 +37,7 @@ class LaunchPlan:
         device_plan: device, backend and ranks per node (``resolve_device``).
         script: the script, as an absolute path.
         run_dir: the run directory (``spec.run_dir``, else the script's folder), absolute.
+        cwd: the ranks' (and torchrun's) working folder (``spec.cwd``, else the script's folder), absolute.
         nodes: the node ranks this launch starts (``spec.start_nodes``, else every node).
         job_env: the environment of the job (``build_env``): torchrun's and every rank's.
         node_envs: each started node's environment (``job_env`` plus, on several nodes, its rank prefix
@@ -50,6 +51,7 @@ class LaunchPlan:
     device_plan: DevicePlan
     script: Path
     run_dir: Path
+    cwd: Path
     nodes: tuple[int, ...]
     job_env: Mapping[str, str]
     node_envs: Mapping[int, Mapping[str, str]]
@@ -72,8 +74,10 @@ class LaunchPlan:
         """The text of ``command.txt``: each node's command as a shell line to rerun it by hand (``command_text``;
         the variables shown are those that differ from ``base``, this process's environment by default)."""
         base = os.environ if base is None else base
-        return "".join((f"# node {node}\n" if self.spec.nnodes > 1 else "")
-                       + command_text(commands[node], self.node_envs[node], self.run_dir, base) for node in self.nodes)
+        # The ranks run in cwd (the cd); when that is not the run directory, say where the launch's own files went.
+        where = "" if self.cwd == self.run_dir else f"# ranks run in {self.cwd}; logs, metrics, run.json: {self.run_dir}\n"
+        return where + "".join((f"# node {node}\n" if self.spec.nnodes > 1 else "")
+                               + command_text(commands[node], self.node_envs[node], self.cwd, base) for node in self.nodes)
 
     def shape(self, start: str) -> dict:
         """The job's shape, in every run.json (the doctor reads it); ``start``: ``"warm"`` or ``"cold"``."""
@@ -91,6 +95,7 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
     warm = warm_enabled(spec.warm)
     script = Path(spec.script).resolve()
     run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
+    cwd = spec.working_folder()
     nodes = tuple(spec.start_nodes) if spec.start_nodes is not None else tuple(range(spec.nnodes))
     job_env = build_env(device_plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
     node_envs = {}
@@ -102,7 +107,7 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
             if device_plan.device == "cuda":  # each simulated node its own GPUs
                 env["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, device_plan.nproc_per_node,
                                                                    device_plan.gpu_count)
-    return LaunchPlan(spec, device_plan, script, run_dir, nodes, job_env, node_envs, warm)
+    return LaunchPlan(spec, device_plan, script, run_dir, cwd, nodes, job_env, node_envs, warm)
 
 
 def build_command(script: str | os.PathLike, args: Sequence[object], plan: DevicePlan, *, master_port: int,
@@ -145,11 +150,12 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
     ]
 
 
-def command_text(command: Sequence[str], env: Mapping[str, str], run_dir: Path, base: Mapping[str, str]) -> str:
-    """A shell line that reruns the launch by hand: ``cd`` + the variables the launcher set + argv."""
+def command_text(command: Sequence[str], env: Mapping[str, str], cwd: Path, base: Mapping[str, str]) -> str:
+    """A shell line that reruns the launch by hand: ``cd`` to the ranks' working folder ``cwd`` + the variables the
+    launcher set + argv."""
     changed = {k: v for k, v in env.items() if base.get(k) != v}
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))
-    return f"cd {shlex.quote(str(run_dir))} && {assignments} {shlex.join(command)}\n"
+    return f"cd {shlex.quote(str(cwd))} && {assignments} {shlex.join(command)}\n"
 
 
 def command_port(command: Sequence[str]) -> int | None:

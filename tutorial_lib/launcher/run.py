@@ -13,10 +13,13 @@ A launch is four named steps: ``plan_launch`` (pure: every command and environme
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from ..rundir import OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, write_script
+from ..errors import ConfigError
+from ..rundir import OUTPUT_LOG, RunRecord, RunStatus, available_scripts, new_run_dir, write_script
 from ..script_source import check_script_args
 from . import warm
 from .devices import DevicePlan
@@ -55,7 +58,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
 
 def run_plan(plan: LaunchPlan) -> LaunchResult:
     """Start a planned launch (``plan_launch``), wait for it and return (or raise) its outcome, as ``launch`` does."""
-    view = make_view(plan.spec.live, run_dir=plan.run_dir)
+    view = make_view(plan.spec.live, run_dir=plan.run_dir, cwd=plan.cwd)
     printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=plan.spec.max_output_lines_per_s,
                                log_name=str(plan.run_dir / OUTPUT_LOG),
                                keeps_full_tracebacks=view.log_stream is not None)  # the widget view's output area
@@ -79,7 +82,7 @@ def _stop(job: RunningJob, exc: BaseException):
     at_limit = isinstance(exc, LimitReached)
     ranks_running, stacks, killed = job.stop(ask_for_stacks=at_limit)
     elapsed = job.elapsed()
-    view.add(job.metrics_tail.read_new())
+    view.add(job.read_records())
     if at_limit:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
         error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, ranks_running, last_steps, stacks,
@@ -101,7 +104,7 @@ def _finish(job: RunningJob, returncodes: dict[int, int]) -> LaunchResult:
     """The ``LaunchResult`` of a job that exited; raises its ``LaunchError`` if an agent failed."""
     plan, view = job.plan, job.view
     wall_time_s = job.elapsed()
-    view.add(job.metrics_tail.read_new())
+    view.add(job.read_records())
     if any(returncodes[node] != 0 for node in plan.nodes):
         error, record, outcome = failure_error(plan, job.pump, returncodes, wall_time_s, command=job.command,
                                                start=job.start)
@@ -115,25 +118,68 @@ def _finish(job: RunningJob, returncodes: dict[int, int]) -> LaunchResult:
                         plan=plan.device_plan)
 
 
-def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
+def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,
                label: str | None = None, **spec: object) -> LaunchResult:
-    """Write the shipped script ``name`` into a fresh run directory and launch it: the notebooks' one-liner.
+    """Launch a script in a fresh run directory: a shipped lesson, or a script of your own, as often as you like.
+
+    A shipped script (``run_script("ddp_train", ...)``) is written into the new run directory and runs there: the
+    notebooks' one-liner. A script of yours (``run_script("train.py", ...)``, ``run_script("~/nanoGPT/train.py")``, a
+    ``Path``) runs where it is, never copied or modified, and its ranks run in its folder (``cd <its folder> &&
+    torchrun train.py``; ``cwd=`` for another), so the files it opens by relative path are found; what the launch
+    writes (``command.txt``, ``output.log``, ``logs/``, ``run.json``, the loss points read from its printed lines)
+    goes to the new run directory, so each launch of it gets its own.
 
     Args:
-        name: a script from ``available_scripts()``.
+        script: a shipped script's name (``available_scripts()``, ``.py`` optional), or the path of your script: a
+            ``Path``, a string with a ``/``, or the name of a file in this process's working folder.
         args: the script's arguments.
         runs_dir: parent of the run directory (``None``: ``default_runs_root()``).
-        label: run directory label (default: ``name``).
-        **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ...).
+        label: run directory label (default: the script's name).
+        **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ``cwd``,
+            ``loss_pattern``, ...).
 
-    Returns and raises as ``launch``; a bad spec, or arguments the script's own ``parse_args`` rejects,
-    raise ``ConfigError`` before anything is started (the new run directory then holds only the script).
+    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before anything is started, as do arguments a
+    shipped script's own ``parse_args`` rejects (the new run directory then holds only the script). A script of
+    yours is not imported to check its arguments (importing runs its top-level code, the whole of nanoGPT's training),
+    and a run directory a bad spec leaves empty is removed. A bare name that is both a shipped script and a file here
+    is refused: write ``"./name.py"`` for your file.
     """
-    run_dir = new_run_dir(label or name, runs_dir)
-    script = write_script(name, run_dir)
-    plan = plan_launch(LaunchSpec(script, args=args, **spec))
-    check_script_args(script, plan.spec.args)
+    own = own_script(script)
+    if own is None:
+        run_dir = new_run_dir(label or str(script), runs_dir)
+        path = write_script(str(script), run_dir)
+        plan = plan_launch(LaunchSpec(path, args=args, **spec))
+        check_script_args(path, plan.spec.args)
+        return run_plan(plan)
+    run_dir = new_run_dir(label or re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9._-]", "", own.stem)[:80] or "script", runs_dir)
+    try:
+        plan = plan_launch(LaunchSpec(own, args=args, run_dir=run_dir, **spec))
+    except ConfigError:
+        run_dir.rmdir()  # made just now, still empty
+        raise
     return run_plan(plan)
+
+
+def own_script(script: str | os.PathLike) -> Path | None:
+    """``run_script``'s reading of ``script``: the path of a script of yours (absolute), or ``None`` for a shipped one.
+
+    Raises:
+        ConfigError: a path that is not a file, a bare name that is neither a shipped script nor a file here, or both.
+    """
+    text = os.fspath(script) if isinstance(script, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"script must be a shipped script's name or a path to your script, got {script!r}")
+    path = Path(text).expanduser()
+    shipped = text.removesuffix(".py") in available_scripts() and not isinstance(script, os.PathLike)
+    if not shipped or "/" in text or text.startswith("~"):
+        if not path.is_file():
+            raise ConfigError(f"{text!r} is {'a folder' if path.is_dir() else 'no file'} (looked in {os.getcwd()!r}) "
+                              f"and no shipped script; shipped: {', '.join(available_scripts())}")
+        return path.resolve()
+    if path.is_file():
+        raise ConfigError(f"{text!r} is both a shipped script and a file in {os.getcwd()!r}: write "
+                          f"{text.removesuffix('.py')!r} for the lesson, or {'./' + text!r} for your file")
+    return None
 
 
 def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:

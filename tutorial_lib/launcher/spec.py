@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..parameters import check_positive_int
+from ..printed_metrics import DEFAULT_LOSS_PATTERN, compile_loss_pattern, has_printed_metrics, read_printed_metrics
 from ..rundir import COMMAND_TXT
 from .devices import DevicePlan, resolve_device
 from .live import LIVE_MODES
@@ -28,8 +30,10 @@ class LaunchSpec:
         nproc_per_node: ranks to start (``None``: the default of ``device``: 2 on CPU, one per GPU).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (see ``resolve_device``). With ``"cpu"`` on a GPU
             machine the workers see no GPU (``CUDA_VISIBLE_DEVICES=""``).
-        run_dir: where logs, metrics and ``command.txt`` go; defaults to the script's folder.
-            It must not already hold a launch (nothing is overwritten).
+        run_dir: where logs, metrics and ``command.txt`` go; defaults to the script's folder (where
+            ``write_script`` put it). It must not already hold a launch (nothing is overwritten): to launch a script
+            of your own again and again, give each launch a fresh one (``run_script(path)`` does, or
+            ``run_dir=new_run_dir(label)``).
         timeout_s: wall-clock limit for the whole job (seconds, > 0); past it the job is stopped
             and ``LaunchTimeout`` is raised.
         stall_timeout_s: a hang detector independent of start-up time (seconds, > 0, or ``None``: off):
@@ -56,6 +60,15 @@ class LaunchSpec:
             torch once (``tutorial_lib.launcher.warm``; same processes, exit codes, error files and signals as cold
             starts, seconds faster); ``None``: ``$TUTORIAL_LIB_WARM`` (default on). Falls back to cold starts,
             saying why once, whenever the helper cannot serve the job.
+        cwd: the ranks' working folder, where the script's relative paths (``open("data.txt")``, nanoGPT's
+            ``data/``) resolve; ``None``: the script's own folder, as ``cd <its folder> && torchrun script.py`` would
+            run it. A lesson script written into its run directory thus writes its ``metrics/`` there; a script of
+            yours finds the files beside it. An existing folder, else ``ConfigError`` before anything starts. The
+            launch says it in the cell's status and in ``command.txt`` (``cd <cwd> && ...``).
+        loss_pattern: a regular expression that reads a loss from the lines the ranks print (groups ``step`` and
+            ``loss``); each matching line is a point of the live loss curve and of ``metrics/printed_rank<R>.jsonl``
+            (``tutorial_lib.printed_metrics``: the default reads ``iter 10: loss 2.34`` and ``step 10 ... loss
+            2.34``). The curve shows them while the script has written no metrics JSON. ``None``: off.
     """
 
     script: str | os.PathLike
@@ -76,6 +89,8 @@ class LaunchSpec:
     max_output_lines_per_s: float = 20.0
     shutdown_grace_s: float = 5.0
     warm: bool | None = None
+    cwd: str | os.PathLike | None = None
+    loss_pattern: str | re.Pattern | None = DEFAULT_LOSS_PATTERN
 
     def validate(self, gpu_count: int | None = None) -> DevicePlan:
         """Check every field; return the device plan. Raises ``ConfigError`` naming the bad value.
@@ -114,8 +129,9 @@ class LaunchSpec:
         if not run_dir.is_dir():
             raise ConfigError(f"run_dir {str(run_dir)!r} is not a writable directory")
         if (run_dir / COMMAND_TXT).exists():
-            raise ConfigError(f"run_dir {str(run_dir)!r} already holds a launch ({COMMAND_TXT}); "
-                              "use a new run directory (new_run_dir) so nothing is overwritten")
+            raise ConfigError(already_launched(run_dir))
+        self.working_folder()
+        compile_loss_pattern(self.loss_pattern)
         if self.nproc_per_node is not None:
             check_positive_int("nproc_per_node", self.nproc_per_node)
         check_positive_int("nnodes", self.nnodes)
@@ -130,6 +146,32 @@ class LaunchSpec:
                               f"need as many GPUs, this machine has {plan.gpu_count}; use device='cpu' to "
                               "simulate nodes, or fewer ranks")
         return plan
+
+    def working_folder(self) -> Path:
+        """The ranks' working folder, absolute: ``cwd``, else the script's folder.
+
+        Raises:
+            ConfigError: ``cwd`` is not a path, or not a folder this process can enter.
+        """
+        if self.cwd is None:
+            return Path(self.script).resolve().parent
+        if not isinstance(self.cwd, (str, os.PathLike)) or str(self.cwd) == "":
+            raise ConfigError(f"cwd must be a folder (str or path) or None (the script's folder), got {self.cwd!r}")
+        cwd = Path(self.cwd).expanduser()
+        if not cwd.is_dir():
+            raise ConfigError(f"cwd {str(self.cwd)!r} is not a folder ({'a file' if cwd.exists() else 'missing'}): "
+                              f"the ranks' working folder must exist (this process runs in {os.getcwd()!r}); "
+                              "None runs them in the script's folder")
+        if not os.access(cwd, os.X_OK):
+            raise ConfigError(f"cwd {str(self.cwd)!r} cannot be entered (no execute permission); pick another folder")
+        return cwd.resolve()
+
+
+def already_launched(run_dir: Path) -> str:
+    """The refusal of a second launch into ``run_dir``, saying how to launch again."""
+    return (f"run_dir {str(run_dir)!r} already holds a launch ({COMMAND_TXT}) and nothing is overwritten: give each "
+            "launch a fresh run directory (run_dir=new_run_dir(label)); for a script of your own, "
+            "run_script('path/to/script.py', args) does it, running the script in place in its own folder")
 
 
 @dataclass
@@ -151,7 +193,14 @@ class LaunchResult:
     plan: DevicePlan
 
     def metrics(self) -> pd.DataFrame:
-        """The per-rank step metrics (``read_metrics``), every rank required."""
+        """The per-rank step metrics (``read_metrics``), every rank required; for a script that wrote no metrics
+        JSON, the loss points read from the lines it printed (``read_printed_metrics``: the ranks that printed one).
+
+        Raises:
+            MetricsError: no metrics, neither written nor printed.
+        """
+        if not any((self.run_dir / "metrics").glob("rank*.jsonl")) and has_printed_metrics(self.run_dir):
+            return read_printed_metrics(self.run_dir)
         return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node)
 
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
