@@ -20,8 +20,8 @@ in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``, ``en
 """
 
 from .attention import sdpa_backends
-from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, latest_checkpoint, list_checkpoints,
-                          load_checkpoint_state)
+from .checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
+                          list_checkpoints, load_checkpoint_state, read_loaded_state)
 from .cluster import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
@@ -36,8 +36,8 @@ from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
                           read_memory_table)
-from .metrics import (loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
-                      read_rank_json, summarize_runs)
+from .metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
+                      read_rank_json, read_rank_tensors, summarize_runs)
 from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
@@ -46,10 +46,10 @@ from .printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
 from .pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations,
                        pipeline_events, replay_slots)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
-from .profiling import overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown
+from .profiling import overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown, trace_files
 from .run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
-                       lost_connection, rank_errors)
-from .rundir import available_scripts, new_run_dir, write_script
+                       lost_connection, rank_errors, read_output_log, workers_started)
+from .rundir import available_scripts, new_run_dir, read_command, script_path, write_script
 from .script_source import import_script, show_script
 
 __all__ = [
@@ -74,4 +74,6 @@ __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerp
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone
 __all__ += ["DEFAULT_LOSS_PATTERN", "SpawnOutcome", "read_printed_metrics",
             "spawn_with_timeout"]  # scripts of your own: their printed loss lines; mp.spawn from a notebook
+__all__ += ["checkpoint_dir", "last_steps", "read_command", "read_loaded_state", "read_output_log", "read_rank_tensors",
+            "script_path", "trace_files", "workers_started"]  # a run directory's parts, by name (no run_dir / paths)
 __version__ = "0.1.0"

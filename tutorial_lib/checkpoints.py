@@ -9,6 +9,9 @@ Files inside a step folder:
     ``__<rank>_<i>.distcp`` + ``.metadata``  sharded ``torch.distributed.checkpoint`` (``--format dcp``)
     ``model_optim.pt``                        the full state dict, one ``torch.save`` file (``--format full``)
     ``extra_rank<R>.pt``                      rank R's RNG states, LR scheduler, scaler, sampler position
+
+In a run directory the script's default ``--checkpoint-dir`` is ``checkpoints/`` (``checkpoint_dir``), and
+``--dump-loaded-state`` writes what it loaded to ``metrics/loaded_state.pt`` (``read_loaded_state``).
 """
 
 from __future__ import annotations
@@ -24,18 +27,64 @@ import pandas as pd
 
 from .errors import ConfigError, MetricsError
 from .metrics import read_rank_json
+from .rundir import CHECKPOINTS_SUBDIR, METRICS_SUBDIR
 
 COMPLETE_MARKER = "checkpoint.json"
 FULL_FILE = "model_optim.pt"
+LOADED_STATE = "loaded_state.pt"
 _STEP_DIR = re.compile(r"^(?P<tmp>\.tmp-)?step-(?P<step>\d+)$")
 _RANK_FILE = re.compile(r"^(?:__(?P<shard>\d+)_\d+\.distcp|extra_rank(?P<extra>\d+)\.pt)$")
+
+
+def checkpoint_dir(run_dir: str | os.PathLike, step: int | None = None) -> Path:
+    """The checkpoint folder of a ``checkpoint_train.py`` run (its default ``--checkpoint-dir``), or one step in it.
+
+    Args:
+        run_dir: the run directory.
+        step: ``None``: the folder of all steps (for ``list_checkpoints``); a step: its ``step-<step>/`` folder (for
+            ``load_checkpoint_state``, ``checkpoint_files``, or a later run's ``--resume``).
+
+    Raises:
+        ConfigError: the folder does not exist (the run saved nothing, or not there); for a step, the steps there are
+            named.
+    """
+    folder = Path(run_dir) / CHECKPOINTS_SUBDIR
+    if not folder.is_dir():
+        raise ConfigError(f"{str(run_dir)!r} has no {CHECKPOINTS_SUBDIR}/ folder: the run saved no checkpoint there "
+                          "(checkpoint_train.py --save-every N, default --checkpoint-dir)")
+    if step is None:
+        return folder
+    path = folder / f"step-{step}"
+    if not path.is_dir():
+        raise ConfigError(f"no step-{step} in {str(folder)!r}; there: {list(list_checkpoints(folder)['name'])}")
+    return path
+
+
+def read_loaded_state(run_dir: str | os.PathLike) -> dict:
+    """The full model and optimizer state a ``checkpoint_train.py --dump-loaded-state`` run had right after it loaded
+    its checkpoint (gathered from every rank, written by rank 0 to ``metrics/loaded_state.pt``); compare it with
+    ``load_checkpoint_state`` of the checkpoint it loaded (``diff_state_dicts``).
+
+    Returns:
+        ``{"model": {name: tensor}, "optim": {...}}``, as ``load_checkpoint_state`` returns.
+
+    Raises:
+        MetricsError: the run wrote no such file (it ran without ``--dump-loaded-state``, or loaded nothing).
+    """
+    import torch
+
+    path = Path(run_dir) / METRICS_SUBDIR / LOADED_STATE
+    if not path.is_file():
+        raise MetricsError(f"no {LOADED_STATE} in {str(path.parent)!r}: run checkpoint_train.py with --resume and "
+                           "--dump-loaded-state")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def list_checkpoints(folder: str | os.PathLike) -> pd.DataFrame:
     """Every step folder in ``folder``, complete or not, sorted by step.
 
     Args:
-        folder: a ``--checkpoint-dir`` (e.g. ``run_dir / "checkpoints"``).
+        folder: a ``--checkpoint-dir`` (a run's: ``checkpoint_dir(run_dir)``).
 
     Returns:
         One row per ``step-N`` or ``.tmp-step-N`` folder: ``name``, ``step``, ``complete`` (bool: named

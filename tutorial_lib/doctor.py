@@ -19,7 +19,7 @@ from pathlib import Path
 from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_CAUSE, FINISHED_FIX, HANG_FIX,
                      NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIXES, exit_code_meaning, signal_name)
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
-from .metrics import read_metrics
+from .metrics import last_steps as logged_last_steps
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
@@ -197,10 +197,9 @@ def _aborted_in_collective(signal_name_: str | None, lines: list[str]) -> bool:
 
 def _last_steps(run_dir: Path) -> dict[int, int]:
     try:
-        metrics = read_metrics(run_dir)
+        return logged_last_steps(run_dir)
     except MetricsError:
         return {}
-    return {int(r): int(s) for r, s in metrics.groupby("rank")["step"].max().items()}
 
 
 def _check_run_dir(run_dir: Path) -> None:

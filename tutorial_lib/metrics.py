@@ -67,13 +67,15 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     eval_loss              float -     train_lm (eval)                held-out loss: mean over every rank's tokens
     skipped_collective     bool  -     collective_mismatch            this rank skipped a loss all_reduce (--fail-rank)
 
-A script's other results (one JSON file per rank, ``<name>_rank<R>.json``) are read with ``read_rank_json``.
+A script's other results (one JSON file per rank, ``<name>_rank<R>.json``) are read with ``read_rank_json``, its
+tensors (one ``torch.save`` file per rank, ``<name>_rank<R>.pt``) with ``read_rank_tensors``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,6 +364,60 @@ def read_rank_json(run_dir: str | os.PathLike, prefix: str) -> list[dict]:
     if not files:
         raise MetricsError(f"no {prefix}_rank*.json in {str(folder)!r}: did the script run to the end?")
     return sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["rank"])
+
+
+def read_rank_tensors(run_dir: str | os.PathLike, prefix: str, folder: str = METRICS_SUBDIR,
+                      ranks: int | None = None) -> list:
+    """What each rank saved with ``torch.save`` as ``<folder>/<prefix>_rank<R>.pt`` (gradients, parameters, ...),
+    loaded on the CPU, in rank order: element R is rank R's.
+
+    Args:
+        run_dir: the run directory.
+        prefix: the files' name before ``_rank<R>.pt``, e.g. ``"grads"``, ``"params"``.
+        folder: the folder inside the run directory the script wrote them to (the script's flag, e.g. ``ddp_train.py
+            --save-grads-dir grads``); default ``metrics``.
+        ranks: if given, the number of ranks expected (a file more or less is an error).
+
+    Returns:
+        One object per rank (what the script saved: a ``{name: tensor}`` dict, ...), loaded with
+        ``torch.load(..., map_location="cpu", weights_only=True)`` (tensors and plain containers only).
+
+    Raises:
+        MetricsError: no such file, the ranks found are not 0..N-1 (one is missing), or not ``ranks`` of them.
+    """
+    import torch
+
+    directory = Path(run_dir) / folder
+    files = {int(m[1]): path for path in directory.glob(f"{prefix}_rank*.pt")
+             if (m := re.fullmatch(rf"{re.escape(prefix)}_rank(\d+)\.pt", path.name))}
+    if not files:
+        raise MetricsError(f"no {prefix}_rank*.pt in {str(directory)!r}: did the script save them (and run to the end)?")
+    if sorted(files) != list(range(len(files))):
+        raise MetricsError(f"{prefix}_rank*.pt in {str(directory)!r} are of ranks {sorted(files)}, not 0..N-1: "
+                           "a rank did not save its file")
+    if ranks is not None and len(files) != ranks:
+        raise MetricsError(f"{len(files)} {prefix}_rank*.pt in {str(directory)!r}, expected {ranks} (one per rank)")
+    return [torch.load(files[rank], map_location="cpu", weights_only=True) for rank in range(len(files))]
+
+
+def last_steps(run_dir: str | os.PathLike, attempt: int | None = None) -> dict[int, int]:
+    """``{rank: the last step it logged}`` from the run's step metrics (``read_metrics``); ranks that logged nothing are
+    absent.
+
+    Args:
+        run_dir: the run directory.
+        attempt: only the lines of this torchrun attempt (0: the first start, 1: the first restart; the ``attempt`` key
+            ``checkpoint_train.py`` writes); ``None``: every line.
+
+    Raises:
+        MetricsError: no metrics, or ``attempt`` given and the lines have no ``attempt`` key.
+    """
+    metrics = read_metrics(run_dir)
+    if attempt is not None:
+        if "attempt" not in metrics:
+            raise MetricsError(f"the metrics of {str(run_dir)!r} have no 'attempt' key: the script does not log attempts")
+        metrics = metrics[metrics["attempt"] == attempt]
+    return {int(rank): int(step) for rank, step in metrics.groupby("rank")["step"].max().items()}
 
 
 def read_collectives(run_dir: str | os.PathLike) -> list[dict]:

@@ -1,8 +1,8 @@
 """What a finished run's logs say, one named question each: the small readers the notebooks call.
 
-``tl.rank_errors``, ``tl.agent_failures``, ``tl.fatal_errors``, ``tl.collective_fingerprints``, ``tl.count_log_matches``
-and ``tl.lost_connection`` read a run directory's ``output.log`` (every line the ranks and torchrun printed) and
-torchrun's error files, through ``tutorial_lib.torchrun``.
+``tl.read_output_log``, ``tl.rank_errors``, ``tl.agent_failures``, ``tl.fatal_errors``, ``tl.collective_fingerprints``,
+``tl.count_log_matches``, ``tl.lost_connection`` and ``tl.workers_started`` read a run directory's ``output.log``
+(every line the ranks and torchrun printed) and torchrun's folders and error files, through ``tutorial_lib.torchrun``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from .rundir import LOGS, OUTPUT_LOG
+from .errors import ConfigError
+from .rundir import LOGS, OUTPUT_LOG, node_log_dirs
 from .torchrun.attempts import attempts, last_attempt_error_files, read_error_file
 from .torchrun.root_cause import AGENT_FAILED, PEER_LOST
 from .torchrun.tee import rank_lines
+
+
+def read_output_log(run_dir: str | os.PathLike) -> str:
+    """Every line torchrun and the ranks printed during a launch (``<run_dir>/output.log``), also those the cell did not
+    show (each rank's lines prefixed ``[rankN]:``). A run in the notebook's process (``run_in_process``) has what the
+    script printed.
+
+    Raises:
+        ConfigError: the run directory holds no ``output.log`` (not a run directory, or its launch never started).
+    """
+    path = Path(run_dir) / OUTPUT_LOG
+    try:
+        return path.read_text(errors="replace")
+    except OSError as e:
+        raise ConfigError(f"no {OUTPUT_LOG} in {str(run_dir)!r} ({e.strerror}): pass the folder a launch created") from e
+
+
+def workers_started(run_dir: str | os.PathLike) -> int:
+    """How many worker processes torchrun started in a launch: one folder per rank per attempt in its logs, over every
+    (simulated) node. 0 when torchrun failed before starting any, e.g. in the rendezvous (a taken port, a node that
+    never came); a run that restarted once counts every rank twice."""
+    log_dirs = list(node_log_dirs(run_dir).values()) or [Path(run_dir) / LOGS]
+    return sum(len(a.rank_dirs()) for log_dir in log_dirs for a in attempts(log_dir))
 
 
 def rank_errors(run_dir: str | os.PathLike, attempt: int | None = None) -> dict[int, str]:
@@ -49,7 +73,7 @@ def agent_failures(run_dir: str | os.PathLike) -> list[tuple[int, int]]:
     """``[(local_rank, exit_code), ...]`` from torchrun's agent lines ``failed (exitcode: N) local_rank: R`` in
     ``<run_dir>/output.log``, in order: one per failed worker per attempt, also when torchrun then restarted the
     group. A negative exit code is the signal that killed the worker (-9: SIGKILL)."""
-    text = (Path(run_dir) / OUTPUT_LOG).read_text()
+    text = read_output_log(run_dir)
     return [(int(m["local_rank"]), int(m["exitcode"])) for m in AGENT_FAILED.finditer(text)]
 
 
@@ -69,7 +93,7 @@ def fatal_errors(run_dir: str | os.PathLike) -> list[FatalError]:
     function of the stack printed after it (faulthandler prints the most recent call first)."""
     found: list[FatalError] = []
     pending: dict[int | None, int] = {}  # rank -> index in found still waiting for its first frame
-    for rank, text in rank_lines((Path(run_dir) / OUTPUT_LOG).read_text()):
+    for rank, text in rank_lines(read_output_log(run_dir)):
         if text.startswith("Fatal Python error: "):
             pending[rank] = len(found)
             found.append(FatalError(rank, text.removeprefix("Fatal Python error: ").strip(), ""))
@@ -88,7 +112,7 @@ _FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running collective: Collective
 def collective_fingerprints(run_dir: str | os.PathLike) -> list[tuple[int, str, tuple[int, ...]]]:
     """``[(rank, op, shape), ...]``, sorted and without repeats: the collective each rank reported running when
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` found a mismatch (``<run_dir>/output.log``); a scalar's shape is ``()``."""
-    text = (Path(run_dir) / OUTPUT_LOG).read_text()
+    text = read_output_log(run_dir)
     return sorted({(int(m["rank"]), m["op"], tuple(int(n) for n in m["shape"].split(",") if n.strip()))
                    for m in _FINGERPRINT.finditer(text)})
 
@@ -96,5 +120,5 @@ def collective_fingerprints(run_dir: str | os.PathLike) -> list[tuple[int, str, 
 def count_log_matches(run_dir: str | os.PathLike, patterns: Mapping[str, str]) -> dict[str, int]:
     """``{name: number of matches}`` of each regular expression in ``patterns`` over ``<run_dir>/output.log``
     (every line the ranks and torchrun printed, also those the cell did not show)."""
-    text = (Path(run_dir) / OUTPUT_LOG).read_text()
+    text = read_output_log(run_dir)
     return {name: len(re.findall(pattern, text)) for name, pattern in patterns.items()}

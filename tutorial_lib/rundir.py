@@ -13,7 +13,13 @@ ever overwritten. What is in it, by the names below:
 ``metrics/``          ``rank<R>.jsonl``, one JSON line per step per rank, and what else a script reports
                       (``tutorial_lib.metrics``)
 ``samples/``          the launcher's memory samples: ``rss.jsonl``, ``gpu.jsonl``, ``gpu_info.json``
+``checkpoints/``      ``checkpoint_train.py``'s ``step-N/`` folders (its ``--checkpoint-dir``; ``tutorial_lib.checkpoints``)
 ====================  =====================================================================================
+
+A notebook names these with calls, never with ``run_dir / "..."`` paths: ``script_path`` and ``read_command`` (here),
+``read_output_log`` and ``workers_started`` (``run_logs``), ``read_metrics``, ``read_rank_json``, ``read_rank_tensors``
+and ``last_steps`` (``metrics``), ``trace_files`` (``profiling``), ``checkpoint_dir`` and ``read_loaded_state``
+(``checkpoints``).
 
 ``run.json``: how a launch ended, one schema, written in one place.
 
@@ -59,6 +65,7 @@ RUN_RECORD = "run.json"
 LOGS = "logs"
 METRICS_SUBDIR = "metrics"
 SAMPLES_SUBDIR = "samples"
+CHECKPOINTS_SUBDIR = "checkpoints"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
 
@@ -134,6 +141,54 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
         raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
     shutil.copyfile(LESSONS_DIR / f"{stem}.py", target)
     return target.resolve()
+
+
+def script_path(run_dir: str | os.PathLike) -> Path:
+    """The training script of a run: the one ``*.py`` file at the top of its run directory (the copy ``write_script``
+    put there, exactly what ran), e.g. for ``show_script`` or ``import_script``.
+
+    Args:
+        run_dir: a run directory (``LaunchResult.run_dir``, ``LaunchError.run_dir``).
+
+    Raises:
+        ConfigError: ``run_dir`` is not a directory, or holds no script or several (then the names are listed).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; pass the run directory of a launch")
+    scripts = sorted(p for p in run_dir.glob("*.py") if p.is_file())
+    if len(scripts) != 1:
+        found = ", ".join(p.name for p in scripts) or "none"
+        raise ConfigError(f"{str(run_dir)!r} should hold exactly one script (*.py), the one that ran; found {found}")
+    return scripts[0].resolve()
+
+
+def read_command(run_dir: str | os.PathLike, node: int | None = None) -> str:
+    """The command that reruns a launch by hand, from its ``command.txt``.
+
+    Args:
+        run_dir: a run directory.
+        node: ``None``: the whole file (a launch of simulated nodes: one ``# node N`` block per node); a node rank:
+            that node's command alone, without its ``# node N`` line (a one-node launch has only node 0).
+
+    Returns:
+        The text, ending with a newline.
+
+    Raises:
+        ConfigError: no ``command.txt`` (the launch never started), or no block for ``node``.
+    """
+    path = Path(run_dir) / COMMAND_TXT
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"no {COMMAND_TXT} in {str(run_dir)!r} ({e.strerror}): pass the folder a launch created") from e
+    if node is None:
+        return text
+    blocks = re.split(r"^# node (\d+)\n", text, flags=re.M)
+    by_node = {int(n): body for n, body in zip(blocks[1::2], blocks[2::2])} or {0: text}
+    if node not in by_node:
+        raise ConfigError(f"{str(path)!r} has no command for node {node!r}; nodes: {sorted(by_node)}")
+    return by_node[node]
 
 
 def node_log_dir(run_dir: str | os.PathLike, node: int, nnodes: int) -> Path:

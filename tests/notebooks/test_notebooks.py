@@ -1,9 +1,11 @@
 """Notebooks as a user runs them: papermill with parameters, and a failing rank failing the cell."""
 
+import io
 import json
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import nbformat
@@ -31,6 +33,61 @@ def test_notebook_is_thin_and_parameterised(path):
     for cell in checked:
         assert "assert" in cell.source and cell.execution_count and cell.outputs, \
             "checked cells carry reference outputs (run scripts/store_nbval_outputs.py)"
+
+
+# What a run directory holds is named by library calls (tl.script_path, tl.read_command, tl.read_output_log,
+# tl.read_rank_tensors, tl.trace_files, tl.checkpoint_dir, tl.read_loaded_state, tl.load_checkpoint_state, ...), never
+# spelled out in a cell (issue 27): a cell that knows the layout breaks when the layout changes.
+RUN_DIR_PLUMBING = {
+    r"\b\w*_dir\s*/(?![/=])": "a path joined onto a run directory (`run_dir / ...`, `.run_dir / ...`)",
+    r"\brun_dir\.(?:r?glob|iterdir)\(": "a glob over a run directory",
+    r"command\.txt": "command.txt read by hand (tl.read_command)",
+    r"output\.log": "output.log read by hand (tl.read_output_log)",
+    r"trace_rank": "trace files found by hand (tl.trace_files)",
+    r"dcp_to_torch_save\(": "a checkpoint converted by hand (tl.load_checkpoint_state)",
+}
+
+
+def code_lines(source: str) -> list[str]:
+    """The lines of a code cell without their comments (prose in a comment may name a file)."""
+    lines = source.splitlines()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                row, col = token.start
+                lines[row - 1] = lines[row - 1][:col]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # not plain Python (a magic): every line, comments included
+    return lines
+
+
+def run_dir_plumbing(source: str) -> list[str]:
+    """The lines of a cell's ``source`` that reach into a run directory by hand, each with the reason."""
+    return [f"{line.strip()}  <- {why}" for line in code_lines(source) for pattern, why in RUN_DIR_PLUMBING.items()
+            if re.search(pattern, line)]
+
+
+def test_run_dir_plumbing_is_found():
+    """The check below can fail: each kind of plumbing the notebooks once held is caught, the named calls are not."""
+    caught = ['ddp_state = tl.load_checkpoint_state(ddp.run_dir / "checkpoints" / f"step-{SAVE_EVERY}")',
+              'print((result.run_dir / "command.txt").read_text())', 'ddp_grads = [torch.load(ddp_dir / "grads")]',
+              'log = open(e.run_dir/"output.log").read()', 'assert not list(port_error.run_dir.rglob("stdout.log"))',
+              'print(*sorted(p.name for p in metrics_path.glob("trace_rank*.json")))',
+              "    dcp_to_torch_save(step_dir, converted_file)"]
+    assert [len(run_dir_plumbing(line)) >= 1 for line in caught] == [True] * len(caught)
+    named = ["tl.show_script(tl.script_path(fsdp2.run_dir), 'wrap_fsdp2')", "x = tl.read_output_log(e.run_dir)",
+             "half = total_dir_bytes / 2  # a division", "a = b // c",
+             "tl.list_checkpoints(tl.checkpoint_dir(crash.run_dir))  # the folder of step-N/ checkpoints",
+             "x = 1  # the output.log keeps every line (a comment may name a file)"]
+    assert [run_dir_plumbing(line) for line in named] == [[]] * len(named)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_cells_name_the_parts_of_a_run_directory_with_library_calls(path):
+    """No `run_dir / ...` in a cell, no hand reads of command.txt or output.log, no globs for trace files (issue 27)."""
+    nb = nbformat.read(path, as_version=4)
+    found = [line for c in nb.cells if c.cell_type == "code" for line in run_dir_plumbing(c.source)]
+    assert not found, "\n".join(found)
 
 
 DEVICE_DEPENDENT = re.compile(r"\{[^}]*\b(world_size|plan\b|nproc_per_node|gpu_count|device|backend|len\(shards\))")

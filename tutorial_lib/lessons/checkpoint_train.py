@@ -30,12 +30,16 @@ What it shows
     * ``--resume latest`` continues from the newest complete checkpoint (or starts fresh if there is
       none), which is what an elastic restart (torchrun ``--max-restarts``) needs.
 
-Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` (with ``attempt`` =
-TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``) and its save/load timings to
-``<metrics-dir>/checkpoint_rank<RANK>.json``. Only torch and the Python standard library are used.
+Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook's
+notebooks use to measure it and to break it on purpose (metrics, save/load costs, the loaded state, failure
+injection, flag checks), each called from the lesson in one marked line. Each rank appends one JSON line per step to
+``<metrics-dir>/rank<RANK>.jsonl`` (with ``attempt`` = TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``) and its
+save/load timings and bytes to ``<metrics-dir>/checkpoint_rank<RANK>.json``.
+Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -102,36 +106,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the data and the sampler")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
-    p.add_argument("--metrics-dir", type=str, default="metrics",
-                   help="folder for rank<RANK>.jsonl and checkpoint_rank<RANK>.json (created if missing)")
-    p.add_argument("--dump-loaded-state", action="store_true",
-                   help="after loading, write the full model and optimizer state to "
-                        "<metrics-dir>/loaded_state.pt (rank 0) to compare round trips")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, 30 on gloo")
-    p.add_argument("--fail-rank", type=int, default=-1,
-                   help="inject a failure on this global rank, on the first attempt only (-1: none)")
-    p.add_argument("--fail-step", type=int, default=0,
-                   help="step at which the failure happens (raise: before the step; kill-during-save: "
-                        "during the save after that step)")
-    p.add_argument("--fail-mode", choices=["raise", "kill-during-save"], default="raise",
-                   help="raise: RuntimeError; kill-during-save: SIGKILL after writing part of the checkpoint")
-    args = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "n_layers", "output_dim"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("save_every", "stop_at_step", "warmup_steps"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not 0 <= args.dropout < 1:
-        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.pg_timeout_s <= 0:
-        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
-    if args.fail_mode == "kill-during-save" and args.fail_rank >= 0 and (
-            args.save_every == 0 or args.fail_step % args.save_every):
-        p.error(f"--fail-step {args.fail_step} must be a multiple of --save-every {args.save_every} "
-                "with --fail-mode kill-during-save (the kill happens inside that step's save)")
-    return args
+    add_workbook_flags(p)
+    return check_args(p, p.parse_args(argv))
 
 
 def setup(args):
@@ -274,18 +252,6 @@ def attempt_number():
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))  # 0 on the first attempt
 
 
-def maybe_fail(args, rank, step, where):
-    """Inject the requested failure, only on the first attempt (an elastic restart then succeeds)."""
-    if rank != args.fail_rank or step != args.fail_step or attempt_number() != 0:
-        return
-    if where == "step" and args.fail_mode == "raise":
-        raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
-    if where == "save" and args.fail_mode == "kill-during-save":
-        sys.stdout.write(f"rank {rank}: killed by SIGKILL in the middle of the step-{step} save\n")
-        sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handler: like an OOM kill or a node loss
-
-
 def complete_checkpoints(folder):
     """{step: path} of the complete checkpoints in ``folder``: ``step-N/`` holding ``checkpoint.json``."""
     found = {}
@@ -302,42 +268,48 @@ def full_options(**extra):
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
 
 
+def resume_path(args):
+    if args.resume == "none":
+        return None
+    if args.resume == "latest":
+        found = complete_checkpoints(args.checkpoint_dir)
+        return found[max(found)] if found else None  # none yet: the first attempt starts fresh
+    path = Path(args.resume)
+    if not (path / COMPLETE_MARKER).is_file():
+        raise SystemExit(f"--resume {args.resume!r} is not a complete checkpoint folder (no {COMPLETE_MARKER})")
+    return path
+
+
 def save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, rank, world_size, device):
     """Write ``<checkpoint-dir>/step-<step>/`` atomically. Every rank must call this (it has collectives)."""
     root = Path(args.checkpoint_dir)
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
-    start = time.perf_counter()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left over by an attempt that died during this save
         tmp.mkdir(parents=True)
     barrier()  # the folder exists before anyone writes into it
-    written = []
     # 1. this rank's own state: its RNG (differs per rank), plus the small state every rank shares
     extra = {"rng": rng_state(device), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
              "batches": batches.state_dict(), "step": step}
     torch.save(extra, tmp / f"extra_rank{rank}.pt")
-    written.append(tmp / f"extra_rank{rank}.pt")
-    maybe_fail(args, rank, step, "save")  # kill-during-save: part of the checkpoint is on disk
+    maybe_fail(args, rank, step, "save")  # workbook: --fail-mode kill-during-save, a no-op by default
     # 2. model and optimizer
     if args.format == "dcp":
         # Every rank writes its own shards (__<rank>_0.distcp) in parallel; rank 0 adds .metadata.
         # get_state_dict gives keys without DDP's "module." prefix and with FQN-keyed optimizer state.
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        written += [p for p in tmp.glob(f"__{rank}_*.distcp")] + ([tmp / ".metadata"] if rank == 0 else [])
     elif args.save_mode == "rank0-only":
         if rank == 0:  # seed 001's mistake: the gather below is a collective, entered by rank 0 alone
             model_sd = get_model_state_dict(model, options=full_options())
             optim_sd = get_optimizer_state_dict(model, optimizer, options=full_options())
             torch.save({"model": model_sd, "optim": optim_sd}, tmp / FULL_FILE)
-            written.append(tmp / FULL_FILE)
     else:
         # Gathered on *every* rank (each sends its shards), written by rank 0 only.
         model_sd = get_model_state_dict(model, options=full_options())
         optim_sd = get_optimizer_state_dict(model, optimizer, options=full_options())
         if rank == 0:
             torch.save({"model": model_sd, "optim": optim_sd}, tmp / FULL_FILE)
-            written.append(tmp / FULL_FILE)
     barrier()  # every rank has finished writing: only now may the checkpoint become visible
     if rank == 0:
         marker = {"step": step, "world_size": world_size, "format": args.format, "strategy": args.strategy,
@@ -356,15 +328,11 @@ def save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, ra
         os.fsync(dir_fd)  # make the rename itself durable
         os.close(dir_fd)
     barrier()
-    return {"event": "save", "step": step, "format": args.format, "attempt": attempt_number(),
-            "time_s": time.perf_counter() - start, "bytes": sum(p.stat().st_size for p in
-                                                               [final / p.name for p in written])}
 
 
 def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, rank, world_size, device):
-    """Restore everything from the step folder ``path``; return (step, event). Every rank must call this."""
+    """Restore everything from the step folder ``path``; return its step. Every rank must call this."""
     path = Path(path)
-    start = time.perf_counter()
     marker = json.loads((path / COMPLETE_MARKER).read_text())
     if marker["format"] == "dcp":
         # The current model's (sharded) state dict says which pieces this rank needs; DCP reads them
@@ -373,8 +341,6 @@ def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, ra
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        # Bytes this rank needed: its own shards (FSDP2) or whole tensors (DDP), plus the metadata.
-        read = state_bytes(state) + (path / ".metadata").stat().st_size
     else:
         # Seed 001 loads on rank 0 only into a sharded model. Instead: rank 0 reads the file and
         # broadcast_from_rank0 sends every rank its part (its shards under FSDP, everything under DDP).
@@ -384,13 +350,11 @@ def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, ra
         options = full_options(broadcast_from_rank0=dist.is_initialized())
         set_model_state_dict(model, full.get("model", {}), options=options)
         set_optimizer_state_dict(model, optimizer, full.get("optim", {}), options=options)
-        read = (path / FULL_FILE).stat().st_size if rank == 0 else 0
     own = path / f"extra_rank{rank}.pt"
     if not own.exists():  # more ranks than at save time: this rank's RNG state was never saved
         sys.stdout.write(f"rank {rank}: no {own.name} (saved with {marker['world_size']} ranks); "
                          "using rank 0's shared state and a fresh RNG seed\n")
     extra = torch.load(own if own.exists() else path / "extra_rank0.pt", weights_only=False)
-    read += (own if own.exists() else path / "extra_rank0.pt").stat().st_size
     scheduler.load_state_dict(extra["scheduler"])
     scaler.load_state_dict(extra["scaler"])
     batches.load_state_dict(extra["batches"])
@@ -399,21 +363,194 @@ def load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches, ra
     else:
         torch.manual_seed(args.seed + 7919 * (rank + 1) + extra["step"])
     barrier()
-    return extra["step"], {"event": "load", "step": extra["step"], "format": marker["format"],
-                           "attempt": attempt_number(), "saved_world_size": marker["world_size"],
-                           "time_s": time.perf_counter() - start, "bytes": read, "path": str(path)}
+    return extra["step"]
 
 
-def resume_path(args):
-    if args.resume == "none":
-        return None
-    if args.resume == "latest":
-        found = complete_checkpoints(args.checkpoint_dir)
-        return found[max(found)] if found else None  # none yet: the first attempt starts fresh
-    path = Path(args.resume)
-    if not (path / COMPLETE_MARKER).is_file():
-        raise SystemExit(f"--resume {args.resume!r} is not a complete checkpoint folder (no {COMPLETE_MARKER})")
-    return path
+def train(args, rank, local_rank, world_size, device):
+    model = build_model(args, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
+    # A GradScaler matters only for fp16 training (the mixed-precision lesson); in fp32 it is disabled and
+    # passes everything through. Its state (scale, growth tracker) belongs in a checkpoint all the same.
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    batches = ResumableBatches(args.dataset_size, args.batch_size, rank, world_size, args.seed)
+    data_x, data_y = synthetic_dataset(args)
+    torch.manual_seed(args.seed + 7919 * (rank + 1))  # each rank its own dropout masks
+    recorder = StepRecorder(args, rank, local_rank, world_size, device, model, optimizer)  # workbook
+    attempt, resumed_from = attempt_number(), 0
+    path = resume_path(args)
+    if path is not None:
+        with recorder.checkpoint_event("load", path):  # workbook: this rank's load time and bytes
+            resumed_from = load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches,
+                                           rank, world_size, device)
+        if args.scheduler_order == "built-after-load":  # the mistake: its constructor steps, setting the warmup's lr
+            scheduler_state = scheduler.state_dict()
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
+            scheduler.load_state_dict(scheduler_state)  # restores its step count, not the optimizer's lr
+        sys.stdout.write(f"attempt {attempt}: resumed from {path.name} (step {resumed_from})\n")
+        recorder.dump_loaded_state()  # workbook: --dump-loaded-state, what was loaded (a collective)
+    elif attempt:
+        sys.stdout.write(f"attempt {attempt}: no complete checkpoint, starting from step 0\n")
+    loss_fn = nn.MSELoss()
+    last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
+    for step in range(resumed_from + 1, last_step + 1):
+        maybe_fail(args, rank, step, "step")  # workbook: --fail-mode raise, a no-op by default
+        t0 = time.perf_counter()
+        idx = batches.next_indices()
+        x, y = data_x[idx].to(device), data_y[idx].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()  # DDP all-reduces / FSDP2 reduce-scatters gradients here
+        scaler.step(optimizer)
+        scaler.update()
+        lr = optimizer.param_groups[0]["lr"]  # the rate this step used (what the scheduler believes may differ)
+        scheduler.step()
+        loss_global = loss.detach().float().clone()
+        if dist.is_initialized():
+            dist.all_reduce(loss_global)
+            loss_global /= world_size
+        recorder.step_done(step, loss, loss_global, lr, batches.epoch, time.perf_counter() - t0)  # workbook
+        if args.save_every and (step % args.save_every == 0 or step == last_step):
+            with recorder.checkpoint_event("save", step=step):  # workbook: this rank's save time and bytes
+                save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, rank, world_size, device)
+            sys.stdout.write(f"step {step}: saved step-{step} ({args.format}) loss_global {loss_global.item():.5f}\n")
+    recorder.close()
+    barrier()  # nobody tears the process group down while a peer still uses it
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    rank, local_rank, world_size, device = setup(args)
+    try:
+        train(args, rank, local_rank, world_size, device)
+    finally:
+        cleanup()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workbook instrumentation: not needed to train or checkpoint on a cluster.
+# What the notebooks use to measure this script and to break it on purpose, each called from the lesson above in one
+# marked line: flag checks, the per-step metrics record (one JSON line per step per rank), each save's and load's time
+# and bytes per rank, the state a run loaded (--dump-loaded-state), and failure injection (--fail-*).
+# ---------------------------------------------------------------------------------------------------------------
+
+def add_workbook_flags(p):
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl and checkpoint_rank<RANK>.json (created if missing)")
+    p.add_argument("--dump-loaded-state", action="store_true",
+                   help="after loading, write the full model and optimizer state to "
+                        "<metrics-dir>/loaded_state.pt (rank 0) to compare round trips")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="inject a failure on this global rank, on the first attempt only (-1: none)")
+    p.add_argument("--fail-step", type=int, default=0,
+                   help="step at which the failure happens (raise: before the step; kill-during-save: "
+                        "during the save after that step)")
+    p.add_argument("--fail-mode", choices=["raise", "kill-during-save"], default="raise",
+                   help="raise: RuntimeError; kill-during-save: SIGKILL after writing part of the checkpoint")
+
+
+def check_args(p, args):
+    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
+    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "n_layers", "output_dim"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("save_every", "stop_at_step", "warmup_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.fail_mode == "kill-during-save" and args.fail_rank >= 0 and (
+            args.save_every == 0 or args.fail_step % args.save_every):
+        p.error(f"--fail-step {args.fail_step} must be a multiple of --save-every {args.save_every} "
+                "with --fail-mode kill-during-save (the kill happens inside that step's save)")
+    return args
+
+
+def maybe_fail(args, rank, step, where):
+    """Inject the requested failure, only on the first attempt (an elastic restart then succeeds)."""
+    if rank != args.fail_rank or step != args.fail_step or attempt_number() != 0:
+        return
+    if where == "step" and args.fail_mode == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
+    if where == "save" and args.fail_mode == "kill-during-save":
+        sys.stdout.write(f"rank {rank}: killed by SIGKILL in the middle of the step-{step} save\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handler: like an OOM kill or a node loss
+
+
+class StepRecorder:
+    """This rank's measurements: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` and every save and load,
+    with its time and bytes, in ``<metrics-dir>/checkpoint_rank<RANK>.json`` (appended to by every attempt)."""
+
+    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer):
+        self.args, self.rank, self.world_size, self.device, self.model, self.optimizer = (
+            args, rank, world_size, device, model, optimizer)
+        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank, "world_size": world_size,
+                       "attempt": attempt_number()}
+        self.resumed_from = 0  # the step of the checkpoint loaded (0: none)
+        self.metrics_dir = Path(args.metrics_dir)
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.events_path = self.metrics_dir / f"checkpoint_rank{rank}.json"
+        self.events = json.loads(self.events_path.read_text())["events"] if self.events_path.exists() else []  # earlier attempts
+        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # append: restarts add lines
+
+    @contextlib.contextmanager
+    def checkpoint_event(self, event, path=None, step=None):
+        """Around one save (``step``) or load (``path``): its wall time on this rank, barriers included, and the bytes
+        this rank wrote (its files in the step folder) or needed (its shards or whole tensors, plus the metadata)."""
+        start = time.perf_counter()
+        yield
+        time_s = time.perf_counter() - start
+        if event == "save":
+            self.log_event({"event": "save", "step": step, "format": self.args.format, "attempt": attempt_number(),
+                            "time_s": time_s, "bytes": self.bytes_written(Path(self.args.checkpoint_dir) / f"step-{step}")})
+            return
+        path = Path(path)
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
+        self.resumed_from = marker["step"]
+        if marker["format"] == "dcp":
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            read = state_bytes({"model": model_sd, "optim": optim_sd}) + (path / ".metadata").stat().st_size
+        else:
+            read = (path / FULL_FILE).stat().st_size if self.rank == 0 else 0
+        own = path / f"extra_rank{self.rank}.pt"
+        read += (own if own.exists() else path / "extra_rank0.pt").stat().st_size
+        self.log_event({"event": "load", "step": marker["step"], "format": marker["format"], "attempt": attempt_number(),
+                        "saved_world_size": marker["world_size"], "time_s": time_s, "bytes": read, "path": str(path)})
+
+    def bytes_written(self, folder):
+        """Bytes of the files this rank wrote into the step folder: its own state, its shards; rank 0 also the
+        metadata (DCP) or the full file (the marker is not counted)."""
+        names = [f"extra_rank{self.rank}.pt"] + [p.name for p in folder.glob(f"__{self.rank}_*.distcp")]
+        if self.rank == 0:
+            names += [".metadata"] if self.args.format == "dcp" else [FULL_FILE]
+        return sum((folder / name).stat().st_size for name in names)
+
+    def log_event(self, event):
+        self.events.append(event)
+        self.events_path.write_text(json.dumps({"rank": self.rank, "world_size": self.world_size, "events": self.events}))
+
+    def dump_loaded_state(self):
+        """--dump-loaded-state: the full model and optimizer state right after the load, written by rank 0 (every rank
+        must call this: gathering a full state dict is a collective under FSDP)."""
+        if self.args.dump_loaded_state:
+            model_sd = get_model_state_dict(self.model, options=full_options())
+            optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=full_options())
+            if self.rank == 0:
+                torch.save({"model": model_sd, "optim": optim_sd}, self.metrics_dir / "loaded_state.pt")
+
+    def step_done(self, step, loss, loss_global, lr, epoch, step_time_s):
+        self.file.write(json.dumps({
+            "step": step, **self.static, "resumed_from_step": self.resumed_from,
+            "loss_local": loss.item(), "loss_global": loss_global.item(), "lr": lr,
+            "epoch": epoch, "step_time_s": step_time_s, **memory_fields(self.model, self.optimizer, self.device),
+        }) + "\n")
+
+    def close(self):
+        self.file.close()
 
 
 def tensor_bytes(tensors):
@@ -448,86 +585,6 @@ def memory_fields(model, optimizer, device):
             fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return fields
-
-
-@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
-def main():
-    args = parse_args()
-    rank, local_rank, world_size, device = setup(args)
-    try:
-        train(args, rank, local_rank, world_size, device)
-    finally:
-        cleanup()
-
-
-def train(args, rank, local_rank, world_size, device):
-    model = build_model(args, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
-    # A GradScaler matters only for fp16 training (the mixed-precision lesson); in fp32 it is disabled and
-    # passes everything through. Its state (scale, growth tracker) belongs in a checkpoint all the same.
-    scaler = torch.amp.GradScaler(device.type, enabled=False)
-    batches = ResumableBatches(args.dataset_size, args.batch_size, rank, world_size, args.seed)
-    data_x, data_y = synthetic_dataset(args)
-    torch.manual_seed(args.seed + 7919 * (rank + 1))  # each rank its own dropout masks
-    metrics_dir = Path(args.metrics_dir)
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    events_path = metrics_dir / f"checkpoint_rank{rank}.json"
-    events = json.loads(events_path.read_text())["events"] if events_path.exists() else []  # earlier attempts
-
-    def log_event(event):
-        events.append(event)
-        events_path.write_text(json.dumps({"rank": rank, "world_size": world_size, "events": events}))
-
-    attempt, resumed_from = attempt_number(), 0
-    path = resume_path(args)
-    if path is not None:
-        resumed_from, event = load_checkpoint(args, path, model, optimizer, scheduler, scaler, batches,
-                                              rank, world_size, device)
-        log_event(event)
-        if args.scheduler_order == "built-after-load":  # the mistake: its constructor steps, setting the warmup's lr
-            scheduler_state = scheduler.state_dict()
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args))
-            scheduler.load_state_dict(scheduler_state)  # restores its step count, not the optimizer's lr
-        sys.stdout.write(f"attempt {attempt}: resumed from {path.name} (step {resumed_from})\n")
-        if args.dump_loaded_state:
-            model_sd = get_model_state_dict(model, options=full_options())
-            optim_sd = get_optimizer_state_dict(model, optimizer, options=full_options())
-            if rank == 0:
-                torch.save({"model": model_sd, "optim": optim_sd}, metrics_dir / "loaded_state.pt")
-    elif attempt:
-        sys.stdout.write(f"attempt {attempt}: no complete checkpoint, starting from step 0\n")
-    loss_fn = nn.MSELoss()
-    metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # append: restarts add lines
-    last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
-    for step in range(resumed_from + 1, last_step + 1):
-        maybe_fail(args, rank, step, "step")
-        t0 = time.perf_counter()
-        idx = batches.next_indices()
-        x, y = data_x[idx].to(device), data_y[idx].to(device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        scaler.scale(loss).backward()  # DDP all-reduces / FSDP2 reduce-scatters gradients here
-        scaler.step(optimizer)
-        scaler.update()
-        lr = optimizer.param_groups[0]["lr"]  # the rate this step used (what the scheduler believes may differ)
-        scheduler.step()
-        loss_global = loss.detach().float().clone()
-        if dist.is_initialized():
-            dist.all_reduce(loss_global)
-            loss_global /= world_size
-        metrics_file.write(json.dumps({
-            "step": step, "max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
-            "world_size": world_size, "attempt": attempt, "resumed_from_step": resumed_from,
-            "loss_local": loss.item(), "loss_global": loss_global.item(), "lr": lr,
-            "epoch": batches.epoch, "step_time_s": time.perf_counter() - t0, **memory_fields(model, optimizer, device),
-        }) + "\n")
-        if args.save_every and (step % args.save_every == 0 or step == last_step):
-            log_event(save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, rank,
-                                      world_size, device))
-            sys.stdout.write(f"step {step}: saved step-{step} ({args.format}) loss_global {loss_global.item():.5f}\n")
-    metrics_file.close()
-    barrier()  # nobody tears the process group down while a peer still uses it
 
 
 if __name__ == "__main__":

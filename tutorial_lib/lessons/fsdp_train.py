@@ -18,13 +18,15 @@ What it shows
     * activation checkpointing keeps only each block's input and recomputes the rest in backward;
     * wrap granularity: one FSDP unit per block, one unit for the whole model, or one per Linear.
 
-Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` with exact tensor bytes of
-its parameters, gradients and optimizer state (local shards), the bytes saved for backward (activations),
-RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
+Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook's
+notebooks use to measure it (metrics, memory, activation bytes, collective counts, flag checks), each called from the
+lesson in one marked line. Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` with exact
+tensor bytes of its parameters, gradients and optimizer state (local shards), the bytes saved for backward
+(activations), RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
 shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers).
 With ``--count-collectives`` each line also counts the step's all-gathers, reduce-scatters and all-reduces
 (``all_gather_calls``, ``reduce_scatter_calls``, ``all_reduce_calls``; torch.profiler).
-Only torch and the Python standard library.
+Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
 """
 
 import argparse
@@ -80,30 +82,13 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the model and of the synthetic data")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, 30 on gloo")
-    p.add_argument("--count-collectives", action="store_true",
-                   help="count each step's all-gathers, reduce-scatters and all-reduces with torch.profiler "
-                        "(metric keys all_gather_calls, reduce_scatter_calls, all_reduce_calls)")
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                    help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
                         "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
-    args = p.parse_args(argv)
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum_steps", "max_steps"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if args.dim % args.n_heads:
-        p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
-    if args.pg_timeout_s <= 0:
-        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
-    if args.cpu_offload and args.strategy != "fsdp2":
-        p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if args.precision == "fp16" and not use_cuda:
-        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
-        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
-    return args
+    add_workbook_flags(p)
+    return check_args(p, p.parse_args(argv))
 
 
 def setup(args):
@@ -207,7 +192,6 @@ def wrap_fsdp2(model, args, device):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype_of(args.precision), reduce_dtype=torch.float32)
     if args.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")  # pinning needs CUDA
-    names = {m: n for n, m in model.named_modules()}
     units = []
     if args.wrap == "fine":
         units = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -224,15 +208,7 @@ def wrap_fsdp2(model, args, device):
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
-    # Which parameters each unit all-gathers (names as before checkpoint wrapping): a parameter belongs to the
-    # innermost unit that contains it.
-    prefixes = sorted((names[m] + "." for m in units), key=len, reverse=True)
-    membership = {}
-    for name, _ in model.named_parameters():
-        plain = name.replace("_checkpoint_wrapped_module.", "")
-        unit = next((p[:-1] for p in prefixes if name.startswith(p)), "root").replace("._checkpoint_wrapped_module", "")
-        membership.setdefault(unit.replace("_checkpoint_wrapped_module.", ""), []).append(plain)
-    return model, membership
+    return model
 
 
 def wrap_fsdp1(model, args, device):
@@ -257,12 +233,220 @@ def wrap_fsdp1(model, args, device):
         mp = MixedPrecision(param_dtype=dtype_of(args.precision), reduce_dtype=torch.float32,
                             buffer_dtype=dtype_of(args.precision))
     # device_id is required on CPU too ("FSDP needs a non-CPU accelerator device" without it).
-    model = FSDP(model, auto_wrap_policy=policy, mixed_precision=mp, device_id=device)
-    return model, {f"unit{i}": [] for i in range(sum(isinstance(m, FSDP) for m in model.modules()))}  # count only
+    return FSDP(model, auto_wrap_policy=policy, mixed_precision=mp, device_id=device)
 
 
 def dtype_of(precision):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def build(args, device):
+    """This rank's model: the whole model (DDP) or its shards (FSDP2, FSDP1), with activation checkpointing if asked."""
+    # Same seed on every rank: DDP would broadcast rank 0's weights anyway, FSDP does not (each rank keeps its
+    # own shard of what *it* initialised), so without this the shards would come from different models.
+    torch.manual_seed(args.seed)
+    model = TinyTransformer(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.seq_len).to(device)
+    shapes = {name: list(p.shape) for name, p in model.named_parameters()}  # workbook: for the memory model
+    if args.activation_checkpointing:
+        apply_checkpointing(model)  # before wrapping: FSDP then shards the wrapped blocks
+    if args.strategy == "ddp":
+        if dist.is_initialized():
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    elif args.strategy == "fsdp2":
+        model = wrap_fsdp2(model, args, device)
+    else:
+        model = wrap_fsdp1(model, args, device)
+    return model, shapes
+
+
+def make_scaler(args, device):
+    """A gradient scaler for fp16 (``--grad-scaler auto``), or ``None``: bf16 and fp32 need none."""
+    if not (args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16")):
+        return None
+    if args.strategy == "fsdp1":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        return ShardedGradScaler(device.type)  # unscales and checks inf/nan across all ranks' shards
+    return torch.amp.GradScaler(device.type)  # not the deprecated torch.cuda.amp.GradScaler of seed 000
+
+
+def train(args, rank, world_size, device):
+    model, shapes = build(args, device)
+    # Built after wrapping: with FSDP it sees the local shards, so its state is sharded too.
+    optimizer_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
+    optimizer = optimizer_class(model.parameters(), lr=args.lr)
+    scaler = make_scaler(args, device)
+    # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
+    autocast = args.strategy == "ddp" and args.precision != "fp32"
+    recorder = StepRecorder(args, rank, world_size, device, model, optimizer, scaler, shapes)  # workbook
+    for step in range(1, args.max_steps + 1):
+        t0 = time.perf_counter()
+        recorder.step_start()  # workbook: --count-collectives starts counting this step's collectives
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        xs, ys = global_batch(step, args, world_size)
+        for micro in range(args.grad_accum_steps):
+            first = (micro * world_size + rank) * args.batch_size  # this rank's rows of this micro-step
+            x, y = xs[first:first + args.batch_size].to(device), ys[first:first + args.batch_size].to(device)
+            # DDP: all-reduce only on the last micro-step (no_sync). FSDP reduce-scatters on every micro-step on
+            # purpose: skipping it (FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync) would keep unsharded
+            # gradients between micro-steps, the memory that sharding saves.
+            skip_sync = args.strategy == "ddp" and dist.is_initialized() and micro < args.grad_accum_steps - 1
+            with model.no_sync() if skip_sync else contextlib.nullcontext():
+                with recorder.saved_activations(), \
+                        torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):  # workbook
+                    logits = model(x)
+                    loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
+                (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
+            loss_sum += loss.detach()
+        recorder.gradients()  # workbook: gradient elements that underflowed (fp16), the scale backward used
+        if scaler:
+            scaler.step(optimizer)  # unscales, and skips the step if any rank's gradients hold inf/nan
+            scaler.update()
+        else:
+            optimizer.step()
+        recorder.optimizer_done()  # workbook: the collectives counted are training's, not the loss all-reduce's
+        loss_global = loss_sum.clone()
+        if dist.is_initialized():
+            dist.all_reduce(loss_global)  # the rank's loss is local; the global mean needs a collective
+            loss_global /= world_size
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # CUDA runs asynchronously: wait before reading the clock
+        step_time_s = time.perf_counter() - t0
+        recorder.step_done(step, loss_sum, loss_global, step_time_s)  # workbook: one JSON line per step
+        sys.stdout.write(f"step {step}/{args.max_steps} loss_global {loss_global.item():.5f} "
+                         f"step_time_s {step_time_s:.3f}\n")  # one write per line: ranks never interleave
+    recorder.close()
+    if dist.is_initialized():
+        dist.barrier()  # nobody tears the process group down while a peer still uses it
+
+
+@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
+def main():
+    args = parse_args()
+    rank, local_rank, world_size, device = setup(args)
+    try:
+        train(args, rank, world_size, device)
+    finally:
+        cleanup()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workbook instrumentation: not needed to train on a cluster.
+# What the notebooks use to measure this script, each called from the lesson above in one marked line: flag checks,
+# the per-step metrics record (one JSON line per step per rank), exact memory per rank, the bytes each forward keeps
+# for backward, the blocks' forward calls, the FSDP units and the collectives each step runs (--count-collectives).
+# ---------------------------------------------------------------------------------------------------------------
+
+def add_workbook_flags(p):
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--count-collectives", action="store_true",
+                   help="count each step's all-gathers, reduce-scatters and all-reduces with torch.profiler "
+                        "(metric keys all_gather_calls, reduce_scatter_calls, all_reduce_calls)")
+
+
+def check_args(p, args):
+    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum_steps", "max_steps"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.dim % args.n_heads:
+        p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.cpu_offload and args.strategy != "fsdp2":
+        p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.precision == "fp16" and not use_cuda:
+        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
+        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
+    return args
+
+
+class StepRecorder:
+    """This rank's measurements: ``<metrics-dir>/model_rank<RANK>.json`` once, and one JSON line per step in
+    ``<metrics-dir>/rank<RANK>.jsonl`` (the keys of ``row`` below, the workbook's contract with its notebooks)."""
+
+    def __init__(self, args, rank, world_size, device, model, optimizer, scaler, shapes):
+        self.args, self.rank, self.world_size, self.device = args, rank, world_size, device
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.activations = SavedActivations()
+        self.block_forwards = 0  # forward calls of the blocks per step: checkpointing recomputes each one in backward
+        for m in model.modules():
+            if isinstance(m, Block):
+                m.register_forward_pre_hook(self.count_block_forward)
+        if args.activation_checkpointing:
+            for m in model.modules():
+                if type(m).__name__ == "CheckpointWrapper":
+                    m.register_forward_pre_hook(self.activations.checkpoint_input)
+        self.units = fsdp_units(model, args.strategy)
+        metrics_dir = Path(args.metrics_dir)
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        (metrics_dir / f"model_rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "world_size": world_size, "strategy": args.strategy, "shapes": shapes,
+            "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(self.units),
+            "unit_params": self.units, "args": vars(args)}))
+        self.file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+        self.collectives = CollectiveCounter(args.count_collectives)
+
+    def count_block_forward(self, module, inputs):
+        self.block_forwards += 1
+
+    def step_start(self):
+        self.collectives.start()  # --count-collectives: this step's forward, backward and optimizer step
+        self.saved_bytes, self.zero_grads, self.block_forwards = 0, None, 0
+
+    @contextlib.contextmanager
+    def saved_activations(self):
+        """Around one forward (and its loss): the largest bytes a forward of this step kept for backward."""
+        with torch.autograd.graph.saved_tensors_hooks(self.activations.pack, lambda t: t):
+            yield
+        self.saved_bytes = max(self.saved_bytes, self.activations.take())
+
+    def gradients(self):
+        """After the last backward of the step, before the optimizer step: zeros (fp16) and the scale used."""
+        if self.args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
+            self.zero_grads = sum(int((local(p.grad) == 0).sum()) for p in self.model.parameters() if p.grad is not None)
+        self.loss_scale = self.scaler.get_scale() if self.scaler else 1.0  # the scale this step's backward used
+
+    def optimizer_done(self):
+        self.collectives.stop()  # (the loss all-reduce after it is the workbook's, not training's)
+
+    def step_done(self, step, loss_sum, loss_global, step_time_s):
+        args = self.args
+        row = {"step": step, "max_steps": args.max_steps, "rank": self.rank, "world_size": self.world_size,
+               "device": str(self.device), "strategy": args.strategy, "precision": args.precision,
+               "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
+               "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
+               "fsdp_units": len(self.units), "activation_bytes": self.saved_bytes, "block_forwards": self.block_forwards,
+               "grad_scaler": self.scaler is not None, "loss_scale": self.loss_scale,
+               **memory_fields(self.model, self.optimizer, self.device), **self.collectives.counts}
+        if self.zero_grads is not None:
+            row["grad_zero_elements"] = self.zero_grads
+        self.file.write(json.dumps(row) + "\n")
+
+    def close(self):
+        self.file.close()
+
+
+def fsdp_units(model, strategy):
+    """The FSDP units of a wrapped model: FSDP2, ``{unit: [the parameters it all-gathers]}`` (names as before
+    checkpoint wrapping; a parameter belongs to the innermost unit that contains it, the rest to ``root``); FSDP1,
+    one empty entry per unit (counted only); DDP, none."""
+    if strategy == "ddp":
+        return {}
+    if strategy == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        return {f"unit{i}": [] for i in range(sum(isinstance(m, FSDP) for m in model.modules()))}
+    from torch.distributed.fsdp import FSDPModule
+    names = [name for name, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model]
+    prefixes = sorted((name + "." for name in names), key=len, reverse=True)
+    membership = {}
+    for name, _ in model.named_parameters():
+        plain = name.replace("_checkpoint_wrapped_module.", "")
+        unit = next((p[:-1] for p in prefixes if name.startswith(p)), "root").replace("._checkpoint_wrapped_module", "")
+        membership.setdefault(unit.replace("_checkpoint_wrapped_module.", ""), []).append(plain)
+    return membership
 
 
 def local(t):
@@ -348,127 +532,6 @@ class CollectiveCounter:
             for event in self.profiler.events():
                 if event.name in self.OPS:
                     self.counts[self.OPS[event.name]] += 1
-
-
-@record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
-def main():
-    args = parse_args()
-    rank, local_rank, world_size, device = setup(args)
-    try:
-        train(args, rank, world_size, device)
-    finally:
-        cleanup()
-
-
-def build(args, device):
-    # Same seed on every rank: DDP would broadcast rank 0's weights anyway, FSDP does not (each rank keeps its
-    # own shard of what *it* initialised), so without this the shards would come from different models.
-    torch.manual_seed(args.seed)
-    model = TinyTransformer(args.vocab_size, args.dim, args.n_layers, args.n_heads, args.seq_len).to(device)
-    shapes = {name: list(p.shape) for name, p in model.named_parameters()}
-    if args.activation_checkpointing:
-        apply_checkpointing(model)  # before wrapping: FSDP then shards the wrapped blocks
-    if args.strategy == "ddp":
-        if dist.is_initialized():
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        units = {}
-    elif args.strategy == "fsdp2":
-        model, units = wrap_fsdp2(model, args, device)
-    else:
-        model, units = wrap_fsdp1(model, args, device)
-    return model, shapes, units
-
-
-def train(args, rank, world_size, device):
-    model, shapes, units = build(args, device)
-    # Built after wrapping: with FSDP it sees the local shards, so its state is sharded too.
-    if args.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    scaler = None
-    if args.grad_scaler == "on" or (args.grad_scaler == "auto" and args.precision == "fp16"):
-        if args.strategy == "fsdp1":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-            scaler = ShardedGradScaler(device.type)  # unscales and checks inf/nan across all ranks' shards
-        else:
-            scaler = torch.amp.GradScaler(device.type)  # not the deprecated torch.cuda.amp.GradScaler of seed 000
-    # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
-    autocast = args.strategy == "ddp" and args.precision != "fp32"
-    counter = SavedActivations()
-    block_forwards = [0]  # forward calls of the blocks per step: checkpointing recomputes each one in backward
-    for m in model.modules():
-        if isinstance(m, Block):
-            m.register_forward_pre_hook(lambda module, inputs: block_forwards.__setitem__(0, block_forwards[0] + 1))
-    if args.activation_checkpointing:
-        for m in model.modules():
-            if type(m).__name__ == "CheckpointWrapper":
-                m.register_forward_pre_hook(counter.checkpoint_input)
-
-    metrics_dir = Path(args.metrics_dir)
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    (metrics_dir / f"model_rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "world_size": world_size, "strategy": args.strategy, "shapes": shapes,
-        "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(units), "unit_params": units,
-        "args": vars(args)}))
-    metrics_file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
-    collectives = CollectiveCounter(args.count_collectives)
-    for step in range(1, args.max_steps + 1):
-        t0 = time.perf_counter()
-        collectives.start()  # --count-collectives: this step's forward, backward and optimizer step
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=device)
-        saved_bytes = 0
-        zero_grads = None
-        block_forwards[0] = 0
-        xs, ys = global_batch(step, args, world_size)
-        for micro in range(args.grad_accum_steps):
-            first = (micro * world_size + rank) * args.batch_size  # this rank's rows of this micro-step
-            x, y = xs[first:first + args.batch_size].to(device), ys[first:first + args.batch_size].to(device)
-            # DDP: all-reduce only on the last micro-step (no_sync). FSDP reduce-scatters on every micro-step on
-            # purpose: skipping it (FSDP2 set_requires_gradient_sync(False), FSDP1 no_sync) would keep unsharded
-            # gradients between micro-steps, the memory that sharding saves.
-            skip_sync = args.strategy == "ddp" and dist.is_initialized() and micro < args.grad_accum_steps - 1
-            with model.no_sync() if skip_sync else contextlib.nullcontext():
-                with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t), \
-                        torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):
-                    logits = model(x)
-                    loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
-                saved_bytes = max(saved_bytes, counter.take())  # what this forward kept for backward
-                (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
-            loss_sum += loss.detach()
-        if args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
-            zero_grads = sum(int((local(p.grad) == 0).sum()) for p in model.parameters() if p.grad is not None)
-        loss_scale = scaler.get_scale() if scaler else 1.0  # the scale this step's backward used (1.0: none)
-        if scaler:
-            scaler.step(optimizer)  # unscales, and skips the step if any rank's gradients hold inf/nan
-            scaler.update()
-        else:
-            optimizer.step()
-        collectives.stop()  # (the loss all-reduce below is the workbook's, not training's)
-        loss_global = loss_sum.clone()
-        if dist.is_initialized():
-            dist.all_reduce(loss_global)  # the rank's loss is local; the global mean needs a collective
-            loss_global /= world_size
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_time_s = time.perf_counter() - t0
-        row = {"step": step, "max_steps": args.max_steps, "rank": rank, "world_size": world_size,
-               "device": str(device), "strategy": args.strategy, "precision": args.precision,
-               "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
-               "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
-               "fsdp_units": len(units), "activation_bytes": saved_bytes, "block_forwards": block_forwards[0],
-               "grad_scaler": scaler is not None, "loss_scale": loss_scale, **memory_fields(model, optimizer, device),
-               **collectives.counts}
-        if zero_grads is not None:
-            row["grad_zero_elements"] = zero_grads
-        metrics_file.write(json.dumps(row) + "\n")
-        sys.stdout.write(f"step {step}/{args.max_steps} loss_global {loss_global.item():.5f} "
-                         f"step_time_s {step_time_s:.3f}\n")  # one write per line: ranks never interleave
-    metrics_file.close()
-    if dist.is_initialized():
-        dist.barrier()  # nobody tears the process group down while a peer still uses it
 
 
 if __name__ == "__main__":
