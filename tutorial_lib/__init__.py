@@ -25,12 +25,14 @@ from .checkpoints import (checkpoint_costs, checkpoint_files, diff_state_dicts, 
 from .cluster import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
-from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
+from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
+                     TutorialError)
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
+from .launcher.slurm_job import SlurmJob
 from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .metrics import (read_collectives, read_memory_notes, read_memory_samples, read_metrics, read_rank_json,
@@ -47,6 +49,7 @@ from .run_logs import (FatalError, agent_failures, collective_fingerprints, coun
                        lost_connection, rank_errors)
 from .rundir import available_scripts, new_run_dir, write_script
 from .script_source import import_script, show_script
+from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = [
     "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
@@ -66,4 +69,6 @@ __all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "ord
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone
+__all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavailable",
+            "connect_slurm"]  # launches on SLURM (LaunchSpec(slurm=SlurmSpec(...))) and the cluster to use
 __version__ = "0.1.0"

@@ -26,6 +26,7 @@ from .live import Outcome, enable_inline_figures, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
+from .slurm_job import plan_slurm_launch, run_slurm_plan
 from .spec import LaunchResult, LaunchSpec
 
 
@@ -49,7 +50,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             before stopping the job, asks every rank for its Python stack (``.stacks``, ``.where``).
         KeyboardInterrupt: re-raised after the job was stopped (a kernel interrupt).
         In every case no process of the job survives.
+
+    With ``spec.slurm`` (a ``SlurmSpec``) the job is submitted to SLURM instead (``slurm_job.run_slurm_plan``): the same
+    result and errors, and an interrupt or a limit cancels the job (``scancel``).
     """
+    if spec.slurm is not None:
+        return run_slurm_plan(plan_slurm_launch(spec))
     return run_plan(plan_launch(spec))
 
 
@@ -131,9 +137,10 @@ def run_script(name: str, args: Sequence[object] = (), *, runs_dir: str | os.Pat
     """
     run_dir = new_run_dir(label or name, runs_dir)
     script = write_script(name, run_dir)
-    plan = plan_launch(LaunchSpec(script, args=args, **spec))
+    launch_spec = LaunchSpec(script, args=args, **spec)
+    plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
     check_script_args(script, plan.spec.args)
-    return run_plan(plan)
+    return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
 
 
 def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:
