@@ -6,6 +6,7 @@ no process."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_no_job_processes
+from conftest import private_slurm_cluster, wait_no_job_processes
 
 import tutorial_lib as tl
 from tutorial_lib.slurm import JobState, queue
@@ -147,13 +148,27 @@ def test_a_stalled_job_is_cancelled_after_every_ranks_stack(slurm_cluster, run_r
 
 @pytest.mark.integration
 def test_a_job_that_asks_for_more_nodes_than_exist_shows_its_reason_and_is_cancelled(slurm_cluster, run_root, capsys):
-    with pytest.raises(tl.LaunchTimeout) as info:  # slurmctld sets PartitionNodeLimit when it accepts the job
-        tl.run_script("ddp_train", ["--max-steps", 5], runs_dir=run_root, nnodes=3, nproc_per_node=2, timeout_s=2,
-                      slurm=on_cluster(slurm_cluster), live="off")
-    job = info.value.job
+    with pytest.raises(tl.LaunchError) as info:
+        tl.run_script("ddp_train", ["--max-steps", 5], runs_dir=run_root, nnodes=3, nproc_per_node=2,
+                      timeout_s=JOB_TIMEOUT_S, slurm=on_cluster(slurm_cluster), live="off")
+    error, job = info.value, info.value.job
+    assert not isinstance(error, tl.LaunchTimeout), "cancelled for its reason, not at the launch's limit"
     assert (job.state, job.waited_for, job.nodes) == ("CANCELLED", "PartitionNodeLimit", ())
     assert f"SLURM job {job.job_id}: PENDING, waiting: PartitionNodeLimit" in capsys.readouterr().out
-    assert "while it waited in the queue (PartitionNodeLimit)" in info.value.summary
+    assert error.summary == (f"ddp_train.py cannot start: SLURM job {job.job_id} was pending with reason "
+                             "PartitionNodeLimit (it asks for more nodes than its partition has (or some of them are "
+                             "down or drained)); it was cancelled (scancel)")
+    assert json.loads((error.run_dir / "run.json").read_text())["status"] == "failed"
+    assert_nothing_left(slurm_cluster, error.run_dir)
+
+
+@pytest.mark.integration
+def test_with_no_reason_to_cancel_a_pending_job_waits_until_the_launchs_limit(slurm_cluster, run_root):
+    with pytest.raises(tl.LaunchTimeout) as info:
+        tl.run_script("ddp_train", ["--max-steps", 5], runs_dir=run_root, nnodes=3, nproc_per_node=2, timeout_s=2,
+                      slurm=on_cluster(slurm_cluster, cancel_pending_reasons=()), live="off")
+    assert info.value.job.state == "CANCELLED" and info.value.job.nodes == () and info.value.limit == "timeout_s"
+    assert f"SLURM job {info.value.job.job_id} was cancelled (scancel) while it waited in the queue" in info.value.summary
     assert_nothing_left(slurm_cluster, info.value.run_dir)
 
 
@@ -188,3 +203,36 @@ def test_an_interrupt_cancels_the_job_and_leaves_nothing(slurm_cluster, run_root
     assert re.search(r"\[launcher\] interrupted: SLURM job \d+ was cancelled \(scancel\) while it ran on node0, node1; "
                      r"it has left the queue", out), out[-2000:]
     assert_nothing_left(slurm_cluster, run_dir)
+
+
+def test_a_slurm_conf_that_does_not_answer_is_reported_not_raised(monkeypatch, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    target = tl.connect_slurm()
+    if "not installed" in target.reason:
+        pytest.skip(target.reason)
+    assert target.kind == "unavailable" and target.conf == conf and "(SLURM_CONF)" in target.reason, target
+
+
+@pytest.mark.integration
+def test_connect_slurm_starts_the_local_cluster_and_stops_only_the_one_it_started(slurm_cluster, tmp_path, monkeypatch):
+    """The notebook's call: a cluster found up is left running; one started here is stopped by close()."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr("tutorial_lib.slurm.target.SYSTEM_CONFS", ())
+    found = tl.connect_slurm(state_dir=slurm_cluster.state_dir)
+    assert (found.kind, found.started, found.conf) == ("local", False, slurm_cluster.conf)
+    assert found.spec(partition="debug") == tl.SlurmSpec(conf=slurm_cluster.conf, socket_ifname="lo", partition="debug")
+    assert found.close() is False and slurm_cluster.is_up(), "a cluster found up is left running"
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))  # make slurm's export line: that local cluster
+    assert tl.connect_slurm().kind == "local"
+    monkeypatch.delenv("SLURM_CONF")
+    private = private_slurm_cluster()
+    try:
+        started = tl.connect_slurm(state_dir=private.state_dir)
+        assert (started.kind, started.started) == ("local, started here", True) and private.is_up()
+        assert set(started.nodes) == {"node0", "node1"}
+    finally:
+        assert started.close() is True
+    assert private.leftovers() == [] and not private.is_up() and started.close() is False
+    shutil.rmtree(private.state_dir)

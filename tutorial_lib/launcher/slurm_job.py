@@ -32,7 +32,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster import slurm_script
@@ -48,49 +48,13 @@ from .live import Outcome, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
+from .slurm_outcome import (BATCH_PREFIX, SlurmJob, attach_job, cannot_start_error, failure_summary, node_exit_codes,
+                            where_it_was)
 from .spec import LaunchResult, LaunchSpec
 
 JOB_SCRIPT = "job.sh"
-BATCH_PREFIX = "[batch] "  # the batch script's own lines in output.log
 CANCEL_TIMEOUT_S = 120.0  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
 _LABEL = re.compile(r"^\[rank(\d+)\]:")
-_SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    """A launch's SLURM job as the launcher last saw it.
-
-    Attributes:
-        job_id: SLURM's job id.
-        state: its last ``JobState`` value (``"COMPLETED"``, ``"FAILED"``, ``"CANCELLED"``, ...).
-        reason: squeue's reason (why it waited, or how it ended: ``"None"``, ``"NonZeroExitCode"``,
-            ``"PartitionNodeLimit"``, ...).
-        nodes: the allocated nodes' names in SLURM's order (``()`` if it never ran): node ``N`` (``$SLURM_NODEID``)
-            is ``nodes[N]``, its output ``<job>-<id>-node<N>.out``, its torchrun's logs ``logs/node<N>/``.
-        node_ranks: ``{N: global ranks}`` whose labelled lines node N's output file holds: the ranks it ran.
-        exit_code, signal: the batch script's ``ExitCode=code:signal`` once finished (``None`` before).
-        waited_for: the last reason squeue gave while the job was pending (``"Resources"``, ``"Priority"``,
-            ``"PartitionNodeLimit"``: more nodes than the partition has, ...); ``""`` if it gave none.
-    """
-
-    job_id: int
-    state: str
-    reason: str
-    nodes: tuple[str, ...] = ()
-    node_ranks: dict[int, list[int]] = field(default_factory=dict)
-    exit_code: int | None = None
-    signal: int | None = None
-    waited_for: str = ""
-
-    @property
-    def node_count(self) -> int:
-        """Nodes the job ran on."""
-        return len(self.nodes)
-
-    def as_dict(self) -> dict:
-        """The job as ``run.json``'s ``slurm_job``."""
-        return asdict(self) | {"nodes": list(self.nodes)}
 
 
 @dataclass(frozen=True)
@@ -176,6 +140,14 @@ def plan_slurm_launch(spec: LaunchSpec) -> SlurmPlan:
     env = client_env(slurm.conf, {**os.environ, **rank_env(), **spec.env})
     return SlurmPlan(spec, device_plan, script, run_dir, tuple(range(spec.nnodes)), env, job_name, batch,
                      ["sbatch", "--parsable", *slurm.sbatch_args, JOB_SCRIPT])
+
+
+class CannotStart(Exception):
+    """The job is pending for a reason in ``SlurmSpec.cancel_pending_reasons`` (``info``: what squeue said)."""
+
+    def __init__(self, info: JobInfo) -> None:
+        super().__init__(info.reason)
+        self.info = info
 
 
 class FileTail:
@@ -292,7 +264,8 @@ class SubmittedJob:
     def wait(self) -> JobInfo:
         """Stream the output and the metrics until the job has finished; its final ``JobInfo``.
 
-        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``."""
+        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` for a
+        pending reason of ``SlurmSpec.cancel_pending_reasons``."""
         spec = self.plan.spec
         next_look = last_view = 0.0
         delay_s, progress_at = 0.25, None
@@ -300,8 +273,11 @@ class SubmittedJob:
             self.read_output()
             elapsed = self.elapsed()
             if elapsed >= next_look:
-                if self.look().state.finished:
+                info = self.look()
+                if info.state.finished:
                     break
+                if info.state == JobState.PENDING and info.reason in spec.slurm.cancel_pending_reasons:
+                    raise CannotStart(info)
                 delay_s = min(delay_s * 2, spec.slurm.poll_s)
                 next_look = elapsed + delay_s
             if elapsed - last_view >= 0.25:
@@ -402,12 +378,18 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
         job.printer.note(f"could not cancel SLURM job {job.job_id}: {e}; cancel it with: scancel {job.job_id}")
     elapsed, slurm_job = job.elapsed(), job.job()
     view.add(job.metrics_tail.read_new())
-    cancelled = f"SLURM job {job.job_id} was cancelled (scancel) while {_was(slurm_job)}"
+    cancelled = f"SLURM job {job.job_id} was cancelled (scancel) while {where_it_was(slurm_job)}"
+    if isinstance(exc, CannotStart):
+        error, record, outcome = cannot_start_error(plan, exc.info, elapsed, slurm_job, job.pump.transcript[-30:])
+        record.write(plan.run_dir)
+        safe_draw(view.finish, [], outcome)
+        safe_draw(view.fail, error)
+        return error
     if at_limit:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
         error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, sorted(stacks), last_steps, stacks,
                                                None, command=plan.sbatch_argv, start="cold")
-        _attach(error, record, f"{error.summary}; {cancelled}", slurm_job)
+        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job)
         record.write(plan.run_dir)
         safe_draw(view.finish, [], outcome)
         safe_draw(view.fail, error)
@@ -419,33 +401,6 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     sys.stdout.write(f"[launcher] {outcome.cause}: {cancelled}; it has left the queue, SLURM stopped every process "
                      f"of it. Logs: {plan.run_dir}\n")
     return None
-
-
-def _was(job: SlurmJob) -> str:
-    """What the job was doing when it was cancelled: ``"RUNNING on node[0-1]"``, ``"PENDING (Resources)"``."""
-    if job.nodes:
-        return f"it ran on {', '.join(job.nodes)}"
-    return f"it waited in the queue ({job.waited_for})" if job.waited_for else "it waited in the queue"
-
-
-def _attach(error: LaunchError, record: RunRecord, summary: str, slurm_job: SlurmJob) -> None:
-    """Give a built error and its record the SLURM summary and job."""
-    error.summary, error.args, error.job = summary, (summary,), slurm_job
-    record.summary, record.slurm_job = summary, slurm_job.as_dict()
-
-
-def node_exit_codes(batch_lines: list[str], nodes: tuple[int, ...], job_exit_code: int | None) -> dict[int, int]:
-    """Each node task's exit status from srun's ``srun: error: <host>: task <N>: Exited with exit code <C>`` lines
-    (one task per node: task N is node N; another ending, e.g. a signal, counts as 1); a node srun says nothing of
-    exited 0. If srun named none, every node gets the job's exit code (0 when unknown)."""
-    codes = {node: 0 for node in nodes}
-    named = False
-    for line in batch_lines:
-        m = _SRUN_TASK.match(line.removeprefix(BATCH_PREFIX))
-        if m is not None and int(m["task"]) in codes:
-            exit_code = re.match(r"Exited with exit code (\d+)", m["what"])
-            codes[int(m["task"])], named = int(exit_code.group(1)) if exit_code else 1, True
-    return codes if named else {node: job_exit_code or 0 for node in nodes}
 
 
 def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
@@ -463,17 +418,8 @@ def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
     if not srun_named:  # SLURM ended it (TIMEOUT, NODE_FAIL, cancelled by someone): no node task failed
         codes = {node: 1 for node in plan.nodes}
     error, record, _ = failure_error(plan, job.pump, codes, wall_time_s, command=plan.sbatch_argv, start="cold")
-    ended = f"SLURM job {job.job_id} ended {info.state.value} (reason {info.reason}, exit code {info.exit_code})"
-    if error.failure is not None and error.failure.rank is not None:
-        node = next((n for n, ranks in slurm_job.node_ranks.items() if error.failure.rank in ranks), None)
-        where = f" on node {node} ({slurm_job.nodes[node]})" if node is not None and node < len(slurm_job.nodes) else ""
-        summary = error.summary.replace(f" (exit code {error.failure.exit_code})",
-                                        f" (exit code {error.failure.exit_code}){where}", 1) + f"; {ended}"
-    elif srun_named:  # torchrun itself failed on a node (its rendezvous, a bad command): failure_error says which
-        summary = f"{error.summary}; {ended}"
-    else:
-        summary = f"{plan.script.name} failed: {ended}"
-    _attach(error, record, summary, slurm_job)
+    summary = failure_summary(plan, error, info, slurm_job, srun_named)
+    attach_job(error, record, summary, slurm_job)
     safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, summary.split(";")[0]))
     record.write(plan.run_dir)
     safe_draw(view.fail, error)

@@ -23,6 +23,15 @@ from ..parameters import check_positive_int
 from .commands import node_states
 from .local_cluster import LocalCluster
 
+# Pending reasons (squeue(1), JOB REASON CODES) after which a job does not start as it was submitted.
+CANNOT_START = {
+    "PartitionNodeLimit": "it asks for more nodes than its partition has (or some of them are down or drained)",
+    "PartitionTimeLimit": "its time limit is above the partition's maximum (a smaller time_limit, or another partition)",
+    "InvalidAccount": "the account is not valid for this user (sacctmgr show assoc user=$USER)",
+    "InvalidQOS": "the QOS is not valid for this user or account",
+    "BadConstraints": "no node has the features (--constraint) it asks for",
+}
+
 # Where Debian's and SchedMD's packages put the system's configuration (used when SLURM_CONF is not set).
 SYSTEM_CONFS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf")
 
@@ -56,6 +65,9 @@ class SlurmSpec:
         sbatch_args: more ``sbatch`` options, e.g. ``["--qos=debug", "--mem=16G"]``.
         job_name: ``--job-name``, also the prefix of the output files; ``None``: the script's name.
         poll_s: seconds between two looks at the job's state (``squeue``), > 0.
+        cancel_pending_reasons: pending reasons (squeue's ``%r``) that mean the job cannot start as it was
+            submitted (``CANNOT_START``, with what each means): the launch then cancels it at once and raises
+            ``LaunchError`` saying why, instead of waiting until ``timeout_s``. ``()``: wait whatever the reason.
     """
 
     conf: str | os.PathLike | None = None
@@ -69,6 +81,8 @@ class SlurmSpec:
     sbatch_args: Sequence[str] = ()
     job_name: str | None = None
     poll_s: float = 1.0
+    cancel_pending_reasons: Sequence[str] = ("PartitionNodeLimit", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS",
+                                             "BadConstraints")
 
     def validate(self) -> None:
         """Check the fields that ``slurm_script`` does not; raises ``ConfigError`` naming the bad value."""
@@ -83,6 +97,9 @@ class SlurmSpec:
         poll = self.poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
             raise ConfigError(f"poll_s must be a number of seconds > 0, got {poll!r}")
+        if isinstance(self.cancel_pending_reasons, (str, bytes)):
+            raise ConfigError(f"cancel_pending_reasons must be a list of squeue reasons, got "
+                              f"{self.cancel_pending_reasons!r}; e.g. ['PartitionNodeLimit']")
         if self.job_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.job_name):
             raise ConfigError(f"job_name must be 1-64 letters, digits, '.', '_' or '-', got {self.job_name!r}")
 
@@ -161,7 +178,8 @@ _lock = threading.Lock()
 def connect_slurm(*, state_dir: str | os.PathLike | None = None, start_local: bool = True) -> SlurmTarget:
     """The SLURM cluster to submit to: ``$SLURM_CONF``'s, else the system's (``/etc/slurm/slurm.conf``), else the
     local two-node cluster (``python -m tutorial_lib slurm up``), started here when it is not up and
-    ``start_local``. Never raises for a cluster that cannot be used: the target says why (``reason``).
+    ``start_local``. Never raises for a cluster that cannot be used: the target says why (``reason``). A
+    ``SLURM_CONF`` in a local cluster's state folder (``make slurm``'s export line) is that local cluster.
 
     A local cluster started here is stopped by ``SlurmTarget.close()`` (and, as a safety net, when this process
     exits normally); one that was already up is left running. Its daemons run in their own sessions: a process
@@ -173,6 +191,12 @@ def connect_slurm(*, state_dir: str | os.PathLike | None = None, start_local: bo
     """
     conf = os.environ.get("SLURM_CONF")
     system = next((Path(p) for p in SYSTEM_CONFS if Path(p).is_file()), None)
+    if conf and LocalCluster(Path(conf).absolute().parent).daemons():  # `make slurm` and its export line
+        local = LocalCluster(Path(conf).absolute().parent)
+        if local.is_up():
+            return SlurmTarget("local", conf=local.conf, nodes=node_states(conf=local.conf), local=local)
+        return SlurmTarget("unavailable", reason=f"the local cluster SLURM_CONF={conf} points at is not up "
+                           "(python -m tutorial_lib slurm up)", local=local)
     if conf or system is not None:
         kind, path = ("environment", Path(conf)) if conf else ("system", None)
         try:
