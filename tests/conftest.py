@@ -73,11 +73,33 @@ def printed_before_stacks(run_dir: Path, text: str) -> bool:
     return any(text in line for line in log[:dump])
 
 
+def slurm_unavailable_reason() -> str | None:
+    """Why a notebook's SLURM section skips here (``tl.connect_slurm`` finds no cluster: no ``SLURM_CONF`` and the
+    local cluster cannot start), or ``None``."""
+    from tutorial_lib.errors import SlurmUnavailable
+    from tutorial_lib.slurm import check_can_run
+
+    if os.environ.get("SLURM_CONF"):
+        return None
+    try:
+        check_can_run()
+    except SlurmUnavailable as e:
+        return str(e)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     integration = ROOT / "tests" / "integration"
+    slurm_reason = ...
     for item in items:
         if integration in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
+        # nbval: a notebook's cells tagged "slurm" print what the cluster did; where there is none they print why
+        # they skipped instead, which no stored output can match (papermill runs them and checks the reason).
+        if "slurm" in getattr(getattr(item, "cell", None), "metadata", {}).get("tags", []):
+            slurm_reason = slurm_unavailable_reason() if slurm_reason is ... else slurm_reason
+            if slurm_reason is not None:
+                item.add_marker(pytest.mark.skip(reason=f"no SLURM cluster here: {slurm_reason}"))
 
 
 @pytest.fixture

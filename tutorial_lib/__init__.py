@@ -25,13 +25,15 @@ from .checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, di
 from .cluster import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
-from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, TutorialError
+from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
+                     TutorialError)
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
 from .launcher.spawn import SpawnOutcome, spawn_with_timeout
+from .launcher.slurm_job import SlurmJob
 from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
@@ -51,6 +53,7 @@ from .run_logs import (FatalError, agent_failures, collective_fingerprints, coun
                        lost_connection, rank_errors, read_output_log, workers_started)
 from .rundir import available_scripts, new_run_dir, read_command, script_path, write_script
 from .script_source import import_script, show_script
+from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = [
     "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
@@ -76,4 +79,6 @@ __all__ += ["DEFAULT_LOSS_PATTERN", "SpawnOutcome", "read_printed_metrics",
             "spawn_with_timeout"]  # scripts of your own: their printed loss lines; mp.spawn from a notebook
 __all__ += ["checkpoint_dir", "last_steps", "read_command", "read_loaded_state", "read_output_log", "read_rank_tensors",
             "script_path", "trace_files", "workers_started"]  # a run directory's parts, by name (no run_dir / paths)
+__all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavailable",
+            "connect_slurm"]  # launches on SLURM (LaunchSpec(slurm=SlurmSpec(...))) and the cluster to use
 __version__ = "0.1.0"

@@ -70,21 +70,26 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
                  gpus_per_node: int = 0, partition: str | None = None, account: str | None = None,
                  time_limit: str = "00:30:00", cpus_per_task: int | None = None, job_name: str = "ddp",
                  run_dir: str | os.PathLike | None = None, rendezvous_port: int | None = 29500, max_restarts: int = 0,
-                 socket_ifname: str | None = None, torchrun: str = "torchrun") -> str:
+                 socket_ifname: str | None = None, torchrun: str = "torchrun",
+                 rendezvous_timeout_s: float | None = None) -> str:
     """An ``sbatch`` script: one task per node, each running torchrun with the c10d rendezvous on the first node.
 
     ``srun`` starts the same torchrun command on every node; the first node of the allocation (from
     ``scontrol show hostnames``, at its ``NodeAddr``) hosts the rendezvous, the job id names it, and the
-    rendezvous hands out node ranks, so no per-node arguments are needed. ``srun --kill-on-bad-exit=1`` ends every
+    rendezvous hands out node ranks (in its own order: torchrun's node rank, ``GROUP_RANK``, need not be SLURM's
+    index of the node), so no per-node arguments are needed. ``srun --kill-on-bad-exit=1`` ends every
     node's torchrun as soon as one exits with an error (without it, a failed node left the job running 34 s instead
     of 6 on the local cluster, and a crash at exit on one node left it running for more than a minute). Each node
-    writes its torchrun output to ``<job_name>-<job id>-node<N>.out`` (N: SLURM's index of the node in the job),
-    every line labelled with its global rank (``[rank3]:...``, torchrun's ``--tee 3`` with
-    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``), and the ranks' logs and error files under ``logs/``; the batch
-    script's own output goes to ``<job_name>-<job id>.out``. GPUs are requested only when ``gpus_per_node > 0``
-    (a ``--gpus-per-node`` line on a cluster without GPUs is refused: "Invalid generic resource (gres)
-    specification"). The training script picks its backend: nccl on GPUs, gloo on CPU. Submit with
-    ``sbatch job.sh``, from the run directory unless ``run_dir`` is given.
+    writes its torchrun output to ``<job_name>-<job id>-node<N>.out`` (N: SLURM's index of the node in the job,
+    ``$SLURM_NODEID``), every line labelled with its global rank (``[rank3]:...``, torchrun's ``--tee 3`` with
+    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``) and written at once (``PYTHONUNBUFFERED``: ``tail -f`` shows it live),
+    and its ranks' logs and error files under ``logs/node<N>/`` (torchrun's ``--log-dir``); the batch script's own
+    output goes to ``<job_name>-<job id>.out``. Each node's torchrun ignores SIGUSR1 (it would die of it), so
+    ``scancel --signal=USR1 JOBID`` reaches only the ranks: one that registered ``faulthandler`` for it prints its
+    Python stack (``tutorial_lib``'s rank runner does; see ``tutorial_lib.launcher.slurm_job``). GPUs are requested
+    only when ``gpus_per_node > 0`` (a ``--gpus-per-node`` line on a cluster without GPUs is refused: "Invalid
+    generic resource (gres) specification"). The training script picks its backend: nccl on GPUs, gloo on CPU.
+    Submit with ``sbatch job.sh``, from the run directory unless ``run_dir`` is given.
 
     Args:
         script, args: the training script (a path valid on every node, e.g. on the shared filesystem) and its
@@ -108,24 +113,37 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
             whose nodes are all 127.0.0.1. ``None``: the libraries choose.
         torchrun: the torchrun command on the nodes (``torchrun``, a venv's ``/path/bin/torchrun`` or
             ``python -m torch.distributed.run``).
+        rendezvous_timeout_s: how long each node's torchrun waits for the others at the rendezvous
+            (``--rdzv-conf join_timeout=``, seconds > 0); ``None``: torchrun's default (600 s).
 
     Raises:
-        ConfigError: a count < 1, GPUs but not one rank per GPU, a bad port, time limit or name.
+        ConfigError: a count < 1, GPUs but not one rank per GPU, a bad port, time limit, timeout or name.
     """
     nproc_per_node = _check_job(nnodes=nnodes, nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node,
                                 cpus_per_task=cpus_per_task, max_restarts=max_restarts, time_limit=time_limit,
-                                rendezvous_port=rendezvous_port,
+                                rendezvous_port=rendezvous_port, rendezvous_timeout_s=rendezvous_timeout_s,
                                 names=dict(job_name=job_name, partition=partition, account=account,
                                            socket_ifname=socket_ifname, run_dir=run_dir))
     options = [f"--job-name={job_name}", f"--nodes={nnodes}", "--ntasks-per-node=1",
                *_optional(gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, partition=partition,
                           account=account), f"--time={time_limit}", *_optional(chdir=run_dir), "--output=%x-%j.out"]
-    port = "$rdzv_port" if rendezvous_port is None else str(rendezvous_port)
-    port_line = "rdzv_port=$((29500 + SLURM_JOB_ID % 2000))  # one port per job\n" if rendezvous_port is None else ""
     # Slurm 22.05's srun no longer inherits the job's --cpus-per-task: repeat it.
     srun = ["srun", "--kill-on-bad-exit=1", *_optional(cpus_per_task=cpus_per_task), "--output=%x-%j-node%n.out"]
-    torchrun_argv = [*_launcher(torchrun), "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
-                     "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d"]
+    # SLURM_NODEID differs per node: the node's own shell reads it (single quotes); `exec` makes torchrun the task.
+    node_task = f'trap "" USR1; exec {shlex.join(_launcher(torchrun))} --log-dir "logs/node$SLURM_NODEID" "$@"'
+    rdzv_conf = ([] if rendezvous_timeout_s is None else ["--rdzv-conf", f"join_timeout={rendezvous_timeout_s:g}"])
+    torchrun_argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--max-restarts",
+                     str(max_restarts), "--rdzv-backend", "c10d", *rdzv_conf]
+    return _render(options, srun, node_task, torchrun_argv, [str(script), *map(str, args)], rendezvous_port,
+                   omp_threads=max(1, (cpus_per_task or 1) // nproc_per_node),
+                   network=_network_lines(gpus_per_node, socket_ifname))
+
+
+def _render(options: list[str], srun: list[str], node_task: str, torchrun_argv: list[str], train: list[str],
+            rendezvous_port: int | None, *, omp_threads: int, network: str) -> str:
+    """The text of ``slurm_script``'s batch script."""
+    port = "$rdzv_port" if rendezvous_port is None else str(rendezvous_port)
+    port_line = "rdzv_port=$((29500 + SLURM_JOB_ID % 2000))  # one port per job\n" if rendezvous_port is None else ""
     sbatch_lines = "".join(f"#SBATCH {option}\n" for option in options)
     return f"""#!/bin/bash
 {sbatch_lines}set -euo pipefail
@@ -135,16 +153,19 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # Its address as SLURM knows it (NodeAddr): the hostname on most clusters, 127.0.0.1 on a one-machine cluster.
 head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
 head_node=${{head_addr:-$head_node}}
-{port_line}export OMP_NUM_THREADS={max(1, (cpus_per_task or 1) // nproc_per_node)}
-# Every line a rank prints is labelled with its global rank ([rank3]:...) in its node's output file.
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-{_network_lines(gpus_per_node, socket_ifname)}
-# One task per node, each a torchrun that starts this node's ranks; if one node's torchrun fails, srun stops the
-# others (--kill-on-bad-exit=1) and the job ends FAILED. Each node's output: %x-%j-node<N>.out.
+{port_line}export OMP_NUM_THREADS={omp_threads}
+# Every line a rank prints is labelled with its global rank ([rank3]:...) in its node's output file, written at once.
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:' PYTHONUNBUFFERED=1
+{network}
+# One task per node, each a torchrun that starts this node's ranks, their logs in logs/node<N> (N: $SLURM_NODEID,
+# SLURM's index of the node; torchrun's node rank may differ). torchrun ignores SIGUSR1 (trap), so
+# `scancel --signal=USR1 $SLURM_JOB_ID` reaches only the ranks (faulthandler: their Python stacks). If one node's
+# torchrun fails, srun stops the others (--kill-on-bad-exit=1) and the job ends FAILED. Output: %x-%j-node<N>.out.
 {shlex.join(srun)} \\
+    bash -c {shlex.quote(node_task)} torchrun \\
     {shlex.join(torchrun_argv)} \\
-    --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:{port}" --log-dir logs --tee 3 \\
-    {shlex.join([str(script), *map(str, args)])}
+    --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:{port}" --tee 3 \\
+    {shlex.join(train)}
 """
 
 
@@ -154,7 +175,8 @@ def _optional(**options: object) -> list[str]:
 
 
 def _check_job(*, nnodes: int, nproc_per_node: int | None, gpus_per_node: int, cpus_per_task: int | None,
-               max_restarts: int, time_limit: str, rendezvous_port: int | None, names: dict[str, object]) -> int:
+               max_restarts: int, time_limit: str, rendezvous_port: int | None, rendezvous_timeout_s: float | None,
+               names: dict[str, object]) -> int:
     """``slurm_script``'s checks; returns ``nproc_per_node`` (``gpus_per_node`` when not given)."""
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node must be an integer >= 0 (0: a CPU job), got {gpus_per_node!r}")
@@ -170,6 +192,9 @@ def _check_job(*, nnodes: int, nproc_per_node: int | None, gpus_per_node: int, c
         check_positive_int("cpus_per_task", cpus_per_task)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if rendezvous_timeout_s is not None and (isinstance(rendezvous_timeout_s, bool) or not isinstance(
+            rendezvous_timeout_s, (int, float)) or not rendezvous_timeout_s > 0):
+        raise ConfigError(f"rendezvous_timeout_s must be a number of seconds > 0 or None, got {rendezvous_timeout_s!r}")
     if not isinstance(time_limit, str) or not re.fullmatch(r"(\d+-)?\d+:\d\d:\d\d", time_limit):
         raise ConfigError(f"time_limit must look like HH:MM:SS (or D-HH:MM:SS), got {time_limit!r}")
     for name, value in names.items():

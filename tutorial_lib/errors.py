@@ -14,7 +14,8 @@ from pathlib import Path
 from .torchrun.root_cause import RankFailure
 from .torchrun.stacks import innermost_frame, last_meaningful_line, without_tracebacks
 
-__all__ = ["ConfigError", "LaunchError", "LaunchTimeout", "MetricsError", "RankFailure", "TutorialError"]
+__all__ = ["ConfigError", "JobWaitTimeout", "LaunchError", "LaunchTimeout", "MetricsError", "RankFailure", "SlurmError",
+           "SlurmUnavailable", "TutorialError"]
 
 
 class TutorialError(Exception):
@@ -91,6 +92,8 @@ class LaunchError(TutorialError):
             After a collective timeout the rank that timed out is the *waiting* one: the culprit is the rank
             whose stack is not in a collective.
         where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
+        job: the SLURM job of a launch on SLURM (``tutorial_lib.launcher.slurm_job.SlurmJob``: its id, final state
+            and pending reason, nodes, each node's ranks), else ``None``.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class LaunchError(TutorialError):
         failure: RankFailure | None = None,
         output_tail: list[str] | None = None,
         stacks: dict[int, str] | None = None,
+        job: object | None = None,
     ) -> None:
         super().__init__(summary)
         self.summary = summary
@@ -113,6 +117,7 @@ class LaunchError(TutorialError):
         self.output_tail = list(output_tail or [])
         self.stacks = dict(stacks or {})
         self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}
+        self.job = job
 
     @property
     def rank(self) -> int | None:

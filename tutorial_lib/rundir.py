@@ -41,6 +41,9 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
 ``in_process``        ``True`` for ``run_in_process`` (no torchrun)
 ``start``             ``"warm"`` (torchrun and the ranks forked from the kernel's warm-start helper, see
                       ``tutorial_lib.launcher.warm``) or ``"cold"`` (each imported torch itself)
+``slurm_job``         a launch on SLURM: ``job_id``, ``state``, ``reason``, ``exit_code``, ``signal``, ``nodes`` (names,
+                      in SLURM's order: node N is ``nodes[N]``, its files ``*-node<N>.out`` and ``logs/node<N>/``),
+                      ``node_ranks`` (``{N: global ranks}``, from each node's labelled lines); ``None`` otherwise
 ====================  =====================================================================================
 """
 
@@ -228,6 +231,7 @@ class RunRecord:
     where: dict[int, str] = field(default_factory=dict)
     in_process: bool = False
     start: str = "cold"
+    slurm_job: dict | None = None
 
     def write(self, run_dir: str | os.PathLike) -> Path:
         """Write ``<run_dir>/run.json``; returns its path."""

@@ -113,7 +113,8 @@ def test_node_commands_and_slurm_script_for_a_real_cluster():
     for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "export OMP_NUM_THREADS=4",
                  "srun --kill-on-bad-exit=1 --cpus-per-task=32 --output=%x-%j-node%n.out \\\n"
-                 "    torchrun --nnodes 3 --nproc-per-node 8 --max-restarts 2 --rdzv-backend c10d",
+                 """    bash -c 'trap "" USR1; exec torchrun --log-dir "logs/node$SLURM_NODEID" "$@"' torchrun \\\n"""
+                 "    --nnodes 3 --nproc-per-node 8 --max-restarts 2 --rdzv-backend c10d",
                  '--rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:29500"', "'my train.py' --lr 0.1"):
         assert line in job, line
     assert job.startswith("#!/bin/bash\n")

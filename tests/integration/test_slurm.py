@@ -47,16 +47,22 @@ def test_a_cpu_job_requests_no_gpu_and_a_gpu_job_one_rank_per_gpu():
     assert "gpus-per-node" not in cpu and "NCCL_SOCKET_IFNAME" not in cpu.replace("# export NCCL", "")
     for line in ("#SBATCH --nodes=2", "#SBATCH --partition=debug", "#SBATCH --account=proj1",
                  "#SBATCH --chdir=/shared/runs/r1", "#SBATCH --output=%x-%j.out", "export GLOO_SOCKET_IFNAME=lo",
-                 "srun --kill-on-bad-exit=1 --output=%x-%j-node%n.out",
-                 "torchrun --nnodes 2 --nproc-per-node 2 --max-restarts 0 --rdzv-backend c10d",
-                 '--rdzv-endpoint "$head_node:$rdzv_port" --log-dir logs --tee 3',
-                 "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'", "rdzv_port=$((29500 + SLURM_JOB_ID % 2000))"):
+                 "srun --kill-on-bad-exit=1 --output=%x-%j-node%n.out \\\n"
+                 """    bash -c 'trap "" USR1; exec torchrun --log-dir "logs/node$SLURM_NODEID" "$@"' torchrun \\\n""",
+                 "    --nnodes 2 --nproc-per-node 2 --max-restarts 0 --rdzv-backend c10d \\\n",
+                 '--rdzv-endpoint "$head_node:$rdzv_port" --tee 3',
+                 "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' PYTHONUNBUFFERED=1",
+                 "rdzv_port=$((29500 + SLURM_JOB_ID % 2000))"):
         assert line in cpu, line
     gpu = tl.slurm_script("train.py", nnodes=2, gpus_per_node=4, cpus_per_task=16, socket_ifname="ib0")
     assert "#SBATCH --gpus-per-node=4" in gpu and "--nproc-per-node 4" in gpu and "export OMP_NUM_THREADS=4" in gpu
     assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in gpu and "srun --kill-on-bad-exit=1 --cpus-per-task=16" in gpu
-    assert "--partition" not in gpu and "--account" not in gpu and "--chdir" not in gpu
-    for text in (cpu, gpu):
+    assert "--partition" not in gpu and "--account" not in gpu and "--chdir" not in gpu and "--rdzv-conf" not in gpu
+    timed = tl.slurm_script("train.py", nnodes=2, nproc_per_node=1, rendezvous_timeout_s=30,
+                            torchrun="/venv/bin/python -m torch.distributed.run")
+    assert "--rdzv-backend c10d --rdzv-conf join_timeout=30 \\\n" in timed
+    assert """'trap "" USR1; exec /venv/bin/python -m torch.distributed.run --log-dir "logs/node$SLURM_NODEID" "$@"'""" in timed
+    for text in (cpu, gpu, timed):
         syntax = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
         assert syntax.returncode == 0 and syntax.stderr == "", syntax.stderr
 
@@ -70,6 +76,7 @@ def test_a_cpu_job_requests_no_gpu_and_a_gpu_job_one_rank_per_gpu():
     ({"time_limit": "90"}, "time_limit must look like HH:MM:SS"),
     ({"rendezvous_port": 80}, "rendezvous_port must be an integer in 1024..65535"),
     ({"torchrun": ""}, "torchrun must be the torchrun command on the nodes"),
+    ({"rendezvous_timeout_s": 0}, "rendezvous_timeout_s must be a number of seconds > 0 or None"),
 ])
 def test_bad_batch_script_values_are_refused(fields, message):
     with pytest.raises(tl.ConfigError, match=message):

@@ -2,7 +2,6 @@
 runs: a shipped lesson or a script of your own (issue 26). Nothing is launched."""
 
 import json
-import os
 import re
 
 import pytest

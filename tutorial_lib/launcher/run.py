@@ -29,6 +29,7 @@ from .live import Outcome, enable_inline_figures, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
+from .slurm_job import plan_slurm_launch, run_slurm_plan
 from .spec import LaunchResult, LaunchSpec
 
 
@@ -52,7 +53,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             before stopping the job, asks every rank for its Python stack (``.stacks``, ``.where``).
         KeyboardInterrupt: re-raised after the job was stopped (a kernel interrupt).
         In every case no process of the job survives.
+
+    With ``spec.slurm`` (a ``SlurmSpec``) the job is submitted to SLURM instead (``slurm_job.run_slurm_plan``): the same
+    result and errors, and an interrupt or a limit cancels the job (``scancel``).
     """
+    if spec.slurm is not None:
+        return run_slurm_plan(plan_slurm_launch(spec))
     return run_plan(plan_launch(spec))
 
 
@@ -148,16 +154,18 @@ def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_d
     if own is None:
         run_dir = new_run_dir(label or str(script), runs_dir)
         path = write_script(str(script), run_dir)
-        plan = plan_launch(LaunchSpec(path, args=args, **spec))
+        launch_spec = LaunchSpec(path, args=args, **spec)
+        plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
         check_script_args(path, plan.spec.args)
-        return run_plan(plan)
+        return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
     run_dir = new_run_dir(label or re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9._-]", "", own.stem)[:80] or "script", runs_dir)
     try:
-        plan = plan_launch(LaunchSpec(own, args=args, run_dir=run_dir, **spec))
+        launch_spec = LaunchSpec(own, args=args, run_dir=run_dir, **spec)
+        plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
     except ConfigError:
         run_dir.rmdir()  # made just now, still empty
         raise
-    return run_plan(plan)
+    return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
 
 
 def own_script(script: str | os.PathLike) -> Path | None:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MetricsError
 from ..metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..parameters import check_positive_int
 from ..printed_metrics import DEFAULT_LOSS_PATTERN, compile_loss_pattern, has_printed_metrics, read_printed_metrics
 from ..rundir import COMMAND_TXT
-from .devices import DevicePlan, resolve_device
+from ..slurm.target import SlurmSpec
+from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
 from .live import LIVE_MODES
 from .warm import WARM_ENV
 
@@ -91,6 +92,7 @@ class LaunchSpec:
     warm: bool | None = None
     cwd: str | os.PathLike | None = None
     loss_pattern: str | re.Pattern | None = DEFAULT_LOSS_PATTERN
+    slurm: SlurmSpec | None = None
 
     def validate(self, gpu_count: int | None = None) -> DevicePlan:
         """Check every field; return the device plan. Raises ``ConfigError`` naming the bad value.
@@ -135,6 +137,8 @@ class LaunchSpec:
         if self.nproc_per_node is not None:
             check_positive_int("nproc_per_node", self.nproc_per_node)
         check_positive_int("nnodes", self.nnodes)
+        if self.slurm is not None:
+            return self._slurm_device_plan()
         if self.start_nodes is not None:
             nodes = list(self.start_nodes)
             if not nodes or len(set(nodes)) != len(nodes) or not set(nodes) <= set(range(self.nnodes)):
@@ -166,6 +170,29 @@ class LaunchSpec:
             raise ConfigError(f"cwd {str(self.cwd)!r} cannot be entered (no execute permission); pick another folder")
         return cwd.resolve()
 
+    def _slurm_device_plan(self) -> DevicePlan:
+        """The device plan of a launch on SLURM: the nodes' devices, not this machine's."""
+        if not isinstance(self.slurm, SlurmSpec):
+            raise ConfigError(f"slurm must be a SlurmSpec or None, got {self.slurm!r}")
+        for name, value in (("start_nodes", self.start_nodes), ("master_port", self.master_port)):
+            if value is not None:
+                raise ConfigError(f"{name}={value!r} does not apply to a launch on SLURM (SLURM starts every node; the "
+                                  "rendezvous port is derived from the job id): leave it None")
+        if self.warm:
+            raise ConfigError("warm=True does not apply to a launch on SLURM: the nodes start torchrun and the ranks")
+        self.slurm.validate()
+        gpus = self.slurm.gpus_per_node
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise ConfigError(f"SlurmSpec.gpus_per_node must be an integer >= 0 (0: a CPU job), got {gpus!r}")
+        device = self.device if self.device != "auto" else ("cuda" if gpus else "cpu")
+        if device not in ("cpu", "cuda") or (device == "cuda") != (gpus > 0):
+            raise ConfigError(f"device={self.device!r} with SlurmSpec.gpus_per_node={gpus}: a CUDA job asks for GPUs "
+                              "(gpus_per_node > 0), a CPU job for none")
+        nproc = self.nproc_per_node or gpus or CPU_DEFAULT_NPROC
+        if gpus and nproc != gpus:
+            raise ConfigError(f"nproc_per_node={nproc} with SlurmSpec.gpus_per_node={gpus}: one rank per GPU")
+        return DevicePlan(device, "nccl" if device == "cuda" else "gloo", nproc, gpus)
+
 
 def already_launched(run_dir: Path) -> str:
     """The refusal of a second launch into ``run_dir``, saying how to launch again."""
@@ -183,7 +210,8 @@ class LaunchResult:
         command: the argv that ran.
         returncode: torchrun's exit code (0).
         wall_time_s: from start to exit, seconds.
-        plan: device, backend and rank count used.
+        plan: device, backend and rank count used (per node).
+        job: the SLURM job of a launch on SLURM (``SlurmJob``: id, nodes, each node's ranks), else ``None``.
     """
 
     run_dir: Path
@@ -191,6 +219,7 @@ class LaunchResult:
     returncode: int
     wall_time_s: float
     plan: DevicePlan
+    job: object | None = None
 
     def metrics(self) -> pd.DataFrame:
         """The per-rank step metrics (``read_metrics``), every rank required; for a script that wrote no metrics
@@ -201,13 +230,25 @@ class LaunchResult:
         """
         if not any((self.run_dir / "metrics").glob("rank*.jsonl")) and has_printed_metrics(self.run_dir):
             return read_printed_metrics(self.run_dir)
-        return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node)
+        return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node * (self.job.node_count if self.job else 1))
 
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
-        """Memory sampled during the run (``read_memory_samples``; its ``.attrs["notes"]`` as ``memory_notes``)."""
+        """Memory sampled during the run (``read_memory_samples``; its ``.attrs["notes"]`` as ``memory_notes``).
+
+        Raises:
+            MetricsError: no samples: on SLURM none are taken (``memory_notes`` says why)."""
+        if self.job is not None:
+            raise MetricsError(" ".join(self.memory_notes()))
         return read_memory_samples(self.run_dir, kind)
 
     def memory_notes(self) -> list[str]:
         """What to know about the GPU memory samples (``read_memory_notes``): e.g. that no worker process
         matched NVML's process list, so GPU memory is known per device, not per process. Empty on CPU."""
+        if self.job is not None:
+            return [SLURM_MEMORY_NOTE]
         return read_memory_notes(self.run_dir)
+
+
+SLURM_MEMORY_NOTE = ("a SLURM job's ranks run on the cluster's nodes, where this kernel cannot sample their memory (psutil "
+                     "sees this machine's processes only): the memory plot shows the tensor bytes each rank logs per "
+                     "step (metrics()), not RSS or GPU memory")

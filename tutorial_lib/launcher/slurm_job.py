@@ -1,0 +1,426 @@
+"""Launch on SLURM: the same ``LaunchSpec`` submitted with ``sbatch`` through the batch script a learner would submit
+by hand (``tl.slurm_script``), watched from the kernel through the files the job writes on the shared filesystem.
+
+``launch(LaunchSpec(script, nnodes=2, slurm=SlurmSpec(...)))`` comes here (``plan_slurm_launch``, then
+``run_slurm_plan``). The run directory, which must be on the filesystem every node shares (it is the job's
+``--chdir``), then holds what a local launch leaves: ``command.txt`` (the sbatch command and the batch script, also
+written as ``job.sh``), ``output.log`` (every rank's lines, prefixed, and the batch script's own as ``[batch] ...``),
+``logs/node<N>/`` (node N's torchrun ``--log-dir``: N is SLURM's index of the node, ``$SLURM_NODEID``; torchrun's node
+rank, ``GROUP_RANK``, comes from the c10d rendezvous and may differ), ``metrics/`` and ``run.json`` (with
+``slurm_job``), plus SLURM's own files ``<job>-<id>.out`` (the batch script) and ``<job>-<id>-node<N>.out`` (node
+N's torchrun, every line labelled ``[rank<R>]:``).
+
+While the job runs the cell shows each change of its state and pending reason (``squeue``), every rank's output
+(the node files tailed as they grow, through the same ``OutputPump`` and printer as a local launch) and the live
+loss and memory figure from the metrics files. Memory is the tensor bytes the scripts log per step: the ranks run on
+other machines, so the kernel samples no RSS or GPU memory (``LaunchResult.memory_notes`` says so).
+
+It ends as a local launch does: ``LaunchResult`` (with ``job``, a ``SlurmJob``), ``LaunchError`` naming the rank that
+failed first (each node's root cause from that node's own output file and ``logs/node<N>/``, the earliest error file
+across them: ``first_failure_of_nodes``), or ``LaunchTimeout``. At a limit every rank is asked for its Python stack
+first: ``scancel --signal=USR1 JOBID`` signals every process of the job's steps; each node's torchrun ignores
+SIGUSR1 (the batch script's ``trap``: it would die of it), and every rank's runner (``child/rank_runner.py``, which
+runs each rank's script here as locally) prints its stack with ``faulthandler``. Then, as on a kernel interrupt,
+``scancel`` and a wait until the job has left the queue: SLURM stops every process of it (SIGTERM, then SIGKILL
+after ``KillWait``). A job whose kernel was killed outright runs on until its ``--time`` limit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cluster import slurm_script
+from ..errors import ConfigError, LaunchError, SlurmError
+from ..metrics import JsonlTail
+from ..rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
+from ..slurm.commands import JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, run_slurm, submit
+from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
+from .devices import DevicePlan
+from .environment import rank_env
+from .job import STACK_DUMP_WAIT_S, LimitReached, limit_reached, sigint_deferred
+from .live import Outcome, make_view, safe_draw
+from .outcome import failure_error, stopped_outcome, timeout_error
+from .output import OutputPump, ThrottledPrinter
+from .plan import RANK_RUNNER, command_text
+from .slurm_outcome import (BATCH_PREFIX, SlurmJob, attach_job, cannot_start_error, failure_summary, node_exit_codes,
+                            where_it_was)
+from .spec import LaunchResult, LaunchSpec
+
+JOB_SCRIPT = "job.sh"
+CANCEL_TIMEOUT_S = 120.0  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
+_LABEL = re.compile(r"^\[rank(\d+)\]:")
+
+
+@dataclass(frozen=True)
+class SlurmPlan:
+    """What ``run_slurm_plan`` will submit, decided before anything runs (``plan_slurm_launch``; writes nothing).
+
+    Attributes:
+        spec: the launch's ``LaunchSpec`` (``spec.slurm`` set).
+        device_plan: the nodes' device, backend and ranks per node.
+        script: the training script, absolute; run_dir: the run directory (the job's ``--chdir``), absolute.
+        nodes: ``range(nnodes)``: SLURM's node indices.
+        job_env: the environment sbatch exports to the job (this process's, the rank environment, ``spec.env``,
+            ``SLURM_CONF`` when ``SlurmSpec.conf`` is given).
+        job_name: ``--job-name``, the prefix of SLURM's output files.
+        batch_script: the text of ``job.sh`` (``tl.slurm_script``).
+        sbatch_argv: the sbatch command, ``job.sh`` last.
+    """
+
+    spec: LaunchSpec
+    device_plan: DevicePlan
+    script: Path
+    run_dir: Path
+    nodes: tuple[int, ...]
+    job_env: dict[str, str]
+    job_name: str
+    batch_script: str
+    sbatch_argv: list[str]
+
+    @property
+    def conf(self) -> str | os.PathLike | None:
+        """The ``slurm.conf`` the SLURM commands read (``None``: the environment's or the system's)."""
+        return self.spec.slurm.conf
+
+    def node_log_dir(self, node: int) -> Path:
+        """Node ``node``'s torchrun ``--log-dir``: ``logs/node<N>`` (the batch script's ``$SLURM_NODEID``)."""
+        return self.run_dir / LOGS / f"node{node}"
+
+    def node_output(self, job_id: int, node: int) -> Path:
+        """Node ``node``'s torchrun output (srun's ``--output=%x-%j-node%n.out``)."""
+        return self.run_dir / f"{self.job_name}-{job_id}-node{node}.out"
+
+    def batch_output(self, job_id: int) -> Path:
+        """The batch script's own output (sbatch's ``--output=%x-%j.out``)."""
+        return self.run_dir / f"{self.job_name}-{job_id}.out"
+
+    def shape(self, start: str) -> dict:
+        """The job's shape, in run.json."""
+        return dict(nnodes=self.spec.nnodes, nproc_per_node=self.device_plan.nproc_per_node,
+                    device=self.device_plan.device, start=start)
+
+    def command_txt(self) -> str:
+        """``command.txt``: the sbatch command as a shell line (with the variables that differ from this process's
+        environment), then the batch script."""
+        line = command_text(self.sbatch_argv, self.job_env, self.run_dir, os.environ)
+        return f"{line}# {JOB_SCRIPT}, submitted by the line above:\n{self.batch_script}"
+
+
+def time_limit(timeout_s: float) -> str:
+    """SLURM's ``--time`` for a launch limited to ``timeout_s``: 5 minutes more, whole minutes (``D-HH:MM:SS``)."""
+    minutes = math.ceil((timeout_s + 300) / 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    return (f"{days}-" if days else "") + f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def plan_slurm_launch(spec: LaunchSpec) -> SlurmPlan:
+    """Validate ``spec`` (``spec.slurm`` set) and work out the batch script and the sbatch command; pure.
+
+    Raises:
+        ConfigError: a bad field of ``spec`` or of ``spec.slurm``, before anything is submitted.
+    """
+    device_plan = spec.validate()
+    slurm = spec.slurm
+    script = Path(spec.script).resolve()
+    run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
+    job_name = slurm.job_name or (re.sub(r"[^A-Za-z0-9._-]", "_", script.stem)[:64] or "job")
+    batch = slurm_script(str(RANK_RUNNER), [str(script), *map(str, spec.args)], nnodes=spec.nnodes,
+                         nproc_per_node=device_plan.nproc_per_node, gpus_per_node=slurm.gpus_per_node,
+                         partition=slurm.partition, account=slurm.account,
+                         time_limit=slurm.time_limit or time_limit(spec.timeout_s), cpus_per_task=slurm.cpus_per_task,
+                         job_name=job_name, run_dir=run_dir, rendezvous_port=None, max_restarts=spec.max_restarts,
+                         socket_ifname=slurm.socket_ifname, torchrun=slurm.torchrun_command(),
+                         rendezvous_timeout_s=spec.rendezvous_timeout_s)
+    env = client_env(slurm.conf, {**os.environ, **rank_env(), **spec.env})
+    return SlurmPlan(spec, device_plan, script, run_dir, tuple(range(spec.nnodes)), env, job_name, batch,
+                     ["sbatch", "--parsable", *slurm.sbatch_args, JOB_SCRIPT])
+
+
+class CannotStart(Exception):
+    """The job is pending for a reason in ``SlurmSpec.cancel_pending_reasons`` (``info``: what squeue said)."""
+
+    def __init__(self, info: JobInfo) -> None:
+        super().__init__(info.reason)
+        self.info = info
+
+
+class FileTail:
+    """The complete lines appended to a file since the last read (the file may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def read_lines(self, final: bool = False) -> list[str]:
+        """New complete lines; ``final``: the last, unterminated one too (the file is closed for good)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        return [line.decode("utf-8", errors="replace").rstrip("\r") for line in lines]
+
+
+class SubmittedJob:
+    """A submitted SLURM job and what the kernel reads of it: its state, its output files, its metrics.
+
+    Attributes:
+        plan: the ``SlurmPlan``; job_id: SLURM's id; info: the last ``JobInfo`` (``None`` before the first look);
+        pump: the ``OutputPump`` every node's lines go through; node_ranks: ``{node: global ranks}`` seen so far.
+    """
+
+    def __init__(self, plan: SlurmPlan, view, printer: ThrottledPrinter) -> None:
+        self.plan, self.view, self.printer = plan, view, printer
+        self.job_id: int | None = None
+        self.info: JobInfo | None = None
+        self.node_names: tuple[str, ...] = ()
+        self.waited_for = ""
+        self.node_ranks: dict[int, set[int]] = {node: set() for node in plan.nodes}
+        self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
+        self.started_at = time.monotonic()
+        self.tails: dict[int | None, FileTail] = {}
+        self.pump: OutputPump | None = None
+
+    def submit(self) -> None:
+        """Write ``command.txt`` and ``job.sh`` (never over existing files), open ``output.log`` and submit.
+
+        Raises:
+            ConfigError: the run directory already holds a launch, or cannot be written (nothing was submitted).
+            SlurmError: sbatch refused the job (its message says why).
+        """
+        plan = self.plan
+        try:
+            for name, text in ((COMMAND_TXT, plan.command_txt()), (JOB_SCRIPT, plan.batch_script)):
+                with open(plan.run_dir / name, "x") as f:
+                    f.write(text)
+        except FileExistsError as e:
+            raise ConfigError(f"run_dir {str(plan.run_dir)!r} already holds {Path(e.filename).name}; use a new run "
+                              "directory (new_run_dir) so nothing is overwritten") from None
+        except OSError as e:
+            raise ConfigError(f"run_dir {str(plan.run_dir)!r} is not a writable directory ({e.strerror})") from None
+        self.pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, self.printer,
+                               open(plan.run_dir / OUTPUT_LOG, "w"))
+        safe_draw(self.view.start)
+        self.started_at = time.monotonic()
+        self.job_id = submit(plan.run_dir / JOB_SCRIPT, plan.sbatch_argv[2:-1], conf=plan.conf, env=plan.job_env,
+                             cwd=plan.run_dir)
+        self.tails = {None: FileTail(plan.batch_output(self.job_id)),
+                      **{node: FileTail(plan.node_output(self.job_id, node)) for node in plan.nodes}}
+        self.printer.note(f"submitted SLURM job {self.job_id} ({plan.spec.nnodes} node(s) x "
+                          f"{plan.device_plan.nproc_per_node} rank(s)); output in {plan.run_dir}")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def read_output(self, final: bool = False) -> bool:
+        """Pass the new lines of every output file through the pump; True if any arrived."""
+        got = False
+        for node, tail in self.tails.items():
+            for line in tail.read_lines(final):
+                got = True
+                if node is None:  # the batch script's own lines (srun's errors, SLURM's cancel notice)
+                    self.pump.output_log.write(BATCH_PREFIX + line + "\n")
+                    self.pump.transcript.append(BATCH_PREFIX + line)
+                    self.printer.note(f"job {self.job_id} batch script: {line}")
+                    continue
+                if (label := _LABEL.match(line)) is not None:
+                    self.node_ranks[node].add(int(label.group(1)))
+                self.pump.take(node, line)
+        return got
+
+    def look(self) -> JobInfo:
+        """Ask squeue for the job's state (and its nodes once it has some); say each change in the cell.
+
+        Raises:
+            SlurmError: squeue failed, or slurmctld no longer knows the job.
+        """
+        info = job_info(self.job_id, conf=self.plan.conf)
+        if info is None:
+            raise SlurmError(f"SLURM job {self.job_id} is not known to slurmctld any more (purged, or the controller "
+                             "restarted without its state)")
+        before = self.info
+        if before is None or (before.state, before.reason) != (info.state, info.reason):
+            waiting = info.state == JobState.PENDING and info.reason != "None"  # "None": not yet looked at
+            self.waited_for = info.reason if waiting else self.waited_for
+            self.printer.note(f"SLURM job {self.job_id}: {info.state.value}" + (
+                f", waiting: {info.reason}" if waiting else f" on {info.nodes}" if info.nodes else ""))
+        if info.nodes and not self.node_names:
+            self.node_names = tuple(expand_hostlist(info.nodes, conf=self.plan.conf))
+        self.info = info
+        return info
+
+    def wait(self) -> JobInfo:
+        """Stream the output and the metrics until the job has finished; its final ``JobInfo``.
+
+        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` for a
+        pending reason of ``SlurmSpec.cancel_pending_reasons``."""
+        spec = self.plan.spec
+        next_look = last_view = 0.0
+        delay_s, progress_at = 0.25, None
+        while True:
+            self.read_output()
+            elapsed = self.elapsed()
+            if elapsed >= next_look:
+                info = self.look()
+                if info.state.finished:
+                    break
+                if info.state == JobState.PENDING and info.reason in spec.slurm.cancel_pending_reasons:
+                    raise CannotStart(info)
+                delay_s = min(delay_s * 2, spec.slurm.poll_s)
+                next_look = elapsed + delay_s
+            if elapsed - last_view >= 0.25:
+                last_view = elapsed
+                records = self.metrics_tail.read_new()
+                progress_at = elapsed if records else progress_at
+                self.view.add(records)
+                safe_draw(self.view.update, elapsed, [])
+            if limit := limit_reached(spec, elapsed, progress_at):
+                raise LimitReached(limit)
+            time.sleep(0.1)
+        self.read_output(final=True)  # the files are complete once the job has finished
+        self.view.add(self.metrics_tail.read_new())
+        return self.info
+
+    def request_stacks(self) -> dict[int, str]:
+        """Ask every rank of a running job for its Python stack (``scancel --signal=USR1``: the job's steps, where
+        torchrun ignores it and each rank's runner prints its stack) and collect what they print, waiting at most
+        ``STACK_DUMP_WAIT_S``, 0.5 s past the last rank's answer."""
+        if self.info is None or self.info.state != JobState.RUNNING:
+            return {}
+        try:
+            run_slurm(["scancel", "--signal=USR1", str(self.job_id)], conf=self.plan.conf)
+        except SlurmError as e:
+            self.printer.note(f"could not ask the ranks for their stacks: {e}")
+            return {}
+        mark, world = len(self.pump.ranked), set(range(self.plan.spec.nnodes * self.plan.device_plan.nproc_per_node))
+        deadline = quiet_since = time.monotonic()
+        deadline += STACK_DUMP_WAIT_S
+        while time.monotonic() < deadline:
+            if self.read_output():
+                quiet_since = time.monotonic()
+            answered = {rank for rank, text in self.pump.ranked[mark:] if rank is not None and STACK_HEADER.match(text)}
+            if answered >= world and time.monotonic() - quiet_since > 0.5:
+                break
+            time.sleep(0.1)
+        return stacks_by_rank(self.pump.ranked[mark:])
+
+    def cancel(self) -> None:
+        """``scancel`` the job and wait until it has left the queue (every process of it stopped), reading its
+        output meanwhile. A second interrupt waits until the end."""
+        if self.job_id is None:
+            return
+        with sigint_deferred():
+            final = cancel(self.job_id, conf=self.plan.conf, timeout_s=CANCEL_TIMEOUT_S)
+            if final is not None:
+                self.info = final
+            self.read_output(final=True)
+
+    def job(self) -> SlurmJob:
+        """The ``SlurmJob`` as last seen."""
+        info = self.info
+        return SlurmJob(self.job_id, info.state.value if info else "UNKNOWN", info.reason if info else "",
+                        self.node_names, {node: sorted(ranks) for node, ranks in self.node_ranks.items() if ranks},
+                        info.exit_code if info else None, info.signal if info else None, self.waited_for)
+
+    def close(self) -> None:
+        """On every path: the last lines, ``output.log`` closed, what the printer held back shown."""
+        if self.pump is None:
+            return
+        self.read_output(final=True)
+        self.pump.output_log.close()
+        self.pump.finish()
+
+
+def run_slurm_plan(plan: SlurmPlan) -> LaunchResult:
+    """Submit a planned SLURM launch (``plan_slurm_launch``), follow it and return (or raise) its outcome, as
+    ``launch`` does; an interrupt or a limit cancels the job (see the module docstring)."""
+    view = make_view(plan.spec.live, run_dir=plan.run_dir)
+    printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=plan.spec.max_output_lines_per_s,
+                               log_name=str(plan.run_dir / OUTPUT_LOG), keeps_full_tracebacks=view.log_stream is not None)
+    job = SubmittedJob(plan, view, printer)
+    try:
+        job.submit()
+        info = job.wait()
+    except BaseException as exc:
+        error = _stop(job, exc)
+        if error is not None:
+            raise error from None
+        raise
+    finally:
+        job.close()
+    return _finish(job, info)
+
+
+def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
+    """Cancel the job (every rank's stack first at a limit) and say why: the ``LaunchTimeout`` to raise, or ``None``
+    after saying that an interrupt or another exception stopped it (it is re-raised)."""
+    plan, view = job.plan, job.view
+    if job.job_id is None:  # nothing was submitted: a bad run directory, or sbatch refused the job
+        return None
+    at_limit = isinstance(exc, LimitReached)
+    with sigint_deferred():
+        stacks = job.request_stacks() if at_limit else {}
+    try:
+        job.cancel()
+    except SlurmError as e:  # slurmctld not answering: say what is left and how to end it
+        job.printer.note(f"could not cancel SLURM job {job.job_id}: {e}; cancel it with: scancel {job.job_id}")
+    elapsed, slurm_job = job.elapsed(), job.job()
+    view.add(job.metrics_tail.read_new())
+    cancelled = f"SLURM job {job.job_id} was cancelled (scancel) while {where_it_was(slurm_job)}"
+    if isinstance(exc, CannotStart):
+        error, record, outcome = cannot_start_error(plan, exc.info, elapsed, slurm_job, job.pump.transcript[-30:])
+        record.write(plan.run_dir)
+        safe_draw(view.finish, [], outcome)
+        safe_draw(view.fail, error)
+        return error
+    if at_limit:
+        last_steps = {rank: r["step"] for rank, r in view.latest.items()}
+        error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, sorted(stacks), last_steps, stacks,
+                                               None, command=plan.sbatch_argv, start="cold")
+        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job)
+        record.write(plan.run_dir)
+        safe_draw(view.finish, [], outcome)
+        safe_draw(view.fail, error)
+        return error
+    record, outcome = stopped_outcome(plan, exc, elapsed, start="cold")
+    record.slurm_job = slurm_job.as_dict()
+    record.write(plan.run_dir)
+    safe_draw(view.finish, [], outcome)
+    sys.stdout.write(f"[launcher] {outcome.cause}: {cancelled}; it has left the queue, SLURM stopped every process "
+                     f"of it. Logs: {plan.run_dir}\n")
+    return None
+
+
+def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
+    """The ``LaunchResult`` of a job that completed; raises its ``LaunchError`` if it did not."""
+    plan, view, slurm_job = job.plan, job.view, job.job()
+    wall_time_s = job.elapsed()
+    if info.state == JobState.COMPLETED and not info.exit_code:
+        safe_draw(view.finish, [], Outcome(RunStatus.FINISHED, wall_time_s))
+        RunRecord(RunStatus.FINISHED, wall_time_s, **plan.shape("cold"), returncode=0,
+                  slurm_job=slurm_job.as_dict()).write(plan.run_dir)
+        return LaunchResult(run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=0, wall_time_s=wall_time_s,
+                            plan=plan.device_plan, job=slurm_job)
+    codes = node_exit_codes(job.pump.transcript, plan.nodes, info.exit_code)
+    srun_named = any(codes.values())
+    if not srun_named:  # SLURM ended it (TIMEOUT, NODE_FAIL, cancelled by someone): no node task failed
+        codes = {node: 1 for node in plan.nodes}
+    error, record, _ = failure_error(plan, job.pump, codes, wall_time_s, command=plan.sbatch_argv, start="cold")
+    summary = failure_summary(plan, error, info, slurm_job, srun_named)
+    attach_job(error, record, summary, slurm_job)
+    safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, summary.split(";")[0]))
+    record.write(plan.run_dir)
+    safe_draw(view.fail, error)
+    raise error
