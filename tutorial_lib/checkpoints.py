@@ -37,7 +37,8 @@ _RANK_FILE = re.compile(r"^(?:__(?P<shard>\d+)_\d+\.distcp|extra_rank(?P<extra>\
 
 
 def checkpoint_dir(run_dir: str | os.PathLike, step: int | None = None) -> Path:
-    """The checkpoint folder of a ``checkpoint_train.py`` run (its default ``--checkpoint-dir``), or one step in it.
+    """The checkpoint folder of a run (``checkpoints/``: the default ``--checkpoint-dir`` of ``checkpoint_train.py`` and
+    ``train_lm.py``, where ``train_lm.py --create-seed-checkpoint checkpoints`` puts its seed), or one step in it.
 
     Args:
         run_dir: the run directory.
