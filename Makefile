@@ -16,9 +16,19 @@ COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python
 COMPAT_VENV ?= .venv-torch2.8
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-.PHONY: install workbook test lab env bench compat slurm slurm-down clean-outputs
+# The edition `make lab` and `make workbook` use: en (notebooks/) or zh (the Chinese twins in notebooks/zh/, the same
+# code cells with Chinese prose; scripts/twins.py keeps them in step).
+EDITION ?= en
+EDITION_DIR := $(if $(filter zh,$(EDITION)),notebooks/zh,$(if $(filter en,$(EDITION)),notebooks,$(error EDITION='$(EDITION)' \
+	is not an edition: use EDITION=en (notebooks/, the default) or EDITION=zh (notebooks/zh/, 中文版))))
+EDITION_OUT := $(if $(filter zh,$(EDITION)),outputs/zh,outputs)
+
+.PHONY: help install workbook test lab env bench compat slurm slurm-down clean-outputs
 
 install: $(STAMP)
+
+help:  ## list the targets
+	@sed -n 's/^\([a-z-]*\):.*## \(.*\)/  make \1\t\2/p' $(MAKEFILE_LIST) | expand -t 22
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -26,10 +36,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $(STAMP)
 
-workbook: $(STAMP)  ## execute every notebook into outputs/ (CPU default: 2 ranks on gloo)
-	$(BIN)/python scripts/run_workbook.py --output-dir outputs $(WORKBOOK_ARGS)
+workbook: $(STAMP)  ## execute every notebook into outputs/ (CPU default: 2 ranks on gloo); EDITION=zh: notebooks/zh/ into outputs/zh/
+	$(BIN)/python scripts/run_workbook.py --notebooks-dir $(EDITION_DIR) --output-dir $(EDITION_OUT) $(WORKBOOK_ARGS)
 
-test: $(STAMP)  ## unit tests, real 2-rank launches, papermill and nbval over notebooks/
+test: $(STAMP)  ## unit tests, real 2-rank launches, papermill and nbval over notebooks/ (and notebooks/zh/)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(COMPAT_STAMP): pyproject.toml
@@ -44,9 +54,9 @@ compat: $(COMPAT_STAMP)  ## the whole workbook on torch 2.8 + Python 3.10 (COMPA
 	$(COMPAT_VENV)/bin/python -m pip install --quiet "$(COMPAT_TORCH_SPEC)"
 	$(COMPAT_VENV)/bin/python scripts/run_workbook.py --output-dir outputs/compat $(WORKBOOK_ARGS)
 
-lab: $(STAMP)  ## open JupyterLab on the notebooks with the project's environment
+lab: $(STAMP)  ## open JupyterLab on notebooks/ with the project's environment; EDITION=zh: the Chinese edition, notebooks/zh/
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -e ".[lab]"
-	cd notebooks && ../$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	cd $(EDITION_DIR) && $(abspath $(BIN))/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)  ## benchmarks as ratios (launcher, warm starts, metrics, memory, workbook; GPU when present)
 	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"

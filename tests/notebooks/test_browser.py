@@ -1,13 +1,15 @@
 """What a person sees in JupyterLab, checked in a real browser (Debian's chromium, driven by playwright).
 
-One test, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
+Two tests. The first, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
 folders; ``01_ddp.ipynb`` (a copy, with a failing run and a long run appended) opened in headless chromium;
 Run All; the live widget reaches the last step on every rank, the plot renders, no cell shows an error; the
 failing run's red box names the rank, the cause and the logs; then the long run is interrupted from the
-notebook toolbar, the cell says so, and no worker or torchrun process remains.
+notebook toolbar, the cell says so, and no worker or torchrun process remains. The second: the Chinese edition's
+``zh/00_environment_check.ipynb`` (issue 31) runs to the end the same way, its Chinese title on the page drawn with
+real CJK glyphs (a CJK font installed on the system: Debian's ``fonts-wqy-microhei``, which ``.ci/run`` installs).
 
 Screenshots and the server log go to ``<tmp_path>/artifacts`` and, when ``$TUTORIAL_LIB_ARTIFACTS_DIR`` is
-set, are copied there. The test skips only where chromium (``apt-get install -y chromium``) or the
+set, are copied there. The tests skip only where chromium (``apt-get install -y chromium``) or the
 ``playwright`` package (the ``test`` extra) is missing; it never downloads a browser.
 """
 
@@ -286,4 +288,75 @@ def test_jupyterlab_runs_01_ddp_live_and_the_toolbar_interrupt_stops_the_job(tmp
     print(timings)
     assert gone_s < 10, f"the job stopped {gone_s:.1f} s after the interrupt (FACTS: under 1 s)"
     assert (ROOT / "notebooks" / "01_ddp.ipynb").read_bytes() == original, "the repository's notebook is untouched"
+    wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
+
+
+# Whether a heading's Chinese characters are drawn with real glyphs: two different CJK characters, drawn on a canvas
+# in the heading's own font, give two different images; without a CJK font both are the same "tofu" box. Controls:
+# two Latin letters differ, two code points no font has (U+10FFFC, U+10FFFD) draw the same box.
+GLYPHS_JS = """(el) => {
+  const s = getComputedStyle(el), font = `${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+  const draw = (ch) => { const c = document.createElement('canvas'); c.width = c.height = 96;
+    const g = c.getContext('2d'); g.font = font; g.textBaseline = 'top'; g.fillText(ch, 8, 8); return c.toDataURL(); };
+  const cjk = [...new Set(el.textContent.match(/[\\u4e00-\\u9fff]/g) || [])].slice(0, 2);
+  return {font, cjk, cjk_same: cjk.length === 2 && draw(cjk[0]) === draw(cjk[1]), latin_same: draw('a') === draw('b'),
+          missing_same: draw('\\u{10FFFC}') === draw('\\u{10FFFD}')};
+}"""
+# Every code cell of the open notebook has run (an execution count), from JupyterLab's model.
+ALL_EXECUTED_JS = """() => window.jupyterapp.shell.currentWidget.content.widgets
+    .filter(cell => cell.model.type === 'code').every(cell => cell.model.executionCount !== null)"""
+
+
+def test_jupyterlab_runs_a_chinese_notebook_and_draws_its_text(tmp_path, artifacts):
+    """The Chinese edition (notebooks/zh/, issue 31) as a reader opens it: 00's twin runs to the end in JupyterLab with
+    its live view, no cell shows an error, and its Chinese title is on the page drawn with real CJK glyphs."""
+    sync_playwright = sync_playwright_or_skip()
+    source = ROOT / "notebooks" / "zh" / "00_environment_check.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    title = nb.cells[0].source.splitlines()[0].removeprefix("# ").strip()
+    assert re.search(r"[\u4e00-\u9fff]", title), f"the twin's title is Chinese: {title!r}"
+    notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
+    notebook_dir.mkdir()
+    runs_dir.mkdir()
+    path = Path(shutil.copy(source, notebook_dir / source.name))
+    lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
+    try:
+        lab.wait_up()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
+                heading = page.locator(".jp-MarkdownCell h1").first
+                heading.wait_for()
+                assert heading.inner_text().replace("¶", "").strip() == title
+                glyphs = heading.evaluate(GLYPHS_JS)
+                assert not glyphs["latin_same"] and glyphs["missing_same"], f"the glyph comparison works: {glyphs}"
+                assert len(glyphs["cjk"]) == 2 and not glyphs["cjk_same"], (
+                    f"the Chinese title is drawn as empty boxes: no CJK font in this browser's system ({glyphs}); "
+                    "apt-get install -y fonts-wqy-microhei (.ci/run does)")
+                page.screenshot(path=artifacts / "zh_00_opened.png")
+                lab.wait_kernel_idle(path.name)
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+                live = page.locator(".tutorial-lib-live").first
+                live.wait_for(timeout=120_000)
+                wait_until(lambda: "finished in" in live.inner_text(), 180, "the collectives check to finish")
+                wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 180, "every code cell to run")
+                lab.wait_kernel_idle(path.name)
+                errors = page.evaluate(CELL_ERRORS_JS)
+                assert len(errors) == sum(c.cell_type == "code" for c in nb.cells) and not any(errors), errors
+                assert list(runs_dir.glob("*-collectives")), "the launch wrote its run directory under RUNS_DIR"
+                page.locator(".jp-CodeCell").last.scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "zh_00_finished.png")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=artifacts / "zh_failure.png")
+                raise
+            finally:
+                browser.close()
+    finally:
+        lab.close()
     wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")

@@ -129,6 +129,23 @@ def test_run_workbook_passes_parameters_down_to_the_training_processes(tmp_path)
     assert (tmp_path / "00_environment_check.ipynb").exists()
 
 
+def test_the_chinese_edition_runs_under_papermill_as_make_workbook_edition_zh_runs_it(tmp_path):
+    """A Chinese twin (notebooks/zh/, issue 31) executes from its own folder like an English notebook: its code is the
+    English code (tests/notebooks/test_twins.py), its prose stays Chinese in the executed copy. nbval runs every twin
+    too (pytest collects notebooks/ recursively)."""
+    twin = ROOT / "notebooks" / "zh" / "00_environment_check.ipynb"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--notebooks-dir",
+                           str(twin.parent), "--output-dir", str(tmp_path), "--only", twin.stem],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 passed, 0 failed" in proc.stdout
+    executed = nbformat.read(tmp_path / twin.name, as_version=4)
+    prose = [c.source for c in executed.cells if c.cell_type == "markdown"]
+    assert prose == [c.source for c in nbformat.read(twin, as_version=4).cells if c.cell_type == "markdown"]
+    assert re.search(r"[\u4e00-\u9fff]", prose[0]), prose[0]
+    assert len(list((tmp_path / "runs").glob("*-collectives/metrics/collectives_rank*.json"))) == 2, "2 ranks ran"
+
+
 def test_run_workbook_reports_a_failing_notebook_and_exits_non_zero(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_workbook.py"), "--output-dir", str(tmp_path),
                            "--only", "00_environment_check", "-p", "NPROC", "two"],
