@@ -27,6 +27,7 @@ from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
+from .i18n import language, set_language
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
@@ -81,4 +82,5 @@ __all__ += ["checkpoint_dir", "last_steps", "read_command", "read_loaded_state",
             "script_path", "trace_files", "workers_started"]  # a run directory's parts, by name (no run_dir / paths)
 __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavailable",
             "connect_slurm"]  # launches on SLURM (LaunchSpec(slurm=SlurmSpec(...))) and the cluster to use
+__all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
 __version__ = "0.1.0"
