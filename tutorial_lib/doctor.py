@@ -139,7 +139,8 @@ class Diagnosis:
             rows.append((say("label.was in", rank=r), w + (say("doctor.never reached") if elsewhere else "")))
         shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
         rows.append((say("label.suspected cause"),
-                     pick(self.cause, self.cause_zh) + (f": {_clip(self.evidence)}" if shown else "")))
+                     pick(self.cause, self.cause_zh) + (say("doctor.evidence", evidence=_clip(self.evidence)) if shown
+                                                        else "")))
         rows.append((say("label.fix"), pick(self.fix, self.fix_zh)))
         return rows
 

@@ -149,6 +149,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "doctor.returned ranks": ("rank(s) {ranks} returned (exit code 0)", "rank {ranks} 已返回（退出码 0）"),
     "doctor.step": ("rank {rank}: {step}", "rank {rank}：{step}"),
     "doctor.no step": ("no rank logged a step", "没有 rank 记录过任何一步"),
+    "doctor.evidence": (": {evidence}", "：{evidence}"),
     "doctor.never reached": (": never reached the collective the others waited in",
                              "：从未到达其他 rank 正在等待的集合通信（collective）"),
     # the live view (tutorial_lib.launcher.live)
