@@ -16,7 +16,7 @@ what torchrun prints and leaves behind; ``child/`` holds the programs run by pat
 ``lessons/`` the scripts a learner copies (neither imports the package); the modules at the top read a finished
 run (``doctor``, ``metrics``, ``profiling``, ``checkpoints``, ``plots``, ``run_logs``, ``rundir``) or help a lesson
 in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``, ``env``, ``parameters``,
-``script_source``).
+``script_source``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
 """
 
 from .attention import sdpa_backends
