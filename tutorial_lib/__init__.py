@@ -16,7 +16,7 @@ what torchrun prints and leaves behind; ``child/`` holds the programs run by pat
 ``lessons/`` the scripts a learner copies (neither imports the package); the modules at the top read a finished
 run (``doctor``, ``metrics``, ``profiling``, ``checkpoints``, ``plots``, ``run_logs``, ``rundir``) or help a lesson
 in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``, ``env``, ``parameters``,
-``script_source``).
+``script_source``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
 """
 
 from .attention import sdpa_backends
@@ -27,6 +27,7 @@ from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
+from .i18n import language, set_language
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
@@ -81,4 +82,5 @@ __all__ += ["checkpoint_dir", "last_steps", "read_command", "read_loaded_state",
             "script_path", "trace_files", "workers_started"]  # a run directory's parts, by name (no run_dir / paths)
 __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavailable",
             "connect_slurm"]  # launches on SLURM (LaunchSpec(slurm=SlurmSpec(...))) and the cluster to use
+__all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
 __version__ = "0.1.0"

@@ -217,6 +217,8 @@ P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 40
 NO_ERROR_FIX = ("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
                  "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
                  "lines say what it was doing (07, section 4 'Out of memory')")
+SIGNAL_FIX = "the rank was killed by a signal: read its log in logs/"  # a signal SIGNAL_FIXES does not list
+UNKNOWN_FIX = "no known pattern: read output.log and the ranks' logs under logs/ in the run directory"
 HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
              "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
              "(07, section 1 'Hang')")

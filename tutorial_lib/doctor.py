@@ -13,12 +13,14 @@ from __future__ import annotations
 import html
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_CAUSE, FINISHED_FIX, HANG_FIX,
-                     NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIXES, exit_code_meaning, signal_name)
+from .causes import CAUSES, FINISHED_CAUSE, NCCL_TIMEOUT, signal_name
+from .causes_zh import CAUSES_ZH, cause_name_zh, fix_texts, signal_fix_texts
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
+from .i18n import pick, say
 from .metrics import last_steps as logged_last_steps
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
@@ -60,8 +62,10 @@ class Diagnosis:
             ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
             ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"unknown"``,
             or ``"none"`` for a run that finished).
-        evidence: the line that points to the cause.
+        evidence: the line that points to the cause (as the logs say it: English).
         fix: one line on what to do, with the notebook section that shows it.
+        cause_zh, fix_zh: the cause and the fix in Chinese (``tutorial_lib.causes_zh``), shown instead of ``cause``
+            and ``fix`` when ``tl.language()`` is ``"zh"``; ``cause`` and ``fix`` stay English for programs.
         timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
         limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
         recovered: the run finished (``failed`` is False) after torchrun restarted the group
@@ -86,6 +90,8 @@ class Diagnosis:
     cause: str = "unknown"
     evidence: str = ""
     fix: str = ""
+    cause_zh: str = ""
+    fix_zh: str = ""
     timeout_s: float | None = None
     limit: str = ""
     recovered: bool = False
@@ -95,51 +101,53 @@ class Diagnosis:
     stack: list[str] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, str]]:
-        """The report as (label, text) rows."""
+        """The report as (label, text) rows, in ``tl.language()`` (the evidence and error lines as logged)."""
+        steps = say("sep").join(say("doctor.step", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
         if not self.failed and not self.recovered:
-            steps = ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or "none"
-            return [("run", f"{self.run_dir.name} finished without error"), ("last step", steps)]
-        who = f"rank {self.rank}" if self.rank is not None else "no rank (torchrun or the launch itself)"
-        code = "" if self.exit_code is None else f", exit code {self.exit_code}"
+            return [(say("label.run"), say("doctor.finished", run=self.run_dir.name)),
+                    (say("label.last step"), steps or say("doctor.none"))]
+        run, failed = self.run_dir.name, say("label.failed")
+        who = say("doctor.rank", rank=self.rank) if self.rank is not None else say("doctor.no rank")
+        code = "" if self.exit_code is None else say("doctor.exit code", code=self.exit_code)
         code += f" ({self.signal})" if self.signal else ""
         if self.recovered:
-            rows = [("recovered", f"{self.run_dir.name} finished after torchrun restarted the group"),
-                    ("failed", f"before the restart: {who} first{code}")]
+            rows = [(say("label.recovered"), say("doctor.recovered", run=run)),
+                    (failed, say("doctor.before restart", who=who, code=code))]
         elif self.timeout_s is not None:
-            which = "no-progress limit, stall_timeout_s" if self.limit == "stall_timeout_s" else "wall-clock limit"
-            rows = [("failed", f"{self.run_dir.name}: stopped at the {which} ({self.timeout_s:g} s), "
-                               "no rank had failed")]
+            which = say("doctor.stall limit" if self.limit == "stall_timeout_s" else "doctor.wall limit")
+            rows = [(failed, say("doctor.stopped", run=run, which=which, timeout_s=f"{self.timeout_s:g}"))]
         elif self.cause == FINISHED_CAUSE:
-            rows = [("failed", f"{self.run_dir.name}: {who} returned (exit code 0) while the others waited for it")]
+            rows = [(failed, say("doctor.returned", run=run, who=who))]
         else:
-            rows = [("failed", f"{self.run_dir.name}: {who} first{code}")]
+            rows = [(failed, say("doctor.first", run=run, who=who, code=code))]
         if self.error:
-            rows.append(("error", _clip(self.error)))
+            rows.append((say("label.error"), _clip(self.error)))
         if len(self.raised) > 1:
-            rows.append(("raised", f"ranks {', '.join(map(str, self.raised))} each raised an error of their own"))
+            rows.append((say("label.raised"), say("doctor.raised", ranks=", ".join(map(str, self.raised)))))
         others = {r: name for r, name in self.signals.items() if r != self.rank}
         if others:
-            rows.append(("also killed", ", ".join(f"rank {r} by {name}" for r, name in others.items())))
+            rows.append((say("label.also killed"),
+                         say("sep").join(say("doctor.killed by", rank=r, signal=name) for r, name in others.items())))
         if self.finished and self.cause != FINISHED_CAUSE:
-            rows.append(("finished", f"rank(s) {', '.join(map(str, self.finished))} returned (exit code 0)"))
+            rows.append((say("label.finished"), say("doctor.returned ranks", ranks=", ".join(map(str, self.finished)))))
         for i, frame in enumerate(self.stack[:4]):
-            rows.append(("stack" if i == 0 else "", frame.strip()))
-        rows.append(("last step", ", ".join(f"rank {r}: {s}" for r, s in sorted(self.last_steps.items())) or
-                     "no rank logged a step"))
+            rows.append((say("label.stack") if i == 0 else "", frame.strip()))
+        rows.append((say("label.last step"), steps or say("doctor.no step")))
         for r, w in sorted(self.where.items()):
             elsewhere = (self.cause == "collective timeout (hang)" and r != self.rank
                          and not _COLLECTIVE_FRAME.search(w) and "distributed" not in w)
-            rows.append((f"rank {r} was in", w + (": never reached the collective the others waited in"
-                                                  if elsewhere else "")))
+            rows.append((say("label.was in", rank=r), w + (say("doctor.never reached") if elsewhere else "")))
         shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
-        rows.append(("suspected cause", self.cause + (f": {_clip(self.evidence)}" if shown else "")))
-        rows.append(("fix", self.fix))
+        rows.append((say("label.suspected cause"),
+                     pick(self.cause, self.cause_zh) + (say("doctor.evidence", evidence=_clip(self.evidence)) if shown
+                                                        else "")))
+        rows.append((say("label.fix"), pick(self.fix, self.fix_zh)))
         return rows
 
     def __str__(self) -> str:
         rows = self.rows()
-        width = max(len(label) for label, _ in rows)
-        return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+        width = max(map(_width, (label for label, _ in rows)))
+        return "\n".join(label + " " * (width - _width(label) + 2) + text for label, text in rows)
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text form: the rows, not a dataclass repr
         printer.text(str(self))
@@ -148,6 +156,11 @@ class Diagnosis:
         body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
                        f"<td style='text-align:left'>{html.escape(text)}</td></tr>" for label, text in self.rows())
         return f"<table>{body}</table>"
+
+
+def _width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: a CJK character (or full-width sign) takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _clip(text: str, n: int = 200) -> str:
@@ -352,10 +365,12 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
                 evidence = line if start == 0 else "..." + line[start:]
                 evidence = cause.describe(line) if cause.describe else evidence
                 diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
+                diagnosis.fix_zh = CAUSES_ZH[cause.name][1]
                 nccl_timeout = cause.name == "collective timeout (hang)" and any(map(NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
                                      or 0) > 1:
-                    diagnosis.fix += P2P_HINT  # NCCL (so GPUs), several ranks on one machine: P2P between them
+                    hint = fix_texts("P2P_HINT")  # NCCL (so GPUs), several ranks on one machine: P2P between them
+                    diagnosis.fix, diagnosis.fix_zh = diagnosis.fix + hint[0], diagnosis.fix_zh + hint[1]
                 return True
     return False
 
@@ -366,18 +381,19 @@ def _last_words(failure: RankFailure, rank_lines_: list[str]) -> str:
         (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
 
 
-def _exception_fix(failure: RankFailure) -> str:
-    """The fix for a rank's own exception: the others lost their peer, or raised errors of their own too."""
+def _exception_fix(failure: RankFailure) -> tuple[str, str]:
+    """The fix for a rank's own exception (English, Chinese): the others lost their peer, or raised errors too."""
     if len(failure.raised) > 1:
-        return EVERY_RANK_RAISED_FIX.format(ranks=", ".join(map(str, failure.raised)), rank=failure.rank)
-    return EXCEPTION_FIX.format(rank=failure.rank)
+        return fix_texts("EVERY_RANK_RAISED_FIX", ranks=", ".join(map(str, failure.raised)), rank=failure.rank)
+    return fix_texts("EXCEPTION_FIX", rank=failure.rank)
 
 
 def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
     """The cause of a run whose first "failure" is a rank that returned while the others waited in a collective."""
     waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how in (LOST_PEER, STOPPED))
     diagnosis.cause = FINISHED_CAUSE
-    diagnosis.fix = FINISHED_FIX.format(rank=failure.rank, waiting=", ".join(map(str, waiting)) or "?")
+    diagnosis.fix, diagnosis.fix_zh = fix_texts("FINISHED_FIX", rank=failure.rank,
+                                                waiting=", ".join(map(str, waiting)) or "?")
     peer = next((e for e in failure.ends if e.how == LOST_PEER and e.traceback), None)
     diagnosis.evidence = (f"rank {peer.rank}, waiting: {_exception_line(peer.traceback)}" if peer else
                           f"rank {failure.rank} exited 0")
@@ -388,35 +404,35 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
     exit code. ``rank_lines_``: the failed rank's lines of output."""
     if timed_out:
         diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"
-        diagnosis.fix = HANG_FIX
+        diagnosis.fix, diagnosis.fix_zh = fix_texts("HANG_FIX")
         diagnosis.evidence = f"last step per rank {diagnosis.last_steps}" if diagnosis.last_steps else ""
     elif diagnosis.error and diagnosis.signal is None:
         name = diagnosis.error.split(":", 1)[0]
         diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", diagnosis.error
-        diagnosis.fix = _exception_fix(failure)
+        diagnosis.fix, diagnosis.fix_zh = _exception_fix(failure)
     elif _aborted_in_collective(diagnosis.signal, rank_lines_):
         mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
-        diagnosis.cause, diagnosis.fix = mismatch.name, mismatch.fix
+        diagnosis.cause, diagnosis.fix, diagnosis.fix_zh = mismatch.name, mismatch.fix, CAUSES_ZH[mismatch.name][1]
         diagnosis.evidence = _fatal_error(rank_lines_)
     elif diagnosis.signal is not None:
         diagnosis.cause = f"killed by {diagnosis.signal}"
-        diagnosis.fix = SIGNAL_FIXES.get(diagnosis.signal, "the rank was killed by a signal: read its log in logs/")
+        diagnosis.fix, diagnosis.fix_zh = signal_fix_texts(diagnosis.signal)
         diagnosis.evidence = _last_words(failure, rank_lines_)
     elif failure.rank is not None and not failure.traceback and (failure.exit_code or 0) > 0:
         # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
         code = failure.exit_code
         diagnosis.cause = f"exited with code {code} without a traceback"
-        diagnosis.fix = EXIT_FIX.format(rank=failure.rank, code=code, meaning=exit_code_meaning(code))
+        diagnosis.fix, diagnosis.fix_zh = fix_texts("EXIT_FIX", rank=failure.rank, code=code)
         last = last_meaningful_line(failure.log_tail)
         diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
     elif failure.rank is not None and not failure.traceback and failure.exit_code is None:
         # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
         # peers failed on the lost connection: the rank died outside Python.
         diagnosis.cause = "died without a Python error"
-        diagnosis.fix = NO_ERROR_FIX
+        diagnosis.fix, diagnosis.fix_zh = fix_texts("NO_ERROR_FIX")
         diagnosis.evidence = _last_words(failure, rank_lines_)
     else:
-        diagnosis.fix = "no known pattern: read output.log and the ranks' logs under logs/ in the run directory"
+        diagnosis.fix, diagnosis.fix_zh = fix_texts("UNKNOWN_FIX")
 
 
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
@@ -449,7 +465,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
     last_steps = _run_last_steps(run_dir, error)
     if not _run_failed(error, timed_out, failure, error_files, output):
-        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none")
+        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none", cause_zh=cause_name_zh("none"))
 
     failure = failure or RankFailure(rank=None, exit_code=None)
     diagnosis = _failed_diagnosis(run_dir, error, record, failure, ranks, timed_out, recovered, last_steps)
@@ -461,4 +477,5 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     elif not _match_cause(diagnosis, texts, timed_out):
         _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
                         timed_out)
+    diagnosis.cause_zh = cause_name_zh(diagnosis.cause)
     return diagnosis

@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError, LaunchError
+from ..i18n import pick, say
 from ..plots import plot_run
 from ..rundir import RunStatus
 
@@ -47,11 +48,13 @@ class Outcome:
         cause: what ended a run that did not finish, in a few words: the launcher's summary of a failure
             (``"t.py failed on rank 1 (exit code 1)"``), ``"timed out after 30 s"``, ``"interrupted"``,
             ``"stopped by RuntimeError"``; ``""`` for a finished run.
+        cause_zh: the same in Chinese, shown when ``tl.language()`` is ``"zh"`` (``""``: the English is shown).
     """
 
     status: RunStatus
     elapsed_s: float
     cause: str = ""
+    cause_zh: str = ""
 
     @property
     def failed(self) -> bool:
@@ -60,8 +63,9 @@ class Outcome:
 
     @property
     def text(self) -> str:
-        """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``."""
-        return f"failed: {self.cause}" if self.failed else f"finished in {self.elapsed_s:.1f} s"
+        """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``, in ``tl.language()``."""
+        return (say("live.failed", cause=pick(self.cause, self.cause_zh)) if self.failed
+                else say("live.finished", elapsed_s=self.elapsed_s))
 
 
 def safe_draw(draw, *args) -> None:
@@ -119,7 +123,7 @@ class LiveView:
         lines = []
         for rank in sorted(self.latest):
             lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
-        return lines or [f"running, no step reported yet ({elapsed_s:.0f} s)"]
+        return lines or [say("live.no step yet", elapsed_s=elapsed_s)]
 
     def start(self) -> None:
         """Show the (empty) view, before the job starts."""
@@ -232,31 +236,35 @@ class NotebookView(LiveView):
         if outcome.failed:
             details = [self._steps_line()]
             if interrupted:
-                details.insert(0, "the kernel was interrupted: torchrun and every worker were stopped")
-            self._draw_alert(outcome.cause, details)
+                details.insert(0, say("live.interrupted"))
+            self._draw_alert(pick(outcome.cause, outcome.cause_zh), details)
         self._draw_outcome(outcome.elapsed_s, outcome)
 
     def _steps_line(self) -> str:
-        steps = ", ".join(f"rank {k} at step {r.get('step')}" for k, r in sorted(self.latest.items()))
-        return f"last step reported: {steps or 'none'}"
+        steps = say("sep").join(say("live.rank at step", rank=k, step=r.get("step")) for k, r in sorted(self.latest.items()))
+        return say("live.last steps", steps=steps or say("live.none"))
 
     def fail(self, error) -> None:
         """Name the failed rank and its cause in the failure box (``error``: the ``LaunchError`` about to be raised)."""
         failure = getattr(error, "failure", None)
         if getattr(error, "timeout_s", None) is not None:  # LaunchTimeout: where every rank was, if it says
             where = getattr(error, "where", None) or {}
-            details = [f"no rank logged a step for stall_timeout_s={error.timeout_s:g} s: the job was stopped"
-                       if getattr(error, "limit", "") == "stall_timeout_s"
-                       else f"the job ran past timeout_s={error.timeout_s:g} s and was stopped"]
-            details += [f"rank {rank} was in {place}" for rank, place in sorted(where.items())]
-            self._draw_alert(getattr(error, "summary", str(error)).split(";")[0], details + [self._steps_line()])
+            stalled = getattr(error, "limit", "") == "stall_timeout_s"
+            details = [say("live.stalled" if stalled else "live.timed out", timeout_s=f"{error.timeout_s:g}")]
+            details += [say("live.rank was in", rank=rank, place=place) for rank, place in sorted(where.items())]
+            self._draw_alert(self._title(error).split(";")[0], details + [self._steps_line()])
             return
         cause = error.cause if isinstance(error, LaunchError) else ""  # survives empty tracebacks and logs
-        details = [f"cause: {cause}"] if cause else []
+        details = [say("live.cause", cause=cause)] if cause else []  # the log's own line: as it was printed
         if failure is not None and failure.rank is not None:
-            details.append(f"rank {failure.rank} exited with code {failure.exit_code}; the other ranks were stopped")
+            details.append(say("live.rank exited", rank=failure.rank, code=failure.exit_code))
         details.append(self._steps_line())
-        self._draw_alert(getattr(error, "summary", str(error)), details)
+        self._draw_alert(self._title(error), details)
+
+    @staticmethod
+    def _title(error) -> str:
+        """The failure box's title: the error's summary, in Chinese where it has one and the language is Chinese."""
+        return pick(getattr(error, "summary", str(error)), getattr(error, "summary_zh", ""))
 
 
 class TextNotebookView(NotebookView):
@@ -270,7 +278,7 @@ class TextNotebookView(NotebookView):
         self._progress = display(_Text("starting torchrun ..."), display_id=True)
 
     def _draw_progress(self, elapsed_s, outcome=None):
-        status = f"elapsed {elapsed_s:.1f} s" + (f" - {outcome.text}" if outcome else "")
+        status = say("live.elapsed", elapsed_s=elapsed_s) + (f" - {outcome.text}" if outcome else "")
         where = [where_ranks_run(self.cwd)] if self.cwd is not None else []
         self._progress.update(_Text("\n".join(self.progress_lines(elapsed_s) + where + [status])))
 
@@ -336,7 +344,8 @@ class WidgetNotebookView(NotebookView):
         if new_rank:
             self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
         if outcome is None:
-            self._header.value = f"<b style='color:inherit'>running</b> &middot; elapsed {elapsed_s:.1f} s{self._where}"
+            self._header.value = (f"<b style='color:inherit'>{say('live.running')}</b> &middot; "
+                                  f"{say('live.elapsed', elapsed_s=elapsed_s)}{self._where}")
         else:
             colour = "#c62828" if outcome.failed else "#2e7d32"
             self._header.value = f"<b style='color:{colour}'>{html.escape(outcome.text)}</b>{self._where}"
@@ -349,8 +358,7 @@ class WidgetNotebookView(NotebookView):
     def _draw_alert(self, title, details):
         """The red failure box: ``title`` in bold, then ``details`` (plain text, escaped), then where the logs are."""
         if self.run_dir:
-            details = details + [f"full logs in {self.run_dir}: output.log (every line), logs/ (per rank), "
-                                 "command.txt (the command to rerun it)"]
+            details = details + [say("live.full logs", run_dir=self.run_dir)]
         body = "".join(f"<div>{html.escape(d)}</div>" for d in details)
         self._alert.value = (f"<div class='tutorial-lib-failure' style='border:2px solid #c62828;background:#ffebee;"
                              f"color:#b71c1c;padding:6px 10px;margin:4px 0;border-radius:4px'>"

@@ -48,6 +48,41 @@ def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int],
     return ""
 
 
+def explain_agent_failure_zh(output: str, spec: LaunchSpec, started: Sequence[int], port: int | None = None) -> str:
+    """The Chinese of ``explain_agent_failure`` (same arguments), for the live view of the Chinese edition."""
+    cause = agent_failure(output)
+    kind = cause.name if cause is not None else ""
+    if kind == "rendezvous timeout":
+        missing = sorted(set(range(spec.nnodes)) - set(started))
+        return (f"rendezvous（汇合）在 {spec.rendezvous_timeout_s:g} s（rendezvous_timeout_s）后超时，一直在等待 {spec.nnodes} "
+                f"个节点；{len(started)} 个已加入" + (f"，节点 {missing} 从未启动" if missing else "") +
+                "。请在每个节点上启动同一条命令")
+    if kind == "port in use":
+        if spec.master_port is not None:
+            return (f"{LOOPBACK} 上的端口 {spec.master_port} 已被占用（EADDRINUSE）；换一个 master_port，"
+                    "或保持 master_port=None 以使用空闲端口")
+        picked = f"端口 {port}" if port is not None else "该端口"
+        return (f"{picked}是本次启动挑选的空闲端口（master_port=None），但在 torchrun 绑定之前被另一个进程占用"
+                f"（{LOOPBACK} 上的 EADDRINUSE）；重新启动即可：每次启动都会挑选新的空闲端口")
+    return ""
+
+
+def failure_text_zh(failure: RankFailure) -> str:
+    """The Chinese of ``failure_text``: ``"在 rank 1 上失败（被 SIGSEGV 终止，退出码 -11）"``."""
+    if failure.how == FINISHED:
+        waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how not in (FINISHED,))
+        return (f"失败：rank {failure.rank} 已结束（退出码 0），而 rank {', '.join(map(str, waiting))} 还在等它"
+                "（一个它从未调用的集合通信）")
+    how = f"被 {failure.signal} 终止，" if failure.how == SIGNAL and failure.signal else ""
+    text = f"在 rank {failure.rank} 上失败（{how}退出码 {failure.exit_code}）"
+    if len(failure.raised) > 1:
+        text += f"；rank {', '.join(map(str, failure.raised))} 各自抛出了错误"
+    others = {r: name for r, name in failure.signals.items() if r != failure.rank}
+    if others:
+        text += "；" + "，".join(f"rank {r} 被 {name} 终止" for r, name in others.items())
+    return text
+
+
 def failure_text(failure: RankFailure) -> str:
     """What the launch's error says of its root cause, after the script's name: ``"failed on rank 1 (killed by
     SIGSEGV, exit code -11)"``, ``"failed on rank 0 (exit code 1); ranks 0, 1 each raised"``, or for a rank that
@@ -104,13 +139,16 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
     log_dirs = {node: plan.node_log_dir(node) for node in plan.nodes} if spec.nnodes > 1 else {None: plan.node_log_dir(0)}
     failure = find_root_cause("\n".join(pump.transcript), log_dirs, pump.printer.tails)
     if failure is not None and failure.rank is not None:
-        summary = f"{script.name} {failure_text(failure)}"
+        summary, summary_zh = f"{script.name} {failure_text(failure)}", f"{script.name} {failure_text_zh(failure)}"
     else:
-        where = f" (node {failed[0]})" if spec.nnodes > 1 else ""
+        where, where_zh = (f" (node {failed[0]})", f"（节点 {failed[0]}）") if spec.nnodes > 1 else ("", "")
         summary = f"{script.name} failed: torchrun{where} exited with code {returncode}"
-        reason = explain_agent_failure("\n".join(pump.transcript), spec, plan.nodes, port=command_port(command))
+        summary_zh = f"{script.name} 失败：torchrun{where_zh} 以退出码 {returncode} 退出"
+        facts = ("\n".join(pump.transcript), spec, plan.nodes, command_port(command))
+        reason, reason_zh = explain_agent_failure(*facts), explain_agent_failure_zh(*facts)
         summary += f": {reason}" if reason else ""
-    outcome = Outcome(RunStatus.FAILED, wall_time_s, summary)
+        summary_zh += f"：{reason_zh}" if reason_zh else ""
+    outcome = Outcome(RunStatus.FAILED, wall_time_s, summary, summary_zh)
     # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
     # collective timeout the failing rank is the one that waited, and these show where the culprit was.
     stacks = stopped_ranks_stacks(pump.ranked, plan.run_dir / LOGS, one_node=spec.nnodes == 1,
@@ -123,24 +161,26 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
     record = RunRecord(RunStatus.FAILED, wall_time_s, **plan.shape(start), returncode=returncode, summary=summary,
                        where=where)
     error = LaunchError(summary, run_dir=plan.run_dir, command=command, returncode=returncode, failure=failure,
-                        output_tail=output_tail(pump.transcript), stacks=stacks)
+                        output_tail=output_tail(pump.transcript), stacks=stacks, summary_zh=summary_zh)
     return error, record, outcome
 
 
-def limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, str]:
-    """The value of ``limit`` in ``spec``, what the job did to reach it, and the same in a few words (the live view's)."""
+def limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, str, str]:
+    """The value of ``limit`` in ``spec``, what the job did to reach it, and the same in a few words (the live view's),
+    in English and in Chinese."""
     if limit == "stall_timeout_s":
         what = f"made no progress for {spec.stall_timeout_s:g} s"
-        return spec.stall_timeout_s, f"{what} (no rank logged a step; limit stall_timeout_s)", what
+        return (spec.stall_timeout_s, f"{what} (no rank logged a step; limit stall_timeout_s)", what,
+                f"{spec.stall_timeout_s:g} s 内没有进展（stall_timeout_s）")
     what = f"timed out after {spec.timeout_s:g} s"
-    return spec.timeout_s, f"{what} (limit timeout_s)", what
+    return spec.timeout_s, f"{what} (limit timeout_s)", what, f"运行超过 {spec.timeout_s:g} s 后超时（timeout_s）"
 
 
 def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float, ranks_running: list[int],
                   last_steps: dict[int, int], stacks: dict[int, str], returncode: int | None, *,
                   command: list[str], start: str = "cold") -> tuple[LaunchTimeout, RunRecord, Outcome]:
     """The ``LaunchTimeout`` of a job stopped at ``limit``, its run.json (not yet written) and its outcome."""
-    limit_s, what, short = limit_text(plan.spec, limit)
+    limit_s, what, short, short_zh = limit_text(plan.spec, limit)
     stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
     summary = (f"{plan.script.name} {what} and was stopped; "
                f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
@@ -149,10 +189,10 @@ def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float
             f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
     error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                           run_dir=plan.run_dir, command=command, returncode=returncode,
-                          output_tail=output_tail(pump.transcript))
+                          output_tail=output_tail(pump.transcript), summary_zh=f"{plan.script.name} {short_zh}，已被停止")
     record = RunRecord(RunStatus.TIMEOUT, elapsed, **plan.shape(start), summary=summary, timeout_s=limit_s, limit=limit,
                        where={rank: innermost_frame(stack) for rank, stack in stacks.items()})
-    return error, record, Outcome(RunStatus.TIMEOUT, elapsed, short)
+    return error, record, Outcome(RunStatus.TIMEOUT, elapsed, short, short_zh)
 
 
 def stopped_outcome(plan: LaunchPlan, exc: BaseException, elapsed: float, *,
@@ -160,6 +200,7 @@ def stopped_outcome(plan: LaunchPlan, exc: BaseException, elapsed: float, *,
     """The run.json and outcome of a job stopped by an interrupt (``KeyboardInterrupt``) or another exception."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     what = "interrupted" if interrupted else f"stopped by {type(exc).__name__}"
+    what_zh = "已中断" if interrupted else f"被 {type(exc).__name__} 停止"
     status = RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED
-    return RunRecord(status, elapsed, **plan.shape(start), summary=what), Outcome(status, elapsed, what)
+    return RunRecord(status, elapsed, **plan.shape(start), summary=what), Outcome(status, elapsed, what, what_zh)
 

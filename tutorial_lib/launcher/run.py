@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..i18n import choose_notebook_language
 from ..rundir import OUTPUT_LOG, RunRecord, RunStatus, available_scripts, new_run_dir, write_script
 from ..script_source import check_script_args
 from . import warm
@@ -198,6 +199,9 @@ def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:
 
     * sets the rank environment every later launch gives its ranks (``set_rank_env(rank_env)``; the kernel's
       ``os.environ`` stays as it is);
+    * chooses the language of the doctor's report and the live view (``tutorial_lib.i18n.notebook_language``:
+      ``$TUTORIAL_LIB_LANG``, else Chinese for a notebook in a folder named ``zh``, the Chinese edition, else
+      English; ``tl.set_language`` changes it later);
     * in a Jupyter kernel, shows matplotlib figures inline (``enable_inline_figures``: the library draws without
       pyplot, so IPython's inline backend never registers itself);
     * starts the warm-start helper (unless ``$TUTORIAL_LIB_WARM=0``; Linux only), so it imports torch while the next
@@ -207,9 +211,10 @@ def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:
         rank_env: the notebook's ``RANK_ENV`` (variable name -> value); ``None``: no extra variables.
 
     Raises:
-        ConfigError: a bad ``rank_env`` (``set_rank_env``) or a bad ``$TUTORIAL_LIB_WARM``.
+        ConfigError: a bad ``rank_env`` (``set_rank_env``), a bad ``$TUTORIAL_LIB_WARM`` or ``$TUTORIAL_LIB_LANG``.
     """
     set_rank_env(rank_env)
+    choose_notebook_language()
     enable_inline_figures()
     if warm.warm_enabled(None):
         warm.prestart(build_env(DevicePlan("cpu", "gloo", 1, 0)))  # the start-up variables a CPU launch will have
