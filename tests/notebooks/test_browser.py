@@ -309,14 +309,15 @@ ALL_EXECUTED_JS = """() => window.jupyterapp.shell.currentWidget.content.widgets
 
 def test_jupyterlab_runs_a_chinese_notebook_and_draws_its_text(tmp_path, artifacts):
     """The Chinese edition (notebooks/zh/, issue 31) as a reader opens it: 00's twin runs to the end in JupyterLab with
-    its live view, no cell shows an error, and its Chinese title is on the page drawn with real CJK glyphs."""
+    its live view, whose status line is in Chinese (the kernel runs in a folder named zh), no cell shows an error, and
+    its Chinese title is on the page drawn with real CJK glyphs."""
     sync_playwright = sync_playwright_or_skip()
     source = ROOT / "notebooks" / "zh" / "00_environment_check.ipynb"
     nb = nbformat.read(source, as_version=4)
     title = nb.cells[0].source.splitlines()[0].removeprefix("# ").strip()
     assert re.search(r"[\u4e00-\u9fff]", title), f"the twin's title is Chinese: {title!r}"
-    notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
-    notebook_dir.mkdir()
+    notebook_dir, runs_dir = tmp_path / "notebooks" / "zh", tmp_path / "runs"  # a zh folder: the library speaks Chinese
+    notebook_dir.mkdir(parents=True)
     runs_dir.mkdir()
     path = Path(shutil.copy(source, notebook_dir / source.name))
     lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
@@ -343,7 +344,7 @@ def test_jupyterlab_runs_a_chinese_notebook_and_draws_its_text(tmp_path, artifac
 
                 live = page.locator(".tutorial-lib-live").first
                 live.wait_for(timeout=120_000)
-                wait_until(lambda: "finished in" in live.inner_text(), 180, "the collectives check to finish")
+                wait_until(lambda: "运行结束" in live.inner_text(), 180, "the collectives check to finish (status in Chinese)")
                 wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 180, "every code cell to run")
                 lab.wait_kernel_idle(path.name)
                 errors = page.evaluate(CELL_ERRORS_JS)
