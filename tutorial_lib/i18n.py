@@ -89,13 +89,6 @@ def notebook_language(environ: Mapping[str, str] | None = None, cwd: str | os.Pa
     return "zh" if Path(os.getcwd() if cwd is None else cwd).name == EDITION_FOLDER else "en"
 
 
-def choose_notebook_language() -> str:
-    """``setup_notebook``'s part: set the language ``notebook_language()`` resolves, and return it."""
-    lang = notebook_language()
-    _chosen[:] = [lang]
-    return lang
-
-
 def pick(en: str, zh: str) -> str:
     """``zh`` when the language in use is Chinese and ``zh`` is not empty, else ``en``."""
     return zh if zh and language() == "zh" else en

@@ -20,6 +20,7 @@ from tutorial_lib import LaunchSpec, causes
 from tutorial_lib.causes_zh import (CAUSES_ZH, FIXES_ZH, SIGNAL_FIXES_ZH, cause_name_zh, exit_code_meaning_zh,
                                     fix_texts)
 from tutorial_lib.i18n import LANG_ENV, MESSAGES, has_cjk, notebook_language
+from tutorial_lib.launcher.environment import rank_env
 from tutorial_lib.launcher.live import NotebookView, Outcome, TerminalView
 from tutorial_lib.launcher.outcome import failure_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
@@ -144,9 +145,11 @@ def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypat
     monkeypatch.setenv(LANG_ENV, "zh")
     tl.setup_notebook({})
     assert tl.language() == "zh"
+    tl.setup_notebook({"A": 1})
     monkeypatch.setenv(LANG_ENV, "klingon")
     with pytest.raises(tl.ConfigError, match="klingon"):
-        tl.setup_notebook({})
+        tl.setup_notebook({"B": 2})
+    assert (tl.language(), rank_env()) == ("zh", {"A": "1"}), "a refused language sets nothing"
 
 
 # --- the doctor's report in both languages, on every recorded failure ---------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..i18n import choose_notebook_language
+from ..i18n import notebook_language, set_language
 from ..rundir import OUTPUT_LOG, RunRecord, RunStatus, available_scripts, new_run_dir, write_script
 from ..script_source import check_script_args
 from . import warm
@@ -213,8 +213,9 @@ def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:
     Raises:
         ConfigError: a bad ``rank_env`` (``set_rank_env``), a bad ``$TUTORIAL_LIB_WARM`` or ``$TUTORIAL_LIB_LANG``.
     """
+    lang = notebook_language()  # checked before anything is set: a bad $TUTORIAL_LIB_LANG changes nothing
     set_rank_env(rank_env)
-    choose_notebook_language()
+    set_language(lang)
     enable_inline_figures()
     if warm.warm_enabled(None):
         warm.prestart(build_env(DevicePlan("cpu", "gloo", 1, 0)))  # the start-up variables a CPU launch will have
