@@ -104,6 +104,8 @@ def test_a_failing_rank_fails_the_launch_naming_the_rank_its_error_and_its_node(
     node = node_of(job, 3)
     assert error.summary.startswith(f"ddp_train.py failed on rank 3 (exit code 1) on node {node} (node{node}); "
                                     f"SLURM job {job.job_id} ended FAILED"), error.summary
+    assert error.summary_zh.startswith(f"ddp_train.py 在 rank 3 上失败（退出码 1），在节点 {node}（node{node}）上；"
+                                       f"SLURM 作业 {job.job_id} 以 FAILED 结束"), error.summary_zh  # a zh notebook's
     record = json.loads((error.run_dir / "run.json").read_text())
     assert record["status"] == "failed" and record["summary"] == error.summary
     assert record["slurm_job"]["node_ranks"] == {str(n): ranks for n, ranks in job.node_ranks.items()}
@@ -158,6 +160,8 @@ def test_a_job_that_asks_for_more_nodes_than_exist_shows_its_reason_and_is_cance
     assert error.summary == (f"ddp_train.py cannot start: SLURM job {job.job_id} was pending with reason "
                              "PartitionNodeLimit (it asks for more nodes than its partition has (or some of them are "
                              "down or drained)); it was cancelled (scancel)")
+    assert error.summary_zh.startswith(f"ddp_train.py 无法启动：SLURM 作业 {job.job_id} 一直在排队，原因 PartitionNodeLimit（它请求"
+                                       "的节点数超过了分区拥有的节点数"), error.summary_zh
     assert json.loads((error.run_dir / "run.json").read_text())["status"] == "failed"
     assert_nothing_left(slurm_cluster, error.run_dir)
 

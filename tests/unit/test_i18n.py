@@ -239,3 +239,12 @@ def test_the_status_line_and_the_failure_box_speak_the_chosen_language(tmp_path)
     assert out.getvalue() == "[launcher] 失败：t.py 在 rank 1 上失败（退出码 1）\n"
     tl.set_language("en")
     assert outcome.text == "failed: t.py failed on rank 1 (exit code 1)"
+
+
+def test_every_reason_a_slurm_job_cannot_start_has_its_chinese():
+    from tutorial_lib.launcher.slurm_outcome import CANNOT_START_ZH
+    from tutorial_lib.slurm.target import CANNOT_START
+
+    assert CANNOT_START_ZH.keys() == CANNOT_START.keys()
+    for reason, en in CANNOT_START.items():
+        assert has_cjk(CANNOT_START_ZH[reason]) and names(en) <= names(CANNOT_START_ZH[reason]), reason

@@ -49,7 +49,7 @@ from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
 from .slurm_outcome import (BATCH_PREFIX, SlurmJob, attach_job, cannot_start_error, failure_summary, node_exit_codes,
-                            where_it_was)
+                            where_it_was, where_it_was_zh)
 from .spec import LaunchResult, LaunchSpec
 
 JOB_SCRIPT = "job.sh"
@@ -379,6 +379,7 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     elapsed, slurm_job = job.elapsed(), job.job()
     view.add(job.metrics_tail.read_new())
     cancelled = f"SLURM job {job.job_id} was cancelled (scancel) while {where_it_was(slurm_job)}"
+    cancelled_zh = f"SLURM 作业 {job.job_id} 已被取消（scancel），当时{where_it_was_zh(slurm_job)}"
     if isinstance(exc, CannotStart):
         error, record, outcome = cannot_start_error(plan, exc.info, elapsed, slurm_job, job.pump.transcript[-30:])
         record.write(plan.run_dir)
@@ -389,7 +390,7 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
         error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, sorted(stacks), last_steps, stacks,
                                                None, command=plan.sbatch_argv, start="cold")
-        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job)
+        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job, f"{error.summary_zh}；{cancelled_zh}")
         record.write(plan.run_dir)
         safe_draw(view.finish, [], outcome)
         safe_draw(view.fail, error)
@@ -418,9 +419,9 @@ def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
     if not srun_named:  # SLURM ended it (TIMEOUT, NODE_FAIL, cancelled by someone): no node task failed
         codes = {node: 1 for node in plan.nodes}
     error, record, _ = failure_error(plan, job.pump, codes, wall_time_s, command=plan.sbatch_argv, start="cold")
-    summary = failure_summary(plan, error, info, slurm_job, srun_named)
-    attach_job(error, record, summary, slurm_job)
-    safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, summary.split(";")[0]))
+    summary, summary_zh = failure_summary(plan, error, info, slurm_job, srun_named)
+    attach_job(error, record, summary, slurm_job, summary_zh)
+    safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, summary.split(";")[0], summary_zh.split("；")[0]))
     record.write(plan.run_dir)
     safe_draw(view.fail, error)
     raise error

@@ -14,6 +14,14 @@ from ..slurm.target import CANNOT_START
 from .live import Outcome
 
 BATCH_PREFIX = "[batch] "  # the batch script's own lines in output.log
+# The Chinese of slurm.target.CANNOT_START, for the summary a Chinese notebook shows (tl.language() == "zh").
+CANNOT_START_ZH = {
+    "PartitionNodeLimit": "它请求的节点数超过了分区拥有的节点数（或其中一些节点已 down 或 drain）",
+    "PartitionTimeLimit": "它的时间限制超过了分区的上限（用更小的 time_limit，或换一个分区）",
+    "InvalidAccount": "这个账户对当前用户无效（sacctmgr show assoc user=$USER）",
+    "InvalidQOS": "这个 QOS 对当前用户或账户无效",
+    "BadConstraints": "没有节点具备它请求的特性（--constraint）",
+}
 _SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
 
 
@@ -75,9 +83,18 @@ def where_it_was(job: SlurmJob) -> str:
     return f"it waited in the queue ({job.waited_for})" if job.waited_for else "it waited in the queue"
 
 
-def attach_job(error: LaunchError, record: RunRecord, summary: str, slurm_job: SlurmJob) -> None:
-    """Give a built error and its record (``outcome``'s builders) the SLURM summary and job."""
+def where_it_was_zh(job: SlurmJob) -> str:
+    """The Chinese of ``where_it_was``."""
+    if job.nodes:
+        return f"它在 {', '.join(job.nodes)} 上运行"
+    return f"它在队列中等待（{job.waited_for}）" if job.waited_for else "它在队列中等待"
+
+
+def attach_job(error: LaunchError, record: RunRecord, summary: str, slurm_job: SlurmJob, summary_zh: str = "") -> None:
+    """Give a built error and its record (``outcome``'s builders) the SLURM summary (and its Chinese, which the live
+    view shows when ``tl.language()`` is ``"zh"``) and job."""
     error.summary, error.args, error.job = summary, (summary,), slurm_job
+    error.summary_zh = summary_zh or error.summary_zh
     record.summary, record.slurm_job = summary, slurm_job.as_dict()
 
 
@@ -88,21 +105,30 @@ def cannot_start_error(plan, info: JobInfo, elapsed: float, slurm_job: SlurmJob,
     why = CANNOT_START.get(info.reason, "SlurmSpec.cancel_pending_reasons names this reason")
     summary = (f"{plan.script.name} cannot start: SLURM job {slurm_job.job_id} was pending with reason {info.reason} "
                f"({why}); it was cancelled (scancel)")
+    why_zh = CANNOT_START_ZH.get(info.reason, "SlurmSpec.cancel_pending_reasons 列出了这个原因")
+    summary_zh = (f"{plan.script.name} 无法启动：SLURM 作业 {slurm_job.job_id} 一直在排队，原因 {info.reason}（{why_zh}）；"
+                  "已取消（scancel）")
     error = LaunchError(summary, run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=None,
-                        output_tail=output_tail, job=slurm_job)
+                        output_tail=output_tail, job=slurm_job, summary_zh=summary_zh)
     record = RunRecord(RunStatus.FAILED, elapsed, **plan.shape("cold"), summary=summary, slurm_job=slurm_job.as_dict())
-    return error, record, Outcome(RunStatus.FAILED, elapsed, f"cannot start: {info.reason}")
+    return error, record, Outcome(RunStatus.FAILED, elapsed, f"cannot start: {info.reason}", f"无法启动：{info.reason}")
 
 
-def failure_summary(plan, error: LaunchError, info: JobInfo, slurm_job: SlurmJob, srun_named: bool) -> str:
-    """The summary of a failed job: ``failure_error``'s (the rank, now with its node) and how SLURM ended it."""
+def failure_summary(plan, error: LaunchError, info: JobInfo, slurm_job: SlurmJob,
+                    srun_named: bool) -> tuple[str, str]:
+    """The summary of a failed job, in English and Chinese: ``failure_error``'s (the rank, now with its node) and how
+    SLURM ended it."""
     ended = f"SLURM job {slurm_job.job_id} ended {info.state.value} (reason {info.reason}, exit code {info.exit_code})"
+    ended_zh = f"SLURM 作业 {slurm_job.job_id} 以 {info.state.value} 结束（原因 {info.reason}，退出码 {info.exit_code}）"
     failure = error.failure
     if failure is not None and failure.rank is not None:
         node = next((n for n, ranks in slurm_job.node_ranks.items() if failure.rank in ranks), None)
-        where = f" on node {node} ({slurm_job.nodes[node]})" if node is not None and node < len(slurm_job.nodes) else ""
-        return error.summary.replace(f" (exit code {failure.exit_code})", f" (exit code {failure.exit_code}){where}",
-                                     1) + f"; {ended}"
+        known = node is not None and node < len(slurm_job.nodes)
+        where = f" on node {node} ({slurm_job.nodes[node]})" if known else ""
+        where_zh = f"，在节点 {node}（{slurm_job.nodes[node]}）上" if known else ""
+        code, code_zh = f" (exit code {failure.exit_code})", f"退出码 {failure.exit_code}）"
+        return (error.summary.replace(code, code + where, 1) + f"; {ended}",
+                error.summary_zh.replace(code_zh, code_zh + where_zh, 1) + f"；{ended_zh}")
     if srun_named:  # torchrun itself failed on a node (its rendezvous, a bad command): failure_error says which
-        return f"{error.summary}; {ended}"
-    return f"{plan.script.name} failed: {ended}"
+        return f"{error.summary}; {ended}", f"{error.summary_zh}；{ended_zh}"
+    return f"{plan.script.name} failed: {ended}", f"{plan.script.name} 失败：{ended_zh}"
