@@ -280,3 +280,24 @@ def test_the_helper_dies_with_the_process_that_started_it_and_removes_its_folder
     while os.path.exists(folder):  # the helper removes it as it goes (its parent-death signal is SIGTERM)
         assert time.monotonic() < deadline, f"the warm-start helper left {folder} behind"
         time.sleep(0.1)
+
+
+def test_a_helper_whose_kernel_ended_during_its_preload_removes_its_folder(tmp_path):
+    """A notebook that fails seconds after its setup call ends its kernel while the helper still imports torch: the
+    helper's ready line then meets a closed pipe (BrokenPipeError), and it must still remove its folder."""
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="tutorial_lib-warm-", dir=tmp_path)
+    helper = subprocess.Popen([sys.executable, "-u", str(warm.WARM_START), "serve", os.path.join(folder, "helper.sock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    helper.stdout.close()  # the kernel is gone: nobody reads the ready line
+    helper.stdin.close()
+    try:
+        helper.wait(timeout=120)
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+    assert not os.path.exists(folder), f"the helper left {sorted(os.listdir(folder))} in its folder"

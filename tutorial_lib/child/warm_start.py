@@ -312,7 +312,11 @@ def serve(path: str) -> None:
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "kernel")
     children: dict[int, socket.socket] = {}  # pid -> client connection
     clients: dict[int, int] = {}  # pid -> client pid
-    print(protocol.READY_LINE.decode(), flush=True)
+    try:
+        print(protocol.READY_LINE.decode(), flush=True)
+    except BrokenPipeError:  # the kernel ended during the preload (a notebook that failed at once): nobody waits
+        protocol.remove_folder(path)
+        os._exit(0)
     while True:
         for key, _ in sel.select():
             if key.data == "accept":
