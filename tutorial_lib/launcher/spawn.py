@@ -18,7 +18,11 @@ and joins under a limit: whether the children fail, hang or finish, they and the
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
+import re
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +46,10 @@ class SpawnOutcome:
         left_running: pids of the children and their descendants still alive after the cleanup (``[]`` unless a
             process could not be killed).
         wall_time_s: seconds from the start to the end of the cleanup.
+        child_errors: the exception line of each traceback the children printed (``"AttributeError: Can't get
+            attribute 'worker' on <module '__main__' (built-in)>"``), in the order they printed them.
+        stderr: everything the children wrote to their stderr (kept here, not sent to the kernel's stderr, i.e. the
+            terminal that started Jupyter).
     """
 
     pids: list[int]
@@ -50,6 +58,8 @@ class SpawnOutcome:
     timed_out: bool = False
     left_running: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
+    child_errors: list[str] = field(default_factory=list)
+    stderr: str = field(default="", repr=False)
 
     @property
     def ok(self) -> bool:
@@ -91,8 +101,19 @@ def spawn_with_timeout(fn: Callable, args: Sequence[object] = (), nprocs: int = 
         pickle.dumps((fn, tuple(args)))
     except Exception as e:  # noqa: BLE001  (pickle raises PicklingError, AttributeError, TypeError, ...)
         raise ConfigError(f"spawn needs a picklable function and arguments: {type(e).__name__}: {e}") from None
+    captured = tempfile.TemporaryFile()  # the children's stderr: each inherits this as its fd 2 when it starts
     started = time.monotonic()
-    context = mp.start_processes(fn, args=tuple(args), nprocs=nprocs, join=False, start_method="spawn")
+    sys.stderr.flush()
+    kernel_stderr = os.dup(2)
+    os.dup2(captured.fileno(), 2)
+    try:
+        context = mp.start_processes(fn, args=tuple(args), nprocs=nprocs, join=False, start_method="spawn")
+    except BaseException:
+        captured.close()
+        raise
+    finally:
+        os.dup2(kernel_stderr, 2)
+        os.close(kernel_stderr)
     error, timed_out = "", False
     try:
         while True:
@@ -106,9 +127,14 @@ def spawn_with_timeout(fn: Callable, args: Sequence[object] = (), nprocs: int = 
         error = f"{type(e).__name__}: {e}"
     finally:
         left_running = stop_processes(context.processes, grace_s)
+        with captured:
+            captured.seek(0)
+            stderr = captured.read().decode(errors="replace")
     return SpawnOutcome(pids=[p.pid for p in context.processes],
                         exit_codes={i: p.exitcode for i, p in enumerate(context.processes)}, error=error,
-                        timed_out=timed_out, left_running=left_running, wall_time_s=time.monotonic() - started)
+                        timed_out=timed_out, left_running=left_running, wall_time_s=time.monotonic() - started,
+                        child_errors=re.findall(r"^(?:\w+\.)*\w+(?:Error|Exception|Interrupt|Exit)\b.*$", stderr, re.M),
+                        stderr=stderr)
 
 
 def stop_processes(processes: Sequence, grace_s: float) -> list[int]:
