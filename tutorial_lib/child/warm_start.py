@@ -292,6 +292,16 @@ def _preload() -> None:
     gc.freeze()
 
 
+def _say_ready(path: str) -> None:
+    """Print the ready line the kernel waits for; if the kernel ended during the preload (a notebook that failed at
+    once), the pipe is closed: remove the folder and end, as on the kernel's end of file."""
+    try:
+        print(protocol.READY_LINE.decode(), flush=True)
+    except BrokenPipeError:
+        protocol.remove_folder(path)
+        os._exit(0)
+
+
 def serve(path: str) -> None:
     """The helper: import ``PRELOAD``, listen on the Unix socket ``path``, fork one child per request.
 
@@ -312,11 +322,7 @@ def serve(path: str) -> None:
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "kernel")
     children: dict[int, socket.socket] = {}  # pid -> client connection
     clients: dict[int, int] = {}  # pid -> client pid
-    try:
-        print(protocol.READY_LINE.decode(), flush=True)
-    except BrokenPipeError:  # the kernel ended during the preload (a notebook that failed at once): nobody waits
-        protocol.remove_folder(path)
-        os._exit(0)
+    _say_ready(path)
     while True:
         for key, _ in sel.select():
             if key.data == "accept":
