@@ -190,8 +190,9 @@ def own_script(script: str | os.PathLike) -> Path | None:
     shipped = text.removesuffix(".py") in available_scripts() and not isinstance(script, os.PathLike)
     if not shipped or "/" in text or text.startswith("~"):
         if not path.is_file():
-            raise ConfigError(f"{text!r} is {'a folder' if path.is_dir() else 'no file'} (looked in {os.getcwd()!r}) "
-                              f"and no shipped script; {closest_script(text)}shipped: {', '.join(available_scripts())}")
+            raise ConfigError(f"unknown script {text!r}: it is {'a folder' if path.is_dir() else 'no file'} (looked in "
+                              f"{os.getcwd()!r}) and no shipped script; {closest_script(text)}shipped: "
+                              f"{', '.join(available_scripts())}")
         return path.resolve()
     if path.is_file():
         raise ConfigError(f"{text!r} is both a shipped script and a file in {os.getcwd()!r}: write "
