@@ -13,7 +13,8 @@ Executed notebooks go to ``<output-dir>/<name>.ipynb``, run directories of the t
 They reach the notebooks' ``parameters`` cell and through it the training subprocesses. A parameter that none of
 the notebooks to run declares (a typo such as ``-p NPROCS 3``) is refused before anything runs, naming the closest
 declared one (papermill itself only warns and runs the notebook with its default). Every notebook gets a row in the
-summary table, whatever it raised; exits 1 if any notebook fails or a parameter is refused.
+summary table, whatever it raised; exits 1 if any notebook fails or a parameter is refused, 2 for a bad option (an
+output folder that would overwrite the lesson notebooks, a limit that is not > 0) before anything runs.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 
+def positive_seconds(text: str) -> int:
+    """``--timeout-s``'s type: a whole number of seconds > 0 (argparse exits with status 2 naming the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds; e.g. --timeout-s 600") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds (a limit per cell), got {value}; e.g. --timeout-s 600")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--output-dir", type=Path, default=ROOT / "outputs", help="executed notebooks and runs/ go here")
@@ -52,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="parameters from a YAML file")
     p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS, help="folder of NN_name.ipynb notebooks")
     p.add_argument("--only", nargs="+", default=None, help="notebook names (without .ipynb) to run")
-    p.add_argument("--timeout-s", type=int, default=600, help="limit per cell (seconds)")
+    p.add_argument("--timeout-s", type=positive_seconds, default=600, help="limit per cell (seconds, > 0)")
     return p.parse_args(argv)
 
 
@@ -113,6 +125,24 @@ def undeclared_parameters(parameters: dict, notebooks: list[Path]) -> list[str]:
         hint = f"did you mean {close[0]}? " if close else ""
         messages.append(f"parameter {name!r}: no notebook to run declares it; {hint}declared: {', '.join(declared)}")
     return messages
+
+
+def overwrites_sources(out_dir: Path, notebooks_dir: Path, notebooks: list[Path]) -> str | None:
+    """Why ``out_dir`` would overwrite source notebooks, or ``None`` when it is safe.
+
+    Refused: the folder being run (``notebooks_dir``), any folder of the workbook's own notebooks (``notebooks/``,
+    ``notebooks/zh/``), whatever path resolves to one of them, and a folder whose ``<name>.ipynb`` is one of
+    ``notebooks`` itself (a link). An executed copy would replace the lesson, its outputs stored for nbval with it.
+    """
+    out = out_dir.resolve()
+    lessons = {notebooks_dir.resolve(), NOTEBOOKS.resolve()}
+    lessons |= {nb.parent.resolve() for nb in NOTEBOOKS.glob("**/[0-9][0-9]_*.ipynb")}
+    same = [nb.name for nb in notebooks if (out / nb.name).exists() and (out / nb.name).samefile(nb)]
+    if out not in lessons and not same:
+        return None
+    what = f"holds the source notebook(s) {', '.join(same)}" if same else "is a folder of the lesson notebooks"
+    return (f"--output-dir {str(out_dir)!r} ({out}) {what}: the executed copies would overwrite the lessons; pass "
+            f"another folder, e.g. --output-dir outputs (the default, {ROOT / 'outputs'})")
 
 
 def describe(name: str, message: object, width: int = 100) -> str:
@@ -233,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown notebook(s) {sorted(unknown)}; available: {[nb.stem for nb in notebooks]}", file=sys.stderr)
             return 2
         notebooks = [nb for nb in notebooks if nb.stem in args.only]
+    refusal = overwrites_sources(args.output_dir, notebooks_dir, notebooks)
+    if refusal:  # before any kernel starts or any file is written
+        print(refusal, file=sys.stderr)
+        return 2
     refused = undeclared_parameters(parameters, notebooks)
     if refused:  # before anything runs: papermill would warn and run the notebook with the default
         print("\n".join(refused), file=sys.stderr)

@@ -5,17 +5,63 @@ reads (``papermill --help-notebook``): ``NPROC: Optional[int] = None``. Papermil
 command line (or by ``scripts/run_workbook.py``) in a cell below; the first cell after them calls
 ``tl.check_parameters(globals())``, which compares every declared parameter's value with its annotation and
 names the parameter and the flag to use when one does not match (``-p NPROC None`` typed as the string
-``'None'`` by another tool, a dict given with ``-p``).
+``'None'`` by another tool, a dict given with ``-p``). The common parameters' values are checked too (``DOMAINS``:
+``NPROC`` None or >= 1, ``DEVICE`` ``auto``/``cpu``/``cuda``, every ``*_S`` limit > 0, step and batch counts >= 1,
+...), so ``-p NPROC 0`` stops at that cell naming ``NPROC``, not seconds later deep in a launch.
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .errors import ConfigError
 
 _EXAMPLES = {int: "2", float: "0.5", str: "cpu", bool: "True"}
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _each(test: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: isinstance(v, list) and len(v) > 0 and all(test(x) for x in v)
+
+
+# Parameter -> (the test its value passes, what it accepts, a flag that gives a good value). A parameter named
+# ``*_S`` (seconds) not listed here must be > 0 (``domain``).
+DOMAINS: dict[str, tuple[Callable[[object], bool], str, str]] = {
+    "NPROC": (lambda v: v is None or _count(v), "None (2 ranks on CPU, one per GPU) or an integer >= 1", "-p NPROC 2"),
+    "DEVICE": (lambda v: v in ("auto", "cpu", "cuda"), "'auto', 'cpu' or 'cuda'", "-p DEVICE cpu"),
+    "HIDDEN_DIM": (lambda v: v is None or _count(v), "None (the lesson's default) or an integer >= 1", "-p HIDDEN_DIM 256"),
+    **{name: (_count, "an integer >= 1", f"-p {name} 4") for name in (
+        "MAX_STEPS", "STEPS", "BATCH_SIZE", "ACCUM_STEPS", "GLOBAL_BATCH", "DATASET_SIZE", "NNODES", "PROFILE_STEPS",
+        "SAVE_EVERY", "LARGE_HIDDEN_DIM", "WIDE_HIDDEN_DIM")},
+    **{name: (lambda v: _number(v) and v >= 0, ">= 0", f"-p {name} 1") for name in (
+        "GPUS_PER_NODE", "FAIL_RANK", "FAIL_STEP")},
+    **{name: (lambda v: _number(v) and v > 0, "a number > 0", f"-p {name} 1e-5") for name in (
+        "OVERFLOW_INIT_SCALE", "SMALL_LOSS_WEIGHT")},
+    **{name: (_each(_count), "a non-empty list of integers >= 1", f"-y '{name}: [16, 64]'") for name in (
+        "BATCH_SIZES", "LOADER_BATCH_SIZES")},
+    "NUM_WORKERS": (_each(lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0),
+                    "a non-empty list of integers >= 0", "-y 'NUM_WORKERS: [0, 2]'"),
+    "BUCKET_CAPS_MB": (_each(lambda x: _number(x) and x > 0), "a non-empty list of numbers > 0 (MiB)",
+                       "-y 'BUCKET_CAPS_MB: [25, 1]'"),
+}
+
+
+def domain(name: str) -> tuple[Callable[[object], bool], str, str] | None:
+    """The values parameter ``name`` may take beyond its type (``DOMAINS``; any other ``*_S``: seconds > 0), or
+    ``None`` when only its type is checked: ``(test, what it accepts, a flag that gives a good value)``."""
+    if name in DOMAINS:
+        return DOMAINS[name]
+    if name.endswith("_S"):
+        return (lambda v: v is None or (_number(v) and v > 0), "seconds > 0", f"-p {name} 60")
+    return None
 
 
 def _allowed(annotation: object) -> tuple[type, ...]:
@@ -65,7 +111,8 @@ def check_parameters(namespace: Mapping[str, object]) -> dict[str, object]:
         ``{name: value}`` of the parameters checked, in declaration order.
 
     Raises:
-        ConfigError: a value of the wrong type; the message names the parameter, the value, what it accepts and
+        ConfigError: a value of the wrong type, or outside its parameter's domain (``domain``: ``NPROC`` 0,
+            ``DEVICE`` 'gpu', ``TIMEOUT_S`` 0); the message names the parameter, the value, what it accepts and
             the papermill / ``run_workbook.py`` flag that gives it one (``-p NPROC 2``; ``-y 'RANK_ENV: {...}'``
             for a dict or list, since ``-p`` gives strings and numbers only).
     """
@@ -81,6 +128,9 @@ def check_parameters(namespace: Mapping[str, object]) -> dict[str, object]:
         if not _matches(value, allowed):
             raise ConfigError(f"parameter {name} must be {_describe(allowed)}, got {value!r} "
                               f"({type(value).__name__}); from the command line: {_flag(name, allowed)}")
+        rule = domain(name)
+        if rule is not None and not rule[0](value):
+            raise ConfigError(f"parameter {name} must be {rule[1]}, got {value!r}; from the command line: {rule[2]}")
         checked[name] = value
     return checked
 

@@ -49,6 +49,8 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import os
 import re
@@ -69,12 +71,40 @@ LOGS = "logs"
 METRICS_SUBDIR = "metrics"
 SAMPLES_SUBDIR = "samples"
 CHECKPOINTS_SUBDIR = "checkpoints"
+# What a launch writes into its run directory: a folder holding any of them is refused (``launch_outputs_in``).
+LAUNCH_OUTPUTS = (COMMAND_TXT, OUTPUT_LOG, RUN_RECORD, LOGS, METRICS_SUBDIR, SAMPLES_SUBDIR)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
 
 def available_scripts() -> list[str]:
     """Names (without ``.py``) of the lesson scripts shipped with the package (``tutorial_lib/lessons/``)."""
     return sorted(p.stem for p in LESSONS_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def shipped_script(name: object) -> str:
+    """The name (without ``.py``) of the shipped script ``name`` (``available_scripts()``; ``.py`` optional).
+
+    Raises:
+        ConfigError: no shipped script of that name; the message names the closest one (``difflib``) and lists them.
+    """
+    stem = name.removesuffix(".py") if isinstance(name, str) else name
+    if stem not in available_scripts():
+        raise ConfigError(f"unknown script {name!r}; {closest_script(name)}available: {', '.join(available_scripts())}")
+    return stem
+
+
+def closest_script(name: object) -> str:
+    """``"did you mean 'ddp_train'? "`` for the shipped script closest to ``name`` (``difflib``), else ``""``."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name.removesuffix(".py"), available_scripts(), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def launch_outputs_in(run_dir: str | os.PathLike) -> list[str]:
+    """The names of ``LAUNCH_OUTPUTS`` (``command.txt``, ``output.log``, ``run.json``, ``logs/``, ``metrics/``,
+    ``samples/``) already present in ``run_dir``: a launch there would overwrite them, or read them as its own."""
+    return [name for name in LAUNCH_OUTPUTS if os.path.lexists(Path(run_dir) / name)]
 
 
 def default_runs_root() -> Path:
@@ -119,6 +149,19 @@ def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
     raise ConfigError(f"could not find a free run directory name under {str(root)!r}")
 
 
+@contextlib.contextmanager
+def removed_if_refused(run_dir: Path):
+    """Remove ``run_dir``, a fresh folder made by the caller (``new_run_dir``), when the ``with`` block raises
+    ``ConfigError``: input refused before anything was launched leaves no folder behind. A folder that holds what a
+    launch writes (``LAUNCH_OUTPUTS``) is kept."""
+    try:
+        yield run_dir
+    except ConfigError:
+        if not launch_outputs_in(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
 def write_script(name: str, run_dir: str | os.PathLike) -> Path:
     """Copy the shipped training script ``name`` unchanged into ``run_dir``.
 
@@ -133,9 +176,7 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
         ConfigError: unknown script name, ``run_dir`` missing, or a file of that name already
             exists there (it is never overwritten).
     """
-    stem = name[:-3] if name.endswith(".py") else name
-    if stem not in available_scripts():
-        raise ConfigError(f"unknown script {name!r}; available: {', '.join(available_scripts())}")
+    stem = shipped_script(name)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; create one with new_run_dir(...)")

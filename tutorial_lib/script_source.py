@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import ConfigError
-from .rundir import LESSONS_DIR, available_scripts
+from .rundir import LESSONS_DIR, available_scripts, closest_script
 
 
 class ScriptListing:
@@ -105,8 +105,8 @@ def import_script(script: str | os.PathLike) -> ModuleType:
     if not path.suffix and not path.exists() and str(script) in available_scripts():
         path = LESSONS_DIR / f"{script}.py"
     if not path.is_file():
-        raise ConfigError(f"script {str(script)!r} is neither a file nor a shipped script; shipped: "
-                          f"{available_scripts()}")
+        raise ConfigError(f"script {str(script)!r} is neither a file nor a shipped script; {closest_script(str(script))}"
+                          f"shipped: {available_scripts()}")
     module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_script_{path.stem}", path)
     if module_spec is None or module_spec.loader is None:
         raise ConfigError(f"{str(path)!r} cannot be imported as a Python module")

@@ -72,6 +72,24 @@ def test_your_own_script_launches_twice_in_place_from_its_folder_with_its_printe
     assert "[progress" in shown and "rank 0: step 5  loss " in shown, "the printed points reached the live view"
 
 
+def test_a_folder_holding_your_own_launch_files_is_refused_and_run_script_launches_beside_them(tmp_path, run_root):
+    """A fresh user's report: launching a script whose folder (the default run_dir) held their own output.log, run.json
+    and metrics/rank0.jsonl replaced the first two and read the third as the run's metrics."""
+    folder = tmp_path / "x"
+    (folder / "metrics").mkdir(parents=True)
+    (folder / "myfmt.py").write_text("import os\nprint(f\"step 0 loss {1 + int(os.environ['RANK'])}\", flush=True)\n")
+    (folder / "output.log").write_text("my own log\n")
+    (folder / "run.json").write_text('{"mine": true}\n')
+    (folder / "metrics" / "rank0.jsonl").write_text('{"step": 7, "loss": 9.0}\n')
+    before = snapshot(folder)
+    with pytest.raises(tl.ConfigError, match=r"already holds a launch's files \(output.log, run.json, metrics/\)"):
+        tl.launch(tl.LaunchSpec(folder / "myfmt.py", nproc_per_node=2, device="cpu"))
+    result = tl.run_script(folder / "myfmt.py", nproc_per_node=2, device="cpu", timeout_s=120, runs_dir=run_root)
+    assert snapshot(folder) == before, "the user's files are neither overwritten nor added to"
+    assert result.run_dir.parent == run_root.resolve()
+    assert result.metrics()[["rank", "step", "loss_local"]].values.tolist() == [[0, 0, 1.0], [1, 0, 2.0]]
+
+
 @pytest.mark.parametrize("warm", ["1", "0"], ids=["warm", "cold"])
 def test_cwd_runs_the_ranks_in_the_folder_given_and_a_custom_pattern_reads_their_lines(tmp_path, run_root, warm,
                                                                                        monkeypatch):

@@ -133,7 +133,8 @@ def test_set_language_takes_en_or_zh_and_names_a_bad_value():
     assert tl.language() == "zh", "a refused value changes nothing"
 
 
-def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypatch):
+def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypatch, request):
+    request.addfinalizer(lambda: tl.set_rank_env(None))  # the rank environment set below is process-wide
     monkeypatch.setenv("TUTORIAL_LIB_WARM", "0")  # no helper process in a unit test
     (tmp_path / "zh").mkdir()
     monkeypatch.chdir(tmp_path / "zh")
@@ -193,6 +194,9 @@ def test_a_finished_run_and_the_columns_of_a_chinese_report(tmp_path):
 
 
 def _failed_outcome(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    plan = plan_launch(LaunchSpec(script, device="cpu", nproc_per_node=2))  # before the launch's files, as in a launch
     log = io.StringIO()
     pump = OutputPump(1, tmp_path, [0], ThrottledPrinter(io.StringIO()), log)
     for line in (FIXTURES / "torchrun_failure_summary.txt").read_text().splitlines():
@@ -200,9 +204,6 @@ def _failed_outcome(tmp_path):
     error_dir = tmp_path / "logs" / "none_abc" / "attempt_0" / "1"
     error_dir.mkdir(parents=True)
     (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
-    script = tmp_path / "t.py"
-    script.write_text("")
-    plan = plan_launch(LaunchSpec(script, device="cpu", nproc_per_node=2))
     return failure_error(plan, pump, {0: 1}, 2.5, command=["torchrun"])
 
 

@@ -105,13 +105,14 @@ def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(
 
 
 def test_the_failure_outcome_names_the_rank_whose_error_file_torchrun_summarised(tmp_path):
+    plan = _plan(tmp_path)  # before the launch's files exist, as in a launch
     pump, _ = _pump_for(tmp_path)
     for line in (FIXTURES / "torchrun_failure_summary.txt").read_text().splitlines():
         pump.take(0, line)
     error_dir = tmp_path / "logs" / "none_abc" / "attempt_0" / "1"
     error_dir.mkdir(parents=True)
     (error_dir / "error.json").write_text((FIXTURES / "error.json").read_text())
-    error, record, outcome = failure_error(_plan(tmp_path), pump, {0: 1}, 2.5, command=["torchrun"])
+    error, record, outcome = failure_error(plan, pump, {0: 1}, 2.5, command=["torchrun"])
     assert record.summary.startswith("t.py failed on rank 1 (exit code 1)")
     assert outcome.text == "failed: t.py failed on rank 1 (exit code 1)", "the view's status: without where ranks were"
     assert "ValueError: boom on rank 1" in error.failure.traceback

@@ -95,7 +95,7 @@ def test_run_script_runs_a_shipped_name_as_the_lesson_and_a_path_or_a_file_here_
     assert own_script("ddp_train") is None and own_script("ddp_train.py") is None
     assert own_script("mine.py") == tmp_path / "mine.py" and own_script(tmp_path / "mine.py") == tmp_path / "mine.py"
     assert own_script("./mine.py") == tmp_path / "mine.py"
-    with pytest.raises(tl.ConfigError, match="'nope.py' is no file"):
+    with pytest.raises(tl.ConfigError, match="unknown script 'nope.py': it is no file"):
         own_script("nope.py")
     with pytest.raises(tl.ConfigError, match="is a folder"):
         own_script("sub")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..parameters import check_positive_int
-from ..rundir import COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, write_script
+from ..rundir import (COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, removed_if_refused, shipped_script,
+                      write_script)
 from ..script_source import check_script_args
 from .devices import DevicePlan, resolve_device
 from .environment import rank_env
@@ -74,16 +75,18 @@ def run_in_process(name: str, args: Sequence[object] = (), *, runs_dir: str | os
             try to join it.
         Exception: whatever the script raises (its traceback is the script's own).
     """
+    shipped_script(name)  # an unknown name is refused before any run directory is made
     argv = _in_process_argv(name, args, device, num_threads)
     plan = resolve_device(device, 1, backend="gloo")
     run_dir = new_run_dir(label or name, runs_dir)
-    script = write_script(name, run_dir)
-    source = script.read_text()
-    if "--device" not in argv and '"--device"' in source:  # scripts that pick their device
-        argv += ["--device", plan.device]
-    if not any(a.startswith("--backend") for a in argv) and '"--backend"' in source:  # scripts that make a world of one
-        argv += ["--backend", plan.backend]
-    module = check_script_args(script, argv)  # the script, imported once: checked here, run below
+    with removed_if_refused(run_dir):  # arguments the script refuses leave no run directory
+        script = write_script(name, run_dir)
+        source = script.read_text()
+        if "--device" not in argv and '"--device"' in source:  # scripts that pick their device
+            argv += ["--device", plan.device]
+        if not any(a.startswith("--backend") for a in argv) and '"--backend"' in source:  # a world of one
+            argv += ["--backend", plan.backend]
+        module = check_script_args(script, argv)  # the script, imported once: checked here, run below
     command = [sys.executable, script.name, *argv]
     (run_dir / COMMAND_TXT).write_text(f"# run in the notebook's process, equivalent to:\ncd {shlex.quote(str(run_dir))}\n"
                                          + shlex.join(["python", *command[1:]]) + "\n")

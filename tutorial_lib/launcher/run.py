@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..i18n import notebook_language, set_language
-from ..rundir import OUTPUT_LOG, RunRecord, RunStatus, available_scripts, new_run_dir, write_script
+from ..rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, new_run_dir,
+                      removed_if_refused, shipped_script, write_script)
 from ..script_source import check_script_args
 from . import warm
 from .devices import DevicePlan
@@ -31,7 +32,11 @@ from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
 from .slurm_job import plan_slurm_launch, run_slurm_plan
-from .spec import LaunchResult, LaunchSpec
+from .spec import LaunchResult, LaunchSpec, check_spec_fields
+
+# run_script's own arguments: given to it, never as LaunchSpec fields.
+_RUN_SCRIPT_OWN = {"script": "the first argument", "args": "the second argument",
+                   "run_dir": "run_script makes a fresh one: runs_dir= (its parent) and label= (its name)"}
 
 
 def launch(spec: LaunchSpec) -> LaunchResult:
@@ -145,27 +150,30 @@ def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_d
         **spec: any other ``LaunchSpec`` field (``nproc_per_node``, ``device``, ``timeout_s``, ``env``, ``cwd``,
             ``loss_pattern``, ...).
 
-    Returns and raises as ``launch``; a bad spec raises ``ConfigError`` before anything is started, as do arguments a
-    shipped script's own ``parse_args`` rejects (the new run directory then holds only the script). A script of
-    yours is not imported to check its arguments (importing runs its top-level code, the whole of nanoGPT's training),
-    and a run directory a bad spec leaves empty is removed. A bare name that is both a shipped script and a file here
-    is refused: write ``"./name.py"`` for your file.
+    Returns and raises as ``launch``; a bad spec (an unknown field, a bad value) raises ``ConfigError`` before
+    anything is started, as do arguments a shipped script's own ``parse_args`` rejects; no run directory is then left
+    behind. A script of yours is not imported to check its arguments (importing runs its top-level code, the whole of
+    nanoGPT's training). A bare name that is both a shipped script and a file here is refused: write ``"./name.py"``
+    for your file.
     """
+    for name in spec:
+        if name in _RUN_SCRIPT_OWN:
+            raise ConfigError(f"run_script(..., {name}=...): {_RUN_SCRIPT_OWN[name]}")
+    check_spec_fields(spec)  # before any run directory is made
     own = own_script(script)
     if own is None:
+        stem = shipped_script(str(script))
         run_dir = new_run_dir(label or str(script), runs_dir)
-        path = write_script(str(script), run_dir)
-        launch_spec = LaunchSpec(path, args=args, **spec)
-        plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
-        check_script_args(path, plan.spec.args)
+        with removed_if_refused(run_dir):
+            path = write_script(stem, run_dir)
+            launch_spec = LaunchSpec(path, args=args, **spec)
+            plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
+            check_script_args(path, plan.spec.args)
         return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
     run_dir = new_run_dir(label or re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9._-]", "", own.stem)[:80] or "script", runs_dir)
-    try:
+    with removed_if_refused(run_dir):
         launch_spec = LaunchSpec(own, args=args, run_dir=run_dir, **spec)
         plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
-    except ConfigError:
-        run_dir.rmdir()  # made just now, still empty
-        raise
     return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
 
 
@@ -182,8 +190,9 @@ def own_script(script: str | os.PathLike) -> Path | None:
     shipped = text.removesuffix(".py") in available_scripts() and not isinstance(script, os.PathLike)
     if not shipped or "/" in text or text.startswith("~"):
         if not path.is_file():
-            raise ConfigError(f"{text!r} is {'a folder' if path.is_dir() else 'no file'} (looked in {os.getcwd()!r}) "
-                              f"and no shipped script; shipped: {', '.join(available_scripts())}")
+            raise ConfigError(f"unknown script {text!r}: it is {'a folder' if path.is_dir() else 'no file'} (looked in "
+                              f"{os.getcwd()!r}) and no shipped script; {closest_script(text)}shipped: "
+                              f"{', '.join(available_scripts())}")
         return path.resolve()
     if path.is_file():
         raise ConfigError(f"{text!r} is both a shipped script and a file in {os.getcwd()!r}: write "

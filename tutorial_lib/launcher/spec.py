@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +16,7 @@ from ..errors import ConfigError, MetricsError
 from ..metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..parameters import check_positive_int
 from ..printed_metrics import DEFAULT_LOSS_PATTERN, compile_loss_pattern, has_printed_metrics, read_printed_metrics
-from ..rundir import COMMAND_TXT
+from ..rundir import launch_outputs_in
 from ..slurm.target import SlurmSpec
 from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
 from .live import LIVE_MODES
@@ -32,9 +34,10 @@ class LaunchSpec:
         device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (see ``resolve_device``). With ``"cpu"`` on a GPU
             machine the workers see no GPU (``CUDA_VISIBLE_DEVICES=""``).
         run_dir: where logs, metrics and ``command.txt`` go; defaults to the script's folder (where
-            ``write_script`` put it). It must not already hold a launch (nothing is overwritten): to launch a script
-            of your own again and again, give each launch a fresh one (``run_script(path)`` does, or
-            ``run_dir=new_run_dir(label)``).
+            ``write_script`` put it). It must hold none of what a launch writes (``rundir.LAUNCH_OUTPUTS``:
+            ``command.txt``, ``output.log``, ``run.json``, ``logs/``, ``metrics/``, ``samples/``; nothing is
+            overwritten or read as this launch's): to launch a script of your own again and again, give each launch a
+            fresh one (``run_script(path)`` does, or ``run_dir=new_run_dir(label)``).
         timeout_s: wall-clock limit for the whole job (seconds, > 0); past it the job is stopped
             and ``LaunchTimeout`` is raised.
         stall_timeout_s: a hang detector independent of start-up time (seconds, > 0, or ``None``: off):
@@ -130,7 +133,7 @@ class LaunchSpec:
         run_dir = Path(self.run_dir) if self.run_dir is not None else script.parent
         if not run_dir.is_dir():
             raise ConfigError(f"run_dir {str(run_dir)!r} is not a writable directory")
-        if (run_dir / COMMAND_TXT).exists():
+        if launch_outputs_in(run_dir):
             raise ConfigError(already_launched(run_dir))
         self.working_folder()
         compile_loss_pattern(self.loss_pattern)
@@ -195,10 +198,45 @@ class LaunchSpec:
 
 
 def already_launched(run_dir: Path) -> str:
-    """The refusal of a second launch into ``run_dir``, saying how to launch again."""
-    return (f"run_dir {str(run_dir)!r} already holds a launch ({COMMAND_TXT}) and nothing is overwritten: give each "
-            "launch a fresh run directory (run_dir=new_run_dir(label)); for a script of your own, "
+    """The refusal of a launch into ``run_dir`` that holds what a launch writes, naming what it holds and what to do."""
+    found = ", ".join(name + "/" * (run_dir / name).is_dir() for name in launch_outputs_in(run_dir)) or "command.txt"
+    return (f"run_dir {str(run_dir)!r} already holds a launch's files ({found}); nothing is overwritten or read as a "
+            "new launch's: give "
+            "each launch a fresh run directory (run_dir=new_run_dir(label)); for a script of your own, "
             "run_script('path/to/script.py', args) does it, running the script in place in its own folder")
+
+
+def check_spec_fields(names: Iterable[str], allowed: Iterable[str] | None = None) -> None:
+    """Refuse a keyword that is no ``LaunchSpec`` field (``nproc=2`` for ``nproc_per_node=2``) before anything is made.
+
+    Args:
+        names: the keywords given.
+        allowed: the accepted names (default: every ``LaunchSpec`` field).
+
+    Raises:
+        ConfigError: naming the first unknown keyword and the closest field (a field that contains it, else ``difflib``).
+    """
+    known = [f.name for f in fields(LaunchSpec)] if allowed is None else list(allowed)
+    for name in names:
+        if name in known:
+            continue
+        stem = str(name).rstrip("s")
+        close = [k for k in known if stem and stem in k] or difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}=...? " if close else ""
+        raise ConfigError(f"unknown LaunchSpec field {name!r}: {hint}fields: {', '.join(known)}")
+
+
+def _checked_init(init):
+    """``LaunchSpec.__init__`` that refuses an unknown keyword with ``ConfigError`` (``check_spec_fields``), not the
+    ``TypeError`` of the dataclass's own ``__init__``."""
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        check_spec_fields(kwargs)
+        init(self, *args, **kwargs)
+    return checked
+
+
+LaunchSpec.__init__ = _checked_init(LaunchSpec.__init__)
 
 
 @dataclass

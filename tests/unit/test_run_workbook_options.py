@@ -1,0 +1,62 @@
+"""scripts/run_workbook.py refuses options that would overwrite the lessons or cannot work, before any kernel starts."""
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def run_workbook():
+    spec = importlib.util.spec_from_file_location("run_workbook", ROOT / "scripts" / "run_workbook.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.ipynb"))}
+
+
+@pytest.mark.parametrize("output_dir, notebooks_dir, says", [
+    (NOTEBOOKS, NOTEBOOKS, "holds the source notebook(s) 00_environment_check.ipynb"),
+    (NOTEBOOKS / "zh" / "..", NOTEBOOKS, "holds the source notebook(s) 00_environment_check.ipynb"),
+    (NOTEBOOKS / "zh", NOTEBOOKS / "zh", "holds the source notebook(s) 00_environment_check.ipynb"),
+    (NOTEBOOKS, NOTEBOOKS / "zh", "is a folder of the lesson notebooks"),  # the twins would replace the English lessons
+])
+def test_an_output_folder_of_the_lesson_notebooks_is_refused_with_exit_code_2(run_workbook, capsys, output_dir,
+                                                                               notebooks_dir, says):
+    before = digests(NOTEBOOKS), digests(NOTEBOOKS / "zh")
+    code = run_workbook.main(["--output-dir", str(output_dir), "--notebooks-dir", str(notebooks_dir),
+                              "--only", "00_environment_check"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--output-dir {str(output_dir)!r} ({output_dir.resolve()}) {says}" in err, err
+    assert "pass another folder, e.g. --output-dir outputs" in err
+    assert (digests(NOTEBOOKS), digests(NOTEBOOKS / "zh")) == before, "no lesson was rewritten"
+
+
+def test_a_folder_linking_to_a_source_notebook_is_refused(run_workbook, tmp_path):
+    source = NOTEBOOKS / "00_environment_check.ipynb"
+    (tmp_path / source.name).symlink_to(source)
+    assert "holds the source notebook(s) 00_environment_check.ipynb" in run_workbook.overwrites_sources(
+        tmp_path, NOTEBOOKS, [source])
+    assert run_workbook.overwrites_sources(tmp_path / "elsewhere", NOTEBOOKS, [source]) is None
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / source.name).write_text("an earlier executed copy: replaced, as every run replaces it")
+    assert run_workbook.overwrites_sources(tmp_path / "out", NOTEBOOKS, [source]) is None
+
+
+@pytest.mark.parametrize("value, says", [("0", "must be > 0 seconds (a limit per cell), got 0"),
+                                         ("-5", "must be > 0 seconds (a limit per cell), got -5"),
+                                         ("ten", "'ten' is not a whole number of seconds")])
+def test_a_timeout_that_is_not_positive_is_refused_by_argparse(run_workbook, capsys, value, says):
+    with pytest.raises(SystemExit) as exited:
+        run_workbook.parse_args(["--timeout-s", value])
+    assert exited.value.code == 2
+    assert f"argument --timeout-s: {says}; e.g. --timeout-s 600" in capsys.readouterr().err
+    assert run_workbook.parse_args(["--timeout-s", "30"]).timeout_s == 30
