@@ -121,6 +121,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "label.was in": ("rank {rank} was in", "rank {rank} 当时位于"),
     "label.suspected cause": ("suspected cause", "疑似原因"),
     "label.fix": ("fix", "修复建议"),
+    "label.stopped": ("stopped", "已停止"),
     # the doctor's texts
     "doctor.finished": ("{run} finished without error", "{run} 运行结束，没有错误"),
     "doctor.none": ("none", "无"),
@@ -136,6 +137,10 @@ MESSAGES: dict[str, tuple[str, str]] = {
                        "{run}：达到{which}（{timeout_s} s）时被停止，没有 rank 失败"),
     "doctor.returned": ("{run}: {who} returned (exit code 0) while the others waited for it",
                         "{run}：{who} 已返回（退出码 0），其他 rank 仍在等待它"),
+    "doctor.interrupted": ("{run} was interrupted ({evidence}); no rank had failed",
+                           "{run} 被中断（{evidence}）；没有 rank 失败"),
+    "doctor.stopped by": ("{run} was stopped by the process that launched it ({evidence}); no rank had failed",
+                          "{run} 被启动它的进程停止（{evidence}）；没有 rank 失败"),
     "doctor.first": ("{run}: {who} first{code}", "{run}：{who} 最先失败{code}"),
     "doctor.raised": ("ranks {ranks} each raised an error of their own", "rank {ranks} 各自抛出了自己的错误"),
     "doctor.killed by": ("rank {rank} by {signal}", "rank {rank} 被 {signal} 终止"),

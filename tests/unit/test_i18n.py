@@ -90,7 +90,8 @@ def test_the_doctors_fallback_causes_and_exit_code_meanings_have_their_chinese()
     for en, zh in fallbacks.items():
         assert cause_name_zh(en) == zh
     for en in ("died without a Python error", "hang (wall-clock timeout)", "hang (no progress)", causes.FINISHED_CAUSE,
-               "unknown", "none", *(c.name for c in causes.CAUSES)):
+               causes.INTERRUPTED_CAUSE, causes.STOPPED_CAUSE, causes.SYNTAX_CAUSE, "unknown", "none",
+               *(c.name for c in causes.CAUSES)):
         assert has_cjk(cause_name_zh(en)), en
     assert cause_name_zh("a cause nobody wrote") == ""
     for code in (1, 2, 3, 126, 127, 137, 255):
