@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import CAUSES, FINISHED_CAUSE, INTERRUPTED_CAUSE, NCCL_TIMEOUT, STOPPED_CAUSE, signal_name
+from .causes import (CAUSES, FINISHED_CAUSE, INTERRUPTED_CAUSE, NCCL_TIMEOUT, STOPPED_CAUSE, SYNTAX_CAUSE,
+                     signal_name)
 from .causes_zh import CAUSES_ZH, cause_name_zh, fix_texts, signal_fix_texts
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
@@ -34,6 +35,10 @@ from .torchrun.tee import RankTails, rank_lines
 _NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: CollectiveFingerPrint|"
                     r"^\[Gloo\] Rank \d+ is connected to")
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+# Python's report of a file it cannot parse: '  File "train.py", line 12' (no ", in function": no frame ran), the
+# line, a caret, then the error; a traceback ends so when the file is a module the script imports.
+_SYNTAX_LINE = re.compile(r"^\s*(SyntaxError|IndentationError|TabError): ")
+_SYNTAX_FILE = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)\s*$')
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[\w.]*(Error|Exception)):")
 
 
@@ -268,6 +273,24 @@ def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
                           f"rank {failure.rank} exited 0")
 
 
+def _syntax_cause(diagnosis: Diagnosis, failure: RankFailure) -> bool:
+    """Set the cause "syntax error" (file, line and Python's message) when the failed rank's last words are Python's
+    report of a file it could not parse: its traceback's exception (a module the script imports), else (the script
+    itself: Python prints no traceback, so @record writes no error file) the last line of its log."""
+    lines = (failure.traceback or "").splitlines() or list(failure.log_tail)
+    last = _exception_line("\n".join(lines)) if failure.traceback else last_meaningful_line(lines)
+    if not _SYNTAX_LINE.match(last):
+        return False
+    end = max(i for i, line in enumerate(lines) if line.strip() == last)
+    where = next((m for m in map(_SYNTAX_FILE.match, reversed(lines[:end])) if m), None)
+    if where is None:
+        return False
+    diagnosis.cause, diagnosis.evidence = SYNTAX_CAUSE, f"{where['path']}, line {where['line']}"
+    diagnosis.error = diagnosis.error or last
+    diagnosis.fix, diagnosis.fix_zh = fix_texts("SYNTAX_FIX", path=where["path"], line=where["line"])
+    return True
+
+
 def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: list[str], timed_out: bool) -> None:
     """Set the cause when no message of ``CAUSES`` matched: from the timeout, the exception, the signal or the
     exit code. ``rank_lines_``: the failed rank's lines of output."""
@@ -366,7 +389,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
              *ranks.lines]
     if failure.how == FINISHED and not timed_out:
         _finished_cause(diagnosis, failure)
-    elif not _match_cause(diagnosis, texts, timed_out):
+    elif (timed_out or not _syntax_cause(diagnosis, failure)) and not _match_cause(diagnosis, texts, timed_out):
         _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
                         timed_out)
     diagnosis.cause_zh = cause_name_zh(diagnosis.cause)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
+from tutorial_lib.script_source import check_script_syntax
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
 
@@ -67,3 +68,61 @@ def test_a_run_stopped_at_its_timeout_is_a_hang_with_its_limit(tmp_path):
     d = tl.diagnose(run_dir)
     assert (d.cause, d.failed, d.timeout_s, d.limit) == ("hang (wall-clock timeout)", True, 10.0, "timeout_s"), str(d)
     assert "stopped at the wall-clock limit (10 s)" in str(d), str(d)
+
+
+# --- 2. a syntax error: refused before the launch, named by the doctor after one ------------------------------------
+
+
+def test_the_doctor_names_the_file_and_line_of_a_syntax_error_in_the_script(tmp_path):
+    """A script launched with a SyntaxError (before run_script compiled it first): Python prints no traceback, only
+    the file, the line, a caret and the error; @record writes no error file."""
+    d = tl.diagnose(copy("torch-2.13-syntax-error", tmp_path))
+    assert (d.cause, d.rank, d.exit_code) == ("syntax error", 0, 1), str(d)
+    assert d.evidence == "/tmp/doc2/syntax.py, line 1" and d.error == "SyntaxError: '(' was never closed", str(d)
+    assert "`python -m py_compile /tmp/doc2/syntax.py`" in d.fix and "sys.exit" not in d.fix, d.fix
+    assert "/tmp/doc2/syntax.py" in d.fix_zh and "第 1 行" in d.fix_zh, d.fix_zh
+
+
+def test_a_syntax_error_in_an_imported_module_names_that_module(tmp_path):
+    """The script imports a module Python cannot parse: a traceback ending in the SyntaxError; the frame of the
+    import runs (", in <module>"), the module's line has no function."""
+    run_dir = copy("torch-2.13-syntax-error", tmp_path)
+    log = run_dir / "output.log"
+    report = "".join(f"[default{r}]:{line}\n" for r in (0, 1) for line in (
+        "Traceback (most recent call last):", '  File "/tmp/x/train.py", line 3, in <module>', "    import helper",
+        '  File "/tmp/x/helper.py", line 7', "    if x = 1:", "       ^^^^^",
+        "SyntaxError: invalid syntax. Maybe you meant '==' or ':=' instead of '='?"))
+    text = log.read_text()
+    start = text.index("E1201")  # torchrun's own lines stay: the report replaces the ranks' lines before them
+    log.write_text(report + text[start:])
+    d = tl.diagnose(run_dir)
+    assert (d.cause, d.evidence) == ("syntax error", "/tmp/x/helper.py, line 7"), str(d)
+    assert "py_compile /tmp/x/helper.py" in d.fix, d.fix
+
+
+def test_a_script_python_cannot_parse_is_refused_before_anything_is_launched(tmp_path):
+    script = tmp_path / "syntax.py"
+    script.write_text('import os\n\nprint("hi"\n')
+    with pytest.raises(tl.ConfigError, match=r"syntax\.py:3: SyntaxError: '\(' was never closed in 'print\(\"hi\"'; "
+                                             r"correct that line \(check it with: python -m py_compile .*syntax\.py\)"):
+        check_script_syntax(script)
+    with pytest.raises(tl.ConfigError, match=r"syntax\.py:3: SyntaxError"):
+        tl.LaunchSpec(script, device="cpu", nproc_per_node=2).validate()
+    (tmp_path / "indent.py").write_text("def f():\nreturn 1\n")
+    with pytest.raises(tl.ConfigError, match=r"indent\.py:2: IndentationError: expected an indented block"):
+        check_script_syntax(tmp_path / "indent.py")
+    good = tmp_path / "good.py"
+    good.write_text("raise SystemExit('never run: compile() runs nothing')\n")
+    check_script_syntax(good)
+    tl.LaunchSpec(good, device="cpu", nproc_per_node=2).validate()
+    for name in tl.available_scripts():  # every shipped script compiles
+        check_script_syntax(Path(tl.__file__).parent / "lessons" / f"{name}.py")
+
+
+def test_run_script_refuses_a_script_with_a_syntax_error_and_leaves_no_run_directory(tmp_path):
+    script = tmp_path / "syntax.py"
+    script.write_text('print("hi"\n')
+    runs = tmp_path / "runs"
+    with pytest.raises(tl.ConfigError, match=r"syntax\.py:1: SyntaxError"):
+        tl.run_script(script, nproc_per_node=2, device="cpu", runs_dir=runs)
+    assert not runs.exists() or list(runs.iterdir()) == [], "the run directory made for it is removed"

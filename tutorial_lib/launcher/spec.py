@@ -15,6 +15,7 @@ from ..metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..parameters import check_positive_int
 from ..printed_metrics import DEFAULT_LOSS_PATTERN, compile_loss_pattern, has_printed_metrics, read_printed_metrics
 from ..rundir import COMMAND_TXT
+from ..script_source import check_script_syntax
 from ..slurm.target import SlurmSpec
 from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
 from .live import LIVE_MODES
@@ -102,6 +103,7 @@ class LaunchSpec:
         script = Path(self.script)
         if not script.is_file():
             raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir)")
+        check_script_syntax(script)  # a SyntaxError in the cell, before anything starts
         for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s",
                      "rendezvous_timeout_s"):
             value = getattr(self, name)
