@@ -30,7 +30,8 @@ class Diagnosis:
         signal: the signal's name for a negative exit code (``"SIGKILL"``), else ``None``.
         error: the exception line of the root-cause traceback (``"RuntimeError: ..."``), or ``""``.
         traceback_tail: the last lines of the root-cause traceback (or of the rank's log).
-        last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
+        last_steps: ``{rank: last step}`` from the metrics JSON, else from the printed lines ``loss_pattern`` read
+            (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
         cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
             ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),

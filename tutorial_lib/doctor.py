@@ -21,6 +21,7 @@ from .causes_zh import CAUSES_ZH, cause_name_zh, fix_texts, signal_fix_texts
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
 from .metrics import last_steps as logged_last_steps
+from .printed_metrics import last_printed_steps
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
@@ -83,10 +84,15 @@ def _aborted_in_collective(signal_name_: str | None, lines: list[str]) -> bool:
 
 
 def _last_steps(run_dir: Path) -> dict[int, int]:
+    """Every rank's last step: from its metrics JSON, else (a script of your own) from the lines it printed."""
     try:
-        return logged_last_steps(run_dir)
+        printed = last_printed_steps(run_dir)
     except MetricsError:
-        return {}
+        printed = {}
+    try:
+        return {**printed, **logged_last_steps(run_dir)}
+    except MetricsError:
+        return printed
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -172,7 +178,7 @@ def _run_failed(error: LaunchError | None, timed_out: bool, failure: RankFailure
 
 
 def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
-    """Every rank's last metrics step; a ``LaunchTimeout``'s own ``last_steps`` win over the metrics files."""
+    """Every rank's last step (metrics JSON, else printed lines); a ``LaunchTimeout``'s own ``last_steps`` win."""
     last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
     return {**_last_steps(run_dir), **last_steps}
 

@@ -165,7 +165,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "live.none": ("none", "无"),
     "live.interrupted": ("the kernel was interrupted: torchrun and every worker were stopped",
                          "Jupyter 内核被中断：torchrun 和所有 worker 进程都已停止"),
-    "live.stalled": ("no rank logged a step for stall_timeout_s={timeout_s} s: the job was stopped",
+    "live.stalled": ("no rank logged a new step for stall_timeout_s={timeout_s} s: the job was stopped",
                      "在 stall_timeout_s={timeout_s} s 内没有 rank 记录新的一步：任务已被停止"),
     "live.timed out": ("the job ran past timeout_s={timeout_s} s and was stopped",
                        "任务运行超过 timeout_s={timeout_s} s，已被停止"),

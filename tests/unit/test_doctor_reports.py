@@ -6,6 +6,7 @@ what the doctor reads: metrics cut to their last lines); the other cases are run
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +14,11 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
+from tutorial_lib.i18n import say
+from tutorial_lib.launcher.outcome import timeout_error
+from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
+from tutorial_lib.launcher.plan import plan_launch
+from tutorial_lib.printed_metrics import last_printed_steps
 from tutorial_lib.script_source import check_script_syntax
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
@@ -126,3 +132,41 @@ def test_run_script_refuses_a_script_with_a_syntax_error_and_leaves_no_run_direc
     with pytest.raises(tl.ConfigError, match=r"syntax\.py:1: SyntaxError"):
         tl.run_script(script, nproc_per_node=2, device="cpu", runs_dir=runs)
     assert not runs.exists() or list(runs.iterdir()) == [], "the run directory made for it is removed"
+
+
+# --- 3. the steps a script printed are its last steps -----------------------------------------------------------------
+
+
+def test_the_last_steps_include_the_ones_a_script_printed(tmp_path):
+    """A script of your own printing `step N loss X`, then raising: the live view showed `rank 1: step 2 loss
+    0.3333`; the doctor reads the same points (metrics/printed_rank<R>.jsonl)."""
+    run_dir = copy("torch-2.13-printed-steps-then-raised", tmp_path)
+    assert not list((run_dir / "metrics").glob("rank*.jsonl")), "no metrics JSON: only printed points"
+    d = tl.diagnose(run_dir)
+    assert d.last_steps == {0: 2, 1: 2} and d.cause == "Python exception (RuntimeError)", str(d)
+    assert "rank 0: 2, rank 1: 2" in str(d) and "no rank logged a step" not in str(d), str(d)
+    assert last_printed_steps(run_dir) == {0: 2, 1: 2}
+    # A rank that wrote metrics JSON: its JSON steps win; a rank that only printed keeps its printed step.
+    (run_dir / "metrics" / "rank0.jsonl").write_text(json.dumps({"step": 7, "rank": 0, "loss_local": 0.1}) + "\n")
+    assert tl.diagnose(run_dir).last_steps == {0: 7, 1: 2}
+
+
+def test_a_run_without_printed_points_has_no_printed_steps(tmp_path):
+    assert last_printed_steps(tmp_path) == {}
+    (tmp_path / "output.log").write_text("[default0]:it 3 -> 0.250\n")
+    assert tl.diagnose(tmp_path).last_steps == {}
+
+
+def test_a_stall_timeout_says_no_new_step_came_and_which_steps_had(tmp_path):
+    """The stall clock starts at the first step logged: "no rank logged a step" contradicted the last steps listed
+    beside it."""
+    script = tmp_path / "train.py"
+    script.write_text("print('step 1 loss 0.5')\n")
+    plan = plan_launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, stall_timeout_s=5))
+    pump = OutputPump(1, tmp_path, [0], ThrottledPrinter(io.StringIO()), io.StringIO())
+    error, record, _ = timeout_error(plan, pump, "stall_timeout_s", 8.6, [0, 1], {0: 2, 1: 2}, {}, None,
+                                     command=["torchrun"])
+    assert "made no progress for 5 s (no rank logged a new step for 5 s; limit stall_timeout_s)" in error.summary
+    assert "last step per rank: {0: 2, 1: 2}" in error.summary and "no rank logged a step" not in error.summary
+    assert record.summary == error.summary and (error.limit, error.last_steps) == ("stall_timeout_s", {0: 2, 1: 2})
+    assert "no rank logged a new step for stall_timeout_s=5 s" in say("live.stalled", timeout_s="5")
