@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,10 +16,11 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.i18n import say
+from tutorial_lib.launcher.devices import DevicePlan
 from tutorial_lib.launcher.outcome import timeout_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
-from tutorial_lib.printed_metrics import last_printed_steps
+from tutorial_lib.printed_metrics import last_printed_steps, parse_loss_line
 from tutorial_lib.script_source import check_script_syntax
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
@@ -170,3 +172,47 @@ def test_a_stall_timeout_says_no_new_step_came_and_which_steps_had(tmp_path):
     assert "last step per rank: {0: 2, 1: 2}" in error.summary and "no rank logged a step" not in error.summary
     assert record.summary == error.summary and (error.limit, error.last_steps) == ("stall_timeout_s", {0: 2, 1: 2})
     assert "no rank logged a new step for stall_timeout_s=5 s" in say("live.stalled", timeout_s="5")
+
+
+# --- 4. a script whose printed lines the loss pattern does not read ---------------------------------------------------
+
+
+def printed_only_run(tmp_path: Path) -> Path:
+    """A finished run of a script that wrote no metrics JSON and printed `it N -> X` (no `step`/`iter` + `loss`)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "output.log").write_text("".join(f"[default{r}]:it {s} -> {1 / (s + 1):.3f}\n"
+                                                for r in (0, 1) for s in range(4)))
+    return run_dir
+
+
+def finished(run_dir: Path, loss_pattern) -> tl.LaunchResult:
+    return tl.LaunchResult(run_dir=run_dir, command=["torchrun"], returncode=0, wall_time_s=1.0,
+                           plan=DevicePlan("cpu", "gloo", 2, 0), loss_pattern=loss_pattern)
+
+
+def test_metrics_of_a_script_whose_lines_the_pattern_does_not_read_says_so_and_shows_the_pattern(tmp_path):
+    run_dir = printed_only_run(tmp_path)
+    assert parse_loss_line(re.compile(tl.DEFAULT_LOSS_PATTERN, re.I), "it 3 -> 0.250") is None
+    with pytest.raises(tl.MetricsError) as raised:
+        finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()
+    message = str(raised.value)
+    assert message.startswith("the script wrote no metrics JSON") and "did the run start" not in message, message
+    assert f"no line it printed matched its loss_pattern, DEFAULT_LOSS_PATTERN r'{tl.DEFAULT_LOSS_PATTERN}'" in message
+    assert "(its last printed line: 'it 3 -> 0.250')" in message and "pass loss_pattern=" in message, message
+    suggested = re.search(r"e\.g\. r'(.+?)' for", message)[1]  # the example it suggests reads such a line
+    assert parse_loss_line(re.compile(suggested), "it 3 -> 0.250") == (3, 0.25)
+    with pytest.raises(tl.MetricsError, match=re.escape(r"matched its loss_pattern, r'epoch (\d+) loss ([\d.]+)'")):
+        finished(run_dir, r"epoch (\d+) loss ([\d.]+)").metrics()
+    with pytest.raises(tl.MetricsError, match=r"its printed lines were not read for losses \(loss_pattern=None"):
+        finished(run_dir, None).metrics()
+
+
+def test_metrics_are_still_read_from_json_or_printed_points(tmp_path):
+    run_dir = printed_only_run(tmp_path)
+    (run_dir / "metrics").mkdir()
+    (run_dir / "metrics" / "printed_rank0.jsonl").write_text(json.dumps({"step": 3, "rank": 0, "loss_local": 0.25}) + "\n")
+    assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [3]
+    for r in (0, 1):
+        (run_dir / "metrics" / f"rank{r}.jsonl").write_text(json.dumps({"step": 5, "rank": r, "loss_local": 0.1}) + "\n")
+    assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [5, 5], "metrics JSON wins"
