@@ -151,6 +151,7 @@ def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypat
     with pytest.raises(tl.ConfigError, match="klingon"):
         tl.setup_notebook({"B": 2})
     assert (tl.language(), rank_env()) == ("zh", {"A": "1"}), "a refused language sets nothing"
+    tl.set_rank_env(None)  # later tests' launches and plans get no A=1 (test_slurm_plan's command.txt)
 
 
 # --- the doctor's report in both languages, on every recorded failure ---------------------------------------------
