@@ -219,6 +219,22 @@ NO_ERROR_FIX = ("the rank left no traceback and torchrun reported no exit code f
                  "lines say what it was doing (07, section 4 'Out of memory')")
 SIGNAL_FIX = "the rank was killed by a signal: read its log in logs/"  # a signal SIGNAL_FIXES does not list
 UNKNOWN_FIX = "no known pattern: read output.log and the ranks' logs under logs/ in the run directory"
+# A run the launcher stopped on request (run.json "status": "interrupted": Ctrl-C, a Jupyter kernel interrupt) or
+# because the kernel's own code raised while it waited ("stopped"): no rank failed by itself.
+INTERRUPTED_CAUSE = "interrupted"
+STOPPED_CAUSE = "stopped by the launching process"
+INTERRUPTED_FIX = ("nothing to fix: you stopped it (Ctrl-C or a Jupyter kernel interrupt) and the launcher stopped "
+                   "torchrun and every rank; rerun it with command.txt, or resume from its last checkpoint (05, section "
+                   "4 'A rank killed during a save'); if you stopped it because it hung, the stacks show where each rank "
+                   "was (07, section 1 'Hang')")
+STOPPED_FIX = ("no rank failed: the process that launched it raised {error} while it waited, and the launcher stopped "
+               "torchrun and every rank; fix that error and rerun it with command.txt (07, section 6 'The doctor')")
+# Python could not parse a file: the script itself (no traceback: Python prints only the file, the line and a caret)
+# or a module it imports (a traceback ending in the SyntaxError).
+SYNTAX_CAUSE = "syntax error"
+SYNTAX_FIX = ("Python could not parse {path}, line {line}: correct that line (the caret under it in the rank's log "
+              "points at the spot), and check the file with `python -m py_compile {path}` before launching "
+              "(07, section 2 'A crashing rank')")
 HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
              "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
              "(07, section 1 'Hang')")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from . import causes
-from .causes import FINISHED_CAUSE, signal_name
+from .causes import FINISHED_CAUSE, INTERRUPTED_CAUSE, STOPPED_CAUSE, SYNTAX_CAUSE, signal_name
 
 # Cause.name -> (Chinese name, Chinese fix), in the order of CAUSES.
 CAUSES_ZH: dict[str, tuple[str, str]] = {
@@ -89,6 +89,13 @@ FIXES_ZH: dict[str, str] = {
                     "（OOM killer 或 kill -9 发出的 SIGKILL）；它日志的最后几行说明了它当时在做什么（见 07 第 4 节）",
     "HANG_FIX": "没有 rank 在时限内结束：调用栈显示了每个 rank 在哪里等待；不在集合通信中的那个 rank 就是元凶；设置 "
                 "init_process_group(timeout=...)，让挂起变成报错（见 07 第 1 节）",
+    "INTERRUPTED_FIX": "无需修复：是你停止了它（终端中的 Ctrl-C 或 Jupyter 内核中断），启动器已停止 torchrun 和所有 rank；"
+                       "用 command.txt 重新运行，或从它最后一个检查点恢复训练（见 05 第 4 节）；如果你是因为它挂起（hang）"
+                       "才停止它，调用栈显示了每个 rank 当时所在的位置（见 07 第 1 节）",
+    "STOPPED_FIX": "没有 rank 失败：启动它的进程在等待时抛出了 {error}，启动器已停止 torchrun 和所有 rank；修复这个错误后"
+                   "用 command.txt 重新运行（见 07 第 6 节）",
+    "SYNTAX_FIX": "Python 无法解析 {path} 的第 {line} 行：改正这一行（rank 日志中该行下方的 ^ 指向出错的位置），并在启动前用 "
+                  "`python -m py_compile {path}` 检查该文件（见 07 第 2 节）",
     "SIGNAL_FIX": "该 rank 被信号终止：阅读 logs/ 中它的日志",
     "UNKNOWN_FIX": "没有匹配的已知模式：阅读运行目录中的 output.log 和 logs/ 下各 rank 的日志",
 }
@@ -130,6 +137,9 @@ _DYNAMIC_CAUSES = (
     (re.compile(re.escape("hang (wall-clock timeout)")), "挂起（hang，超过墙钟时间限制 timeout_s）"),
     (re.compile(re.escape("hang (no progress)")), "挂起（hang，没有进展，stall_timeout_s）"),
     (re.compile(re.escape(FINISHED_CAUSE)), "一个 rank 已结束，其他 rank 还在等它"),
+    (re.compile(re.escape(INTERRUPTED_CAUSE)), "被中断"),
+    (re.compile(re.escape(STOPPED_CAUSE)), "被启动它的进程停止"),
+    (re.compile(re.escape(SYNTAX_CAUSE)), "语法错误（SyntaxError）"),
     (re.compile("unknown"), "未知"),
     (re.compile("none"), "无"),
 )

@@ -10,18 +10,18 @@ lines of its traceback, the last step every rank logged, and a suspected cause: 
 
 from __future__ import annotations
 
-import html
 import os
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import CAUSES, FINISHED_CAUSE, NCCL_TIMEOUT, signal_name
+from .causes import (CAUSES, FINISHED_CAUSE, INTERRUPTED_CAUSE, NCCL_TIMEOUT, STOPPED_CAUSE, SYNTAX_CAUSE,
+                     signal_name)
 from .causes_zh import CAUSES_ZH, cause_name_zh, fix_texts, signal_fix_texts
+from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
-from .i18n import pick, say
 from .metrics import last_steps as logged_last_steps
+from .printed_metrics import last_printed_steps
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
@@ -35,137 +35,12 @@ from .torchrun.tee import RankTails, rank_lines
 # for the doctor, not evidence.
 _NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: CollectiveFingerPrint|"
                     r"^\[Gloo\] Rank \d+ is connected to")
-# A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
-# checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
-_COLLECTIVE_FRAME = re.compile(r"in (all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
-                               r"reduce|gather|scatter|_engine_run_backward|run_backward)$")
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+# Python's report of a file it cannot parse: '  File "train.py", line 12' (no ", in function": no frame ran), the
+# line, a caret, then the error; a traceback ends so when the file is a module the script imports.
+_SYNTAX_LINE = re.compile(r"^\s*(SyntaxError|IndentationError|TabError): ")
+_SYNTAX_FILE = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)\s*$')
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[\w.]*(Error|Exception)):")
-
-
-@dataclass
-class Diagnosis:
-    """What went wrong in a run, in a few lines (``str(d)``; a table in a notebook).
-
-    Attributes:
-        run_dir: the run directory.
-        failed: whether the run failed (False for a run that finished).
-        rank: global rank that failed first (``None``: no rank is to blame, e.g. torchrun itself failed).
-        exit_code: that rank's exit code (negative: killed by signal ``-exit_code``), or ``None``.
-        signal: the signal's name for a negative exit code (``"SIGKILL"``), else ``None``.
-        error: the exception line of the root-cause traceback (``"RuntimeError: ..."``), or ``""``.
-        traceback_tail: the last lines of the root-cause traceback (or of the rank's log).
-        last_steps: ``{rank: last metrics step}`` (ranks that logged nothing are absent).
-        where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
-        cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
-            ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),
-            ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
-            ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"unknown"``,
-            or ``"none"`` for a run that finished).
-        evidence: the line that points to the cause (as the logs say it: English).
-        fix: one line on what to do, with the notebook section that shows it.
-        cause_zh, fix_zh: the cause and the fix in Chinese (``tutorial_lib.causes_zh``), shown instead of ``cause``
-            and ``fix`` when ``tl.language()`` is ``"zh"``; ``cause`` and ``fix`` stay English for programs.
-        timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
-        limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
-        recovered: the run finished (``failed`` is False) after torchrun restarted the group
-            (``max_restarts``); the other fields then describe the failure it recovered from.
-        raised: every rank that raised an exception of its own (not a lost connection), in rank order; more than
-            one: the same code failed on several ranks, no peer's failure.
-        signals: ``{rank: signal name}`` of every rank a fatal signal killed (``{0: "SIGFPE", 1: "SIGSEGV"}``).
-        finished: the ranks whose script returned (exit code 0) while the others failed.
-        stack: the Python stack faulthandler printed when a fatal signal killed the rank (most recent call first,
-            the workbook's runner frames left out; the whole report is in the rank's log), else empty.
-    """
-
-    run_dir: Path
-    failed: bool
-    rank: int | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    error: str = ""
-    traceback_tail: list[str] = field(default_factory=list)
-    last_steps: dict[int, int] = field(default_factory=dict)
-    where: dict[int, str] = field(default_factory=dict)
-    cause: str = "unknown"
-    evidence: str = ""
-    fix: str = ""
-    cause_zh: str = ""
-    fix_zh: str = ""
-    timeout_s: float | None = None
-    limit: str = ""
-    recovered: bool = False
-    raised: list[int] = field(default_factory=list)
-    signals: dict[int, str] = field(default_factory=dict)
-    finished: list[int] = field(default_factory=list)
-    stack: list[str] = field(default_factory=list)
-
-    def rows(self) -> list[tuple[str, str]]:
-        """The report as (label, text) rows, in ``tl.language()`` (the evidence and error lines as logged)."""
-        steps = say("sep").join(say("doctor.step", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
-        if not self.failed and not self.recovered:
-            return [(say("label.run"), say("doctor.finished", run=self.run_dir.name)),
-                    (say("label.last step"), steps or say("doctor.none"))]
-        run, failed = self.run_dir.name, say("label.failed")
-        who = say("doctor.rank", rank=self.rank) if self.rank is not None else say("doctor.no rank")
-        code = "" if self.exit_code is None else say("doctor.exit code", code=self.exit_code)
-        code += f" ({self.signal})" if self.signal else ""
-        if self.recovered:
-            rows = [(say("label.recovered"), say("doctor.recovered", run=run)),
-                    (failed, say("doctor.before restart", who=who, code=code))]
-        elif self.timeout_s is not None:
-            which = say("doctor.stall limit" if self.limit == "stall_timeout_s" else "doctor.wall limit")
-            rows = [(failed, say("doctor.stopped", run=run, which=which, timeout_s=f"{self.timeout_s:g}"))]
-        elif self.cause == FINISHED_CAUSE:
-            rows = [(failed, say("doctor.returned", run=run, who=who))]
-        else:
-            rows = [(failed, say("doctor.first", run=run, who=who, code=code))]
-        if self.error:
-            rows.append((say("label.error"), _clip(self.error)))
-        if len(self.raised) > 1:
-            rows.append((say("label.raised"), say("doctor.raised", ranks=", ".join(map(str, self.raised)))))
-        others = {r: name for r, name in self.signals.items() if r != self.rank}
-        if others:
-            rows.append((say("label.also killed"),
-                         say("sep").join(say("doctor.killed by", rank=r, signal=name) for r, name in others.items())))
-        if self.finished and self.cause != FINISHED_CAUSE:
-            rows.append((say("label.finished"), say("doctor.returned ranks", ranks=", ".join(map(str, self.finished)))))
-        for i, frame in enumerate(self.stack[:4]):
-            rows.append((say("label.stack") if i == 0 else "", frame.strip()))
-        rows.append((say("label.last step"), steps or say("doctor.no step")))
-        for r, w in sorted(self.where.items()):
-            elsewhere = (self.cause == "collective timeout (hang)" and r != self.rank
-                         and not _COLLECTIVE_FRAME.search(w) and "distributed" not in w)
-            rows.append((say("label.was in", rank=r), w + (say("doctor.never reached") if elsewhere else "")))
-        shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
-        rows.append((say("label.suspected cause"),
-                     pick(self.cause, self.cause_zh) + (say("doctor.evidence", evidence=_clip(self.evidence)) if shown
-                                                        else "")))
-        rows.append((say("label.fix"), pick(self.fix, self.fix_zh)))
-        return rows
-
-    def __str__(self) -> str:
-        rows = self.rows()
-        width = max(map(_width, (label for label, _ in rows)))
-        return "\n".join(label + " " * (width - _width(label) + 2) + text for label, text in rows)
-
-    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text form: the rows, not a dataclass repr
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
-                       f"<td style='text-align:left'>{html.escape(text)}</td></tr>" for label, text in self.rows())
-        return f"<table>{body}</table>"
-
-
-def _width(text: str) -> int:
-    """Columns ``text`` takes in a terminal: a CJK character (or full-width sign) takes two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _clip(text: str, n: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def _error_files(run_dir: Path) -> dict[int | None, str]:
@@ -205,14 +80,19 @@ def _aborted_in_collective(signal_name_: str | None, lines: list[str]) -> bool:
     if signal_name_ != "SIGABRT" or not any("gloo::EnforceNotMet" in line for line in lines):
         return False
     where = _fatal_error(lines)
-    return bool(where) and _COLLECTIVE_FRAME.search(where) is not None
+    return bool(where) and COLLECTIVE_FRAME.search(where) is not None
 
 
 def _last_steps(run_dir: Path) -> dict[int, int]:
+    """Every rank's last step: from its metrics JSON, else (a script of your own) from the lines it printed."""
     try:
-        return logged_last_steps(run_dir)
+        printed = last_printed_steps(run_dir)
     except MetricsError:
-        return {}
+        printed = {}
+    try:
+        return {**printed, **logged_last_steps(run_dir)}
+    except MetricsError:
+        return printed
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -298,7 +178,7 @@ def _run_failed(error: LaunchError | None, timed_out: bool, failure: RankFailure
 
 
 def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
-    """Every rank's last metrics step; a ``LaunchTimeout``'s own ``last_steps`` win over the metrics files."""
+    """Every rank's last step (metrics JSON, else printed lines); a ``LaunchTimeout``'s own ``last_steps`` win."""
     last_steps = dict(error.last_steps) if isinstance(error, LaunchTimeout) and error.last_steps else {}
     return {**_last_steps(run_dir), **last_steps}
 
@@ -399,6 +279,24 @@ def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
                           f"rank {failure.rank} exited 0")
 
 
+def _syntax_cause(diagnosis: Diagnosis, failure: RankFailure) -> bool:
+    """Set the cause "syntax error" (file, line and Python's message) when the failed rank's last words are Python's
+    report of a file it could not parse: its traceback's exception (a module the script imports), else (the script
+    itself: Python prints no traceback, so @record writes no error file) the last line of its log."""
+    lines = (failure.traceback or "").splitlines() or list(failure.log_tail)
+    last = _exception_line("\n".join(lines)) if failure.traceback else last_meaningful_line(lines)
+    if not _SYNTAX_LINE.match(last):
+        return False
+    end = max(i for i, line in enumerate(lines) if line.strip() == last)
+    where = next((m for m in map(_SYNTAX_FILE.match, reversed(lines[:end])) if m), None)
+    if where is None:
+        return False
+    diagnosis.cause, diagnosis.evidence = SYNTAX_CAUSE, f"{where['path']}, line {where['line']}"
+    diagnosis.error = diagnosis.error or last
+    diagnosis.fix, diagnosis.fix_zh = fix_texts("SYNTAX_FIX", path=where["path"], line=where["line"])
+    return True
+
+
 def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: list[str], timed_out: bool) -> None:
     """Set the cause when no message of ``CAUSES`` matched: from the timeout, the exception, the signal or the
     exit code. ``rank_lines_``: the failed rank's lines of output."""
@@ -435,6 +333,24 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
         diagnosis.fix, diagnosis.fix_zh = fix_texts("UNKNOWN_FIX")
 
 
+def _stopped_diagnosis(run_dir: Path, record: RunRecord, ranks: _RankOutput, last_steps: dict[int, int]) -> Diagnosis:
+    """The report of a run the launcher stopped on request (run.json's status ``interrupted``: Ctrl-C, a kernel
+    interrupt) or because the launching process raised (``stopped``): no rank failed; where each rank was, from the
+    stacks faulthandler printed when torchrun stopped them (SIGTERM)."""
+    interrupted = record.status == RunStatus.INTERRUPTED
+    stacks = stopped_ranks_stacks(ranks.ranked, run_dir / LOGS, one_node=not node_log_dirs(run_dir), failed_rank=None)
+    where = dict(record.where) or {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+    where = {rank: place for rank, place in where.items() if place}
+    evidence = f"run.json: status {record.status.value} after {record.wall_time_s:.1f} s"
+    if interrupted:
+        fix, fix_zh = fix_texts("INTERRUPTED_FIX")
+    else:
+        fix, fix_zh = fix_texts("STOPPED_FIX", error=(record.summary or "").removeprefix("stopped by ") or "an error")
+    cause = INTERRUPTED_CAUSE if interrupted else STOPPED_CAUSE
+    return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, where=where, cause=cause,
+                     cause_zh=cause_name_zh(cause), evidence=evidence, fix=fix, fix_zh=fix_zh)
+
+
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """Summarise a failed run: who failed first, how, where every rank was, the suspected cause and the fix.
 
@@ -444,7 +360,10 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
 
     Returns:
         A ``Diagnosis`` (``print(d)`` for a few lines; a notebook shows it as a table). A run that finished
-        gives ``failed=False`` and cause ``"none"``.
+        gives ``failed=False`` and cause ``"none"``; one that run.json says was interrupted (Ctrl-C, a kernel
+        interrupt) or stopped by the launching process, ``failed=False`` and cause ``"interrupted"`` or ``"stopped by
+        the launching process"``, whatever its ranks printed as they were stopped. A run stopped at its
+        ``timeout_s`` or ``stall_timeout_s`` (run.json: ``"timeout"``) is a hang: cause ``"hang (...)"``.
 
     Raises:
         ConfigError: the folder does not exist or is not a run directory.
@@ -459,6 +378,8 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     record = RunRecord.read(run_dir) if error is None else None
     recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
     ranks = _split_ranks(_evidence_output(output, recovered))
+    if record is not None and record.status in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
+        return _stopped_diagnosis(run_dir, record, ranks, _run_last_steps(run_dir, None))
     failure = error.failure if error is not None else find_root_cause(
         output, node_log_dirs(run_dir) or {None: run_dir / LOGS}, ranks.tails, recovered=recovered)
     error_files = _error_files(run_dir)
@@ -474,7 +395,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
              *ranks.lines]
     if failure.how == FINISHED and not timed_out:
         _finished_cause(diagnosis, failure)
-    elif not _match_cause(diagnosis, texts, timed_out):
+    elif (timed_out or not _syntax_cause(diagnosis, failure)) and not _match_cause(diagnosis, texts, timed_out):
         _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
                         timed_out)
     diagnosis.cause_zh = cause_name_zh(diagnosis.cause)

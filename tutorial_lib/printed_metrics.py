@@ -152,3 +152,16 @@ def read_printed_metrics(run_dir: str | os.PathLike) -> pd.DataFrame:
                            "...(?P<loss>[\\d.]+)' matching yours)")
     table = pd.DataFrame(rows).drop_duplicates(["rank", "step"], keep="last")
     return table.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+
+
+def last_printed_steps(run_dir: str | os.PathLike) -> dict[int, int]:
+    """``{rank: the last step it printed}`` from the loss points read from the ranks' printed lines (the live view's
+    ``rank 1: step 2 loss 0.3333``); ``{}`` when no line matched ``loss_pattern``.
+
+    Raises:
+        MetricsError: a ``printed_rank<R>.jsonl`` that is not JSON lines.
+    """
+    if not has_printed_metrics(run_dir):
+        return {}
+    table = read_printed_metrics(run_dir)
+    return {int(rank): int(step) for rank, step in table.groupby("rank")["step"].max().items()}

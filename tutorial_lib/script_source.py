@@ -190,3 +190,28 @@ def check_script_args(script: str | os.PathLike, args: Sequence[object]) -> Modu
     finally:
         vars(module).update(swapped)  # run_in_process runs this module's main() with the real argparse
     return module
+
+
+def check_script_syntax(script: str | os.PathLike) -> None:
+    """Compile a script's source (``compile()``: nothing is imported or run) so that a file Python cannot parse is an
+    error in the cell, before anything is launched, instead of one ``SyntaxError`` per rank.
+
+    Only the script's own file is checked: a module it imports is parsed when a rank imports it (the doctor then
+    names its file and line, cause "syntax error").
+
+    Raises:
+        ConfigError: ``SyntaxError`` (or ``IndentationError``, ``TabError``, a null byte), naming the file, the line,
+            the offending text and Python's message; or a file that cannot be read.
+    """
+    path = Path(script)
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as e:
+        text = (e.text or "").strip()
+        raise ConfigError(f"{e.filename or path}:{e.lineno}: {type(e).__name__}: {e.msg}"
+                          + (f" in {text!r}" if text else "")
+                          + f"; correct that line (check it with: python -m py_compile {path}) before launching") from None
+    except ValueError as e:  # source with a null byte (Python < 3.12)
+        raise ConfigError(f"{path} is not Python source ({e}); is it the right file?") from None
+    except OSError as e:
+        raise ConfigError(f"script {str(path)!r} cannot be read ({e.strerror})") from None

@@ -117,6 +117,17 @@ def test_cwd_runs_the_ranks_in_the_folder_given_and_a_custom_pattern_reads_their
     assert sorted(os.listdir(data)) == ["data.txt"] and sorted(os.listdir(scripts)) == ["mine.py"]
 
 
+def test_a_script_whose_lines_the_loss_pattern_does_not_read_gets_a_metrics_error_that_says_so(tmp_path, run_root):
+    script = tmp_path / "arrows.py"
+    script.write_text("for s in range(4):\n    print(f'it {s} -> {1 / (s + 1):.3f}', flush=True)\n")
+    result = tl.run_script(script, device="cpu", nproc_per_node=2, timeout_s=120, runs_dir=run_root)
+    assert result.loss_pattern == tl.DEFAULT_LOSS_PATTERN
+    with pytest.raises(tl.MetricsError, match=r"^the script wrote no metrics JSON .* no line it printed matched its "
+                                              r"loss_pattern, DEFAULT_LOSS_PATTERN r'.*' \(its last printed line: "
+                                              r"'it 3 -> 0\.250'\): pass loss_pattern="):
+        result.metrics()
+
+
 @pytest.mark.parametrize("cwd, message", [
     ("missing", "is not a folder (missing)"),
     ("a file", "is not a folder (a file)"),

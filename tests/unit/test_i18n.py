@@ -90,7 +90,8 @@ def test_the_doctors_fallback_causes_and_exit_code_meanings_have_their_chinese()
     for en, zh in fallbacks.items():
         assert cause_name_zh(en) == zh
     for en in ("died without a Python error", "hang (wall-clock timeout)", "hang (no progress)", causes.FINISHED_CAUSE,
-               "unknown", "none", *(c.name for c in causes.CAUSES)):
+               causes.INTERRUPTED_CAUSE, causes.STOPPED_CAUSE, causes.SYNTAX_CAUSE, "unknown", "none",
+               *(c.name for c in causes.CAUSES)):
         assert has_cjk(cause_name_zh(en)), en
     assert cause_name_zh("a cause nobody wrote") == ""
     for code in (1, 2, 3, 126, 127, 137, 255):
@@ -151,6 +152,7 @@ def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypat
     with pytest.raises(tl.ConfigError, match="klingon"):
         tl.setup_notebook({"B": 2})
     assert (tl.language(), rank_env()) == ("zh", {"A": "1"}), "a refused language sets nothing"
+    tl.set_rank_env(None)  # later tests' launches and plans get no A=1 (test_slurm_plan's command.txt)
 
 
 # --- the doctor's report in both languages, on every recorded failure ---------------------------------------------

@@ -170,7 +170,10 @@ def limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, str, str]:
     in English and in Chinese."""
     if limit == "stall_timeout_s":
         what = f"made no progress for {spec.stall_timeout_s:g} s"
-        return (spec.stall_timeout_s, f"{what} (no rank logged a step; limit stall_timeout_s)", what,
+        # The stall clock starts at the first step a rank logs (or prints): the ranks did log steps, then none for
+        # this long (the summary goes on with each rank's last step).
+        return (spec.stall_timeout_s, f"{what} (no rank logged a new step for {spec.stall_timeout_s:g} s; "
+                                      "limit stall_timeout_s)", what,
                 f"{spec.stall_timeout_s:g} s 内没有进展（stall_timeout_s）")
     what = f"timed out after {spec.timeout_s:g} s"
     return spec.timeout_s, f"{what} (limit timeout_s)", what, f"运行超过 {spec.timeout_s:g} s 后超时（timeout_s）"

@@ -127,7 +127,7 @@ def _finish(job: RunningJob, returncodes: dict[int, int]) -> LaunchResult:
     safe_draw(view.finish, job.sampler.rss_samples, Outcome(RunStatus.FINISHED, wall_time_s))
     RunRecord(RunStatus.FINISHED, wall_time_s, **plan.shape(job.start), returncode=0).write(plan.run_dir)
     return LaunchResult(run_dir=plan.run_dir, command=job.command, returncode=0, wall_time_s=wall_time_s,
-                        plan=plan.device_plan)
+                        plan=plan.device_plan, loss_pattern=plan.spec.loss_pattern)
 
 
 def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,

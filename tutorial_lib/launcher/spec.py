@@ -15,9 +15,12 @@ import pandas as pd
 from ..errors import ConfigError, MetricsError
 from ..metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..parameters import check_positive_int
-from ..printed_metrics import DEFAULT_LOSS_PATTERN, compile_loss_pattern, has_printed_metrics, read_printed_metrics
-from ..rundir import launch_outputs_in
+from ..printed_metrics import (DEFAULT_LOSS_PATTERN, MAX_LINE_CHARS, compile_loss_pattern, has_printed_metrics,
+                               read_printed_metrics)
+from ..rundir import OUTPUT_LOG, launch_outputs_in
+from ..script_source import check_script_syntax
 from ..slurm.target import SlurmSpec
+from ..torchrun.tee import rank_lines
 from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
 from .live import LIVE_MODES
 from .warm import WARM_ENV
@@ -105,6 +108,7 @@ class LaunchSpec:
         script = Path(self.script)
         if not script.is_file():
             raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir)")
+        check_script_syntax(script)  # a SyntaxError in the cell, before anything starts
         for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s",
                      "rendezvous_timeout_s"):
             value = getattr(self, name)
@@ -197,6 +201,29 @@ class LaunchSpec:
         return DevicePlan(device, "nccl" if device == "cuda" else "gloo", nproc, gpus)
 
 
+def no_metrics_message(run_dir: Path, loss_pattern: str | re.Pattern | None) -> str:
+    """Why a finished run has no metrics: its script wrote no metrics JSON and no printed line gave a loss point; with
+    the pattern in use and the last line a rank printed (from ``output.log``), to write a pattern against."""
+    wrote = (f"the script wrote no metrics JSON ({run_dir / 'metrics'}/rank<R>.jsonl, tutorial_lib.metrics' schema) "
+             "and ")
+    try:
+        printed = [text for rank, text in rank_lines((run_dir / OUTPUT_LOG).read_text(errors="replace"))
+                   if rank is not None and text.strip()]
+    except OSError:
+        printed = []
+    example = f" (its last printed line: {printed[-1].strip()[:MAX_LINE_CHARS]!r})" if printed else ""
+    if loss_pattern is None:
+        return wrote + ("its printed lines were not read for losses (loss_pattern=None, or a launch on SLURM or in "
+                        "this process); launch it with loss_pattern= a regular expression with the groups "
+                        f"(?P<step>...) and (?P<loss>...) that matches its step lines{example}")
+    pattern = loss_pattern.pattern if isinstance(loss_pattern, re.Pattern) else loss_pattern
+    shown = f"r'{pattern}'" if "'" not in pattern else repr(pattern)
+    shown = f"DEFAULT_LOSS_PATTERN {shown}" if pattern == DEFAULT_LOSS_PATTERN else shown
+    return wrote + (f"no line it printed matched its loss_pattern, {shown}{example}: pass loss_pattern= a regular "
+                    "expression with the groups (?P<step>...) and (?P<loss>...) that matches its step lines (e.g. "
+                    "r'it (?P<step>\\d+) -> (?P<loss>[\\d.]+)' for 'it 3 -> 0.250'); output.log has every line")
+
+
 def already_launched(run_dir: Path) -> str:
     """The refusal of a launch into ``run_dir`` that holds what a launch writes, naming what it holds and what to do."""
     found = ", ".join(name + "/" * (run_dir / name).is_dir() for name in launch_outputs_in(run_dir)) or "command.txt"
@@ -250,6 +277,8 @@ class LaunchResult:
         wall_time_s: from start to exit, seconds.
         plan: device, backend and rank count used (per node).
         job: the SLURM job of a launch on SLURM (``SlurmJob``: id, nodes, each node's ranks), else ``None``.
+        loss_pattern: the ``loss_pattern`` the launch read the ranks' printed lines with (``None``: none read, as on
+            SLURM and in this process).
     """
 
     run_dir: Path
@@ -258,16 +287,20 @@ class LaunchResult:
     wall_time_s: float
     plan: DevicePlan
     job: object | None = None
+    loss_pattern: str | re.Pattern | None = None
 
     def metrics(self) -> pd.DataFrame:
         """The per-rank step metrics (``read_metrics``), every rank required; for a script that wrote no metrics
         JSON, the loss points read from the lines it printed (``read_printed_metrics``: the ranks that printed one).
 
         Raises:
-            MetricsError: no metrics, neither written nor printed.
+            MetricsError: no metrics, neither written nor printed (a script of your own whose lines ``loss_pattern``
+                does not read: the message shows the pattern and how to pass yours).
         """
-        if not any((self.run_dir / "metrics").glob("rank*.jsonl")) and has_printed_metrics(self.run_dir):
-            return read_printed_metrics(self.run_dir)
+        if not any((self.run_dir / "metrics").glob("rank*.jsonl")):
+            if has_printed_metrics(self.run_dir):
+                return read_printed_metrics(self.run_dir)
+            raise MetricsError(no_metrics_message(self.run_dir, self.loss_pattern))
         return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node * (self.job.node_count if self.job else 1))
 
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:

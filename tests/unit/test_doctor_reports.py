@@ -1,0 +1,218 @@
+"""The doctor on what fresh users reported: runs stopped on request, syntax errors, printed steps.
+
+``tests/fixtures/run_dirs/user-reports/`` holds the run directories those launches left (torch 2.13, trimmed to
+what the doctor reads: metrics cut to their last lines); the other cases are run directories built here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import tutorial_lib as tl
+from tutorial_lib.i18n import say
+from tutorial_lib.launcher.devices import DevicePlan
+from tutorial_lib.launcher.outcome import timeout_error
+from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
+from tutorial_lib.launcher.plan import plan_launch
+from tutorial_lib.printed_metrics import last_printed_steps, parse_loss_line
+from tutorial_lib.script_source import check_script_syntax
+
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
+
+
+def copy(case: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(REPORTS / case, tmp_path / case))
+
+
+def set_run_json(run_dir: Path, **fields: object) -> None:
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, **fields}))
+
+
+@pytest.fixture(autouse=True)
+def english_after():
+    yield
+    tl.set_language("en")
+
+
+# --- 1. a run stopped on request is no crash ----------------------------------------------------------------------
+
+
+def test_an_interrupted_run_is_reported_as_interrupted_not_as_a_killed_rank(tmp_path):
+    """Ctrl-C in the launching process: run.json says "interrupted"; the ranks' output (torchrun's SignalException,
+    faulthandler's stacks on SIGTERM) looks like a rank that died, which the doctor said before reading run.json."""
+    run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    d = tl.diagnose(run_dir)
+    assert (d.cause, d.failed, d.rank) == ("interrupted", False, None), str(d)
+    assert d.fix.startswith("nothing to fix: you stopped it") and "command.txt" in d.fix, d.fix
+    assert d.last_steps == {0: 255, 1: 255}, d.last_steps
+    assert set(d.where) == {0, 1} and "all_reduce" in d.where[1], d.where
+    text = str(d)
+    assert "SIGKILL" not in text and "died without" not in text and "interrupted" in text.splitlines()[0], text
+    tl.set_language("zh")
+    chinese = str(d)
+    assert "被中断" in chinese and "无需修复" in chinese and "修复建议" in chinese, chinese
+
+
+def test_a_run_stopped_by_the_launching_process_names_its_error(tmp_path):
+    run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
+    set_run_json(run_dir, status="stopped", summary="stopped by ValueError")
+    d = tl.diagnose(run_dir)
+    assert (d.cause, d.failed) == ("stopped by the launching process", False), str(d)
+    assert "raised ValueError while it waited" in d.fix and "ValueError" in d.fix_zh, d.fix
+
+
+def test_a_run_stopped_at_its_timeout_is_a_hang_with_its_limit(tmp_path):
+    """What run.json says when the launcher stops a run at timeout_s: status "timeout" with the limit."""
+    run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
+    set_run_json(run_dir, status="timeout", timeout_s=10.0, limit="timeout_s", summary="timed out")
+    d = tl.diagnose(run_dir)
+    assert (d.cause, d.failed, d.timeout_s, d.limit) == ("hang (wall-clock timeout)", True, 10.0, "timeout_s"), str(d)
+    assert "stopped at the wall-clock limit (10 s)" in str(d), str(d)
+
+
+# --- 2. a syntax error: refused before the launch, named by the doctor after one ------------------------------------
+
+
+def test_the_doctor_names_the_file_and_line_of_a_syntax_error_in_the_script(tmp_path):
+    """A script launched with a SyntaxError (before run_script compiled it first): Python prints no traceback, only
+    the file, the line, a caret and the error; @record writes no error file."""
+    d = tl.diagnose(copy("torch-2.13-syntax-error", tmp_path))
+    assert (d.cause, d.rank, d.exit_code) == ("syntax error", 0, 1), str(d)
+    assert d.evidence == "/tmp/doc2/syntax.py, line 1" and d.error == "SyntaxError: '(' was never closed", str(d)
+    assert "`python -m py_compile /tmp/doc2/syntax.py`" in d.fix and "sys.exit" not in d.fix, d.fix
+    assert "/tmp/doc2/syntax.py" in d.fix_zh and "第 1 行" in d.fix_zh, d.fix_zh
+
+
+def test_a_syntax_error_in_an_imported_module_names_that_module(tmp_path):
+    """The script imports a module Python cannot parse: a traceback ending in the SyntaxError; the frame of the
+    import runs (", in <module>"), the module's line has no function."""
+    run_dir = copy("torch-2.13-syntax-error", tmp_path)
+    log = run_dir / "output.log"
+    report = "".join(f"[default{r}]:{line}\n" for r in (0, 1) for line in (
+        "Traceback (most recent call last):", '  File "/tmp/x/train.py", line 3, in <module>', "    import helper",
+        '  File "/tmp/x/helper.py", line 7', "    if x = 1:", "       ^^^^^",
+        "SyntaxError: invalid syntax. Maybe you meant '==' or ':=' instead of '='?"))
+    text = log.read_text()
+    start = text.index("E1201")  # torchrun's own lines stay: the report replaces the ranks' lines before them
+    log.write_text(report + text[start:])
+    d = tl.diagnose(run_dir)
+    assert (d.cause, d.evidence) == ("syntax error", "/tmp/x/helper.py, line 7"), str(d)
+    assert "py_compile /tmp/x/helper.py" in d.fix, d.fix
+
+
+def test_a_script_python_cannot_parse_is_refused_before_anything_is_launched(tmp_path):
+    script = tmp_path / "syntax.py"
+    script.write_text('import os\n\nprint("hi"\n')
+    with pytest.raises(tl.ConfigError, match=r"syntax\.py:3: SyntaxError: '\(' was never closed in 'print\(\"hi\"'; "
+                                             r"correct that line \(check it with: python -m py_compile .*syntax\.py\)"):
+        check_script_syntax(script)
+    with pytest.raises(tl.ConfigError, match=r"syntax\.py:3: SyntaxError"):
+        tl.LaunchSpec(script, device="cpu", nproc_per_node=2).validate()
+    (tmp_path / "indent.py").write_text("def f():\nreturn 1\n")
+    with pytest.raises(tl.ConfigError, match=r"indent\.py:2: IndentationError: expected an indented block"):
+        check_script_syntax(tmp_path / "indent.py")
+    good = tmp_path / "good.py"
+    good.write_text("raise SystemExit('never run: compile() runs nothing')\n")
+    check_script_syntax(good)
+    tl.LaunchSpec(good, device="cpu", nproc_per_node=2).validate()
+    for name in tl.available_scripts():  # every shipped script compiles
+        check_script_syntax(Path(tl.__file__).parent / "lessons" / f"{name}.py")
+
+
+def test_run_script_refuses_a_script_with_a_syntax_error_and_leaves_no_run_directory(tmp_path):
+    script = tmp_path / "syntax.py"
+    script.write_text('print("hi"\n')
+    runs = tmp_path / "runs"
+    with pytest.raises(tl.ConfigError, match=r"syntax\.py:1: SyntaxError"):
+        tl.run_script(script, nproc_per_node=2, device="cpu", runs_dir=runs)
+    assert not runs.exists() or list(runs.iterdir()) == [], "the run directory made for it is removed"
+
+
+# --- 3. the steps a script printed are its last steps -----------------------------------------------------------------
+
+
+def test_the_last_steps_include_the_ones_a_script_printed(tmp_path):
+    """A script of your own printing `step N loss X`, then raising: the live view showed `rank 1: step 2 loss
+    0.3333`; the doctor reads the same points (metrics/printed_rank<R>.jsonl)."""
+    run_dir = copy("torch-2.13-printed-steps-then-raised", tmp_path)
+    assert not list((run_dir / "metrics").glob("rank*.jsonl")), "no metrics JSON: only printed points"
+    d = tl.diagnose(run_dir)
+    assert d.last_steps == {0: 2, 1: 2} and d.cause == "Python exception (RuntimeError)", str(d)
+    assert "rank 0: 2, rank 1: 2" in str(d) and "no rank logged a step" not in str(d), str(d)
+    assert last_printed_steps(run_dir) == {0: 2, 1: 2}
+    # A rank that wrote metrics JSON: its JSON steps win; a rank that only printed keeps its printed step.
+    (run_dir / "metrics" / "rank0.jsonl").write_text(json.dumps({"step": 7, "rank": 0, "loss_local": 0.1}) + "\n")
+    assert tl.diagnose(run_dir).last_steps == {0: 7, 1: 2}
+
+
+def test_a_run_without_printed_points_has_no_printed_steps(tmp_path):
+    assert last_printed_steps(tmp_path) == {}
+    (tmp_path / "output.log").write_text("[default0]:it 3 -> 0.250\n")
+    assert tl.diagnose(tmp_path).last_steps == {}
+
+
+def test_a_stall_timeout_says_no_new_step_came_and_which_steps_had(tmp_path):
+    """The stall clock starts at the first step logged: "no rank logged a step" contradicted the last steps listed
+    beside it."""
+    script = tmp_path / "train.py"
+    script.write_text("print('step 1 loss 0.5')\n")
+    plan = plan_launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, stall_timeout_s=5))
+    pump = OutputPump(1, tmp_path, [0], ThrottledPrinter(io.StringIO()), io.StringIO())
+    error, record, _ = timeout_error(plan, pump, "stall_timeout_s", 8.6, [0, 1], {0: 2, 1: 2}, {}, None,
+                                     command=["torchrun"])
+    assert "made no progress for 5 s (no rank logged a new step for 5 s; limit stall_timeout_s)" in error.summary
+    assert "last step per rank: {0: 2, 1: 2}" in error.summary and "no rank logged a step" not in error.summary
+    assert record.summary == error.summary and (error.limit, error.last_steps) == ("stall_timeout_s", {0: 2, 1: 2})
+    assert "no rank logged a new step for stall_timeout_s=5 s" in say("live.stalled", timeout_s="5")
+
+
+# --- 4. a script whose printed lines the loss pattern does not read ---------------------------------------------------
+
+
+def printed_only_run(tmp_path: Path) -> Path:
+    """A finished run of a script that wrote no metrics JSON and printed `it N -> X` (no `step`/`iter` + `loss`)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "output.log").write_text("".join(f"[default{r}]:it {s} -> {1 / (s + 1):.3f}\n"
+                                                for r in (0, 1) for s in range(4)))
+    return run_dir
+
+
+def finished(run_dir: Path, loss_pattern) -> tl.LaunchResult:
+    return tl.LaunchResult(run_dir=run_dir, command=["torchrun"], returncode=0, wall_time_s=1.0,
+                           plan=DevicePlan("cpu", "gloo", 2, 0), loss_pattern=loss_pattern)
+
+
+def test_metrics_of_a_script_whose_lines_the_pattern_does_not_read_says_so_and_shows_the_pattern(tmp_path):
+    run_dir = printed_only_run(tmp_path)
+    assert parse_loss_line(re.compile(tl.DEFAULT_LOSS_PATTERN, re.I), "it 3 -> 0.250") is None
+    with pytest.raises(tl.MetricsError) as raised:
+        finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()
+    message = str(raised.value)
+    assert message.startswith("the script wrote no metrics JSON") and "did the run start" not in message, message
+    assert f"no line it printed matched its loss_pattern, DEFAULT_LOSS_PATTERN r'{tl.DEFAULT_LOSS_PATTERN}'" in message
+    assert "(its last printed line: 'it 3 -> 0.250')" in message and "pass loss_pattern=" in message, message
+    suggested = re.search(r"e\.g\. r'(.+?)' for", message)[1]  # the example it suggests reads such a line
+    assert parse_loss_line(re.compile(suggested), "it 3 -> 0.250") == (3, 0.25)
+    with pytest.raises(tl.MetricsError, match=re.escape(r"matched its loss_pattern, r'epoch (\d+) loss ([\d.]+)'")):
+        finished(run_dir, r"epoch (\d+) loss ([\d.]+)").metrics()
+    with pytest.raises(tl.MetricsError, match=r"its printed lines were not read for losses \(loss_pattern=None"):
+        finished(run_dir, None).metrics()
+
+
+def test_metrics_are_still_read_from_json_or_printed_points(tmp_path):
+    run_dir = printed_only_run(tmp_path)
+    (run_dir / "metrics").mkdir()
+    (run_dir / "metrics" / "printed_rank0.jsonl").write_text(json.dumps({"step": 3, "rank": 0, "loss_local": 0.25}) + "\n")
+    assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [3]
+    for r in (0, 1):
+        (run_dir / "metrics" / f"rank{r}.jsonl").write_text(json.dumps({"step": 5, "rank": r, "loss_local": 0.1}) + "\n")
+    assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [5, 5], "metrics JSON wins"

@@ -1,0 +1,153 @@
+"""The doctor's report: ``Diagnosis``, what went wrong in a run in a few lines (``tutorial_lib.doctor`` fills it)."""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .causes import FINISHED_CAUSE, INTERRUPTED_CAUSE, STOPPED_CAUSE
+from .i18n import pick, say
+
+# A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
+# checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
+COLLECTIVE_FRAME = re.compile(r"in (all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
+                              r"reduce|gather|scatter|_engine_run_backward|run_backward)$")
+
+
+@dataclass
+class Diagnosis:
+    """What went wrong in a run, in a few lines (``str(d)``; a table in a notebook).
+
+    Attributes:
+        run_dir: the run directory.
+        failed: whether the run failed (False for a run that finished, and for one stopped on request: cause
+            ``"interrupted"`` (Ctrl-C, a kernel interrupt) or ``"stopped by the launching process"``, from run.json).
+        rank: global rank that failed first (``None``: no rank is to blame, e.g. torchrun itself failed).
+        exit_code: that rank's exit code (negative: killed by signal ``-exit_code``), or ``None``.
+        signal: the signal's name for a negative exit code (``"SIGKILL"``), else ``None``.
+        error: the exception line of the root-cause traceback (``"RuntimeError: ..."``), or ``""``.
+        traceback_tail: the last lines of the root-cause traceback (or of the rank's log).
+        last_steps: ``{rank: last step}`` from the metrics JSON, else from the printed lines ``loss_pattern`` read
+            (ranks that logged nothing are absent).
+        where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
+        cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
+            ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),
+            ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
+            ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"syntax error"``,
+            ``"interrupted"``, ``"stopped by the launching process"``, ``"unknown"``,
+            or ``"none"`` for a run that finished).
+        evidence: the line that points to the cause (as the logs say it: English).
+        fix: one line on what to do, with the notebook section that shows it.
+        cause_zh, fix_zh: the cause and the fix in Chinese (``tutorial_lib.causes_zh``), shown instead of ``cause``
+            and ``fix`` when ``tl.language()`` is ``"zh"``; ``cause`` and ``fix`` stay English for programs.
+        timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
+        limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
+        recovered: the run finished (``failed`` is False) after torchrun restarted the group
+            (``max_restarts``); the other fields then describe the failure it recovered from.
+        raised: every rank that raised an exception of its own (not a lost connection), in rank order; more than
+            one: the same code failed on several ranks, no peer's failure.
+        signals: ``{rank: signal name}`` of every rank a fatal signal killed (``{0: "SIGFPE", 1: "SIGSEGV"}``).
+        finished: the ranks whose script returned (exit code 0) while the others failed.
+        stack: the Python stack faulthandler printed when a fatal signal killed the rank (most recent call first,
+            the workbook's runner frames left out; the whole report is in the rank's log), else empty.
+    """
+
+    run_dir: Path
+    failed: bool
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str = ""
+    traceback_tail: list[str] = field(default_factory=list)
+    last_steps: dict[int, int] = field(default_factory=dict)
+    where: dict[int, str] = field(default_factory=dict)
+    cause: str = "unknown"
+    evidence: str = ""
+    fix: str = ""
+    cause_zh: str = ""
+    fix_zh: str = ""
+    timeout_s: float | None = None
+    limit: str = ""
+    recovered: bool = False
+    raised: list[int] = field(default_factory=list)
+    signals: dict[int, str] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    stack: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The report as (label, text) rows, in ``tl.language()`` (the evidence and error lines as logged)."""
+        steps = say("sep").join(say("doctor.step", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
+        if self.cause in (INTERRUPTED_CAUSE, STOPPED_CAUSE):  # stopped on request: no rank failed
+            rows = [(say("label.stopped"), say("doctor.interrupted" if self.cause == INTERRUPTED_CAUSE
+                                               else "doctor.stopped by", run=self.run_dir.name,
+                                               evidence=self.evidence)),
+                    (say("label.last step"), steps or say("doctor.no step"))]
+            rows += [(say("label.was in", rank=r), w) for r, w in sorted(self.where.items())]
+            return rows + [(say("label.suspected cause"), pick(self.cause, self.cause_zh)),
+                           (say("label.fix"), pick(self.fix, self.fix_zh))]
+        if not self.failed and not self.recovered:
+            return [(say("label.run"), say("doctor.finished", run=self.run_dir.name)),
+                    (say("label.last step"), steps or say("doctor.none"))]
+        run, failed = self.run_dir.name, say("label.failed")
+        who = say("doctor.rank", rank=self.rank) if self.rank is not None else say("doctor.no rank")
+        code = "" if self.exit_code is None else say("doctor.exit code", code=self.exit_code)
+        code += f" ({self.signal})" if self.signal else ""
+        if self.recovered:
+            rows = [(say("label.recovered"), say("doctor.recovered", run=run)),
+                    (failed, say("doctor.before restart", who=who, code=code))]
+        elif self.timeout_s is not None:
+            which = say("doctor.stall limit" if self.limit == "stall_timeout_s" else "doctor.wall limit")
+            rows = [(failed, say("doctor.stopped", run=run, which=which, timeout_s=f"{self.timeout_s:g}"))]
+        elif self.cause == FINISHED_CAUSE:
+            rows = [(failed, say("doctor.returned", run=run, who=who))]
+        else:
+            rows = [(failed, say("doctor.first", run=run, who=who, code=code))]
+        if self.error:
+            rows.append((say("label.error"), clip(self.error)))
+        if len(self.raised) > 1:
+            rows.append((say("label.raised"), say("doctor.raised", ranks=", ".join(map(str, self.raised)))))
+        others = {r: name for r, name in self.signals.items() if r != self.rank}
+        if others:
+            rows.append((say("label.also killed"),
+                         say("sep").join(say("doctor.killed by", rank=r, signal=name) for r, name in others.items())))
+        if self.finished and self.cause != FINISHED_CAUSE:
+            rows.append((say("label.finished"), say("doctor.returned ranks", ranks=", ".join(map(str, self.finished)))))
+        for i, frame in enumerate(self.stack[:4]):
+            rows.append((say("label.stack") if i == 0 else "", frame.strip()))
+        rows.append((say("label.last step"), steps or say("doctor.no step")))
+        for r, w in sorted(self.where.items()):
+            elsewhere = (self.cause == "collective timeout (hang)" and r != self.rank
+                         and not COLLECTIVE_FRAME.search(w) and "distributed" not in w)
+            rows.append((say("label.was in", rank=r), w + (say("doctor.never reached") if elsewhere else "")))
+        shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
+        rows.append((say("label.suspected cause"),
+                     pick(self.cause, self.cause_zh) + (say("doctor.evidence", evidence=clip(self.evidence)) if shown
+                                                        else "")))
+        rows.append((say("label.fix"), pick(self.fix, self.fix_zh)))
+        return rows
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        width = max(map(_width, (label for label, _ in rows)))
+        return "\n".join(label + " " * (width - _width(label) + 2) + text for label, text in rows)
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text form: the rows, not a dataclass repr
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+                       f"<td style='text-align:left'>{html.escape(text)}</td></tr>" for label, text in self.rows())
+        return f"<table>{body}</table>"
+
+
+def _width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: a CJK character (or full-width sign) takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def clip(text: str, n: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."
