@@ -155,3 +155,40 @@ def test_sizes_the_split_cannot_divide_and_a_third_stage_are_refused():
     tp.check_world(tp.parse_args(["--lessons", "block", "2d"]), 4)
     with pytest.raises(ValueError, match="WORLD_SIZE must be 2 \\(or 1: both halves in one stage\\), got 3"):
         tl.import_script(LESSONS_DIR / "pipeline_parallel.py").check_world(3)
+
+
+def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run_root):
+    """tl.plan_tp_memory (fake mode, one process) against tensor_parallel.py --track-memory (2 gloo ranks), AdamW.
+
+    Exact on every torch: parameters and optimizer state (the local shards' bytes, set by the placements). Exact on
+    torch 2.8: every category of both layouts. On 2.13 fake mode counts more temporaries inside loss_parallel's
+    cross-entropy (where the TP peak is) than the real run holds: less than one fp32 logits shard (batch x tokens x
+    vocabulary / N x 4 bytes); under SP that moves the peak (the real one falls in backward), so there only the
+    total is compared, within the same bound."""
+    args = [*TP_SMALL, "--optimizer", "adamw"]
+    ranks = tl.read_rank_json(run("tensor_parallel", [*args, "--lessons", "model", "--track-memory"],
+                                  run_root).run_dir, "tp")
+    shard_bytes = 4 * 8 * (64 // 2) * 4  # --batch-size x --seq-len x --vocab-size / N, fp32
+    old_torch = torch.__version__.startswith("2.8.")
+    for layout in tl.TP_LAYOUTS:
+        plan = tl.plan_tp_memory(args, world_size=2, layout=layout)
+        # fp32 parameter, gradient and 2 moments: 16 bytes per local element; AdamW's step: one fp32 per tensor
+        assert plan.peak_bytes["parameters"] == plan.state_bytes_analytic / 4
+        n_tensors = 2 + 16 * 1 + 3  # the embeddings, 16 per block (4 Linears, 2 norms: weight and bias), norm, head
+        assert plan.peak_bytes["optimizer state"] == 2 * plan.peak_bytes["parameters"] + 4 * n_tensors
+        for measured in tl.read_tp_memory(ranks, layout):
+            table = tl.compare_tp_plan(plan, measured)
+            exact = list(table.index[:-1]) if old_torch else ["parameters", "optimizer state"] + (
+                ["gradients", "activations"] if layout == "tp" else [])
+            assert (table["difference_bytes"].reindex(exact, fill_value=0) == 0).all(), (layout, table)  # absent: 0, 0
+            excess = table.loc["total", "difference_bytes"]
+            assert 0 <= excess < shard_bytes and (excess == 0 or not old_torch), (layout, table)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layout": "pp"}, "pipeline stages are not planned"), ({"layout": "2d"}, "2-D FSDP x TP"),
+    ({"args": ["--lessons", "2d"]}, "--lessons 2d"), ({"world_size": 3}, "--n-heads 8 is not divisible"),
+    ({"args": ["--dim", 60]}, "invalid flags"), ({"world_size": 0}, "world_size must be an int >= 1")])
+def test_the_tp_planner_refuses_layouts_it_does_not_plan(kwargs, message):
+    with pytest.raises(tl.ConfigError, match=message):
+        tl.plan_tp_memory(**kwargs)
