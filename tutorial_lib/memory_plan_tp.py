@@ -12,7 +12,7 @@ evenly), so rank 0's plan is every rank's.
 
 Checked against real runs (tests/integration/test_tensor_pipeline.py, notebook 12): ``tensor_parallel.py --lessons
 model --track-memory`` runs the same tracker over the same second step with real tensors and real gloo collectives.
-Which categories are exact on which torch is in ``compare_tp_plan``'s docstring and the README.
+Every category was equal, byte for byte, on every rank, TP and TP + SP, torch 2.8 and 2.13 (``compare_tp_plan``).
 
 Not planned (``ConfigError``): the 2-D lesson (FSDP x TP: use ``plan_memory``'s FSDP path for the dp dimension; the
 two are not combined here) and pipeline stages (``pipeline_parallel.py``'s stage memory is counted in the run, not
@@ -22,6 +22,7 @@ planned). Sources: torch.distributed._tools.mem_tracker (MemTracker's docstring)
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,8 +33,6 @@ from .script_source import import_script
 
 TP_LAYOUTS = ("tp", "tp+sp")  # the model lesson's two layouts: "TP" and "TP + SP"
 LESSON_LABELS = {"tp": "TP", "tp+sp": "TP + SP"}  # the keys of the lesson's result
-# Equal to a real run's byte for byte on every torch measured: the local shards' bytes, decided by the placements.
-EXACT_TP_CATEGORIES = ("parameters", "optimizer state")
 
 
 def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: str = "tp",
@@ -118,10 +117,33 @@ def _traced_tp_step(module, parsed, world_size: int, sequence_parallel: bool) ->
             x, y = module.batch(parsed, 2, device)
             tracker = MemTracker()
             tracker.track_external(model, optimizer)
-            with tracker:
+            with tracker, _propagation_in_its_own_fake_mode():
                 module.train_step(model, optimizer, x, y)
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()}, n_params, local_numel
+
+
+@contextlib.contextmanager
+def _propagation_in_its_own_fake_mode():
+    """Make DTensor's sharding propagation run in a fake mode of its own, as it does in a real run.
+
+    torch 2.13's ``ShardingPropagator`` computes an op's output metadata on global-shape fake tensors under
+    ``detect_fake_mode() or FakeTensorMode()``: in a real run a fresh fake mode, which ``MemTracker`` skips (it
+    tracks only ops under the fake mode active when it was entered: none in a real run); under the plan's
+    ``FakeTensorMode`` that mode itself, so the tracker would count those global-shape tensors as temporaries. A
+    ``detect_fake_mode`` that finds none here gives the propagation its own mode again. (torch 2.8's propagator
+    does not look for an active mode.)
+    """
+    from torch.distributed.tensor import _sharding_prop
+    if not hasattr(_sharding_prop, "detect_fake_mode"):
+        yield
+        return
+    original = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = original
 
 
 def read_tp_memory(ranks: Sequence[Mapping], layout: str = "tp") -> list[dict[str, int]]:
@@ -146,21 +168,23 @@ def read_tp_memory(ranks: Sequence[Mapping], layout: str = "tp") -> list[dict[st
 
 
 def compare_tp_plan(plan: MemoryPlan, measured: Mapping[str, int]):
-    """A DataFrame, per category: planned and measured bytes, their difference and relative error, and whether the
-    category is one the plan predicts byte for byte on every torch (``EXACT_TP_CATEGORIES``).
+    """A DataFrame, per category with bytes on either side: planned and measured bytes, their difference and
+    relative error, and the total.
 
-    Measured here (2 gloo ranks, tests/integration/test_tensor_pipeline.py, notebook 12): on torch 2.8 every
-    category of both layouts equal, every rank. On torch 2.13 fake mode counts more temporaries inside
-    ``loss_parallel``'s cross-entropy, where the TP peak is, than the real run holds (14792 bytes at the notebook's
-    size; less than one fp32 logits shard, batch x tokens x vocabulary / N x 4 bytes): parameters, gradients,
-    optimizer state and activations stay equal under TP; under TP + SP the real peak then falls in backward, another
-    moment, and only the total compares (the plan above it by less than the same shard).
+    Measured here (2 gloo ranks, SGD and AdamW, tests/integration/test_tensor_pipeline.py and notebook 12): every
+    category equal byte for byte, on every rank, under TP and TP + SP, torch 2.8 and 2.13, as ``plan_memory``'s
+    are for FSDP2 and DDP where the peak is at the end of forward. Why it can be exact: parameters, gradients and
+    optimizer state are local shards whose shapes the placements decide, and every activation and temporary is the
+    output of the same local op on the same shapes in both (fake mode runs DTensor's dispatch, redistributions and
+    functional collectives as a real run does; the tracker replaces fake mode's ``wait_tensor`` copy with its input,
+    as eager does). What can break it: a real collective whose buffers live longer than the op (an asynchronous
+    collective waited on later: the FSDP case in ``tutorial_lib.memory_plan``), and on torch 2.13 DTensor's sharding
+    propagation inside the plan's fake mode (see ``_propagation_in_its_own_fake_mode``).
     """
     import pandas as pd
     rows = [{"category": k, "planned_bytes": plan.peak_bytes[k], "measured_bytes": measured.get(k, 0),
-             "exact": k in EXACT_TP_CATEGORIES} for k in ORDER if plan.peak_bytes[k] or measured.get(k, 0)]
-    rows.append({"category": "total", "planned_bytes": plan.total_bytes, "measured_bytes": sum(measured.values()),
-                 "exact": False})
+             } for k in ORDER if plan.peak_bytes[k] or measured.get(k, 0)]
+    rows.append({"category": "total", "planned_bytes": plan.total_bytes, "measured_bytes": sum(measured.values())})
     table = pd.DataFrame(rows).set_index("category")
     table["difference_bytes"] = table["planned_bytes"] - table["measured_bytes"]
     table["relative_error"] = table["difference_bytes"].abs() / table["measured_bytes"].where(
@@ -168,4 +192,4 @@ def compare_tp_plan(plan: MemoryPlan, measured: Mapping[str, int]):
     return table
 
 
-__all__ = ["plan_tp_memory", "read_tp_memory", "compare_tp_plan", "TP_LAYOUTS", "EXACT_TP_CATEGORIES"]
+__all__ = ["plan_tp_memory", "read_tp_memory", "compare_tp_plan", "TP_LAYOUTS"]
