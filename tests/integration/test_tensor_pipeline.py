@@ -159,7 +159,9 @@ def test_sizes_the_split_cannot_divide_and_a_third_stage_are_refused():
 
 def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run_root):
     """tl.plan_tp_memory (fake mode, one process) against tensor_parallel.py --track-memory (the same MemTracker on
-    2 real gloo ranks), AdamW: every category byte for byte, every rank, TP and TP + SP (torch 2.8 and 2.13)."""
+    2 real gloo ranks), AdamW, TP and TP + SP, every rank: parameters and optimizer state byte for byte; the total
+    from the plan to the plan plus one collective's buffer (gloo's thread may free it after the next allocation:
+    compare_tp_plan's docstring); usually every category equal (torch 2.8 and 2.13)."""
     args = [*TP_SMALL, "--optimizer", "adamw"]
     ranks = tl.read_rank_json(run("tensor_parallel", [*args, "--lessons", "model", "--track-memory"],
                                   run_root).run_dir, "tp")
@@ -170,9 +172,11 @@ def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run
         n_tensors = 2 + 16 * 1 + 3  # the embeddings, 16 per block (4 Linears, 2 norms: weight and bias), norm, head
         assert plan.peak_bytes["optimizer state"] == 2 * plan.peak_bytes["parameters"] + 4 * n_tensors
         assert plan.peak_bytes["activations"] > 0 and plan.peak_bytes["temporaries"] > 0, plan
+        assert plan.unsimulated_bytes == 4 * 4 * 8 * 32  # batch x tokens x width, fp32
         for measured in tl.read_tp_memory(ranks, layout):
             table = tl.compare_tp_plan(plan, measured)
-            assert (table["difference_bytes"] == 0).all() and len(table) >= 5, (layout, table)
+            assert (table.loc[["parameters", "optimizer state"], "difference_bytes"] == 0).all(), (layout, table)
+            assert 0 <= -table.loc["total", "difference_bytes"] <= plan.unsimulated_bytes, (layout, table)
     one_rank = tl.plan_tp_memory(args, world_size=1)  # a control: one rank holds the whole model
     D, V = 32, 64
     split = 3 * (D * D + D) + D * D + (4 * D * D + 4 * D) + 4 * D * D + V * D  # q, k, v, wo, fc1, fc2 weights; head
