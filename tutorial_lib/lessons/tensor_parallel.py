@@ -4,6 +4,7 @@ Run card
     torchrun --nproc-per-node 2 tensor_parallel.py --lessons block sequence model   # a 1-D mesh of 2 ranks
     torchrun --nproc-per-node 4 tensor_parallel.py --lessons 2d                     # a (2, 2) mesh: dp x tp
     python tensor_parallel.py --lessons block sequence model                        # a world of one (mesh of 1)
+    torchrun --nproc-per-node 2 tensor_parallel.py --lessons model --optimizer adamw --track-memory  # memory by category
 
 What it shows (every lesson builds the same model from the same seed, and the same model unsharded as "one process")
     * block: ``parallelize_module`` with ``ColwiseParallel`` on the attention's q, k, v projections and the MLP's
@@ -412,7 +413,8 @@ HOLDINGS = ("blocks.0.attn.wq.weight", "blocks.0.attn.wo.weight", "blocks.0.mlp.
 
 # ---------------------------------------------------------------------------------------------------------------
 # Workbook instrumentation: what the notebook reads (collective counts, activation bytes, comparisons with one
-# process, who holds which rows), and the fused-qkv control. Not needed to use tensor parallelism.
+# process, who holds which rows, --track-memory: torch's MemTracker over step 2 of the model lesson, which
+# tutorial_lib's plan_tp_memory predicts), and the fused-qkv control. Not needed to use tensor parallelism.
 # ---------------------------------------------------------------------------------------------------------------
 
 def add_workbook_flags(p):
