@@ -191,6 +191,10 @@ def compare_tp_plan(plan: MemoryPlan, measured: Mapping[str, int]):
     (The FSDP plan's reduce-scatter buffers, in ``tutorial_lib.memory_plan``, are the same effect.) On torch 2.13 the
     plan is exact only with DTensor's sharding propagation in a fake mode of its own
     (``_propagation_in_its_own_fake_mode``).
+
+    Args:
+        plan: a ``plan_tp_memory`` result.
+        measured: one rank's ``read_tp_memory`` entry ({category: bytes}) for the same layout.
     """
     import pandas as pd
     rows = [{"category": k, "planned_bytes": plan.peak_bytes[k], "measured_bytes": measured.get(k, 0),
