@@ -2,8 +2,8 @@
 
 ``plan_tp_memory(["--dim", 1024, ...], world_size=4, layout="tp+sp")`` does for tensor parallelism what
 ``plan_memory`` does for ``train_lm.py`` (see ``tutorial_lib.memory_plan``): it builds the model of the lesson
-script's ``model`` lesson (its own ``GPT``, ``model_plan``, ``batch`` and ``build_optimizer``, imported by path), applies its
-``parallelize_module`` plan on a 1-D ``DeviceMesh`` of ``world_size`` ranks, and runs the script's own
+script's ``model`` lesson (its own ``GPT``, ``model_plan``, ``batch`` and ``build_optimizer``, imported by path),
+applies its ``parallelize_module`` plan on a 1-D ``DeviceMesh`` of ``world_size`` ranks, and runs the script's own
 ``train_step`` twice inside ``FakeTensorMode`` over a fake process group (one process, no tensor memory, no
 collective sent): a warm-up step (the optimizer's state, DTensor's sharding caches), then one under torch's
 ``MemTracker``, whose peak by category (parameters, gradients, optimizer state, activations, temporaries) is the
