@@ -4,7 +4,7 @@ Run card
     torchrun --nproc-per-node 2 tensor_parallel.py --lessons block sequence model   # a 1-D mesh of 2 ranks
     torchrun --nproc-per-node 4 tensor_parallel.py --lessons 2d                     # a (2, 2) mesh: dp x tp
     python tensor_parallel.py --lessons block sequence model                        # a world of one (mesh of 1)
-    torchrun --nproc-per-node 2 tensor_parallel.py --lessons model --optimizer adamw --track-memory  # memory by category
+    torchrun --nproc-per-node 2 tensor_parallel.py --lessons model --optimizer adamw --track-memory  # memory
 
 What it shows (every lesson builds the same model from the same seed, and the same model unsharded as "one process")
     * block: ``parallelize_module`` with ``ColwiseParallel`` on the attention's q, k, v projections and the MLP's
