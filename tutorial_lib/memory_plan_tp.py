@@ -183,10 +183,12 @@ def compare_tp_plan(plan: MemoryPlan, measured: Mapping[str, int]):
     be exact: parameters, gradients and optimizer state are local shards whose shapes the placements decide, and
     every activation and temporary is the output of the same local op on the same shapes (fake mode runs DTensor's
     dispatch, redistributions and functional collectives as a real run does). What is not exact: when a real
-    collective's buffer is released. gloo's worker thread drops its reference to the tensor it reduced after the
-    work is marked done, so now and then the buffer is freed after the main thread's next allocation: the real peak
-    then holds one more buffer (at most ``plan.unsimulated_bytes``; seen: 16128 of 16384 bytes, in backward, in 3 of
-    5 runs under nbval, 0 of 6 standalone), and may fall at another moment, with another split into categories. So
+    collective's buffer is released. Now and then a real run frees one after the main thread's next allocation (most
+    likely gloo's worker thread dropping its reference to the tensor it reduced after the work is marked done; not
+    traced further): the real peak then holds one more buffer (at most ``plan.unsimulated_bytes``) and may fall at
+    another moment, with another split into categories. Seen: rank 0's TP peak 14268 bytes above the plan, in
+    backward (16128 bytes of temporaries more than the plan's own backward peak; one buffer is 16384), in 3 of 5
+    nbval runs of notebook 12, 0 of 6 standalone runs. So
     parameters and optimizer state are always exact, and the total lies in ``[plan, plan + unsimulated_bytes]``.
     (The FSDP plan's reduce-scatter buffers, in ``tutorial_lib.memory_plan``, are the same effect.) On torch 2.13 the
     plan is exact only with DTensor's sharding propagation in a fake mode of its own
