@@ -39,6 +39,7 @@ from .launcher.spec import LaunchResult, LaunchSpec
 from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
                           read_memory_table)
+from .memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
 from .metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
                       read_rank_json, read_rank_tensors, summarize_runs)
 from .parameters import check_parameters
@@ -73,6 +74,7 @@ __all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "ord
             "plot_pipeline_timeline", "replay_slots"]  # pipeline: what a pipeline's stages did
 __all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "memory_table", "plan_memory",
             "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
+__all__ += ["TP_LAYOUTS", "compare_tp_plan", "plan_tp_memory", "read_tp_memory"]  # memory_plan_tp: the same for TP
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone

@@ -132,7 +132,7 @@ def categories_of(snapshot: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def _fake_world(world_size: int):
+def fake_world(world_size: int):
     """A fake process group of ``world_size`` ranks in this process (rank 0), destroyed on exit."""
     import torch.distributed as dist
     import torch.distributed._tools.fake_collectives  # noqa: F401  (c10d's collectives on fake tensors; torch 2.8)
@@ -218,7 +218,7 @@ def _traced_step(module, parsed, world_size: int) -> tuple[dict, int, int]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     device = torch.device("cpu")
-    with _fake_world(world_size if parsed.parallel != "none" else 1):
+    with fake_world(world_size if parsed.parallel != "none" else 1):
         mesh = module.make_mesh(parsed, world_size, device) if parsed.parallel in ("fsdp", "hsdp") else None
         with FakeTensorMode():
             model = module.build_model(parsed, device, mesh, init=False)  # fake weights: no values to initialise

@@ -155,3 +155,39 @@ def test_sizes_the_split_cannot_divide_and_a_third_stage_are_refused():
     tp.check_world(tp.parse_args(["--lessons", "block", "2d"]), 4)
     with pytest.raises(ValueError, match="WORLD_SIZE must be 2 \\(or 1: both halves in one stage\\), got 3"):
         tl.import_script(LESSONS_DIR / "pipeline_parallel.py").check_world(3)
+
+
+def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run_root):
+    """tl.plan_tp_memory (fake mode, one process) against tensor_parallel.py --track-memory (the same MemTracker on
+    2 real gloo ranks), AdamW, TP and TP + SP, every rank: parameters and optimizer state byte for byte; the total
+    from the plan to the plan plus one collective's buffer (gloo's thread may free it after the next allocation:
+    compare_tp_plan's docstring); usually every category equal (torch 2.8 and 2.13)."""
+    args = [*TP_SMALL, "--optimizer", "adamw"]
+    ranks = tl.read_rank_json(run("tensor_parallel", [*args, "--lessons", "model", "--track-memory"],
+                                  run_root).run_dir, "tp")
+    for layout in tl.TP_LAYOUTS:
+        plan = tl.plan_tp_memory(args, world_size=2, layout=layout)
+        # fp32 parameter, gradient and 2 moments: 16 bytes per local element; AdamW's step: one fp32 per tensor
+        assert plan.peak_bytes["parameters"] == plan.state_bytes_analytic / 4
+        n_tensors = 2 + 16 * 1 + 3  # the embeddings, 16 per block (4 Linears, 2 norms: weight and bias), norm, head
+        assert plan.peak_bytes["optimizer state"] == 2 * plan.peak_bytes["parameters"] + 4 * n_tensors
+        assert plan.peak_bytes["activations"] > 0 and plan.peak_bytes["temporaries"] > 0, plan
+        assert plan.unsimulated_bytes == 4 * 4 * 8 * 32  # batch x tokens x width, fp32
+        for measured in tl.read_tp_memory(ranks, layout):
+            table = tl.compare_tp_plan(plan, measured)
+            assert (table.loc[["parameters", "optimizer state"], "difference_bytes"] == 0).all(), (layout, table)
+            assert 0 <= -table.loc["total", "difference_bytes"] <= plan.unsimulated_bytes, (layout, table)
+    one_rank = tl.plan_tp_memory(args, world_size=1)  # a control: one rank holds the whole model
+    D, V = 32, 64
+    split = 3 * (D * D + D) + D * D + (4 * D * D + 4 * D) + 4 * D * D + V * D  # q, k, v, wo, fc1, fc2 weights; head
+    assert one_rank.peak_bytes["parameters"] == 4 * plan.n_params
+    assert plan.peak_bytes["parameters"] == 4 * (plan.n_params - split // 2), "each rank holds half the split ones"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layout": "pp"}, "pipeline stages are not planned"), ({"layout": "2d"}, "2-D FSDP x TP"),
+    ({"args": ["--lessons", "2d"]}, "--lessons 2d"), ({"world_size": 3}, "--n-heads 8 is not divisible"),
+    ({"args": ["--dim", 60]}, "invalid flags"), ({"world_size": 0}, "world_size must be an int >= 1")])
+def test_the_tp_planner_refuses_layouts_it_does_not_plan(kwargs, message):
+    with pytest.raises(tl.ConfigError, match=message):
+        tl.plan_tp_memory(**kwargs)

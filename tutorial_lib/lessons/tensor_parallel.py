@@ -4,6 +4,7 @@ Run card
     torchrun --nproc-per-node 2 tensor_parallel.py --lessons block sequence model   # a 1-D mesh of 2 ranks
     torchrun --nproc-per-node 4 tensor_parallel.py --lessons 2d                     # a (2, 2) mesh: dp x tp
     python tensor_parallel.py --lessons block sequence model                        # a world of one (mesh of 1)
+    torchrun --nproc-per-node 2 tensor_parallel.py --lessons model --optimizer adamw --track-memory  # memory
 
 What it shows (every lesson builds the same model from the same seed, and the same model unsharded as "one process")
     * block: ``parallelize_module`` with ``ColwiseParallel`` on the attention's q, k, v projections and the MLP's
@@ -69,7 +70,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=4,
                    help="sequences per step (count); in 2d, per data-parallel group")
     p.add_argument("--max-steps", type=int, default=3, help="SGD steps of the model and 2d lessons (count, >= 2)")
-    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (unitless)")
+    p.add_argument("--lr", type=float, default=0.5, help="learning rate (unitless)")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                   help="optimizer of the model lesson: sgd (no state) or adamw (2 fp32 moments per parameter)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and of the synthetic data")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
@@ -79,6 +82,7 @@ def parse_args(argv=None):
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, "
                         "30 on gloo")
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for tp_rank<RANK>.json (created)")
+    add_workbook_flags(p)
     args = p.parse_args(argv)
     for name in ("vocab_size", "dim", "n_heads", "n_layers", "seq_len", "batch_size"):
         if getattr(args, name) <= 0:
@@ -90,6 +94,8 @@ def parse_args(argv=None):
                 f"{args.max_steps}")
     if args.lr <= 0 or args.pg_timeout_s <= 0:
         p.error(f"--lr and --pg-timeout-s must be > 0, got {args.lr}, {args.pg_timeout_s}")
+    if args.track_memory and "model" not in args.lessons:
+        p.error("--track-memory tracks step 2 of the model lesson: add model to --lessons")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda, but torch.cuda.is_available() is False (no GPU visible, or a CPU-only torch build); "
                 "use --device cpu or --device auto")
@@ -298,6 +304,26 @@ def lesson_sequence(args, rank, world_size, device):
             "norm_grad_placements": [placement_name(q) for q in getattr(block.norm1.weight.grad, "placements", [])]}
 
 
+def train_step(model, optimizer, x, y):
+    """One optimizer step of the tensor-parallel GPT: forward to vocabulary-sharded logits, the cross-entropy on the
+    shards (``loss_parallel``), backward, step. Returns (loss, logits), DTensors."""
+    logits = model(x)  # a DTensor sharded over the vocabulary: each rank holds V / tp of every row
+    with loss_parallel():  # cross-entropy on vocabulary shards: max, sum-exp and target all-reduced
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, logits
+
+
+def build_optimizer(args, model):
+    """SGD (no state), or AdamW with ``foreach=False`` (two fp32 moments per parameter element, a loop of per-tensor
+    updates: torch's memory tracker in fake mode counts its state exactly)."""
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+    return torch.optim.SGD(model.parameters(), lr=args.lr)
+
+
 def lesson_model(args, rank, world_size, device):
     """The whole GPT, a few SGD steps with loss_parallel, with and without sequence parallelism."""
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
@@ -305,25 +331,21 @@ def lesson_model(args, rank, world_size, device):
     for label, sp in [("TP", False), ("TP + SP", True)]:
         reference = build(GPT, args, device)  # one process, trained on the same batches
         model = parallelize_module(build(GPT, args, device), mesh, model_plan(args.n_layers, sequence_parallel=sp))
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        ref_optimizer = torch.optim.SGD(reference.parameters(), lr=args.lr)
+        optimizer, ref_optimizer = build_optimizer(args, model), build_optimizer(args, reference)
         steps = []
         for step in range(1, args.max_steps + 1):
             x, y = batch(args, step, device)
             saved = SavedActivations(model)
-            with count_collectives(enabled=step == 1) as counts, saved.recording():
-                logits = model(x)  # a DTensor sharded over the vocabulary: each rank holds V / tp of every row
-                with loss_parallel():  # cross-entropy on vocabulary shards: max, sum-exp and target all-reduced
-                    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-                    loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            with count_collectives(enabled=step == 1) as counts, saved.recording(), \
+                    tracking_memory(args, step, model, optimizer) as memory:  # workbook: --track-memory, step 2
+                loss, logits = train_step(model, optimizer, x, y)
             ref_loss = F.cross_entropy(reference(x).flatten(0, 1), y.flatten())
             ref_loss.backward()
             ref_optimizer.step()
             ref_optimizer.zero_grad(set_to_none=True)
             steps.append({"step": step, "loss": whole(loss).item(), "loss_one_process": ref_loss.item(),
-                          "activation_bytes": saved.total(), **({"collectives": counts} if step == 1 else {})})
+                          "activation_bytes": saved.total(), **({"collectives": counts} if step == 1 else {}),
+                          **({"memory_peak": memory} if memory else {})})
         out[label] = {"steps": steps, "logits_local_shape": list(local(logits).shape),
                       "logits_placements": [placement_name(q) for q in logits.placements],
                       "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
@@ -391,8 +413,32 @@ HOLDINGS = ("blocks.0.attn.wq.weight", "blocks.0.attn.wo.weight", "blocks.0.mlp.
 
 # ---------------------------------------------------------------------------------------------------------------
 # Workbook instrumentation: what the notebook reads (collective counts, activation bytes, comparisons with one
-# process, who holds which rows), and the fused-qkv control. Not needed to use tensor parallelism.
+# process, who holds which rows, --track-memory: torch's MemTracker over step 2 of the model lesson, which
+# tutorial_lib's plan_tp_memory predicts), and the fused-qkv control. Not needed to use tensor parallelism.
 # ---------------------------------------------------------------------------------------------------------------
+
+def add_workbook_flags(p):
+    p.add_argument("--track-memory", action="store_true",
+                   help="model lesson: run step 2 under torch's memory tracker (MemTracker) and record its peak by "
+                        "category (bytes) in the step's memory_peak")
+
+
+@contextlib.contextmanager
+def tracking_memory(args, step, model, optimizer):
+    """--track-memory: torch's ``MemTracker`` over step 2 (step 1 creates the optimizer's state and DTensor's sharding
+    caches); the dict is filled with the tracker's peak, {category: bytes} of this rank's device, when it exits."""
+    peak = {}
+    if not (args.track_memory and step == 2):
+        yield peak
+        return
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)  # now: the parameters and the optimizer's state as they are
+    with tracker:
+        yield peak
+    snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    peak.update({getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()})
+
 
 def run_block(block, x):
     """Forward and backward of one block on ``x`` (a leaf), profiled separately; loss = sum of squares / 2."""
