@@ -10,7 +10,6 @@ import re
 import shutil
 import string
 import unicodedata
-from pathlib import Path
 
 import pytest
 
