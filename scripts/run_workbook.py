@@ -28,6 +28,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import papermill as pm
 import yaml
 from papermill.inspection import inspect_notebook
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -191,6 +193,13 @@ class IPCKernelManager(AsyncKernelManager):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("transport", "ipc")
+        if kwargs["transport"] == "ipc" and "ip" not in kwargs:
+            # Each kernel's own socket paths, absolute: jupyter_client's default is "kernel-ipc-1", "-2", ... in the
+            # working folder, picked by which exist, so two workbook runs starting kernels at once in one notebooks
+            # folder took the same sockets (the second client talked to the first run's kernel: "Invalid Signature").
+            runtime = Path(jupyter_runtime_dir())
+            runtime.mkdir(parents=True, exist_ok=True)
+            kwargs["ip"] = str(runtime / f"kernel-{uuid.uuid4().hex[:16]}-ipc")
         super().__init__(*args, **kwargs)
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:

@@ -60,3 +60,12 @@ def test_a_timeout_that_is_not_positive_is_refused_by_argparse(run_workbook, cap
     assert exited.value.code == 2
     assert f"argument --timeout-s: {says}; e.g. --timeout-s 600" in capsys.readouterr().err
     assert run_workbook.parse_args(["--timeout-s", "30"]).timeout_s == 30
+
+
+def test_each_kernel_gets_its_own_absolute_socket_paths(run_workbook):
+    """jupyter_client's IPC default, "kernel-ipc-N" in the working folder, let two workbook runs started at once in
+    one notebooks folder share sockets: each kernel manager now names its own, absolute, in Jupyter's runtime folder."""
+    first, second = (run_workbook.IPCKernelManager(kernel_name="python3") for _ in range(2))
+    assert first.transport == second.transport == "ipc"
+    assert Path(first.ip).is_absolute() and Path(first.ip).parent.is_dir() and first.ip != second.ip
+    assert run_workbook.IPCKernelManager(kernel_name="python3", transport="tcp").ip == "127.0.0.1"
