@@ -250,6 +250,16 @@ def _deprecated_uses(source, where):
     return found
 
 
+def python_of(cell_source):
+    """A code cell as Python: a ``%%writefile`` cell's body is the file it writes (a script, scanned as one); other
+    magics as IPython runs them (``get_ipython()`` calls)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    if cell_source.startswith("%%writefile"):
+        return cell_source.split("\n", 1)[1] if "\n" in cell_source else ""
+    return TransformerManager().transform_cell(cell_source)
+
+
 def test_no_deprecated_amp_api_in_code_or_notebooks():
     found = []
     for path in [*(ROOT / "tutorial_lib").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
@@ -257,8 +267,10 @@ def test_no_deprecated_amp_api_in_code_or_notebooks():
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
             if cell.cell_type == "code":
-                found += _deprecated_uses(cell.source, f"{path.name} cell {i}")
+                found += _deprecated_uses(python_of(cell.source), f"{path.name} cell {i}")
     assert not found, found
     assert _deprecated_uses("scaler = torch.cuda.amp.GradScaler()", "probe"), "the scan finds a real use"
     shown = "with warnings.catch_warnings(record=True) as caught:\n    scaler = torch.cuda.amp.GradScaler()"
     assert not _deprecated_uses(shown, "probe"), "a use whose warning is captured and shown is history, allowed"
+    assert _deprecated_uses(python_of("%%writefile train.py\nscaler = torch.cuda.amp.GradScaler()"), "probe"), \
+        "a script written by a cell is scanned too"
