@@ -71,7 +71,7 @@ def parse_args(argv=None):
                    help="sequences per step (count); in 2d, per data-parallel group")
     p.add_argument("--max-steps", type=int, default=3, help="SGD steps of the model and 2d lessons (count, >= 2)")
     p.add_argument("--lr", type=float, default=0.5, help="learning rate (unitless)")
-    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="sgd",
                    help="optimizer of the model lesson: sgd (no state) or adamw (2 fp32 moments per parameter)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and of the synthetic data")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
