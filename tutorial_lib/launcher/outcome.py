@@ -67,17 +67,27 @@ def explain_agent_failure_zh(output: str, spec: LaunchSpec, started: Sequence[in
     return ""
 
 
+def _waiting_ranks(failure: RankFailure) -> str:
+    """The ranks still waiting when ``failure``'s rank finished, as ``"0, 2"``."""
+    return ", ".join(str(r) for r in sorted(e.rank for e in failure.ends if e.rank is not None and e.how != FINISHED))
+
+
+def _other_signals(failure: RankFailure) -> dict[int, str]:
+    """The other ranks a fatal signal ended: ``{rank: signal name}``."""
+    return {r: name for r, name in failure.signals.items() if r != failure.rank}
+
+
 def failure_text_zh(failure: RankFailure) -> str:
     """The Chinese of ``failure_text``: ``"在 rank 1 上失败（被 SIGSEGV 终止，退出码 -11）"``."""
     if failure.how == FINISHED:
-        waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how not in (FINISHED,))
-        return (f"失败：rank {failure.rank} 已结束（退出码 0），而 rank {', '.join(map(str, waiting))} 还在等它"
+        waiting = _waiting_ranks(failure)
+        return (f"失败：rank {failure.rank} 已结束（退出码 0），而 rank {waiting} 还在等它"
                 "（一个它从未调用的集合通信）")
     how = f"被 {failure.signal} 终止，" if failure.how == SIGNAL and failure.signal else ""
     text = f"在 rank {failure.rank} 上失败（{how}退出码 {failure.exit_code}）"
     if len(failure.raised) > 1:
         text += f"；rank {', '.join(map(str, failure.raised))} 各自抛出了错误"
-    others = {r: name for r, name in failure.signals.items() if r != failure.rank}
+    others = _other_signals(failure)
     if others:
         text += "；" + "，".join(f"rank {r} 被 {name} 终止" for r, name in others.items())
     return text
@@ -88,14 +98,13 @@ def failure_text(failure: RankFailure) -> str:
     SIGSEGV, exit code -11)"``, ``"failed on rank 0 (exit code 1); ranks 0, 1 each raised"``, or for a rank that
     finished while the others waited for it, ``"failed: rank 1 finished (exit code 0) while rank 0 waited for it"``."""
     if failure.how == FINISHED:
-        waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how not in (FINISHED,))
-        return (f"failed: rank {failure.rank} finished (exit code 0) while rank(s) {', '.join(map(str, waiting))} "
+        return (f"failed: rank {failure.rank} finished (exit code 0) while rank(s) {_waiting_ranks(failure)} "
                 "waited for it (a collective it never called)")
     how = f"killed by {failure.signal}, " if failure.how == SIGNAL and failure.signal else ""
     text = f"failed on rank {failure.rank} ({how}exit code {failure.exit_code})"
     if len(failure.raised) > 1:
         text += f"; ranks {', '.join(map(str, failure.raised))} each raised"
-    others = {r: name for r, name in failure.signals.items() if r != failure.rank}
+    others = _other_signals(failure)
     if others:
         text += "; " + ", ".join(f"rank {r} killed by {name}" for r, name in others.items())
     return text
