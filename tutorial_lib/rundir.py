@@ -74,6 +74,7 @@ CHECKPOINTS_SUBDIR = "checkpoints"
 # What a launch writes into its run directory: a folder holding any of them is refused (``launch_outputs_in``).
 LAUNCH_OUTPUTS = (COMMAND_TXT, OUTPUT_LOG, RUN_RECORD, LOGS, METRICS_SUBDIR, SAMPLES_SUBDIR)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+_STAMPED_RE = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9][A-Za-z0-9._-]{0,80}(-\d+)?$")  # new_run_dir's folder names
 
 
 def available_scripts() -> list[str]:
@@ -105,6 +106,24 @@ def launch_outputs_in(run_dir: str | os.PathLike) -> list[str]:
     """The names of ``LAUNCH_OUTPUTS`` (``command.txt``, ``output.log``, ``run.json``, ``logs/``, ``metrics/``,
     ``samples/``) already present in ``run_dir``: a launch there would overwrite them, or read them as its own."""
     return [name for name in LAUNCH_OUTPUTS if os.path.lexists(Path(run_dir) / name)]
+
+
+def is_lesson_run_dir(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is a run directory made for the script in it: it holds scripts (copies of shipped ones, as
+    ``write_script`` puts them there; in a folder ``new_run_dir`` made, any ``.py``) and nothing else but what a launch
+    of them writes (``LAUNCH_OUTPUTS``, ``checkpoints/``: a second launch there is refused). A folder holding anything
+    else (a learner's project: ``train.py`` beside ``data/``, their own ``output.log``) is not: ``launch`` gives a
+    script there a fresh run directory, so nothing the launcher writes lands beside the learner's files.
+
+    Args:
+        folder: an existing folder (a script's parent). Hidden entries and ``__pycache__`` are not counted.
+    """
+    folder = Path(folder)
+    lessons, outputs = set(available_scripts()), {*LAUNCH_OUTPUTS, CHECKPOINTS_SUBDIR}
+    made_by_new_run_dir = _STAMPED_RE.match(folder.name) is not None
+    names = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != "__pycache__"]
+    scripts = [p for p in names if p.suffix == ".py" and p.is_file() and (made_by_new_run_dir or p.stem in lessons)]
+    return bool(scripts) and all(p in scripts or p.name in outputs for p in names)
 
 
 def default_runs_root() -> Path:

@@ -72,9 +72,37 @@ def test_your_own_script_launches_twice_in_place_from_its_folder_with_its_printe
     assert "[progress" in shown and "rank 0: step 5  loss " in shown, "the printed points reached the live view"
 
 
-def test_a_folder_holding_your_own_launch_files_is_refused_and_run_script_launches_beside_them(tmp_path, run_root):
-    """A fresh user's report: launching a script whose folder (the default run_dir) held their own output.log, run.json
-    and metrics/rank0.jsonl replaced the first two and read the third as the run's metrics."""
+def test_a_launchspec_without_run_dir_leaves_your_folder_as_it_was_launch_after_launch(tmp_path, run_root,
+                                                                                        monkeypatch):
+    """Issue 34: ``tl.launch(tl.LaunchSpec("my_project/train.py"))``, the first call a learner reaches for, used to
+    write command.txt, output.log, run.json, logs/ and metrics/ into the learner's folder and refuse the second launch
+    there. Each launch now gets a fresh run directory (as ``run_script`` gives it); the ranks still run in the folder."""
+    monkeypatch.setenv("TUTORIAL_LIB_RUNS_DIR", str(run_root))
+    folder = tmp_path / "my project"
+    folder.mkdir()
+    (folder / "myfmt.py").write_text("import os\nprint(f\"step 0 loss {1 + int(os.environ['RANK'])} in {os.getcwd()}\","
+                                     " flush=True)\n")
+    (folder / "notes.txt").write_text("the learner's own file\n")
+    before = snapshot(folder)
+    results = [tl.launch(tl.LaunchSpec(folder / "myfmt.py", nproc_per_node=2, device="cpu", timeout_s=120))
+               for _ in range(2)]
+    assert snapshot(folder) == before and sorted(os.listdir(folder)) == ["myfmt.py", "notes.txt"], \
+        "nothing the launcher writes lands beside the learner's files"
+    first, second = (r.run_dir for r in results)
+    assert first != second and first.parent == second.parent == run_root.resolve()
+    assert first.name.endswith("-myfmt") and sorted(p.name for p in run_root.iterdir()) == sorted([first.name,
+                                                                                                   second.name])
+    for result in results:
+        assert (result.run_dir / "command.txt").read_text().startswith(f"# ranks run in {folder}; ")
+        assert result.metrics()[["rank", "step", "loss_local"]].values.tolist() == [[0, 0, 1.0], [1, 0, 2.0]]
+        assert f"in {folder}" in (result.run_dir / "output.log").read_text(), "the ranks ran in the script's folder"
+
+
+def test_a_folder_holding_your_own_launch_files_is_kept_and_never_read_as_the_runs(tmp_path, run_root, monkeypatch):
+    """A fresh user's report: launching a script whose folder (then the default run_dir) held their own output.log,
+    run.json and metrics/rank0.jsonl replaced the first two and read the third as the run's metrics. Now the launch
+    goes to a fresh run directory, both through ``launch`` and ``run_script``; the folder is neither read nor written."""
+    monkeypatch.setenv("TUTORIAL_LIB_RUNS_DIR", str(run_root))
     folder = tmp_path / "x"
     (folder / "metrics").mkdir(parents=True)
     (folder / "myfmt.py").write_text("import os\nprint(f\"step 0 loss {1 + int(os.environ['RANK'])}\", flush=True)\n")
@@ -82,12 +110,26 @@ def test_a_folder_holding_your_own_launch_files_is_refused_and_run_script_launch
     (folder / "run.json").write_text('{"mine": true}\n')
     (folder / "metrics" / "rank0.jsonl").write_text('{"step": 7, "loss": 9.0}\n')
     before = snapshot(folder)
-    with pytest.raises(tl.ConfigError, match=r"already holds a launch's files \(output.log, run.json, metrics/\)"):
-        tl.launch(tl.LaunchSpec(folder / "myfmt.py", nproc_per_node=2, device="cpu"))
+    launched = tl.launch(tl.LaunchSpec(folder / "myfmt.py", nproc_per_node=2, device="cpu", timeout_s=120))
     result = tl.run_script(folder / "myfmt.py", nproc_per_node=2, device="cpu", timeout_s=120, runs_dir=run_root)
     assert snapshot(folder) == before, "the user's files are neither overwritten nor added to"
-    assert result.run_dir.parent == run_root.resolve()
-    assert result.metrics()[["rank", "step", "loss_local"]].values.tolist() == [[0, 0, 1.0], [1, 0, 2.0]]
+    for run in (launched, result):
+        assert run.run_dir.parent == run_root.resolve()
+        assert run.metrics()[["rank", "step", "loss_local"]].values.tolist() == [[0, 0, 1.0], [1, 0, 2.0]]
+
+
+def test_a_lessons_run_directory_is_still_the_default_and_a_second_launch_there_is_refused(run_root):
+    """``write_script`` into ``new_run_dir``'s folder, then ``LaunchSpec(script)``: the run directory is that folder
+    (the notebooks' pattern, the lesson's metrics/ beside it); launched once, it is a record, and a second launch there
+    is refused before anything starts, naming what it holds."""
+    run_dir = tl.new_run_dir("lesson", run_root)
+    script = tl.write_script("collectives_check", run_dir)
+    result = tl.launch(tl.LaunchSpec(script, nproc_per_node=2, device="cpu", timeout_s=120))
+    assert result.run_dir == run_dir.resolve() and (run_dir / "command.txt").is_file()
+    assert sorted(p.name for p in run_root.iterdir()) == [run_dir.name], "no second run directory was made"
+    with pytest.raises(tl.ConfigError, match=r"already holds a launch's files \(command.txt, output.log, run.json"):
+        tl.launch(tl.LaunchSpec(script, nproc_per_node=2, device="cpu"))
+    assert sorted(p.name for p in run_root.iterdir()) == [run_dir.name], "a refused launch makes no folder"
 
 
 @pytest.mark.parametrize("warm", ["1", "0"], ids=["warm", "cold"])

@@ -29,9 +29,11 @@ def users_folder(tmp_path):
 
 
 def test_a_run_dir_holding_what_a_launch_writes_is_refused_naming_each_and_nothing_is_touched(users_folder):
+    """A run_dir given explicitly is used as it is, so one that holds a launch's files is refused. (Without run_dir the
+    launch goes to a fresh run directory: tests/integration/test_own_script.py.)"""
     before = snapshot(users_folder)
     with pytest.raises(ConfigError) as refused:
-        tl.launch(LaunchSpec(users_folder / "myfmt.py", nproc_per_node=2, device="cpu"))
+        tl.launch(LaunchSpec(users_folder / "myfmt.py", nproc_per_node=2, device="cpu", run_dir=users_folder))
     message = str(refused.value)
     assert f"run_dir {str(users_folder)!r} already holds a launch's files (output.log, run.json, metrics/)" in message
     assert "run_dir=new_run_dir(label)" in message and "run_script('path/to/script.py', args)" in message

@@ -103,3 +103,32 @@ def test_checking_a_scripts_arguments_swaps_no_process_wide_stream(tmp_path, cap
     check_script_args(script, ["--help"])
     assert sys.stdout is out and sys.stderr is err
     assert capsys.readouterr() == ("", ""), "nothing printed: not the usage, not the help"
+
+
+def test_a_lessons_run_directory_is_told_from_a_learners_folder(tmp_path):
+    """``launch``'s default run directory (issue 34): the script's folder only when it holds lesson copies and what
+    their launch wrote; any file of the learner's makes it theirs, and the launch then gets a fresh run directory."""
+    from tutorial_lib.rundir import is_lesson_run_dir
+
+    lesson = tl.new_run_dir("lesson", tmp_path)
+    tl.write_script("ddp_train", lesson)
+    assert is_lesson_run_dir(lesson)
+    (lesson / "command.txt").write_text("")
+    (lesson / "metrics").mkdir()
+    (lesson / ".ipynb_checkpoints").mkdir()
+    assert is_lesson_run_dir(lesson), "a launched lesson's run directory is still one (a second launch is refused)"
+    project = tmp_path / "my_project"
+    project.mkdir()
+    assert not is_lesson_run_dir(project), "an empty folder holds no lesson"
+    (project / "train.py").write_text("print('mine')\n")
+    assert not is_lesson_run_dir(project)
+    tl.write_script("ddp_train", project)
+    assert not is_lesson_run_dir(project), "a lesson copied beside the learner's own script: still the learner's"
+    (project / "train.py").unlink()
+    (project / "data").mkdir()
+    assert not is_lesson_run_dir(project), "a data folder is the learner's"
+    made = tl.new_run_dir("mine", tmp_path)
+    (made / "mine.py").write_text("print('mine')\n")
+    assert is_lesson_run_dir(made), "a script of one's own copied into a folder new_run_dir made for it"
+    (made / "data.txt").write_text("1\n")
+    assert not is_lesson_run_dir(made), "with a data file beside it, the folder holds the learner's files"

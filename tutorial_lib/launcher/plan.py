@@ -36,7 +36,8 @@ class LaunchPlan:
         spec: the launch's ``LaunchSpec``.
         device_plan: device, backend and ranks per node (``resolve_device``).
         script: the script, as an absolute path.
-        run_dir: the run directory (``spec.run_dir``, else the script's folder), absolute.
+        run_dir: the run directory (``spec.run_dir``, else the script's folder; ``launch`` first gives a script outside
+            a lesson's run directory a fresh one), absolute.
         cwd: the ranks' (and torchrun's) working folder (``spec.cwd``, else the script's folder), absolute.
         nodes: the node ranks this launch starts (``spec.start_nodes``, else every node).
         job_env: the environment of the job (``build_env``): torchrun's and every rank's.

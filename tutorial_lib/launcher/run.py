@@ -12,6 +12,7 @@ A launch is four named steps: ``plan_launch`` (pure: every command and environme
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -20,8 +21,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..i18n import notebook_language, set_language
-from ..rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, new_run_dir,
-                      removed_if_refused, shipped_script, write_script)
+from ..rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, is_lesson_run_dir,
+                      new_run_dir, removed_if_refused, shipped_script, write_script)
 from ..script_source import check_script_args
 from . import warm
 from .devices import DevicePlan
@@ -63,9 +64,39 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     With ``spec.slurm`` (a ``SlurmSpec``) the job is submitted to SLURM instead (``slurm_job.run_slurm_plan``): the same
     result and errors, and an interrupt or a limit cancels the job (``scancel``).
     """
-    if spec.slurm is not None:
-        return run_slurm_plan(plan_slurm_launch(spec))
-    return run_plan(plan_launch(spec))
+    fresh = fresh_run_dir_for(spec)
+    if fresh is None:
+        plan = plan_slurm_launch(spec) if spec.slurm is not None else plan_launch(spec)
+    else:
+        with removed_if_refused(fresh):
+            spec = dataclasses.replace(spec, run_dir=fresh)
+            plan = plan_slurm_launch(spec) if spec.slurm is not None else plan_launch(spec)
+    return run_slurm_plan(plan) if spec.slurm is not None else run_plan(plan)
+
+
+def fresh_run_dir_for(spec: LaunchSpec) -> Path | None:
+    """The fresh run directory ``launch`` makes for ``spec``, or ``None`` when it needs none.
+
+    A spec with ``run_dir`` uses it; so does a script whose folder is a lesson's run directory (``is_lesson_run_dir``:
+    ``write_script``'s copy in ``new_run_dir``'s folder). Any other script (``my_project/train.py``) gets a new folder
+    ``default_runs_root()/<stamp>-<script name>`` (``new_run_dir``), as ``run_script`` gives it, while its ranks still
+    run in the script's folder (``cwd``): a learner's folder stays theirs, and the script can be launched again and
+    again. A script that does not exist makes nothing (``LaunchSpec.validate`` names it).
+
+    Raises:
+        ConfigError: the runs folder cannot be created (``new_run_dir``).
+    """
+    if spec.run_dir is not None or not isinstance(spec.script, (str, os.PathLike)):
+        return None
+    script = Path(spec.script)
+    if not script.is_file() or is_lesson_run_dir(script.parent):
+        return None
+    return new_run_dir(_run_label(script.stem))
+
+
+def _run_label(stem: str) -> str:
+    """A run directory label from a script's name: what ``new_run_dir`` accepts (``"my train!"`` -> ``mytrain``)."""
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9._-]", "", stem)[:80] or "script"
 
 
 def run_plan(plan: LaunchPlan) -> LaunchResult:
@@ -170,7 +201,7 @@ def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_d
             plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
             check_script_args(path, plan.spec.args)
         return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
-    run_dir = new_run_dir(label or re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9._-]", "", own.stem)[:80] or "script", runs_dir)
+    run_dir = new_run_dir(label or _run_label(own.stem), runs_dir)
     with removed_if_refused(run_dir):
         launch_spec = LaunchSpec(own, args=args, run_dir=run_dir, **spec)
         plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)

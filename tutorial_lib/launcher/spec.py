@@ -36,11 +36,13 @@ class LaunchSpec:
         nproc_per_node: ranks to start (``None``: the default of ``device``: 2 on CPU, one per GPU).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (see ``resolve_device``). With ``"cpu"`` on a GPU
             machine the workers see no GPU (``CUDA_VISIBLE_DEVICES=""``).
-        run_dir: where logs, metrics and ``command.txt`` go; defaults to the script's folder (where
-            ``write_script`` put it). It must hold none of what a launch writes (``rundir.LAUNCH_OUTPUTS``:
-            ``command.txt``, ``output.log``, ``run.json``, ``logs/``, ``metrics/``, ``samples/``; nothing is
-            overwritten or read as this launch's): to launch a script of your own again and again, give each launch a
-            fresh one (``run_script(path)`` does, or ``run_dir=new_run_dir(label)``).
+        run_dir: where logs, metrics and ``command.txt`` go. ``None``: the script's folder when it is a lesson's run
+            directory (``write_script``'s copy in ``new_run_dir``'s folder, ``rundir.is_lesson_run_dir``), else a
+            fresh run directory ``default_runs_root()/<stamp>-<script name>`` that ``launch`` makes, as ``run_script``
+            does: a script of your own (``LaunchSpec("my_project/train.py")``) can be launched again and again, and
+            nothing the launcher writes lands beside your files. A given folder must hold none of what a launch
+            writes (``rundir.LAUNCH_OUTPUTS``: ``command.txt``, ``output.log``, ``run.json``, ``logs/``,
+            ``metrics/``, ``samples/``; nothing is overwritten or read as this launch's).
         timeout_s: wall-clock limit for the whole job (seconds, > 0); past it the job is stopped
             and ``LaunchTimeout`` is raised.
         stall_timeout_s: a hang detector independent of start-up time (seconds, > 0, or ``None``: off):
