@@ -88,7 +88,36 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
+# nbval executes these Chinese twins (notebooks/zh/) in full; the others' cells are deselected (issue 34: CI that
+# stays affordable). A twin's code cells are the English ones (tests/notebooks/test_twins.py) and no checked output of
+# a twin differs from its English notebook's (test_twins also asserts that, so a twin that gains a language-dependent
+# checked output must be added here): executing all 13 again proved the same asserts a second time, ~5 minutes of CI.
+# These two show the language layer through real failures: 01 (the live view and the failure box on a first
+# failure), 07 (the doctor's report and its table for every failure kind). Give a twin's path (or notebooks/zh) to
+# pytest to execute it anyway; TUTORIAL_LIB_NBVAL_ALL_TWINS=1 executes all of them.
+EXECUTED_TWINS = ("01_ddp.ipynb", "07_troubleshooting.ipynb")
+
+
+def deselected_twins(config, items) -> list:
+    """The nbval items of the Chinese twins that are not in ``EXECUTED_TWINS`` (none under
+    ``TUTORIAL_LIB_NBVAL_ALL_TWINS=1``, and none of a twin or folder named on the command line)."""
+    if os.environ.get("TUTORIAL_LIB_NBVAL_ALL_TWINS") == "1":
+        return []
+    twins = ROOT / "notebooks" / "zh"
+    named = {Path(arg.split("::")[0]).resolve() for arg in config.invocation_params.args if not arg.startswith("-")}
+    if twins in named:
+        return []
+    return [item for item in items
+            if Path(str(item.fspath)).parent == twins and Path(str(item.fspath)).suffix == ".ipynb"
+            and Path(str(item.fspath)).name not in EXECUTED_TWINS and Path(str(item.fspath)) not in named]
+
+
 def pytest_collection_modifyitems(config, items):
+    dropped = deselected_twins(config, items)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        dropped_ids = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in dropped_ids]
     integration = ROOT / "tests" / "integration"
     slurm_reason = ...
     for item in items:
