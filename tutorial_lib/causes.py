@@ -15,12 +15,15 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .i18n import N_, Message, Nn_
+
 
 @dataclass(frozen=True)
 class Cause:
     """A known failure: its short name, the pattern of its messages, the fix, and where it is taught.
 
-    ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
+    ``name`` and ``fix`` are gettext msgids (English; ``tutorial_lib.i18n`` words them when shown). ``describe``, if
+    set, turns the matching line into the evidence shown (else the line itself is).
     """
 
     name: str
@@ -66,48 +69,48 @@ def describe_checkpoint_mismatch(line: str) -> str:
 # causes come first; the consequences they trigger on the peers ("Connection reset by peer", a timeout
 # while a peer is already dead) come later or not at all.
 CAUSES = (
-    Cause("port in use", re.compile(r"EADDRINUSE|address already in use", re.I),
-          "another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
-          "another one (06, section 5 'A port that is already taken')"),
-    Cause("rendezvous timeout", re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
-          "not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
-          "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')"),
-    Cause("out of memory", re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
+    Cause(N_("port in use"), re.compile(r"EADDRINUSE|address already in use", re.I),
+          N_("another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
+             "another one (06, section 5 'A port that is already taken')")),
+    Cause(N_("rendezvous timeout"), re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
+          N_("not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
+             "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')")),
+    Cause(N_("out of memory"), re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
-          "the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
-          "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')"),
-    Cause("checkpoint does not match the model",
+          N_("the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
+             "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')")),
+    Cause(N_("checkpoint does not match the model"),
           re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
                      r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
                      r"Unexpected key\(s\) in state_dict"),
-          "the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
-          "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
-          "folder records only the step, world size, format and strategy), or start without --resume "
-          "(05, section 3 'Sharded checkpoints')", describe_checkpoint_mismatch),
+          N_("the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
+             "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
+             "folder records only the step, world size, format and strategy), or start without --resume "
+             "(05, section 3 'Sharded checkpoints')"), describe_checkpoint_mismatch),
     # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
     # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
-    Cause("collective mismatch", re.compile(r"mismatch between collectives|doesn't match expected size|"
+    Cause(N_("collective mismatch"), re.compile(r"mismatch between collectives|doesn't match expected size|"
                                             r"collective mismatch|op\.preamble\.length <= op\.nbytes", re.I),
-          "the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
-          "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
-          "(07, section 1 'Hang')"),
+          N_("the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
+             "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
+             "(07, section 1 'Hang')")),
     # A rank that finished its work and then died in the interpreter's teardown: a gloo thread aborts while the
     # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
-    Cause("abort at interpreter exit", re.compile(r"terminate called without an active exception"),
-          "the script had returned: gloo aborted the process during Python's teardown, not your code, and the "
-          "rank's work is done; end main() with dist.destroy_process_group() in a finally (it makes the abort rarer, "
-          "not impossible), not with os._exit, which skips atexit handlers and a running dcp.async_save; the "
-          "launcher's rank runner leaves with os._exit for you (07, section 2 'A crashing rank')"),
+    Cause(N_("abort at interpreter exit"), re.compile(r"terminate called without an active exception"),
+          N_("the script had returned: gloo aborted the process during Python's teardown, not your code, and the "
+             "rank's work is done; end main() with dist.destroy_process_group() in a finally (it makes the abort rarer, "
+             "not impossible), not with os._exit, which skips atexit handlers and a running dcp.async_save; the "
+             "launcher's rank runner leaves with os._exit for you (07, section 2 'A crashing rank')")),
     # dynamo's DDPOptimizer splits a compiled graph at DDP's bucket boundaries and insists that the first bucket is
     # no larger than the others; a small bucket_cap_mb breaks that (torch 2.8 and 2.13 alike).
-    Cause("DDP + torch.compile bucket split", re.compile(r"First bucket should be smaller/equal to other buckets"),
-          "torch.compile under DDP with a small bucket_cap_mb: dynamo's DDPOptimizer cannot split the graph at "
-          "these buckets. Set torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py "
-          "--no-optimize-ddp: one graph, DDP's buckets still overlap backward) or use a larger bucket_cap_mb "
-          "(11, section 9 'Notes')"),
-    Cause("DDP unused parameters", re.compile(r"Expected to have finished reduction"),
-          "a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
-          "(01, section 6 'A parameter without a gradient')"),
+    Cause(N_("DDP + torch.compile bucket split"), re.compile(r"First bucket should be smaller/equal to other buckets"),
+          N_("torch.compile under DDP with a small bucket_cap_mb: dynamo's DDPOptimizer cannot split the graph at "
+             "these buckets. Set torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py "
+             "--no-optimize-ddp: one graph, DDP's buckets still overlap backward) or use a larger bucket_cap_mb "
+             "(11, section 9 'Notes')")),
+    Cause(N_("DDP unused parameters"), re.compile(r"Expected to have finished reduction"),
+          N_("a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
+             "(01, section 6 'A parameter without a gradient')")),
     # A GPU program on a machine without a usable GPU, as torch 2.8's CUDA wheel and 2.13's CPU build say it:
     # torch.cuda.set_device: "Found no NVIDIA driver on your system" (2.8, CUDA wheel, no driver), "module
     # 'torch._C' has no attribute '_cuda_setDevice'" (2.13 CPU build); a CUDA tensor: "Torch not compiled with CUDA
@@ -115,33 +118,33 @@ CAUSES = (
     # (2.8), "Distributed package doesn't have NCCL built in" (2.13 CPU build); all measured here. "No CUDA GPUs are
     # available" (CUDA_VISIBLE_DEVICES empty) and "no CUDA-capable device is detected" (the CUDA runtime's
     # cudaErrorNoDevice) are the texts of torch's and CUDA's sources, not seen on this machine.
-    Cause("no GPU", re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled|"
+    Cause(N_("no GPU"), re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled|"
                                r"has no attribute '_cuda_setDevice'|ProcessGroupNCCL is only supported with GPUs|"
                                r"Distributed package doesn't have NCCL built in|No CUDA GPUs are available|"
                                r"no CUDA-capable device is detected"),
-          "the script asks for a GPU and this machine has none torch can use (or torch is a CPU build): choose the "
-          "device and backend from what is there (device = 'cuda' if torch.cuda.is_available() else 'cpu'; nccl "
-          "on CUDA, gloo on CPU; torch.cuda.set_device and device_ids only on CUDA), as the lesson scripts do, or "
-          "run it on a machine whose nvidia-smi lists GPUs with a CUDA build of torch (06, section 2 'The GPU "
-          "comes from LOCAL_RANK, never from RANK')"),
+          N_("the script asks for a GPU and this machine has none torch can use (or torch is a CPU build): choose the "
+             "device and backend from what is there (device = 'cuda' if torch.cuda.is_available() else 'cpu'; nccl "
+             "on CUDA, gloo on CPU; torch.cuda.set_device and device_ids only on CUDA), as the lesson scripts do, or "
+             "run it on a machine whose nvidia-smi lists GPUs with a CUDA build of torch (06, section 2 'The GPU "
+             "comes from LOCAL_RANK, never from RANK')")),
     # A GPU index the node does not have: the CUDA runtime's cudaErrorInvalidDevice, "CUDA error: invalid device
     # ordinal" (torch.cuda.set_device(i) and tensors on cuda:i, i >= the node's GPU count); torch.cuda's own check
     # "Invalid device id" (get_device_properties). The texts of torch 2.8's CUDA wheel (libcudart's error strings,
     # torch/cuda/__init__.py): this machine has no GPU to show them on.
-    Cause("invalid device ordinal", re.compile(r"invalid device ordinal|Invalid device id"),
-          "a rank asked for a GPU index this node does not have: take the GPU from LOCAL_RANK "
-          "(torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), never from RANK, which counts the ranks of every "
-          "node, and start at most torch.cuda.device_count() ranks per node (--nproc-per-node; CUDA_VISIBLE_DEVICES "
-          "limits what a node shows) (06, section 2 'The GPU comes from LOCAL_RANK, never from RANK')"),
-    Cause("collective timeout (hang)", re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
+    Cause(N_("invalid device ordinal"), re.compile(r"invalid device ordinal|Invalid device id"),
+          N_("a rank asked for a GPU index this node does not have: take the GPU from LOCAL_RANK "
+             "(torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), never from RANK, which counts the ranks of every "
+             "node, and start at most torch.cuda.device_count() ranks per node (--nproc-per-node; CUDA_VISIBLE_DEVICES "
+             "limits what a node shows) (06, section 2 'The GPU comes from LOCAL_RANK, never from RANK')")),
+    Cause(N_("collective timeout (hang)"), re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
                                                   r"Socket Timeout"),
-          "a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
-          "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
-          "error (07, section 1 'Hang'; uneven inputs: 02, section 4)"),
-    Cause("NCCL error", re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+          N_("a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
+             "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
+             "error (07, section 1 'Hang'; uneven inputs: 02, section 4)")),
+    Cause(N_("NCCL error"), re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
                                    r"ncclInvalidUsage|ncclRemoteError|NCCL WARN"),
-          "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
-          "(07, section 3 'Debugging variables')"),
+          N_("rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
+             "(07, section 3 'Debugging variables')")),
 )
 
 # The failures of torchrun itself, no rank to blame: the launcher explains them in its error (with the spec's port and
@@ -159,85 +162,89 @@ def agent_failure(output: str) -> Cause | None:
     return next((c for c in CAUSES if c.name in AGENT_FAILURES and c.pattern.search(output)), None)
 
 
-EXCEPTION_FIX = ("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
-                  "only because their peer was gone (07, section 2 'A crashing rank')")
+EXCEPTION_FIX = (N_("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
+                     "only because their peer was gone (07, section 2 'A crashing rank')"))
 # When several ranks raised an error of their own (the same code failing everywhere: a missing key, a bad path).
-EVERY_RANK_RAISED_FIX = ("ranks {ranks} each raised (rank {rank} first): not a peer's failure but code every one of "
-                          "them runs; fix the line the traceback points to (07, section 2 'A crashing rank')")
+EVERY_RANK_RAISED_FIX = (N_("ranks {ranks} each raised (rank {rank} first): not a peer's failure but code every one of "
+                             "them runs; fix the line the traceback points to (07, section 2 'A crashing rank')"))
 # A rank that returned while the others still waited in a collective for it (the launcher's rank runner records
 # exit code 0; torchrun reports no rank that exits 0).
-FINISHED_CAUSE = "a rank finished while the others waited"
-FINISHED_FIX = ("rank {rank} returned (exit code 0) while rank(s) {waiting} waited for it in a collective it never "
-                "called: a collective inside `if rank == 0:`, a final barrier() or all_reduce on some ranks only, or "
-                "more batches on one rank than another. Every rank must call the same collectives in the same order "
-                "(07, section 1c 'One rank skips a collective'; uneven inputs: 02, section 4)")
+FINISHED_CAUSE = N_("a rank finished while the others waited")
+FINISHED_FIX = Nn_("rank {rank} returned (exit code 0) while rank {waiting} waited for it in a collective it never "
+                   "called: a collective inside `if rank == 0:`, a final barrier() or all_reduce on some ranks only, or "
+                   "more batches on one rank than another. Every rank must call the same collectives in the same order "
+                   "(07, section 1c 'One rank skips a collective'; uneven inputs: 02, section 4)",
+                   "rank {rank} returned (exit code 0) while ranks {waiting} waited for it in a collective it never "
+                   "called: a collective inside `if rank == 0:`, a final barrier() or all_reduce on some ranks only, or "
+                   "more batches on one rank than another. Every rank must call the same collectives in the same order "
+                   "(07, section 1c 'One rank skips a collective'; uneven inputs: 02, section 4)")
 SIGNAL_FIXES = {
-    "SIGKILL": "killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
-               "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')",
-    "SIGSEGV": "a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
-               "that called it (07, section 1d: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo crashes so)",
-    "SIGABRT": "a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
-               "rank's stderr in logs/ (07, section 1 'Hang')",
-    "SIGTERM": "stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
-               "interrupt): look for the rank that failed first",
-    "SIGFPE": "no traceback: an arithmetic fault in native code, most often an integer division by zero in C/C++ (an "
-              "extension, a custom op); Python and torch raise ZeroDivisionError or give inf/nan instead. The "
-              "faulthandler stack in the rank's log names the Python line that called it (07, section 2 'A crashing "
-              "rank')",
-    "SIGBUS": "no traceback: a bad memory access in native code, typically a memory-mapped file (a dataset, a "
-              "checkpoint) truncated or deleted while in use, or /dev/shm full (DataLoader workers pass tensors "
-              "through it: df -h /dev/shm; in Docker raise --shm-size) (07, section 2 'A crashing rank')",
-    "SIGILL": "no traceback: the CPU met an instruction it does not have: a binary (torch, numpy, an extension) "
-              "built for a newer CPU (AVX-512, ...) than this machine's, or a corrupt install; reinstall the wheels "
-              "for this machine (07, section 2 'A crashing rank')",
-    "SIGTRAP": "no traceback: a native breakpoint or assertion trap (__builtin_trap) in C/C++ code, or a debugger "
-               "attached to the rank; the faulthandler stack in the rank's log shows the Python line (07, section 2 "
-               "'A crashing rank')",
-    "SIGSYS": "no traceback: a system call the sandbox forbids (seccomp in a container); run with the container's "
-              "default profile or allow the call (07, section 2 'A crashing rank')",
-    "SIGXCPU": "no traceback: the rank used up its CPU-time limit (ulimit -t, or the batch scheduler's); raise the "
-               "limit or ask for more time (07, section 2 'A crashing rank')",
-    "SIGXFSZ": "no traceback: a write went past the file-size limit (ulimit -f), e.g. a checkpoint or log; raise the "
-               "limit (07, section 2 'A crashing rank')",
-    "SIGPIPE": "no traceback: the rank wrote to a pipe or socket whose reader was gone (output piped into a command "
-               "that exited, such as head) (07, section 2 'A crashing rank')",
-    "SIGINT": "interrupted (Ctrl-C in a terminal, a kernel interrupt in Jupyter): nothing failed by itself",
-    "SIGHUP": "its terminal or session closed (an ssh session ended): start long runs under nohup, tmux or a "
-              "batch scheduler",
+    "SIGKILL": N_("killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
+                  "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')"),
+    "SIGSEGV": N_("a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
+                  "that called it (07, section 1d: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo crashes so)"),
+    "SIGABRT": N_("a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
+                  "rank's stderr in logs/ (07, section 1 'Hang')"),
+    "SIGTERM": N_("stopped from outside (torchrun stops the other ranks when one fails; the launcher on a timeout or "
+                  "interrupt): look for the rank that failed first"),
+    "SIGFPE": N_("no traceback: an arithmetic fault in native code, most often an integer division by zero in C/C++ (an "
+                 "extension, a custom op); Python and torch raise ZeroDivisionError or give inf/nan instead. The "
+                 "faulthandler stack in the rank's log names the Python line that called it (07, section 2 'A crashing "
+                 "rank')"),
+    "SIGBUS": N_("no traceback: a bad memory access in native code, typically a memory-mapped file (a dataset, a "
+                 "checkpoint) truncated or deleted while in use, or /dev/shm full (DataLoader workers pass tensors "
+                 "through it: df -h /dev/shm; in Docker raise --shm-size) (07, section 2 'A crashing rank')"),
+    "SIGILL": N_("no traceback: the CPU met an instruction it does not have: a binary (torch, numpy, an extension) "
+                 "built for a newer CPU (AVX-512, ...) than this machine's, or a corrupt install; reinstall the wheels "
+                 "for this machine (07, section 2 'A crashing rank')"),
+    "SIGTRAP": N_("no traceback: a native breakpoint or assertion trap (__builtin_trap) in C/C++ code, or a debugger "
+                  "attached to the rank; the faulthandler stack in the rank's log shows the Python line (07, section 2 "
+                  "'A crashing rank')"),
+    "SIGSYS": N_("no traceback: a system call the sandbox forbids (seccomp in a container); run with the container's "
+                 "default profile or allow the call (07, section 2 'A crashing rank')"),
+    "SIGXCPU": N_("no traceback: the rank used up its CPU-time limit (ulimit -t, or the batch scheduler's); raise the "
+                  "limit or ask for more time (07, section 2 'A crashing rank')"),
+    "SIGXFSZ": N_("no traceback: a write went past the file-size limit (ulimit -f), e.g. a checkpoint or log; raise the "
+                  "limit (07, section 2 'A crashing rank')"),
+    "SIGPIPE": N_("no traceback: the rank wrote to a pipe or socket whose reader was gone (output piped into a command "
+                  "that exited, such as head) (07, section 2 'A crashing rank')"),
+    "SIGINT": N_("interrupted (Ctrl-C in a terminal, a kernel interrupt in Jupyter): nothing failed by itself"),
+    "SIGHUP": N_("its terminal or session closed (an ssh session ended): start long runs under nohup, tmux or a "
+                 "batch scheduler"),
 }
-EXIT_FIX = ("rank {rank} ended itself with exit code {code} and left no traceback: sys.exit({code}), exit({code}) or "
-             "os._exit({code}) in its script or in a library it calls ({meaning}); search the code for sys.exit, "
-             "exit( and os._exit, and raise an exception there instead so @record keeps the traceback (07, section 2 "
-             "'A crashing rank')")
+EXIT_FIX = (N_("rank {rank} ended itself with exit code {code} and left no traceback: sys.exit({code}), exit({code}) or "
+                "os._exit({code}) in its script or in a library it calls ({meaning}); search the code for sys.exit, "
+                "exit( and os._exit, and raise an exception there instead so @record keeps the traceback (07, section 2 "
+                "'A crashing rank')"))
 # NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
-P2P_HINT = ("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
-             "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
-             "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access")
-NO_ERROR_FIX = ("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
-                 "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
-                 "lines say what it was doing (07, section 4 'Out of memory')")
-SIGNAL_FIX = "the rank was killed by a signal: read its log in logs/"  # a signal SIGNAL_FIXES does not list
-UNKNOWN_FIX = "no known pattern: read output.log and the ranks' logs under logs/ in the run directory"
+P2P_HINT = (N_("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
+                "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
+                "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access"))
+NO_ERROR_FIX = (N_("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
+                    "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
+                    "lines say what it was doing (07, section 4 'Out of memory')"))
+SIGNAL_FIX = N_("the rank was killed by a signal: read its log in logs/")  # a signal SIGNAL_FIXES does not list
+UNKNOWN_FIX = N_("no known pattern: read output.log and the ranks' logs under logs/ in the run directory")
 # A run the launcher stopped on request (run.json "status": "interrupted": Ctrl-C, a Jupyter kernel interrupt) or
 # because the kernel's own code raised while it waited ("stopped"): no rank failed by itself.
-INTERRUPTED_CAUSE = "interrupted"
-STOPPED_CAUSE = "stopped by the launching process"
-INTERRUPTED_FIX = ("nothing to fix: you stopped it (Ctrl-C or a Jupyter kernel interrupt) and the launcher stopped "
-                   "torchrun and every rank; rerun it with command.txt, or resume from its last checkpoint (05, section "
-                   "4 'A rank killed during a save'); if you stopped it because it hung, the stacks show where each rank "
-                   "was (07, section 1 'Hang')")
-STOPPED_FIX = ("no rank failed: the process that launched it raised {error} while it waited, and the launcher stopped "
-               "torchrun and every rank; fix that error and rerun it with command.txt (07, section 6 'The doctor')")
+INTERRUPTED_CAUSE = N_("interrupted")
+STOPPED_CAUSE = N_("stopped by the launching process")
+INTERRUPTED_FIX = (N_("nothing to fix: you stopped it (Ctrl-C or a Jupyter kernel interrupt) and the launcher stopped "
+                      "torchrun and every rank; rerun it with command.txt, or resume from its last checkpoint (05, section "
+                      "4 'A rank killed during a save'); if you stopped it because it hung, the stacks show where each rank "
+                      "was (07, section 1 'Hang')"))
+STOPPED_FIX = (N_("no rank failed: the process that launched it raised {error} while it waited, and the launcher stopped "
+                  "torchrun and every rank; fix that error and rerun it with command.txt (07, section 6 'The doctor')"))
 # Python could not parse a file: the script itself (no traceback: Python prints only the file, the line and a caret)
 # or a module it imports (a traceback ending in the SyntaxError).
-SYNTAX_CAUSE = "syntax error"
-SYNTAX_FIX = ("Python could not parse {path}, line {line}: correct that line (the caret under it in the rank's log "
-              "points at the spot), and check the file with `python -m py_compile {path}` before launching "
-              "(07, section 2 'A crashing rank')")
-HANG_FIX = ("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
-             "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
-             "(07, section 1 'Hang')")
+SYNTAX_CAUSE = N_("syntax error")
+SYNTAX_FIX = (N_("Python could not parse {path}, line {line}: correct that line (the caret under it in the rank's log "
+                 "points at the spot), and check the file with `python -m py_compile {path}` before launching "
+                 "(07, section 2 'A crashing rank')"))
+HANG_FIX = (N_("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
+                "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
+                "(07, section 1 'Hang')"))
 
 
 def signal_name(exit_code: int | None) -> str | None:
@@ -250,21 +257,26 @@ def signal_name(exit_code: int | None) -> str | None:
         return f"signal {-exit_code}"
 
 
-def exit_code_meaning(code: int) -> str:
-    """What a positive exit code usually means when a process leaves no traceback, in a few words.
+def exit_code_meaning(code: int) -> Message:
+    """What a positive exit code usually means when a process leaves no traceback, in a few words (``str()`` for the
+    English; ``render()`` in the language in use).
 
     Args:
         code: the exit code (1..255) torchrun reported for the rank.
     """
     if code == 1:
-        return "1 is also what sys.exit('message') gives: the message is then the rank's last line"
+        return Message(N_("1 is also what sys.exit('message') gives: the message is then the rank's last line"))
     if code == 2:
-        return "2 is argparse's code for bad command-line arguments: look for 'usage:' and 'error:' in its log"
-    if code in (126, 127):
-        return f"{code} is a shell's 'command {'not executable' if code == 126 else 'not found'}': a wrapper script"
+        return Message(N_("2 is argparse's code for bad command-line arguments: look for 'usage:' and 'error:' in its "
+                          "log"))
+    if code == 126:
+        return Message(N_("{code} is a shell's 'command not executable': a wrapper script"), {"code": code})
+    if code == 127:
+        return Message(N_("{code} is a shell's 'command not found': a wrapper script"), {"code": code})
     if 128 < code < 128 + 65:
-        name = signal_name(128 - code)
-        return f"{code} = 128 + {code - 128}: a shell's way of saying its child was killed by {name}"
+        return Message(N_("{code} = 128 + {number}: a shell's way of saying its child was killed by {signal}"),
+                       {"code": code, "number": code - 128, "signal": signal_name(128 - code)})
     if code == 255:
-        return "255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"
-    return f"no library here exits with {code} on its own: it is most likely the script's own number"
+        return Message(N_("255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"))
+    return Message(N_("no library here exits with {code} on its own: it is most likely the script's own number"),
+                   {"code": code})

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .causes import FINISHED_CAUSE, INTERRUPTED_CAUSE, STOPPED_CAUSE
-from .i18n import pick, say
+from .i18n import N_, Joined, Message, _, ngettext, render
 
 # A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
 # checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
@@ -33,16 +33,16 @@ class Diagnosis:
         last_steps: ``{rank: last step}`` from the metrics JSON, else from the printed lines ``loss_pattern`` read
             (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
-        cause: the suspected cause (one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
+        cause_text: the suspected cause, worded when shown (``cause``: its English), one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
             ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),
             ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
             ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"syntax error"``,
             ``"interrupted"``, ``"stopped by the launching process"``, ``"unknown"``,
             or ``"none"`` for a run that finished).
         evidence: the line that points to the cause (as the logs say it: English).
-        fix: one line on what to do, with the notebook section that shows it.
-        cause_zh, fix_zh: the cause and the fix in Chinese (``tutorial_lib.causes_zh``), shown instead of ``cause``
-            and ``fix`` when ``tl.language()`` is ``"zh"``; ``cause`` and ``fix`` stay English for programs.
+        fix_text: one line on what to do, with the notebook section that shows it, worded when shown (``fix``: its
+            English). Both are gettext messages (``tutorial_lib.i18n``): ``str(d)`` and the notebook's table show them
+            in ``tl.language()``.
         timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
         limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
         recovered: the run finished (``failed`` is False) after torchrun restarted the group
@@ -64,11 +64,9 @@ class Diagnosis:
     traceback_tail: list[str] = field(default_factory=list)
     last_steps: dict[int, int] = field(default_factory=dict)
     where: dict[int, str] = field(default_factory=dict)
-    cause: str = "unknown"
+    cause_text: Message = field(default_factory=lambda: Message(N_("unknown")))
     evidence: str = ""
-    fix: str = ""
-    cause_zh: str = ""
-    fix_zh: str = ""
+    fix_text: Message | Joined = field(default_factory=lambda: Joined(()))
     timeout_s: float | None = None
     limit: str = ""
     recovered: bool = False
@@ -79,55 +77,72 @@ class Diagnosis:
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows, in ``tl.language()`` (the evidence and error lines as logged)."""
-        steps = say("sep").join(say("doctor.step", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
+        steps = _(", ").join(_("rank {rank}: {step}", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
+        cause, fix = render(self.cause_text), render(self.fix_text)
         if self.cause in (INTERRUPTED_CAUSE, STOPPED_CAUSE):  # stopped on request: no rank failed
-            rows = [(say("label.stopped"), say("doctor.interrupted" if self.cause == INTERRUPTED_CAUSE
-                                               else "doctor.stopped by", run=self.run_dir.name,
-                                               evidence=self.evidence)),
-                    (say("label.last step"), steps or say("doctor.no step"))]
-            rows += [(say("label.was in", rank=r), w) for r, w in sorted(self.where.items())]
-            return rows + [(say("label.suspected cause"), pick(self.cause, self.cause_zh)),
-                           (say("label.fix"), pick(self.fix, self.fix_zh))]
+            stopped = (_("{run} was interrupted ({evidence}); no rank had failed", run=self.run_dir.name,
+                         evidence=self.evidence) if self.cause == INTERRUPTED_CAUSE else
+                       _("{run} was stopped by the process that launched it ({evidence}); no rank had failed",
+                         run=self.run_dir.name, evidence=self.evidence))
+            rows = [(_("stopped"), stopped), (_("last step"), steps or _("no rank logged a step"))]
+            rows += [(_("rank {rank} was in", rank=r), w) for r, w in sorted(self.where.items())]
+            return rows + [(_("suspected cause"), cause), (_("fix"), fix)]
         if not self.failed and not self.recovered:
-            return [(say("label.run"), say("doctor.finished", run=self.run_dir.name)),
-                    (say("label.last step"), steps or say("doctor.none"))]
-        run, failed = self.run_dir.name, say("label.failed")
-        who = say("doctor.rank", rank=self.rank) if self.rank is not None else say("doctor.no rank")
-        code = "" if self.exit_code is None else say("doctor.exit code", code=self.exit_code)
+            return [(_("run"), _("{run} finished without error", run=self.run_dir.name)),
+                    (_("last step"), steps or _("none"))]
+        run, failed = self.run_dir.name, _("failed")
+        who = _("rank {rank}", rank=self.rank) if self.rank is not None else _("no rank (torchrun or the launch itself)")
+        code = "" if self.exit_code is None else _(", exit code {code}", code=self.exit_code)
         code += f" ({self.signal})" if self.signal else ""
         if self.recovered:
-            rows = [(say("label.recovered"), say("doctor.recovered", run=run)),
-                    (failed, say("doctor.before restart", who=who, code=code))]
+            rows = [(_("recovered"), _("{run} finished after torchrun restarted the group", run=run)),
+                    (failed, _("before the restart: {who} first{code}", who=who, code=code))]
         elif self.timeout_s is not None:
-            which = say("doctor.stall limit" if self.limit == "stall_timeout_s" else "doctor.wall limit")
-            rows = [(failed, say("doctor.stopped", run=run, which=which, timeout_s=f"{self.timeout_s:g}"))]
+            which = (_("no-progress limit, stall_timeout_s") if self.limit == "stall_timeout_s"
+                     else _("wall-clock limit"))
+            timeout_s = f"{self.timeout_s:g}"
+            rows = [(failed, _("{run}: stopped at the {which} ({timeout_s} s), no rank had failed", run=run,
+                               which=which, timeout_s=timeout_s))]
         elif self.cause == FINISHED_CAUSE:
-            rows = [(failed, say("doctor.returned", run=run, who=who))]
+            rows = [(failed, _("{run}: {who} returned (exit code 0) while the others waited for it", run=run,
+                               who=who))]
         else:
-            rows = [(failed, say("doctor.first", run=run, who=who, code=code))]
+            rows = [(failed, _("{run}: {who} first{code}", run=run, who=who, code=code))]
         if self.error:
-            rows.append((say("label.error"), clip(self.error)))
+            rows.append((_("error"), clip(self.error)))
         if len(self.raised) > 1:
-            rows.append((say("label.raised"), say("doctor.raised", ranks=", ".join(map(str, self.raised)))))
+            rows.append((_("raised"), _("ranks {ranks} each raised an error of their own",
+                                        ranks=", ".join(map(str, self.raised)))))
         others = {r: name for r, name in self.signals.items() if r != self.rank}
         if others:
-            rows.append((say("label.also killed"),
-                         say("sep").join(say("doctor.killed by", rank=r, signal=name) for r, name in others.items())))
+            rows.append((_("also killed"),
+                         _(", ").join(_("rank {rank} by {signal}", rank=r, signal=name) for r, name in others.items())))
         if self.finished and self.cause != FINISHED_CAUSE:
-            rows.append((say("label.finished"), say("doctor.returned ranks", ranks=", ".join(map(str, self.finished)))))
+            rows.append((_("finished"), ngettext("rank {ranks} returned (exit code 0)",
+                                                 "ranks {ranks} returned (exit code 0)", len(self.finished),
+                                                 ranks=", ".join(map(str, self.finished)))))
         for i, frame in enumerate(self.stack[:4]):
-            rows.append((say("label.stack") if i == 0 else "", frame.strip()))
-        rows.append((say("label.last step"), steps or say("doctor.no step")))
+            rows.append((_("stack") if i == 0 else "", frame.strip()))
+        rows.append((_("last step"), steps or _("no rank logged a step")))
         for r, w in sorted(self.where.items()):
             elsewhere = (self.cause == "collective timeout (hang)" and r != self.rank
                          and not COLLECTIVE_FRAME.search(w) and "distributed" not in w)
-            rows.append((say("label.was in", rank=r), w + (say("doctor.never reached") if elsewhere else "")))
+            rows.append((_("rank {rank} was in", rank=r),
+                         w + (_(": never reached the collective the others waited in") if elsewhere else "")))
         shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
-        rows.append((say("label.suspected cause"),
-                     pick(self.cause, self.cause_zh) + (say("doctor.evidence", evidence=clip(self.evidence)) if shown
-                                                        else "")))
-        rows.append((say("label.fix"), pick(self.fix, self.fix_zh)))
+        rows.append((_("suspected cause"), cause + (_(": {evidence}", evidence=clip(self.evidence)) if shown else "")))
+        rows.append((_("fix"), fix))
         return rows
+
+    @property
+    def cause(self) -> str:
+        """The suspected cause in English (``str(cause_text)``): what programs and the notebooks' asserts read."""
+        return str(self.cause_text)
+
+    @property
+    def fix(self) -> str:
+        """The fix in English (``str(fix_text)``)."""
+        return str(self.fix_text)
 
     def __str__(self) -> str:
         rows = self.rows()

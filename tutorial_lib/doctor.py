@@ -15,11 +15,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import (CAUSES, FINISHED_CAUSE, INTERRUPTED_CAUSE, NCCL_TIMEOUT, STOPPED_CAUSE, SYNTAX_CAUSE,
-                     signal_name)
-from .causes_zh import CAUSES_ZH, cause_name_zh, fix_texts, signal_fix_texts
+from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_CAUSE, FINISHED_FIX, HANG_FIX,
+                     INTERRUPTED_CAUSE, INTERRUPTED_FIX, NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIX, SIGNAL_FIXES,
+                     STOPPED_CAUSE, STOPPED_FIX, SYNTAX_CAUSE, SYNTAX_FIX, UNKNOWN_FIX, exit_code_meaning, signal_name)
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
+from .i18n import N_, Message
 from .metrics import last_steps as logged_last_steps
 from .printed_metrics import last_printed_steps
 from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
@@ -244,13 +245,13 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
                 start = max(0, match.start() - len(match.string) + len(line) - 100)
                 evidence = line if start == 0 else "..." + line[start:]
                 evidence = cause.describe(line) if cause.describe else evidence
-                diagnosis.cause, diagnosis.evidence, diagnosis.fix = cause.name, evidence, cause.fix
-                diagnosis.fix_zh = CAUSES_ZH[cause.name][1]
+                diagnosis.cause_text, diagnosis.evidence = Message(cause.name), evidence
+                diagnosis.fix_text = Message(cause.fix)
                 nccl_timeout = cause.name == "collective timeout (hang)" and any(map(NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
                                      or 0) > 1:
-                    hint = fix_texts("P2P_HINT")  # NCCL (so GPUs), several ranks on one machine: P2P between them
-                    diagnosis.fix, diagnosis.fix_zh = diagnosis.fix + hint[0], diagnosis.fix_zh + hint[1]
+                    # NCCL (so GPUs), several ranks on one machine: P2P between them
+                    diagnosis.fix_text = diagnosis.fix_text + Message(P2P_HINT)
                 return True
     return False
 
@@ -261,19 +262,19 @@ def _last_words(failure: RankFailure, rank_lines_: list[str]) -> str:
         (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
 
 
-def _exception_fix(failure: RankFailure) -> tuple[str, str]:
-    """The fix for a rank's own exception (English, Chinese): the others lost their peer, or raised errors too."""
+def _exception_fix(failure: RankFailure) -> Message:
+    """The fix for a rank's own exception: the others lost their peer, or raised errors too."""
     if len(failure.raised) > 1:
-        return fix_texts("EVERY_RANK_RAISED_FIX", ranks=", ".join(map(str, failure.raised)), rank=failure.rank)
-    return fix_texts("EXCEPTION_FIX", rank=failure.rank)
+        return Message(EVERY_RANK_RAISED_FIX, {"ranks": ", ".join(map(str, failure.raised)), "rank": failure.rank})
+    return Message(EXCEPTION_FIX, {"rank": failure.rank})
 
 
 def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
     """The cause of a run whose first "failure" is a rank that returned while the others waited in a collective."""
     waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how in (LOST_PEER, STOPPED))
-    diagnosis.cause = FINISHED_CAUSE
-    diagnosis.fix, diagnosis.fix_zh = fix_texts("FINISHED_FIX", rank=failure.rank,
-                                                waiting=", ".join(map(str, waiting)) or "?")
+    diagnosis.cause_text = Message(FINISHED_CAUSE)
+    diagnosis.fix_text = Message(FINISHED_FIX[0], {"rank": failure.rank, "waiting": ", ".join(map(str, waiting)) or "?"},
+                                 FINISHED_FIX[1], max(len(waiting), 1))
     peer = next((e for e in failure.ends if e.how == LOST_PEER and e.traceback), None)
     diagnosis.evidence = (f"rank {peer.rank}, waiting: {_exception_line(peer.traceback)}" if peer else
                           f"rank {failure.rank} exited 0")
@@ -291,9 +292,9 @@ def _syntax_cause(diagnosis: Diagnosis, failure: RankFailure) -> bool:
     where = next((m for m in map(_SYNTAX_FILE.match, reversed(lines[:end])) if m), None)
     if where is None:
         return False
-    diagnosis.cause, diagnosis.evidence = SYNTAX_CAUSE, f"{where['path']}, line {where['line']}"
+    diagnosis.cause_text, diagnosis.evidence = Message(SYNTAX_CAUSE), f"{where['path']}, line {where['line']}"
     diagnosis.error = diagnosis.error or last
-    diagnosis.fix, diagnosis.fix_zh = fix_texts("SYNTAX_FIX", path=where["path"], line=where["line"])
+    diagnosis.fix_text = Message(SYNTAX_FIX, {"path": where["path"], "line": where["line"]})
     return True
 
 
@@ -301,36 +302,37 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
     """Set the cause when no message of ``CAUSES`` matched: from the timeout, the exception, the signal or the
     exit code. ``rank_lines_``: the failed rank's lines of output."""
     if timed_out:
-        diagnosis.cause = "hang (no progress)" if diagnosis.limit == "stall_timeout_s" else "hang (wall-clock timeout)"
-        diagnosis.fix, diagnosis.fix_zh = fix_texts("HANG_FIX")
+        diagnosis.cause_text = Message(N_("hang (no progress)") if diagnosis.limit == "stall_timeout_s"
+                                       else N_("hang (wall-clock timeout)"))
+        diagnosis.fix_text = Message(HANG_FIX)
         diagnosis.evidence = f"last step per rank {diagnosis.last_steps}" if diagnosis.last_steps else ""
     elif diagnosis.error and diagnosis.signal is None:
         name = diagnosis.error.split(":", 1)[0]
-        diagnosis.cause, diagnosis.evidence = f"Python exception ({name})", diagnosis.error
-        diagnosis.fix, diagnosis.fix_zh = _exception_fix(failure)
+        diagnosis.cause_text, diagnosis.evidence = Message(N_("Python exception ({name})"), {"name": name}), diagnosis.error
+        diagnosis.fix_text = _exception_fix(failure)
     elif _aborted_in_collective(diagnosis.signal, rank_lines_):
         mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
-        diagnosis.cause, diagnosis.fix, diagnosis.fix_zh = mismatch.name, mismatch.fix, CAUSES_ZH[mismatch.name][1]
+        diagnosis.cause_text, diagnosis.fix_text = Message(mismatch.name), Message(mismatch.fix)
         diagnosis.evidence = _fatal_error(rank_lines_)
     elif diagnosis.signal is not None:
-        diagnosis.cause = f"killed by {diagnosis.signal}"
-        diagnosis.fix, diagnosis.fix_zh = signal_fix_texts(diagnosis.signal)
+        diagnosis.cause_text = Message(N_("killed by {signal}"), {"signal": diagnosis.signal})
+        diagnosis.fix_text = Message(SIGNAL_FIXES.get(diagnosis.signal, SIGNAL_FIX))
         diagnosis.evidence = _last_words(failure, rank_lines_)
     elif failure.rank is not None and not failure.traceback and (failure.exit_code or 0) > 0:
         # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
         code = failure.exit_code
-        diagnosis.cause = f"exited with code {code} without a traceback"
-        diagnosis.fix, diagnosis.fix_zh = fix_texts("EXIT_FIX", rank=failure.rank, code=code)
+        diagnosis.cause_text = Message(N_("exited with code {code} without a traceback"), {"code": code})
+        diagnosis.fix_text = Message(EXIT_FIX, {"rank": failure.rank, "code": code, "meaning": exit_code_meaning(code)})
         last = last_meaningful_line(failure.log_tail)
         diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
     elif failure.rank is not None and not failure.traceback and failure.exit_code is None:
         # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
         # peers failed on the lost connection: the rank died outside Python.
-        diagnosis.cause = "died without a Python error"
-        diagnosis.fix, diagnosis.fix_zh = fix_texts("NO_ERROR_FIX")
+        diagnosis.cause_text = Message(N_("died without a Python error"))
+        diagnosis.fix_text = Message(NO_ERROR_FIX)
         diagnosis.evidence = _last_words(failure, rank_lines_)
     else:
-        diagnosis.fix, diagnosis.fix_zh = fix_texts("UNKNOWN_FIX")
+        diagnosis.fix_text = Message(UNKNOWN_FIX)
 
 
 def _stopped_diagnosis(run_dir: Path, record: RunRecord, ranks: _RankOutput, last_steps: dict[int, int]) -> Diagnosis:
@@ -343,12 +345,12 @@ def _stopped_diagnosis(run_dir: Path, record: RunRecord, ranks: _RankOutput, las
     where = {rank: place for rank, place in where.items() if place}
     evidence = f"run.json: status {record.status.value} after {record.wall_time_s:.1f} s"
     if interrupted:
-        fix, fix_zh = fix_texts("INTERRUPTED_FIX")
+        fix = Message(INTERRUPTED_FIX)
     else:
-        fix, fix_zh = fix_texts("STOPPED_FIX", error=(record.summary or "").removeprefix("stopped by ") or "an error")
+        fix = Message(STOPPED_FIX, {"error": (record.summary or "").removeprefix("stopped by ") or "an error"})
     cause = INTERRUPTED_CAUSE if interrupted else STOPPED_CAUSE
-    return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, where=where, cause=cause,
-                     cause_zh=cause_name_zh(cause), evidence=evidence, fix=fix, fix_zh=fix_zh)
+    return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, where=where, cause_text=Message(cause),
+                     evidence=evidence, fix_text=fix)
 
 
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
@@ -386,7 +388,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
     last_steps = _run_last_steps(run_dir, error)
     if not _run_failed(error, timed_out, failure, error_files, output):
-        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause="none", cause_zh=cause_name_zh("none"))
+        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause_text=Message(N_("none")))
 
     failure = failure or RankFailure(rank=None, exit_code=None)
     diagnosis = _failed_diagnosis(run_dir, error, record, failure, ranks, timed_out, recovered, last_steps)
@@ -398,5 +400,4 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     elif (timed_out or not _syntax_cause(diagnosis, failure)) and not _match_cause(diagnosis, texts, timed_out):
         _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
                         timed_out)
-    diagnosis.cause_zh = cause_name_zh(diagnosis.cause)
     return diagnosis

@@ -94,8 +94,8 @@ class LaunchError(TutorialError):
         where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
         job: the SLURM job of a launch on SLURM (``tutorial_lib.launcher.slurm_job.SlurmJob``: its id, final state
             and pending reason, nodes, each node's ranks), else ``None``.
-        summary_zh: the summary's first part in Chinese, which the live view shows when ``tl.language()`` is
-            ``"zh"`` (``""``: it shows the English); ``summary`` and ``str(error)`` stay English.
+        headline: the summary's first part as a gettext message (``tutorial_lib.i18n.Message``), which the live view
+            words in ``tl.language()``; ``None``: it shows ``summary``. ``summary`` and ``str(error)`` stay English.
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class LaunchError(TutorialError):
         output_tail: list[str] | None = None,
         stacks: dict[int, str] | None = None,
         job: object | None = None,
-        summary_zh: str = "",
+        headline: object | None = None,
     ) -> None:
         super().__init__(summary)
         self.summary = summary
@@ -121,7 +121,7 @@ class LaunchError(TutorialError):
         self.stacks = dict(stacks or {})
         self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}
         self.job = job
-        self.summary_zh = summary_zh
+        self.headline = headline
 
     @property
     def rank(self) -> int | None:

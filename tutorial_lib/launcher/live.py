@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError, LaunchError
-from ..i18n import pick, say
+from ..i18n import _, render
 from ..plots import plot_run
 from ..rundir import RunStatus
 
@@ -45,16 +45,15 @@ class Outcome:
     Attributes:
         status: ``RunStatus`` (the same value ``run.json`` records).
         elapsed_s: seconds from the launch to its end.
-        cause: what ended a run that did not finish, in a few words: the launcher's summary of a failure
+        cause: what ended a run that did not finish, in a few words, a gettext message worded when shown
+            (``tutorial_lib.i18n.Message``; a plain string is shown as it is): the launcher's headline of a failure
             (``"t.py failed on rank 1 (exit code 1)"``), ``"timed out after 30 s"``, ``"interrupted"``,
             ``"stopped by RuntimeError"``; ``""`` for a finished run.
-        cause_zh: the same in Chinese, shown when ``tl.language()`` is ``"zh"`` (``""``: the English is shown).
     """
 
     status: RunStatus
     elapsed_s: float
-    cause: str = ""
-    cause_zh: str = ""
+    cause: object = ""
 
     @property
     def failed(self) -> bool:
@@ -64,8 +63,8 @@ class Outcome:
     @property
     def text(self) -> str:
         """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``, in ``tl.language()``."""
-        return (say("live.failed", cause=pick(self.cause, self.cause_zh)) if self.failed
-                else say("live.finished", elapsed_s=self.elapsed_s))
+        return (_("failed: {cause}", cause=render(self.cause)) if self.failed
+                else _("finished in {elapsed_s:.1f} s", elapsed_s=self.elapsed_s))
 
 
 def safe_draw(draw, *args) -> None:
@@ -123,7 +122,7 @@ class LiveView:
         lines = []
         for rank in sorted(self.latest):
             lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
-        return lines or [say("live.no step yet", elapsed_s=elapsed_s)]
+        return lines or [_("running, no step reported yet ({elapsed_s:.0f} s)", elapsed_s=elapsed_s)]
 
     def start(self) -> None:
         """Show the (empty) view, before the job starts."""
@@ -236,13 +235,14 @@ class NotebookView(LiveView):
         if outcome.failed:
             details = [self._steps_line()]
             if interrupted:
-                details.insert(0, say("live.interrupted"))
-            self._draw_alert(pick(outcome.cause, outcome.cause_zh), details)
+                details.insert(0, _("the kernel was interrupted: torchrun and every worker were stopped"))
+            self._draw_alert(render(outcome.cause), details)
         self._draw_outcome(outcome.elapsed_s, outcome)
 
     def _steps_line(self) -> str:
-        steps = say("sep").join(say("live.rank at step", rank=k, step=r.get("step")) for k, r in sorted(self.latest.items()))
-        return say("live.last steps", steps=steps or say("live.none"))
+        steps = _(", ").join(_("rank {rank} at step {step}", rank=k, step=r.get("step"))
+                             for k, r in sorted(self.latest.items()))
+        return _("last step reported: {steps}", steps=steps or _("none"))
 
     def fail(self, error) -> None:
         """Name the failed rank and its cause in the failure box (``error``: the ``LaunchError`` about to be raised)."""
@@ -250,21 +250,26 @@ class NotebookView(LiveView):
         if getattr(error, "timeout_s", None) is not None:  # LaunchTimeout: where every rank was, if it says
             where = getattr(error, "where", None) or {}
             stalled = getattr(error, "limit", "") == "stall_timeout_s"
-            details = [say("live.stalled" if stalled else "live.timed out", timeout_s=f"{error.timeout_s:g}")]
-            details += [say("live.rank was in", rank=rank, place=place) for rank, place in sorted(where.items())]
-            self._draw_alert(self._title(error).split(";")[0], details + [self._steps_line()])
+            timeout_s = f"{error.timeout_s:g}"
+            details = [_("no rank logged a new step for stall_timeout_s={timeout_s} s: the job was stopped",
+                         timeout_s=timeout_s) if stalled else
+                       _("the job ran past timeout_s={timeout_s} s and was stopped", timeout_s=timeout_s)]
+            details += [_("rank {rank} was in {place}", rank=rank, place=place) for rank, place in sorted(where.items())]
+            self._draw_alert(self._title(error), details + [self._steps_line()])
             return
         cause = error.cause if isinstance(error, LaunchError) else ""  # survives empty tracebacks and logs
-        details = [say("live.cause", cause=cause)] if cause else []  # the log's own line: as it was printed
+        details = [_("cause: {cause}", cause=cause)] if cause else []  # the log's own line: as it was printed
         if failure is not None and failure.rank is not None:
-            details.append(say("live.rank exited", rank=failure.rank, code=failure.exit_code))
+            details.append(_("rank {rank} exited with code {code}; the other ranks were stopped", rank=failure.rank,
+                             code=failure.exit_code))
         details.append(self._steps_line())
         self._draw_alert(self._title(error), details)
 
     @staticmethod
     def _title(error) -> str:
-        """The failure box's title: the error's summary, in Chinese where it has one and the language is Chinese."""
-        return pick(getattr(error, "summary", str(error)), getattr(error, "summary_zh", ""))
+        """The failure box's title: the error's headline worded in ``tl.language()`` (its summary when it has none)."""
+        headline = getattr(error, "headline", None)
+        return render(headline) if headline is not None else getattr(error, "summary", str(error))
 
 
 class TextNotebookView(NotebookView):
@@ -278,7 +283,7 @@ class TextNotebookView(NotebookView):
         self._progress = display(_Text("starting torchrun ..."), display_id=True)
 
     def _draw_progress(self, elapsed_s, outcome=None):
-        status = say("live.elapsed", elapsed_s=elapsed_s) + (f" - {outcome.text}" if outcome else "")
+        status = _("elapsed {elapsed_s:.1f} s", elapsed_s=elapsed_s) + (f" - {outcome.text}" if outcome else "")
         where = [where_ranks_run(self.cwd)] if self.cwd is not None else []
         self._progress.update(_Text("\n".join(self.progress_lines(elapsed_s) + where + [status])))
 
@@ -344,12 +349,12 @@ class WidgetNotebookView(NotebookView):
         if new_rank:
             self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
         if outcome is None:
-            self._header.value = (f"<b style='color:inherit'>{say('live.running')}</b> &middot; "
-                                  f"{say('live.elapsed', elapsed_s=elapsed_s)}{self._where}")
+            running, elapsed = _("running"), _("elapsed {elapsed_s:.1f} s", elapsed_s=elapsed_s)
+            self._header.value = f"<b style='color:inherit'>{running}</b> &middot; {elapsed}{self._where}"
         else:
             colour = "#c62828" if outcome.failed else "#2e7d32"
             self._header.value = f"<b style='color:{colour}'>{html.escape(outcome.text)}</b>{self._where}"
-            for bar, _ in self._bars.values():
+            for bar, _label in self._bars.values():
                 bar.bar_style = "danger" if outcome.failed else "success"
         if self.log_stream.version != self._log_version:
             self._log_version = self.log_stream.version
@@ -358,7 +363,8 @@ class WidgetNotebookView(NotebookView):
     def _draw_alert(self, title, details):
         """The red failure box: ``title`` in bold, then ``details`` (plain text, escaped), then where the logs are."""
         if self.run_dir:
-            details = details + [say("live.full logs", run_dir=self.run_dir)]
+            details = details + [_("full logs in {run_dir}: output.log (every line), logs/ (per rank), command.txt (the "
+                                   "command to rerun it)", run_dir=self.run_dir)]
         body = "".join(f"<div>{html.escape(d)}</div>" for d in details)
         self._alert.value = (f"<div class='tutorial-lib-failure' style='border:2px solid #c62828;background:#ffebee;"
                              f"color:#b71c1c;padding:6px 10px;margin:4px 0;border-radius:4px'>"

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..cluster import slurm_script
 from ..errors import ConfigError, LaunchError, SlurmError
+from ..i18n import N_, Message
 from ..metrics import JsonlTail
 from ..rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
 from ..slurm.commands import JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, run_slurm, submit
@@ -49,7 +50,7 @@ from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
 from .slurm_outcome import (BATCH_PREFIX, SlurmJob, attach_job, cannot_start_error, failure_summary, node_exit_codes,
-                            where_it_was, where_it_was_zh)
+                            where_it_was)
 from .spec import LaunchResult, LaunchSpec
 
 JOB_SCRIPT = "job.sh"
@@ -378,8 +379,8 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
         job.printer.note(f"could not cancel SLURM job {job.job_id}: {e}; cancel it with: scancel {job.job_id}")
     elapsed, slurm_job = job.elapsed(), job.job()
     view.add(job.metrics_tail.read_new())
-    cancelled = f"SLURM job {job.job_id} was cancelled (scancel) while {where_it_was(slurm_job)}"
-    cancelled_zh = f"SLURM 作业 {job.job_id} 已被取消（scancel），当时{where_it_was_zh(slurm_job)}"
+    cancelled = Message(N_("SLURM job {job_id} was cancelled (scancel) while {where}"),
+                        {"job_id": job.job_id, "where": where_it_was(slurm_job)})
     if isinstance(exc, CannotStart):
         error, record, outcome = cannot_start_error(plan, exc.info, elapsed, slurm_job, job.pump.transcript[-30:])
         record.write(plan.run_dir)
@@ -390,7 +391,8 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
         error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, sorted(stacks), last_steps, stacks,
                                                None, command=plan.sbatch_argv, start="cold")
-        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job, f"{error.summary_zh}；{cancelled_zh}")
+        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job,
+                   Message(N_("{failed}; {cancelled}"), {"failed": error.headline, "cancelled": cancelled}))
         record.write(plan.run_dir)
         safe_draw(view.finish, [], outcome)
         safe_draw(view.fail, error)
@@ -418,10 +420,11 @@ def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
     srun_named = any(codes.values())
     if not srun_named:  # SLURM ended it (TIMEOUT, NODE_FAIL, cancelled by someone): no node task failed
         codes = {node: 1 for node in plan.nodes}
-    error, record, _ = failure_error(plan, job.pump, codes, wall_time_s, command=plan.sbatch_argv, start="cold")
-    summary, summary_zh = failure_summary(plan, error, info, slurm_job, srun_named)
-    attach_job(error, record, summary, slurm_job, summary_zh)
-    safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, summary.split(";")[0], summary_zh.split("；")[0]))
+    error, record, _outcome = failure_error(plan, job.pump, codes, wall_time_s, command=plan.sbatch_argv,
+                                            start="cold")
+    summary, headline = failure_summary(plan, error, info, slurm_job, srun_named)
+    attach_job(error, record, summary, slurm_job, headline)
+    safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, headline))
     record.write(plan.run_dir)
     safe_draw(view.fail, error)
     raise error

@@ -8,20 +8,16 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ..errors import LaunchError
+from ..i18n import N_, Message
 from ..rundir import RunRecord, RunStatus
 from ..slurm.commands import JobInfo
 from ..slurm.target import CANNOT_START
 from .live import Outcome
+from .outcome import when_stopped
 
 BATCH_PREFIX = "[batch] "  # the batch script's own lines in output.log
-# The Chinese of slurm.target.CANNOT_START, for the summary a Chinese notebook shows (tl.language() == "zh").
-CANNOT_START_ZH = {
-    "PartitionNodeLimit": "它请求的节点数超过了分区拥有的节点数（或其中一些节点已 down 或 drain）",
-    "PartitionTimeLimit": "它的时间限制超过了分区的上限（用更小的 time_limit，或换一个分区）",
-    "InvalidAccount": "这个账户对当前用户无效（sacctmgr show assoc user=$USER）",
-    "InvalidQOS": "这个 QOS 对当前用户或账户无效",
-    "BadConstraints": "没有节点具备它请求的特性（--constraint）",
-}
+# Why a job cancelled for a pending reason that slurm.target.CANNOT_START does not list cannot start.
+NAMED_BY_SPEC = N_("SlurmSpec.cancel_pending_reasons names this reason")
 _SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
 
 
@@ -76,25 +72,22 @@ def node_exit_codes(batch_lines: list[str], nodes: tuple[int, ...], job_exit_cod
 
 
 
-def where_it_was(job: SlurmJob) -> str:
-    """What a cancelled job was doing: ``"it ran on node0, node1"``, ``"it waited in the queue (Resources)"``."""
+def where_it_was(job: SlurmJob) -> Message:
+    """What a cancelled job was doing, worded when shown: ``"it ran on node0, node1"``, ``"it waited in the queue
+    (Resources)"``."""
     if job.nodes:
-        return f"it ran on {', '.join(job.nodes)}"
-    return f"it waited in the queue ({job.waited_for})" if job.waited_for else "it waited in the queue"
+        return Message(N_("it ran on {nodes}"), {"nodes": ", ".join(job.nodes)})
+    if job.waited_for:
+        return Message(N_("it waited in the queue ({reason})"), {"reason": job.waited_for})
+    return Message(N_("it waited in the queue"))
 
 
-def where_it_was_zh(job: SlurmJob) -> str:
-    """The Chinese of ``where_it_was``."""
-    if job.nodes:
-        return f"它在 {', '.join(job.nodes)} 上运行"
-    return f"它在队列中等待（{job.waited_for}）" if job.waited_for else "它在队列中等待"
-
-
-def attach_job(error: LaunchError, record: RunRecord, summary: str, slurm_job: SlurmJob, summary_zh: str = "") -> None:
-    """Give a built error and its record (``outcome``'s builders) the SLURM summary (and its Chinese, which the live
-    view shows when ``tl.language()`` is ``"zh"``) and job."""
+def attach_job(error: LaunchError, record: RunRecord, summary: str, slurm_job: SlurmJob,
+               headline: Message | None = None) -> None:
+    """Give a built error and its record (``outcome``'s builders) the SLURM summary (English), its headline (the
+    first part, worded when the live view shows it; ``None``: the error's own) and job."""
     error.summary, error.args, error.job = summary, (summary,), slurm_job
-    error.summary_zh = summary_zh or error.summary_zh
+    error.headline = headline if headline is not None else error.headline
     record.summary, record.slurm_job = summary, slurm_job.as_dict()
 
 
@@ -102,33 +95,34 @@ def cannot_start_error(plan, info: JobInfo, elapsed: float, slurm_job: SlurmJob,
                        output_tail: list[str]) -> tuple[LaunchError, RunRecord, Outcome]:
     """The ``LaunchError`` of a job cancelled because it was pending for a reason that means it cannot start as
     submitted (``SlurmSpec.cancel_pending_reasons``), its run.json (not yet written) and its outcome."""
-    why = CANNOT_START.get(info.reason, "SlurmSpec.cancel_pending_reasons names this reason")
-    summary = (f"{plan.script.name} cannot start: SLURM job {slurm_job.job_id} was pending with reason {info.reason} "
-               f"({why}); it was cancelled (scancel)")
-    why_zh = CANNOT_START_ZH.get(info.reason, "SlurmSpec.cancel_pending_reasons 列出了这个原因")
-    summary_zh = (f"{plan.script.name} 无法启动：SLURM 作业 {slurm_job.job_id} 一直在排队，原因 {info.reason}（{why_zh}）；"
-                  "已取消（scancel）")
+    why = Message(CANNOT_START.get(info.reason, NAMED_BY_SPEC))
+    headline = Message(N_("{script} cannot start: SLURM job {job_id} was pending with reason {reason} ({why}); it was "
+                          "cancelled (scancel)"),
+                       {"script": plan.script.name, "job_id": slurm_job.job_id, "reason": info.reason, "why": why})
+    summary = str(headline)
     error = LaunchError(summary, run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=None,
-                        output_tail=output_tail, job=slurm_job, summary_zh=summary_zh)
+                        output_tail=output_tail, job=slurm_job, headline=headline)
     record = RunRecord(RunStatus.FAILED, elapsed, **plan.shape("cold"), summary=summary, slurm_job=slurm_job.as_dict())
-    return error, record, Outcome(RunStatus.FAILED, elapsed, f"cannot start: {info.reason}", f"无法启动：{info.reason}")
+    short = Message(N_("cannot start: {reason}"), {"reason": info.reason})
+    return error, record, Outcome(RunStatus.FAILED, elapsed, short)
 
 
 def failure_summary(plan, error: LaunchError, info: JobInfo, slurm_job: SlurmJob,
-                    srun_named: bool) -> tuple[str, str]:
-    """The summary of a failed job, in English and Chinese: ``failure_error``'s (the rank, now with its node) and how
-    SLURM ended it."""
-    ended = f"SLURM job {slurm_job.job_id} ended {info.state.value} (reason {info.reason}, exit code {info.exit_code})"
-    ended_zh = f"SLURM 作业 {slurm_job.job_id} 以 {info.state.value} 结束（原因 {info.reason}，退出码 {info.exit_code}）"
+                    srun_named: bool) -> tuple[str, Message]:
+    """The summary of a failed job (English) and its headline (worded when shown): ``failure_error``'s (the rank, now
+    with its node) and how SLURM ended it."""
+    ended = Message(N_("SLURM job {job_id} ended {state} (reason {reason}, exit code {code})"),
+                    {"job_id": slurm_job.job_id, "state": info.state.value, "reason": info.reason,
+                     "code": info.exit_code})
     failure = error.failure
     if failure is not None and failure.rank is not None:
         node = next((n for n, ranks in slurm_job.node_ranks.items() if failure.rank in ranks), None)
-        known = node is not None and node < len(slurm_job.nodes)
-        where = f" on node {node} ({slurm_job.nodes[node]})" if known else ""
-        where_zh = f"，在节点 {node}（{slurm_job.nodes[node]}）上" if known else ""
-        code, code_zh = f" (exit code {failure.exit_code})", f"退出码 {failure.exit_code}）"
-        return (error.summary.replace(code, code + where, 1) + f"; {ended}",
-                error.summary_zh.replace(code_zh, code_zh + where_zh, 1) + f"；{ended_zh}")
+        headline = error.headline
+        if node is not None and node < len(slurm_job.nodes):
+            headline = Message(N_("{failed} on node {node} ({host})"),
+                               {"failed": headline, "node": node, "host": slurm_job.nodes[node]})
+        return f"{headline}{when_stopped(error.where)}; {ended}", headline
     if srun_named:  # torchrun itself failed on a node (its rendezvous, a bad command): failure_error says which
-        return f"{error.summary}; {ended}", f"{error.summary_zh}；{ended_zh}"
-    return f"{plan.script.name} failed: {ended}", f"{plan.script.name} 失败：{ended_zh}"
+        return f"{error.headline}{when_stopped(error.where)}; {ended}", error.headline
+    headline = Message(N_("{script} failed: {ended}"), {"script": plan.script.name, "ended": ended})
+    return str(headline), headline

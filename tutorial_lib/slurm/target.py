@@ -19,17 +19,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
+from ..i18n import N_
 from ..parameters import check_positive_int
 from .commands import node_states
 from .local_cluster import LocalCluster
 
 # Pending reasons (squeue(1), JOB REASON CODES) after which a job does not start as it was submitted.
-CANNOT_START = {
-    "PartitionNodeLimit": "it asks for more nodes than its partition has (or some of them are down or drained)",
-    "PartitionTimeLimit": "its time limit is above the partition's maximum (a smaller time_limit, or another partition)",
-    "InvalidAccount": "the account is not valid for this user (sacctmgr show assoc user=$USER)",
-    "InvalidQOS": "the QOS is not valid for this user or account",
-    "BadConstraints": "no node has the features (--constraint) it asks for",
+CANNOT_START = {  # the reason -> what it means, a gettext message (tutorial_lib.i18n)
+    "PartitionNodeLimit": N_("it asks for more nodes than its partition has (or some of them are down or drained)"),
+    "PartitionTimeLimit": N_("its time limit is above the partition's maximum (a smaller time_limit, or another "
+                             "partition)"),
+    "InvalidAccount": N_("the account is not valid for this user (sacctmgr show assoc user=$USER)"),
+    "InvalidQOS": N_("the QOS is not valid for this user or account"),
+    "BadConstraints": N_("no node has the features (--constraint) it asks for"),
 }
 
 # Where Debian's and SchedMD's packages put the system's configuration (used when SLURM_CONF is not set).
