@@ -157,6 +157,12 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "live.elapsed": ("elapsed {elapsed_s:.1f} s", "已用时 {elapsed_s:.1f} s"),
     "live.no step yet": ("running, no step reported yet ({elapsed_s:.0f} s)",
                          "运行中，尚无 rank 报告任何一步（{elapsed_s:.0f} s）"),
+    "live.queued": ("pending in the queue", "排队中"),
+    "live.pending": ("pending: SLURM job {job_id} waits in the queue ({reason}), no rank started yet ({elapsed_s:.0f} s)",
+                     "排队中：SLURM 作业 {job_id} 在队列中等待（{reason}），尚无 rank 启动（{elapsed_s:.0f} s）"),
+    "live.pending, no reason": ("pending: SLURM job {job_id} waits in the queue, no rank started yet "
+                                "({elapsed_s:.0f} s)", "排队中：SLURM 作业 {job_id} 在队列中等待，尚无 rank 启动"
+                                "（{elapsed_s:.0f} s）"),
     "live.cause": ("cause: {cause}", "原因：{cause}"),
     "live.rank exited": ("rank {rank} exited with code {code}; the other ranks were stopped",
                          "rank {rank} 以退出码 {code} 退出；其他 rank 已被停止"),

@@ -68,6 +68,21 @@ class Outcome:
                 else say("live.finished", elapsed_s=self.elapsed_s))
 
 
+@dataclass(frozen=True)
+class Queued:
+    """A job waiting in the batch system's queue with no rank started (SLURM's ``PENDING``): what the launcher tells
+    the view (``LiveView.set_queued``) until the job runs, so that the view says "pending" with the reason.
+
+    Attributes:
+        job_id: the scheduler's id of the job.
+        reason: why it waits, in the scheduler's own code (squeue's ``%r``: ``"Resources"``, ``"Priority"``);
+            ``""`` while it has given none.
+    """
+
+    job_id: int
+    reason: str = ""
+
+
 def safe_draw(draw, *args) -> None:
     """Call a live-view method; a drawing problem is logged, never allowed to fail or hide the job's outcome."""
     try:
@@ -110,6 +125,7 @@ class LiveView:
     def __init__(self) -> None:
         self.latest: dict[int, dict] = {}  # rank -> newest metrics record
         self.records: list[dict] = []
+        self.queued: Queued | None = None  # the job waits in a batch queue (SLURM), no rank started
 
     def add(self, records: list[dict]) -> None:
         """Take new metrics records (one dict per rank per step, as the scripts write them)."""
@@ -118,12 +134,22 @@ class LiveView:
             if r.get("step", -1) >= self.latest.get(r.get("rank"), {}).get("step", -1):
                 self.latest[r.get("rank")] = r
 
+    def set_queued(self, queued: Queued | None) -> None:
+        """The job waits in the batch system's queue (``queued``: its id and reason), or no longer does (``None``)."""
+        self.queued = queued
+
     def progress_lines(self, elapsed_s: float) -> list[str]:
-        """One line per rank with its newest step, loss and samples/s."""
+        """One line per rank with its newest step, loss and samples/s; before any step, that the job is pending in
+        the queue (and why) or that it runs without a step yet."""
         lines = []
         for rank in sorted(self.latest):
             lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
-        return lines or [say("live.no step yet", elapsed_s=elapsed_s)]
+        if lines:
+            return lines
+        if self.queued is not None:
+            key = "live.pending" if self.queued.reason else "live.pending, no reason"
+            return [say(key, job_id=self.queued.job_id, reason=self.queued.reason, elapsed_s=elapsed_s)]
+        return [say("live.no step yet", elapsed_s=elapsed_s)]
 
     def start(self) -> None:
         """Show the (empty) view, before the job starts."""
@@ -344,7 +370,8 @@ class WidgetNotebookView(NotebookView):
         if new_rank:
             self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
         if outcome is None:
-            self._header.value = (f"<b style='color:inherit'>{say('live.running')}</b> &middot; "
+            state = say("live.queued" if self.queued is not None and not self.latest else "live.running")
+            self._header.value = (f"<b style='color:inherit'>{html.escape(state)}</b> &middot; "
                                   f"{say('live.elapsed', elapsed_s=elapsed_s)}{self._where}")
         else:
             colour = "#c62828" if outcome.failed else "#2e7d32"

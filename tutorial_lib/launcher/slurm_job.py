@@ -39,17 +39,18 @@ from ..cluster import slurm_script
 from ..errors import ConfigError, LaunchError, SlurmError
 from ..metrics import JsonlTail
 from ..rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
-from ..slurm.commands import JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, run_slurm, submit
+from ..slurm.commands import (JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, node_cpus, run_slurm,
+                              submit)
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
 from .devices import DevicePlan
 from .environment import rank_env
 from .job import STACK_DUMP_WAIT_S, LimitReached, limit_reached, sigint_deferred
-from .live import Outcome, make_view, safe_draw
+from .live import Outcome, Queued, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
-from .slurm_outcome import (BATCH_PREFIX, SlurmJob, attach_job, cannot_start_error, failure_summary, node_exit_codes,
-                            where_it_was, where_it_was_zh)
+from .slurm_outcome import (BATCH_PREFIX, Request, SlurmJob, attach_job, cannot_start_error, failure_summary,
+                            node_exit_codes, where_it_was, where_it_was_zh)
 from .spec import LaunchResult, LaunchSpec
 
 JOB_SCRIPT = "job.sh"
@@ -143,7 +144,8 @@ def plan_slurm_launch(spec: LaunchSpec) -> SlurmPlan:
 
 
 class CannotStart(Exception):
-    """The job is pending for a reason in ``SlurmSpec.cancel_pending_reasons`` (``info``: what squeue said)."""
+    """The job is pending for a ``NeverStarts`` reason of ``SlurmSpec.cancel_pending_reasons`` (``info``: what squeue
+    said; ``info.never_starts`` is the reason)."""
 
     def __init__(self, info: JobInfo) -> None:
         super().__init__(info.reason)
@@ -187,6 +189,7 @@ class SubmittedJob:
         self.info: JobInfo | None = None
         self.node_names: tuple[str, ...] = ()
         self.waited_for = ""
+        self.never_starts = None  # the NeverStarts reason the job was cancelled for
         self.node_ranks: dict[int, set[int]] = {node: set() for node in plan.nodes}
         self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
         self.started_at = time.monotonic()
@@ -252,10 +255,10 @@ class SubmittedJob:
                              "restarted without its state)")
         before = self.info
         if before is None or (before.state, before.reason) != (info.state, info.reason):
-            waiting = info.state == JobState.PENDING and info.reason != "None"  # "None": not yet looked at
-            self.waited_for = info.reason if waiting else self.waited_for
+            self.waited_for = info.waiting_for or self.waited_for
             self.printer.note(f"SLURM job {self.job_id}: {info.state.value}" + (
-                f", waiting: {info.reason}" if waiting else f" on {info.nodes}" if info.nodes else ""))
+                f", waiting: {info.waiting_for}" if info.waiting_for else f" on {info.nodes}" if info.nodes else ""))
+            self.view.set_queued(Queued(self.job_id, info.waiting_for) if info.state == JobState.PENDING else None)
         if info.nodes and not self.node_names:
             self.node_names = tuple(expand_hostlist(info.nodes, conf=self.plan.conf))
         self.info = info
@@ -264,9 +267,10 @@ class SubmittedJob:
     def wait(self) -> JobInfo:
         """Stream the output and the metrics until the job has finished; its final ``JobInfo``.
 
-        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` for a
-        pending reason of ``SlurmSpec.cancel_pending_reasons``."""
+        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` at the
+        first look that finds the job pending for a reason of ``SlurmSpec.cancel_pending_reasons``."""
         spec = self.plan.spec
+        cancel_for = spec.slurm.cancel_reasons()
         next_look = last_view = 0.0
         delay_s, progress_at = 0.25, None
         while True:
@@ -276,7 +280,8 @@ class SubmittedJob:
                 info = self.look()
                 if info.state.finished:
                     break
-                if info.state == JobState.PENDING and info.reason in spec.slurm.cancel_pending_reasons:
+                if info.never_starts in cancel_for:
+                    self.never_starts = info.never_starts
                     raise CannotStart(info)
                 delay_s = min(delay_s * 2, spec.slurm.poll_s)
                 next_look = elapsed + delay_s
@@ -332,7 +337,8 @@ class SubmittedJob:
         info = self.info
         return SlurmJob(self.job_id, info.state.value if info else "UNKNOWN", info.reason if info else "",
                         self.node_names, {node: sorted(ranks) for node, ranks in self.node_ranks.items() if ranks},
-                        info.exit_code if info else None, info.signal if info else None, self.waited_for)
+                        info.exit_code if info else None, info.signal if info else None, self.waited_for,
+                        self.never_starts)
 
     def close(self) -> None:
         """On every path: the last lines, ``output.log`` closed, what the printer held back shown."""
@@ -381,7 +387,13 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     cancelled = f"SLURM job {job.job_id} was cancelled (scancel) while {where_it_was(slurm_job)}"
     cancelled_zh = f"SLURM 作业 {job.job_id} 已被取消（scancel），当时{where_it_was_zh(slurm_job)}"
     if isinstance(exc, CannotStart):
-        error, record, outcome = cannot_start_error(plan, exc.info, elapsed, slurm_job, job.pump.transcript[-30:])
+        try:
+            cpus = node_cpus(conf=plan.conf, partition=plan.spec.slurm.partition)
+        except SlurmError:  # what to change is then said without the nodes' figures
+            cpus = {}
+        request = Request(plan.spec.nnodes, plan.spec.slurm.cpus_per_task, cpus)
+        error, record, outcome = cannot_start_error(plan, exc.info.never_starts, request, elapsed, slurm_job,
+                                                    job.pump.transcript[-30:])
         record.write(plan.run_dir)
         safe_draw(view.finish, [], outcome)
         safe_draw(view.fail, error)

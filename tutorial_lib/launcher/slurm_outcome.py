@@ -9,18 +9,20 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import LaunchError
 from ..rundir import RunRecord, RunStatus
-from ..slurm.commands import JobInfo
+from ..slurm.commands import JobInfo, NeverStarts
 from ..slurm.target import CANNOT_START
 from .live import Outcome
 
 BATCH_PREFIX = "[batch] "  # the batch script's own lines in output.log
 # The Chinese of slurm.target.CANNOT_START, for the summary a Chinese notebook shows (tl.language() == "zh").
 CANNOT_START_ZH = {
-    "PartitionNodeLimit": "它请求的节点数超过了分区拥有的节点数（或其中一些节点已 down 或 drain）",
-    "PartitionTimeLimit": "它的时间限制超过了分区的上限（用更小的 time_limit，或换一个分区）",
-    "InvalidAccount": "这个账户对当前用户无效（sacctmgr show assoc user=$USER）",
-    "InvalidQOS": "这个 QOS 对当前用户或账户无效",
-    "BadConstraints": "没有节点具备它请求的特性（--constraint）",
+    NeverStarts.PARTITION_CONFIG: "分区中没有任何节点具备它对每个节点的请求（CPU、内存、GPU）",
+    NeverStarts.PARTITION_NODE_LIMIT: "它请求的节点数超过了分区拥有的节点数（或其中一些节点已 down 或 drain）",
+    NeverStarts.PARTITION_TIME_LIMIT: "它的时间限制超过了分区的上限（用更小的 time_limit，或换一个分区）",
+    NeverStarts.INVALID_ACCOUNT: "这个账户对当前用户无效（sacctmgr show assoc user=$USER）",
+    NeverStarts.INVALID_QOS: "这个 QOS 对当前用户或账户无效",
+    NeverStarts.BAD_CONSTRAINTS: "没有节点具备它请求的特性（--constraint）",
+    NeverStarts.DEPENDENCY_NEVER_SATISFIED: "它依赖的作业（--dependency）的结束方式使这个依赖条件永远无法满足",
 }
 _SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
 
@@ -40,6 +42,8 @@ class SlurmJob:
         exit_code, signal: the batch script's ``ExitCode=code:signal`` once finished (``None`` before).
         waited_for: the last reason squeue gave while the job was pending (``"Resources"``, ``"Priority"``,
             ``"PartitionNodeLimit"``: more nodes than the partition has, ...); ``""`` if it gave none.
+        never_starts: the ``NeverStarts`` reason for which the launcher cancelled the pending job (it could not
+            start as submitted), else ``None``.
     """
 
     job_id: int
@@ -50,6 +54,7 @@ class SlurmJob:
     exit_code: int | None = None
     signal: int | None = None
     waited_for: str = ""
+    never_starts: NeverStarts | None = None
 
     @property
     def node_count(self) -> int:
@@ -98,20 +103,79 @@ def attach_job(error: LaunchError, record: RunRecord, summary: str, slurm_job: S
     record.summary, record.slurm_job = summary, slurm_job.as_dict()
 
 
-def cannot_start_error(plan, info: JobInfo, elapsed: float, slurm_job: SlurmJob,
+@dataclass(frozen=True)
+class Request:
+    """What a job asked of the cluster and what the cluster has, for ``what_to_change`` (the launcher fills it when
+    it cancels a job that cannot start).
+
+    Attributes:
+        nnodes: nodes asked for (``LaunchSpec.nnodes``).
+        cpus_per_task: CPUs per node asked for (``SlurmSpec.cpus_per_task``; ``None``: the cluster's default).
+        node_cpus: ``{node name: CPUs}`` of the partition's nodes (``sinfo``); empty if unknown.
+    """
+
+    nnodes: int
+    cpus_per_task: int | None = None
+    node_cpus: dict[str, int] = field(default_factory=dict)
+
+
+def what_to_change(reason: NeverStarts, request: Request) -> tuple[str, str]:
+    """What to change so that a job pending for ``reason`` can start, in English and Chinese; pure."""
+    most_cpus = max(request.node_cpus.values(), default=None)
+    n = len(request.node_cpus)
+    partition = reason in (NeverStarts.PARTITION_CONFIG, NeverStarts.PARTITION_NODE_LIMIT)
+    if partition and request.node_cpus and request.nnodes > n:  # SLURM says PartitionConfig first, then NodeLimit
+        return (f"ask for at most {n} nodes: nnodes={request.nnodes}, but sinfo lists {n}",
+                f"最多请求 {n} 个节点：nnodes={request.nnodes}，而 sinfo 只列出 {n} 个")
+    if reason == NeverStarts.PARTITION_CONFIG:
+        asked = request.cpus_per_task
+        if asked is not None and most_cpus is not None and asked > most_cpus:
+            return (f"ask for at most {most_cpus} CPUs per task: SlurmSpec.cpus_per_task={asked}, but the partition's "
+                    f"nodes have at most {most_cpus} CPUs",
+                    f"每个任务最多请求 {most_cpus} 个 CPU：SlurmSpec.cpus_per_task={asked}，而分区中的节点最多只有 "
+                    f"{most_cpus} 个 CPU")
+        return ("ask for less per node than one node has (SlurmSpec.cpus_per_task, --mem or --gres in "
+                "SlurmSpec.sbatch_args; sinfo -N -o '%N %c %m %G' lists what each node has)",
+                "每个节点的请求不要超过单个节点拥有的资源（SlurmSpec.cpus_per_task，或 SlurmSpec.sbatch_args 中的 --mem、"
+                "--gres；sinfo -N -o '%N %c %m %G' 列出每个节点拥有的资源）")
+    return {
+        NeverStarts.PARTITION_NODE_LIMIT: ("ask for fewer nodes (nnodes; sinfo lists the partition's)",
+                                           "请求更少的节点（nnodes；sinfo 列出分区的节点）"),
+        NeverStarts.PARTITION_TIME_LIMIT: ("a smaller SlurmSpec.time_limit (or timeout_s), or another partition",
+                                           "用更小的 SlurmSpec.time_limit（或 timeout_s），或换一个分区"),
+        NeverStarts.INVALID_ACCOUNT: ("another SlurmSpec.account (sacctmgr show assoc user=$USER lists yours)",
+                                      "换一个 SlurmSpec.account（sacctmgr show assoc user=$USER 列出你的账户）"),
+        NeverStarts.INVALID_QOS: ("another --qos in SlurmSpec.sbatch_args (sacctmgr show assoc user=$USER)",
+                                  "在 SlurmSpec.sbatch_args 中换一个 --qos（sacctmgr show assoc user=$USER）"),
+        NeverStarts.BAD_CONSTRAINTS: ("a --constraint some node has (sinfo -N -o '%N %f' lists the features)",
+                                      "换一个某些节点具备的 --constraint（sinfo -N -o '%N %f' 列出各节点的特性）"),
+        NeverStarts.DEPENDENCY_NEVER_SATISFIED: ("drop the --dependency from SlurmSpec.sbatch_args, or depend on a job "
+                                                 "that can still satisfy it",
+                                                 "从 SlurmSpec.sbatch_args 中去掉 --dependency，或依赖一个仍能满足条件的作业"),
+    }[reason]
+
+
+def cannot_start_error(plan, reason: NeverStarts, request: Request, elapsed: float, slurm_job: SlurmJob,
                        output_tail: list[str]) -> tuple[LaunchError, RunRecord, Outcome]:
-    """The ``LaunchError`` of a job cancelled because it was pending for a reason that means it cannot start as
-    submitted (``SlurmSpec.cancel_pending_reasons``), its run.json (not yet written) and its outcome."""
-    why = CANNOT_START.get(info.reason, "SlurmSpec.cancel_pending_reasons names this reason")
-    summary = (f"{plan.script.name} cannot start: SLURM job {slurm_job.job_id} was pending with reason {info.reason} "
-               f"({why}); it was cancelled (scancel)")
-    why_zh = CANNOT_START_ZH.get(info.reason, "SlurmSpec.cancel_pending_reasons 列出了这个原因")
-    summary_zh = (f"{plan.script.name} 无法启动：SLURM 作业 {slurm_job.job_id} 一直在排队，原因 {info.reason}（{why_zh}）；"
-                  "已取消（scancel）")
+    """The ``LaunchError`` of a job cancelled because it was pending for ``reason`` (it cannot start as submitted:
+    ``SlurmSpec.cancel_pending_reasons``), naming the job, the reason, what it means and what to change
+    (``what_to_change`` of ``request``); its run.json (not yet written) and its outcome.
+
+    Args:
+        plan: the launch's ``SlurmPlan``; reason: the pending reason; request: what the job asked and the nodes have;
+        elapsed: seconds from the submission to the cancellation; slurm_job: the job as last seen (cancelled);
+        output_tail: the last lines of ``output.log``.
+    """
+    change, change_zh = what_to_change(reason, request)
+    summary = (f"{plan.script.name} cannot start: SLURM job {slurm_job.job_id} was pending with reason "
+               f"{reason.value} ({CANNOT_START[reason]}); it was cancelled (scancel); to start it, {change}")
+    summary_zh = (f"{plan.script.name} 无法启动：SLURM 作业 {slurm_job.job_id} 一直在排队，原因 {reason.value}"
+                  f"（{CANNOT_START_ZH[reason]}）；已取消（scancel）；要让它启动：{change_zh}")
     error = LaunchError(summary, run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=None,
                         output_tail=output_tail, job=slurm_job, summary_zh=summary_zh)
     record = RunRecord(RunStatus.FAILED, elapsed, **plan.shape("cold"), summary=summary, slurm_job=slurm_job.as_dict())
-    return error, record, Outcome(RunStatus.FAILED, elapsed, f"cannot start: {info.reason}", f"无法启动：{info.reason}")
+    return error, record, Outcome(RunStatus.FAILED, elapsed, f"cannot start: {reason.value}",
+                                  f"无法启动：{reason.value}")
 
 
 def failure_summary(plan, error: LaunchError, info: JobInfo, slurm_job: SlurmJob,
