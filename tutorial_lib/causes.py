@@ -229,6 +229,11 @@ INTERRUPTED_FIX = ("nothing to fix: you stopped it (Ctrl-C or a Jupyter kernel i
                    "was (07, section 1 'Hang')")
 STOPPED_FIX = ("no rank failed: the process that launched it raised {error} while it waited, and the launcher stopped "
                "torchrun and every rank; fix that error and rerun it with command.txt (07, section 6 'The doctor')")
+# The batch system refused the job at submission (run.json "status": "refused"): sbatch's message is the evidence.
+REFUSED_CAUSE = "sbatch refused the job"
+REFUSED_FIX = ("nothing ran, so output.log is empty and there is no logs/: change what sbatch's message names in the "
+               "launch's SlurmSpec (a --cpus-per-task, --mem or --gres no node has, an unknown --partition, --account "
+               "or --qos in sbatch_args) and launch again; `sinfo -N -o '%N %c %m %G'` lists what each node has")
 # Python could not parse a file: the script itself (no traceback: Python prints only the file, the line and a caret)
 # or a module it imports (a traceback ending in the SyntaxError).
 SYNTAX_CAUSE = "syntax error"

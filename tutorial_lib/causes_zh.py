@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from . import causes
-from .causes import FINISHED_CAUSE, INTERRUPTED_CAUSE, STOPPED_CAUSE, SYNTAX_CAUSE, signal_name
+from .causes import FINISHED_CAUSE, INTERRUPTED_CAUSE, REFUSED_CAUSE, STOPPED_CAUSE, SYNTAX_CAUSE, signal_name
 
 # Cause.name -> (Chinese name, Chinese fix), in the order of CAUSES.
 CAUSES_ZH: dict[str, tuple[str, str]] = {
@@ -94,6 +94,9 @@ FIXES_ZH: dict[str, str] = {
                        "才停止它，调用栈显示了每个 rank 当时所在的位置（见 07 第 1 节）",
     "STOPPED_FIX": "没有 rank 失败：启动它的进程在等待时抛出了 {error}，启动器已停止 torchrun 和所有 rank；修复这个错误后"
                    "用 command.txt 重新运行（见 07 第 6 节）",
+    "REFUSED_FIX": "什么也没有运行，所以 output.log 是空的，也没有 logs/：按 sbatch 的消息修改这次启动的 SlurmSpec（任何节点都"
+                   "没有的 --cpus-per-task、--mem 或 --gres，sbatch_args 中未知的 --partition、--account 或 --qos），然后重新"
+                   "启动；`sinfo -N -o '%N %c %m %G'` 列出每个节点拥有的资源",
     "SYNTAX_FIX": "Python 无法解析 {path} 的第 {line} 行：改正这一行（rank 日志中该行下方的 ^ 指向出错的位置），并在启动前用 "
                   "`python -m py_compile {path}` 检查该文件（见 07 第 2 节）",
     "SIGNAL_FIX": "该 rank 被信号终止：阅读 logs/ 中它的日志",
@@ -140,6 +143,7 @@ _DYNAMIC_CAUSES = (
     (re.compile(re.escape(INTERRUPTED_CAUSE)), "被中断"),
     (re.compile(re.escape(STOPPED_CAUSE)), "被启动它的进程停止"),
     (re.compile(re.escape(SYNTAX_CAUSE)), "语法错误（SyntaxError）"),
+    (re.compile(re.escape(REFUSED_CAUSE)), "sbatch 拒绝了这个作业"),
     (re.compile("unknown"), "未知"),
     (re.compile("none"), "无"),
 )

@@ -53,6 +53,8 @@ class Diagnosis:
         finished: the ranks whose script returned (exit code 0) while the others failed.
         stack: the Python stack faulthandler printed when a fatal signal killed the rank (most recent call first,
             the workbook's runner frames left out; the whole report is in the rank's log), else empty.
+        submitted: ``False`` when the batch system refused the job at submission (run.json's status ``"refused"``):
+            nothing ran, ``evidence`` is sbatch's message (``cause`` ``"sbatch refused the job"``).
     """
 
     run_dir: Path
@@ -76,10 +78,18 @@ class Diagnosis:
     signals: dict[int, str] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     stack: list[str] = field(default_factory=list)
+    submitted: bool = True
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows, in ``tl.language()`` (the evidence and error lines as logged)."""
         steps = say("sep").join(say("doctor.step", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
+        if not self.submitted:  # sbatch refused the job: nothing ran, its message is the whole story
+            return [(say("label.failed"), say("doctor.refused", run=self.run_dir.name)),
+                    *((say("label.sbatch said") if i == 0 else "", line) for i, line in
+                      enumerate(self.evidence.splitlines())),
+                    (say("label.output"), say("doctor.refused output")),
+                    (say("label.suspected cause"), pick(self.cause, self.cause_zh)),
+                    (say("label.fix"), pick(self.fix, self.fix_zh))]
         if self.cause in (INTERRUPTED_CAUSE, STOPPED_CAUSE):  # stopped on request: no rank failed
             rows = [(say("label.stopped"), say("doctor.interrupted" if self.cause == INTERRUPTED_CAUSE
                                                else "doctor.stopped by", run=self.run_dir.name,

@@ -122,8 +122,12 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "label.suspected cause": ("suspected cause", "疑似原因"),
     "label.fix": ("fix", "修复建议"),
     "label.stopped": ("stopped", "已停止"),
+    "label.sbatch said": ("sbatch said", "sbatch 的输出"),
+    "label.output": ("output.log", "输出（output.log）"),
     # the doctor's texts
     "doctor.finished": ("{run} finished without error", "{run} 运行结束，没有错误"),
+    "doctor.refused": ("{run}: sbatch refused the job, so no SLURM job ran", "{run}：sbatch 拒绝了这个作业，因此没有任何 SLURM 作业运行"),
+    "doctor.refused output": ("empty: no step ran (the job was never submitted)", "为空：没有任何一步运行过（作业从未提交成功）"),
     "doctor.none": ("none", "无"),
     "doctor.rank": ("rank {rank}", "rank {rank}"),
     "doctor.no rank": ("no rank (torchrun or the launch itself)", "没有 rank（是 torchrun 或启动本身）"),

@@ -200,6 +200,28 @@ def test_a_job_asking_more_cpus_per_task_than_a_node_has_is_cancelled_within_sec
     assert_nothing_left(slurm_cluster, error.run_dir)
 
 
+@pytest.mark.integration
+def test_after_sbatch_refuses_a_job_the_doctor_says_so_with_sbatchs_message(slurm_cluster, run_root, capsys):
+    """Issue 34: the doctor said the run directory "holds no output.log" beside an empty output.log."""
+    with pytest.raises(tl.SlurmError) as info:
+        tl.run_script("ddp_train", ["--max-steps", 5], runs_dir=run_root, nnodes=1, nproc_per_node=1,
+                      timeout_s=JOB_TIMEOUT_S, slurm=on_cluster(slurm_cluster, sbatch_args=["--mem=999999"]),
+                      live="text")
+    assert "Requested node configuration is not available" in info.value.stderr
+    assert "[launcher] failed: ddp_train.py was not submitted: sbatch refused the job (sbatch: error: Batch job " \
+           "submission failed: Requested node configuration is not available)" in capsys.readouterr().out
+    (run_dir,) = run_root.iterdir()
+    assert (run_dir / "output.log").read_text() == "" and not (run_dir / "logs").exists()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (record["status"], record["submit_error"]) == ("refused", info.value.stderr)
+    d = tl.diagnose(run_dir)
+    assert (d.failed, d.submitted, d.cause, d.evidence) == (True, False, "sbatch refused the job", info.value.stderr)
+    text = str(d)
+    assert "sbatch refused the job, so no SLURM job ran" in text and "holds no output.log" not in text, text
+    assert "empty: no step ran" in text and "Memory specification can not be satisfied" in text, text
+    assert queue(conf=slurm_cluster.conf) == []
+
+
 PENDING_LAUNCHER = textwrap.dedent("""
     import sys
     import tutorial_lib as tl

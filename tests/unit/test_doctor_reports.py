@@ -21,6 +21,7 @@ from tutorial_lib.launcher.outcome import timeout_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
 from tutorial_lib.printed_metrics import last_printed_steps, parse_loss_line
+from tutorial_lib.rundir import RunRecord, RunStatus
 from tutorial_lib.script_source import check_script_syntax
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
@@ -67,6 +68,40 @@ def test_a_run_stopped_by_the_launching_process_names_its_error(tmp_path):
     d = tl.diagnose(run_dir)
     assert (d.cause, d.failed) == ("stopped by the launching process", False), str(d)
     assert "raised ValueError while it waited" in d.fix and "ValueError" in d.fix_zh, d.fix
+
+
+SBATCH_REFUSED = ("sbatch: error: Memory specification can not be satisfied\n"
+                  "sbatch: error: Batch job submission failed: Requested node configuration is not available")
+
+
+def test_a_run_whose_job_sbatch_refused_says_so_with_sbatchs_message_not_that_output_log_is_missing(tmp_path):
+    """Issue 34: the doctor said the folder "holds no output.log" beside an empty output.log. A refused sbatch leaves
+    command.txt, job.sh, an empty output.log and run.json (status "refused", sbatch's message: slurm_job's launcher
+    writes it; tests/integration/test_slurm_launch.py refuses a real one)."""
+    run_dir = tmp_path / "20261202-050000-ddp_train"
+    run_dir.mkdir()
+    for name, text in (("command.txt", "cd x && sbatch --parsable --mem=999999 job.sh\n"), ("job.sh", "#!/bin/bash\n"),
+                       ("output.log", "")):
+        (run_dir / name).write_text(text)
+    RunRecord(RunStatus.REFUSED, 0.1, summary="ddp_train.py was not submitted", submit_error=SBATCH_REFUSED
+              ).write(run_dir)
+    d = tl.diagnose(run_dir)
+    assert (d.failed, d.submitted, d.cause, d.evidence) == (True, False, "sbatch refused the job", SBATCH_REFUSED)
+    assert str(d).splitlines() == [
+        f"failed           {run_dir.name}: sbatch refused the job, so no SLURM job ran",
+        "sbatch said      sbatch: error: Memory specification can not be satisfied",
+        "                 sbatch: error: Batch job submission failed: Requested node configuration is not available",
+        "output.log       empty: no step ran (the job was never submitted)",
+        "suspected cause  sbatch refused the job",
+        f"fix              {d.fix}"]
+    assert d.fix.startswith("nothing ran, so output.log is empty and there is no logs/: change what sbatch's message")
+    tl.set_language("zh")
+    chinese = str(d)
+    assert "sbatch 拒绝了这个作业" in chinese and "为空：没有任何一步运行过" in chinese and SBATCH_REFUSED.splitlines()[1] in chinese
+    tl.set_language("en")
+    (run_dir / "run.json").unlink()  # without run.json: what is there, not "holds no output.log"
+    with pytest.raises(tl.ConfigError, match="holds an empty output.log and no logs/: the launch did not start"):
+        tl.diagnose(run_dir)
 
 
 def test_a_run_stopped_at_its_timeout_is_a_hang_with_its_limit(tmp_path):

@@ -190,6 +190,7 @@ class SubmittedJob:
         self.node_names: tuple[str, ...] = ()
         self.waited_for = ""
         self.never_starts = None  # the NeverStarts reason the job was cancelled for
+        self.refused: SlurmError | None = None  # sbatch's refusal of the job
         self.node_ranks: dict[int, set[int]] = {node: set() for node in plan.nodes}
         self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
         self.started_at = time.monotonic()
@@ -217,8 +218,12 @@ class SubmittedJob:
                                open(plan.run_dir / OUTPUT_LOG, "w"))
         safe_draw(self.view.start)
         self.started_at = time.monotonic()
-        self.job_id = submit(plan.run_dir / JOB_SCRIPT, plan.sbatch_argv[2:-1], conf=plan.conf, env=plan.job_env,
-                             cwd=plan.run_dir)
+        try:
+            self.job_id = submit(plan.run_dir / JOB_SCRIPT, plan.sbatch_argv[2:-1], conf=plan.conf, env=plan.job_env,
+                                 cwd=plan.run_dir)
+        except SlurmError as e:
+            self.refused = e
+            raise
         self.tails = {None: FileTail(plan.batch_output(self.job_id)),
                       **{node: FileTail(plan.node_output(self.job_id, node)) for node in plan.nodes}}
         self.printer.note(f"submitted SLURM job {self.job_id} ({plan.spec.nnodes} node(s) x "
@@ -374,6 +379,8 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     after saying that an interrupt or another exception stopped it (it is re-raised)."""
     plan, view = job.plan, job.view
     if job.job_id is None:  # nothing was submitted: a bad run directory, or sbatch refused the job
+        if job.refused is not None and exc is job.refused:
+            _refused(job, job.refused)
         return None
     at_limit = isinstance(exc, LimitReached)
     with sigint_deferred():
@@ -414,6 +421,18 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     sys.stdout.write(f"[launcher] {outcome.cause}: {cancelled}; it has left the queue, SLURM stopped every process "
                      f"of it. Logs: {plan.run_dir}\n")
     return None
+
+
+def _refused(job: SubmittedJob, error: SlurmError) -> None:
+    """Record that sbatch refused the job (run.json's status ``refused`` with sbatch's message, which the doctor
+    shows) and end the view; the ``SlurmError`` itself is re-raised by the caller."""
+    plan, elapsed = job.plan, job.elapsed()
+    said = error.stderr or error.message
+    last = said.strip().splitlines()[-1] if said.strip() else "no message"
+    summary = f"{plan.script.name} was not submitted: sbatch refused the job ({last})"
+    summary_zh = f"{plan.script.name} 未能提交：sbatch 拒绝了这个作业（{last}）"
+    RunRecord(RunStatus.REFUSED, elapsed, **plan.shape("cold"), summary=summary, submit_error=said).write(plan.run_dir)
+    safe_draw(job.view.finish, [], Outcome(RunStatus.REFUSED, elapsed, summary, summary_zh))
 
 
 def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
