@@ -10,6 +10,10 @@ rank, ``GROUP_RANK``, comes from the c10d rendezvous and may differ), ``metrics/
 ``slurm_job``), plus SLURM's own files ``<job>-<id>.out`` (the batch script) and ``<job>-<id>-node<N>.out`` (node
 N's torchrun, every line labelled ``[rank<R>]:``).
 
+While the job waits in the queue the view says so, with SLURM's reason (``live.Queued``: "pending: SLURM job N waits
+in the queue (Resources)"); a reason after which it never starts (``NeverStarts``: 64 CPUs per task on 2-CPU nodes is
+``PartitionConfig``) has it cancelled at the first look and a ``LaunchError`` naming the job, the reason and what to
+change; a job sbatch refuses leaves run.json with status ``refused`` and sbatch's message (the doctor shows both).
 While the job runs the cell shows each change of its state and pending reason (``squeue``), every rank's output
 (the node files tailed as they grow, through the same ``OutputPump`` and printer as a local launch) and the live
 loss and memory figure from the metrics files. Memory is the tensor bytes the scripts log per step: the ranks run on
