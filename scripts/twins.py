@@ -86,8 +86,10 @@ def drift(english: Path) -> list[str]:
     zh_code = [_code_view(c) for c in zh.cells if c.cell_type == "code"]
     if en_code != zh_code:
         first = next((i for i, (a, b) in enumerate(zip(en_code, zh_code)) if a != b), min(len(en_code), len(zh_code)))
+        ids = " / ".join(dict.fromkeys(str(code[first][0]) for code in (en_code, zh_code) if first < len(code)))
         problems.append(f"{english.name}: code cells differ from the English notebook's from code cell {first + 1} "
-                        f"({len(en_code)} English, {len(zh_code)} Chinese): python scripts/twins.py sync {english.stem}")
+                        f"(id {ids or 'none: one notebook has fewer code cells'}; {len(en_code)} English, "
+                        f"{len(zh_code)} Chinese): python scripts/twins.py sync {english.stem}")
     if [c.get("id") for c in en.cells] != [c.get("id") for c in zh.cells]:
         problems.append(f"{english.name}: the twin's cells are not the English cells in the same order "
                         f"(python scripts/twins.py sync {english.stem})")

@@ -231,11 +231,17 @@ UNKNOWN_FIX = N_("no known pattern: read output.log and the ranks' logs under lo
 INTERRUPTED_CAUSE = N_("interrupted")
 STOPPED_CAUSE = N_("stopped by the launching process")
 INTERRUPTED_FIX = (N_("nothing to fix: you stopped it (Ctrl-C or a Jupyter kernel interrupt) and the launcher stopped "
-                      "torchrun and every rank; rerun it with command.txt, or resume from its last checkpoint (05, section "
-                      "4 'A rank killed during a save'); if you stopped it because it hung, the stacks show where each rank "
-                      "was (07, section 1 'Hang')"))
-STOPPED_FIX = (N_("no rank failed: the process that launched it raised {error} while it waited, and the launcher stopped "
-                  "torchrun and every rank; fix that error and rerun it with command.txt (07, section 6 'The doctor')"))
+                      "torchrun and every rank; rerun it with command.txt, or resume from its last checkpoint (05, "
+                      "section 4 'A rank killed during a save'); if you stopped it because it hung, the stacks show "
+                      "where each rank was (07, section 1 'Hang')"))
+STOPPED_FIX = (N_("no rank failed: the process that launched it raised {error} while it waited, and the launcher "
+                  "stopped torchrun and every rank; fix that error and rerun it with command.txt (07, section 6 'The "
+                  "doctor')"))
+# The batch system refused the job at submission (run.json "status": "refused"): sbatch's message is the evidence.
+REFUSED_CAUSE = N_("sbatch refused the job")
+REFUSED_FIX = N_("nothing ran, so output.log is empty and there is no logs/: change what sbatch's message names in the "
+                 "launch's SlurmSpec (a --cpus-per-task, --mem or --gres no node has, an unknown --partition, --account "
+                 "or --qos in sbatch_args) and launch again; `sinfo -N -o '%N %c %m %G'` lists what each node has")
 # Python could not parse a file: the script itself (no traceback: Python prints only the file, the line and a caret)
 # or a module it imports (a traceback ending in the SyntaxError).
 SYNTAX_CAUSE = N_("syntax error")

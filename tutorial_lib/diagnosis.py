@@ -53,6 +53,8 @@ class Diagnosis:
         finished: the ranks whose script returned (exit code 0) while the others failed.
         stack: the Python stack faulthandler printed when a fatal signal killed the rank (most recent call first,
             the workbook's runner frames left out; the whole report is in the rank's log), else empty.
+        submitted: ``False`` when the batch system refused the job at submission (run.json's status ``"refused"``):
+            nothing ran, ``evidence`` is sbatch's message (``cause`` ``"sbatch refused the job"``).
     """
 
     run_dir: Path
@@ -74,11 +76,17 @@ class Diagnosis:
     signals: dict[int, str] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     stack: list[str] = field(default_factory=list)
+    submitted: bool = True
 
     def rows(self) -> list[tuple[str, str]]:
         """The report as (label, text) rows, in ``tl.language()`` (the evidence and error lines as logged)."""
         steps = _(", ").join(_("rank {rank}: {step}", rank=r, step=s) for r, s in sorted(self.last_steps.items()))
         cause, fix = render(self.cause_text), render(self.fix_text)
+        if not self.submitted:  # sbatch refused the job: nothing ran, its message is the whole story
+            return [(_("failed"), _("{run}: sbatch refused the job, so no SLURM job ran", run=self.run_dir.name)),
+                    *((_("sbatch said") if i == 0 else "", line) for i, line in enumerate(self.evidence.splitlines())),
+                    (_("output.log"), _("empty: no step ran (the job was never submitted)")),
+                    (_("suspected cause"), cause), (_("fix"), fix)]
         if self.cause in (INTERRUPTED_CAUSE, STOPPED_CAUSE):  # stopped on request: no rank failed
             stopped = (_("{run} was interrupted ({evidence}); no rank had failed", run=self.run_dir.name,
                          evidence=self.evidence) if self.cause == INTERRUPTED_CAUSE else
@@ -146,7 +154,7 @@ class Diagnosis:
 
     def __str__(self) -> str:
         rows = self.rows()
-        width = max(map(_width, (label for label, _ in rows)))
+        width = max(map(_width, (label for label, _text in rows)))
         return "\n".join(label + " " * (width - _width(label) + 2) + text for label, text in rows)
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text form: the rows, not a dataclass repr

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_CAUSE, FINISHED_FIX, HANG_FIX,
-                     INTERRUPTED_CAUSE, INTERRUPTED_FIX, NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, SIGNAL_FIX, SIGNAL_FIXES,
-                     STOPPED_CAUSE, STOPPED_FIX, SYNTAX_CAUSE, SYNTAX_FIX, UNKNOWN_FIX, exit_code_meaning, signal_name)
+                     INTERRUPTED_CAUSE, INTERRUPTED_FIX, NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, REFUSED_CAUSE,
+                     REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_CAUSE, STOPPED_FIX, SYNTAX_CAUSE, SYNTAX_FIX,
+                     UNKNOWN_FIX, exit_code_meaning, signal_name)
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
 from .i18n import N_, Message
@@ -145,7 +146,9 @@ def _read_output(run_dir: Path, error: LaunchError | None) -> str:
     log_path = run_dir / OUTPUT_LOG
     output = log_path.read_text(errors="replace") if log_path.exists() else ""
     if error is None and output == "" and not (run_dir / LOGS).exists():
-        raise ConfigError(f"{str(run_dir)!r} holds no output.log or logs/: the launch did not start")
+        what = "an empty output.log" if log_path.exists() else "no output.log"
+        raise ConfigError(f"{str(run_dir)!r} holds {what} and no logs/: the launch did not start (and its run.json "
+                          "does not say why)")
     return output
 
 
@@ -353,6 +356,13 @@ def _stopped_diagnosis(run_dir: Path, record: RunRecord, ranks: _RankOutput, las
                      evidence=evidence, fix_text=fix)
 
 
+def _refused_diagnosis(run_dir: Path, record: RunRecord) -> Diagnosis:
+    """The report of a launch whose job the batch system refused (run.json's status ``refused``): nothing ran;
+    sbatch's message (``record.submit_error``) is the evidence."""
+    return Diagnosis(run_dir=run_dir, failed=True, submitted=False, cause_text=Message(REFUSED_CAUSE),
+                     evidence=record.submit_error, fix_text=Message(REFUSED_FIX))
+
+
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """Summarise a failed run: who failed first, how, where every rank was, the suspected cause and the fix.
 
@@ -364,8 +374,10 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
         A ``Diagnosis`` (``print(d)`` for a few lines; a notebook shows it as a table). A run that finished
         gives ``failed=False`` and cause ``"none"``; one that run.json says was interrupted (Ctrl-C, a kernel
         interrupt) or stopped by the launching process, ``failed=False`` and cause ``"interrupted"`` or ``"stopped by
-        the launching process"``, whatever its ranks printed as they were stopped. A run stopped at its
-        ``timeout_s`` or ``stall_timeout_s`` (run.json: ``"timeout"``) is a hang: cause ``"hang (...)"``.
+        the launching process"``, whatever its ranks printed as they were stopped. One whose job sbatch refused
+        (run.json: ``"refused"``), ``submitted=False``, cause ``"sbatch refused the job"`` and sbatch's message as
+        the evidence. A run stopped at its ``timeout_s`` or ``stall_timeout_s`` (run.json: ``"timeout"``) is a hang:
+        cause ``"hang (...)"``.
 
     Raises:
         ConfigError: the folder does not exist or is not a run directory.
@@ -375,6 +387,11 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """
     error = run if isinstance(run, LaunchError) else None
     run_dir = Path(error.run_dir if error is not None else run)
+    if error is None:
+        _check_run_dir(run_dir)
+        refused = RunRecord.read(run_dir)
+        if refused is not None and refused.status == RunStatus.REFUSED:
+            return _refused_diagnosis(run_dir, refused)
     output = _read_output(run_dir, error)
     # run.json: a timeout is diagnosed from the folder alone, a run finished after a restart by what it recovered from
     record = RunRecord.read(run_dir) if error is None else None

@@ -27,8 +27,9 @@ Every run directory holds one ``run.json``, written when the launch ends (``laun
 and read by the doctor (a run diagnosed from its folder alone), the benchmarks and the tests. Its fields:
 
 ====================  =====================================================================================
-``status``            ``"finished"``, ``"failed"``, ``"timeout"``, ``"interrupted"`` (the kernel's interrupt)
-                      or ``"stopped"`` (another exception while the launcher waited)
+``status``            ``"finished"``, ``"failed"``, ``"timeout"``, ``"interrupted"`` (the kernel's interrupt),
+                      ``"stopped"`` (another exception while the launcher waited) or ``"refused"`` (the batch
+                      system refused the job at submission, ``sbatch``: nothing ran)
 ``returncode``        torchrun's exit code (the first failed node's); ``None`` when the launcher stopped it
 ``wall_time_s``       seconds from the launch to its end
 ``nnodes``            torchrun agents (simulated nodes share this machine)
@@ -43,7 +44,9 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
                       ``tutorial_lib.launcher.warm``) or ``"cold"`` (each imported torch itself)
 ``slurm_job``         a launch on SLURM: ``job_id``, ``state``, ``reason``, ``exit_code``, ``signal``, ``nodes`` (names,
                       in SLURM's order: node N is ``nodes[N]``, its files ``*-node<N>.out`` and ``logs/node<N>/``),
-                      ``node_ranks`` (``{N: global ranks}``, from each node's labelled lines); ``None`` otherwise
+                      ``node_ranks`` (``{N: global ranks}``, from each node's labelled lines), ``never_starts`` (the
+                      pending reason it was cancelled for, if any); ``None`` otherwise
+``submit_error``      what ``sbatch`` said when it refused the job (``status == "refused"`` only; ``""`` otherwise)
 ====================  =====================================================================================
 """
 
@@ -273,6 +276,7 @@ class RunStatus(str, Enum):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     STOPPED = "stopped"
+    REFUSED = "refused"  # the batch system (sbatch) refused the job: nothing ran
 
 
 @dataclass
@@ -292,6 +296,7 @@ class RunRecord:
     in_process: bool = False
     start: str = "cold"
     slurm_job: dict | None = None
+    submit_error: str = ""
 
     def write(self, run_dir: str | os.PathLike) -> Path:
         """Write ``<run_dir>/run.json``; returns its path."""

@@ -20,7 +20,7 @@ from tutorial_lib.errors import JobWaitTimeout, SlurmError, SlurmUnavailable
 from tutorial_lib.slurm import (JobState, LocalCluster, cancel, job_info, job_nodes, queue, submit, wait_for_state,
                                 wait_until_finished)
 from tutorial_lib.slurm import local_cluster
-from tutorial_lib.slurm.commands import parse_exit_code, parse_squeue_line
+from tutorial_lib.slurm.commands import NeverStarts, parse_exit_code, parse_node_cpus, parse_squeue_line
 
 JOB_TIMEOUT_S = 300  # the longest wait for a job's state; the jobs take 10-40 s on this 2-core machine
 TORCHRUN = shlex.join([sys.executable, "-m", "torch.distributed.run"])  # this interpreter's torch on the nodes
@@ -91,6 +91,35 @@ def test_squeue_lines_and_exit_codes_are_parsed():
         parse_squeue_line("17|WEIRD|None|node0|1")
     assert parse_exit_code("JobState=FAILED Reason=NonZeroExitCode Dependency=(null) ExitCode=1:0 RunTime=1") == (1, 0)
     assert parse_exit_code("JobState=RUNNING") is None
+
+
+# squeue -h -o '%i|%T|%r|%N|%D' on the local cluster (slurm-wlm 22.05): job 1 asked --cpus-per-task=64 of 2-CPU nodes,
+# 4 held both nodes, 5 waited for them; before its first scheduling pass a job is PENDING with reason None.
+CAPTURED_SQUEUE = """1|PENDING|PartitionConfig||1
+5|PENDING|Resources||2
+4|RUNNING|None|node[0-1]|2
+6|PENDING|None||2
+7|PENDING|Priority||2
+"""
+
+
+def test_a_pending_reason_after_which_a_job_never_starts_is_parsed_into_a_typed_value():
+    never, resources, running, unlooked, priority = map(parse_squeue_line, CAPTURED_SQUEUE.splitlines())
+    assert (never.state, never.never_starts, never.waiting_for) == (JobState.PENDING, NeverStarts.PARTITION_CONFIG,
+                                                                   "PartitionConfig")
+    assert (resources.never_starts, resources.waiting_for) == (None, "Resources")
+    assert (priority.never_starts, priority.waiting_for) == (None, "Priority")
+    assert (running.state, running.never_starts, running.waiting_for) == (JobState.RUNNING, None, "")
+    assert (unlooked.state, unlooked.waiting_for) == (JobState.PENDING, ""), "None: no reason given yet"
+    # A finished job's reason is how it ended, never a reason to cancel it.
+    assert parse_squeue_line("9|CANCELLED|PartitionConfig||1").never_starts is None
+    assert {r.value for r in NeverStarts} >= {"PartitionConfig", "PartitionNodeLimit", "BadConstraints"}
+    assert not {"Resources", "Priority", "ReqNodeNotAvail", "JobHeldUser"} & {r.value for r in NeverStarts}
+
+
+def test_sinfo_cpus_per_node_are_parsed():
+    assert parse_node_cpus("node0|2\nnode1|2\n") == {"node0": 2, "node1": 2}
+    assert parse_node_cpus("gpu7|128\nweird|N/A\n\n") == {"gpu7": 128}
 
 
 def test_the_local_cluster_says_what_to_do_when_it_cannot_run(monkeypatch, tmp_path):

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -18,10 +19,11 @@ import pytest
 from conftest import private_slurm_cluster, wait_no_job_processes
 
 import tutorial_lib as tl
-from tutorial_lib.slurm import JobState, queue
+from tutorial_lib.slurm import JobState, NeverStarts, cancel, queue, submit, wait_for_state
 from tutorial_lib.torchrun.attempts import last_attempt
 
 JOB_TIMEOUT_S = 300  # each launch's limit; the jobs take 10-60 s on this 2-core machine, depending on its load
+CANCEL_S = 120  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
 
 
 def on_cluster(cluster, **fields) -> tl.SlurmSpec:
@@ -104,8 +106,8 @@ def test_a_failing_rank_fails_the_launch_naming_the_rank_its_error_and_its_node(
     node = node_of(job, 3)
     assert error.summary.startswith(f"ddp_train.py failed on rank 3 (exit code 1) on node {node} (node{node}); "
                                     f"SLURM job {job.job_id} ended FAILED"), error.summary
-    assert error.summary_zh.startswith(f"ddp_train.py 在 rank 3 上失败（退出码 1），在节点 {node}（node{node}）上；"
-                                       f"SLURM 作业 {job.job_id} 以 FAILED 结束"), error.summary_zh  # a zh notebook's
+    assert error.headline.render("zh") == f"ddp_train.py 在 rank 3 上失败（退出码 1），在节点 {node}（node{node}）上", \
+        error.headline.render("zh")  # what a zh notebook's live view shows
     record = json.loads((error.run_dir / "run.json").read_text())
     assert record["status"] == "failed" and record["summary"] == error.summary
     assert record["slurm_job"]["node_ranks"] == {str(n): ranks for n, ranks in job.node_ranks.items()}
@@ -155,15 +157,121 @@ def test_a_job_that_asks_for_more_nodes_than_exist_shows_its_reason_and_is_cance
                       timeout_s=JOB_TIMEOUT_S, slurm=on_cluster(slurm_cluster), live="off")
     error, job = info.value, info.value.job
     assert not isinstance(error, tl.LaunchTimeout), "cancelled for its reason, not at the launch's limit"
-    assert (job.state, job.waited_for, job.nodes) == ("CANCELLED", "PartitionNodeLimit", ())
-    assert f"SLURM job {job.job_id}: PENDING, waiting: PartitionNodeLimit" in capsys.readouterr().out
-    assert error.summary == (f"ddp_train.py cannot start: SLURM job {job.job_id} was pending with reason "
-                             "PartitionNodeLimit (it asks for more nodes than its partition has (or some of them are "
-                             "down or drained)); it was cancelled (scancel)")
-    assert error.summary_zh.startswith(f"ddp_train.py 无法启动：SLURM 作业 {job.job_id} 一直在排队，原因 PartitionNodeLimit（它请求"
-                                       "的节点数超过了分区拥有的节点数"), error.summary_zh
+    # SLURM 22.05's first scheduling pass says PartitionConfig, a later one PartitionNodeLimit: either never starts.
+    reason = job.never_starts
+    assert reason in (NeverStarts.PARTITION_CONFIG, NeverStarts.PARTITION_NODE_LIMIT), job
+    assert (job.state, job.waited_for, job.nodes) == ("CANCELLED", reason.value, ())
+    assert f"SLURM job {job.job_id}: PENDING, waiting: {reason.value}" in capsys.readouterr().out
+    assert error.summary.startswith(f"ddp_train.py cannot start: SLURM job {job.job_id} was pending with reason "
+                                    f"{reason.value} ("), error.summary
+    assert error.summary.endswith("; it was cancelled (scancel); to start it, ask for at most 2 nodes: nnodes=3, but "
+                                  "sinfo lists 2"), error.summary
+    zh = error.headline.render("zh")
+    assert zh.startswith(f"ddp_train.py 无法启动：SLURM 作业 {job.job_id} 一直在排队，原因 {reason.value}（"), zh
+    assert zh.endswith("要让它启动：最多请求 2 个节点：nnodes=3，而 sinfo 只列出 2 个"), zh
     assert json.loads((error.run_dir / "run.json").read_text())["status"] == "failed"
     assert_nothing_left(slurm_cluster, error.run_dir)
+
+
+@pytest.mark.integration
+def test_a_job_asking_more_cpus_per_task_than_a_node_has_is_cancelled_within_seconds_naming_what_to_change(
+        slurm_cluster, run_root):
+    """Issue 34: 64 CPUs per task on 2-CPU nodes: SLURM keeps it PENDING (PartitionConfig) for ever; the launch
+    cancels it at the first look that sees the reason, far below its timeout_s."""
+    started = time.monotonic()
+    with pytest.raises(tl.LaunchError) as info:
+        tl.run_script("ddp_train", ["--max-steps", 5], runs_dir=run_root, nnodes=1, nproc_per_node=1,
+                      timeout_s=JOB_TIMEOUT_S, slurm=on_cluster(slurm_cluster, cpus_per_task=64), live="off")
+    took_s = time.monotonic() - started
+    error, job = info.value, info.value.job
+    assert not isinstance(error, tl.LaunchTimeout)
+    assert (job.state, job.never_starts, job.waited_for, job.nodes) == ("CANCELLED", NeverStarts.PARTITION_CONFIG,
+                                                                         "PartitionConfig", ())
+    record = json.loads((error.run_dir / "run.json").read_text())
+    print(f"submit to cancellation: {record['wall_time_s']:.2f} s; the whole call {took_s:.2f} s")
+    assert record["wall_time_s"] < 30 and took_s < 60, (record["wall_time_s"], took_s)  # timeout_s is 300
+    assert record["status"] == "failed" and record["slurm_job"]["never_starts"] == "PartitionConfig"
+    assert error.summary == (f"ddp_train.py cannot start: SLURM job {job.job_id} was pending with reason "
+                             "PartitionConfig (no node of its partition has what it asks for per node (CPUs, memory, "
+                             "GPUs)); it was cancelled (scancel); to start it, ask for at most 2 CPUs per task: "
+                             "SlurmSpec.cpus_per_task=64, but the partition's nodes have at most 2 CPUs")
+    assert error.headline.render("zh").endswith("要让它启动：每个任务最多请求 2 个 CPU：SlurmSpec.cpus_per_task=64，而分区中的"
+                                                 "节点最多只有 2 个 CPU"), error.headline.render("zh")
+    assert_nothing_left(slurm_cluster, error.run_dir)
+
+
+@pytest.mark.integration
+def test_after_sbatch_refuses_a_job_the_doctor_says_so_with_sbatchs_message(slurm_cluster, run_root, capsys):
+    """Issue 34: the doctor said the run directory "holds no output.log" beside an empty output.log."""
+    with pytest.raises(tl.SlurmError) as info:
+        tl.run_script("ddp_train", ["--max-steps", 5], runs_dir=run_root, nnodes=1, nproc_per_node=1,
+                      timeout_s=JOB_TIMEOUT_S, slurm=on_cluster(slurm_cluster, sbatch_args=["--mem=999999"]),
+                      live="text")
+    assert "Requested node configuration is not available" in info.value.stderr
+    assert "[launcher] failed: ddp_train.py was not submitted: sbatch refused the job (sbatch: error: Batch job " \
+           "submission failed: Requested node configuration is not available)" in capsys.readouterr().out
+    (run_dir,) = run_root.iterdir()
+    assert (run_dir / "output.log").read_text() == "" and not (run_dir / "logs").exists()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (record["status"], record["submit_error"]) == ("refused", info.value.stderr)
+    d = tl.diagnose(run_dir)
+    assert (d.failed, d.submitted, d.cause, d.evidence) == (True, False, "sbatch refused the job", info.value.stderr)
+    text = str(d)
+    assert "sbatch refused the job, so no SLURM job ran" in text and "holds no output.log" not in text, text
+    assert "empty: no step ran" in text and "Memory specification can not be satisfied" in text, text
+    assert queue(conf=slurm_cluster.conf) == []
+
+
+PENDING_LAUNCHER = textwrap.dedent("""
+    import sys
+    import tutorial_lib as tl
+    spec = tl.SlurmSpec(conf=sys.argv[2], socket_ifname="lo")
+    tl.run_script("ddp_train", ["--max-steps", 2], runs_dir=sys.argv[1], nnodes=1, nproc_per_node=1, timeout_s=600,
+                  slurm=spec, live="text")
+""")
+
+
+@pytest.mark.integration
+def test_a_job_waiting_for_nodes_another_job_holds_is_shown_pending_with_its_reason(slurm_cluster, run_root,
+                                                                                    tmp_path):
+    """Issue 34: while another job holds both nodes the launch's view says "pending" and SLURM's reason (it said
+    "running, no step reported yet"); once the nodes are free the job runs and finishes."""
+    blocker_script = tmp_path / "hold.sh"
+    blocker_script.write_text("#!/bin/bash\nsleep 600\n")
+    blocker = submit(blocker_script, ["-N2", "--exclusive", "--time=00:15:00", f"--output={tmp_path}/hold-%j.out"],
+                     conf=slurm_cluster.conf, cwd=tmp_path)
+    lines: list[str] = []
+    try:
+        wait_for_state(blocker, {JobState.RUNNING}, timeout_s=JOB_TIMEOUT_S, conf=slurm_cluster.conf)
+        proc = subprocess.Popen([sys.executable, "-u", "-c", PENDING_LAUNCHER, str(run_root), str(slurm_cluster.conf)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        try:
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            # The terminal view's progress line while the job waits (every 3 s): a state to wait for, not seconds.
+            while not any("] pending: SLURM job" in line for line in lines):
+                assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+                time.sleep(0.2)
+            cancel(blocker, conf=slurm_cluster.conf, timeout_s=CANCEL_S)
+            assert proc.wait(timeout=JOB_TIMEOUT_S) == 0, "".join(lines)[-3000:]
+            reader.join(timeout=10)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        cancel(blocker, conf=slurm_cluster.conf, timeout_s=CANCEL_S)
+    out = "".join(lines)
+    job_id = int(re.search(r"submitted SLURM job (\d+)", out).group(1))
+    waited = re.search(rf"SLURM job {job_id}: PENDING, waiting: (\w+)", out)
+    assert waited and waited.group(1) in ("Resources", "Priority"), out[-3000:]
+    assert re.search(rf"^\[progress +[\d.]+ s\] pending: SLURM job {job_id} waits in the queue \((Resources|Priority)\), "
+                     r"no rank started yet \(\d+ s\)$", out, re.M), out[-3000:]
+    assert "running, no step reported yet" not in out.split(f"SLURM job {job_id}: RUNNING")[0], out[-3000:]
+    (run_dir,) = run_root.iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "finished" and record["slurm_job"]["waited_for"] in ("Resources", "Priority")
+    assert_nothing_left(slurm_cluster, run_dir)
 
 
 @pytest.mark.integration

@@ -252,9 +252,9 @@ def test_a_rank_that_left_no_error_file_is_blamed_not_the_peer_whose_file_says_t
 
 
 def test_exit_codes_without_a_traceback_are_explained():
-    assert "argparse" in exit_code_meaning(2) and "sys.exit('message')" in exit_code_meaning(1)
-    assert exit_code_meaning(137) == "137 = 128 + 9: a shell's way of saying its child was killed by SIGKILL"
-    assert "script's own number" in exit_code_meaning(3) and "not found" in exit_code_meaning(127)
+    assert "argparse" in str(exit_code_meaning(2)) and "sys.exit('message')" in str(exit_code_meaning(1))
+    assert str(exit_code_meaning(137)) == "137 = 128 + 9: a shell's way of saying its child was killed by SIGKILL"
+    assert "script's own number" in str(exit_code_meaning(3)) and "not found" in str(exit_code_meaning(127))
 
 
 @pytest.mark.parametrize("line, evidence", [

@@ -78,7 +78,8 @@ def test_check_fails_when_an_english_code_cell_changes_until_sync(pair, capsys):
     edit(pair, change)
     assert twins.main(["check"]) == 1
     out = capsys.readouterr().out
-    assert f"{pair.name}: code cells differ from the English notebook's from code cell 3" in out, out
+    cell_id = nth(nbformat.read(pair, as_version=4), "code", 2).get("id")
+    assert f"{pair.name}: code cells differ from the English notebook's from code cell 3 (id {cell_id}; " in out, out
     assert f"python scripts/twins.py sync {pair.stem}" in out, out
     twins.sync(pair)  # the fix the message names: the twin follows, its translations kept
     assert twins.main(["check"]) == 0
@@ -102,7 +103,9 @@ def test_check_fails_when_the_twins_code_cells_are_reordered(pair):
 
 def test_check_fails_when_a_cell_id_differs(pair):
     edit(twins.twin_path(pair), lambda nb: setattr(nth(nb, "code", 4), "id", "not-the-english-id"))
-    assert any("code cells differ" in p for p in twins.drift(pair))
+    english_id = nth(nbformat.read(pair, as_version=4), "code", 4).get("id")
+    problems = twins.drift(pair)
+    assert any(f"from code cell 5 (id {english_id} / not-the-english-id; " in p for p in problems), problems
 
 
 def test_check_fails_when_the_english_prose_changes_since_its_translation(pair):

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.i18n import say
+from tutorial_lib.i18n import _
 from tutorial_lib.launcher.devices import DevicePlan
 from tutorial_lib.launcher.outcome import timeout_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
 from tutorial_lib.printed_metrics import last_printed_steps, parse_loss_line
+from tutorial_lib.rundir import RunRecord, RunStatus
 from tutorial_lib.script_source import check_script_syntax
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
@@ -66,7 +67,41 @@ def test_a_run_stopped_by_the_launching_process_names_its_error(tmp_path):
     set_run_json(run_dir, status="stopped", summary="stopped by ValueError")
     d = tl.diagnose(run_dir)
     assert (d.cause, d.failed) == ("stopped by the launching process", False), str(d)
-    assert "raised ValueError while it waited" in d.fix and "ValueError" in d.fix_zh, d.fix
+    assert "raised ValueError while it waited" in d.fix and "ValueError" in d.fix_text.render("zh"), d.fix
+
+
+SBATCH_REFUSED = ("sbatch: error: Memory specification can not be satisfied\n"
+                  "sbatch: error: Batch job submission failed: Requested node configuration is not available")
+
+
+def test_a_run_whose_job_sbatch_refused_says_so_with_sbatchs_message_not_that_output_log_is_missing(tmp_path):
+    """Issue 34: the doctor said the folder "holds no output.log" beside an empty output.log. A refused sbatch leaves
+    command.txt, job.sh, an empty output.log and run.json (status "refused", sbatch's message: slurm_job's launcher
+    writes it; tests/integration/test_slurm_launch.py refuses a real one)."""
+    run_dir = tmp_path / "20261202-050000-ddp_train"
+    run_dir.mkdir()
+    for name, text in (("command.txt", "cd x && sbatch --parsable --mem=999999 job.sh\n"), ("job.sh", "#!/bin/bash\n"),
+                       ("output.log", "")):
+        (run_dir / name).write_text(text)
+    RunRecord(RunStatus.REFUSED, 0.1, summary="ddp_train.py was not submitted", submit_error=SBATCH_REFUSED
+              ).write(run_dir)
+    d = tl.diagnose(run_dir)
+    assert (d.failed, d.submitted, d.cause, d.evidence) == (True, False, "sbatch refused the job", SBATCH_REFUSED)
+    assert str(d).splitlines() == [
+        f"failed           {run_dir.name}: sbatch refused the job, so no SLURM job ran",
+        "sbatch said      sbatch: error: Memory specification can not be satisfied",
+        "                 sbatch: error: Batch job submission failed: Requested node configuration is not available",
+        "output.log       empty: no step ran (the job was never submitted)",
+        "suspected cause  sbatch refused the job",
+        f"fix              {d.fix}"]
+    assert d.fix.startswith("nothing ran, so output.log is empty and there is no logs/: change what sbatch's message")
+    tl.set_language("zh")
+    chinese = str(d)
+    assert "sbatch 拒绝了这个作业" in chinese and "为空：没有任何一步运行过" in chinese and SBATCH_REFUSED.splitlines()[1] in chinese
+    tl.set_language("en")
+    (run_dir / "run.json").unlink()  # without run.json: what is there, not "holds no output.log"
+    with pytest.raises(tl.ConfigError, match="holds an empty output.log and no logs/: the launch did not start"):
+        tl.diagnose(run_dir)
 
 
 def test_a_run_stopped_at_its_timeout_is_a_hang_with_its_limit(tmp_path):
@@ -88,7 +123,8 @@ def test_the_doctor_names_the_file_and_line_of_a_syntax_error_in_the_script(tmp_
     assert (d.cause, d.rank, d.exit_code) == ("syntax error", 0, 1), str(d)
     assert d.evidence == "/tmp/doc2/syntax.py, line 1" and d.error == "SyntaxError: '(' was never closed", str(d)
     assert "`python -m py_compile /tmp/doc2/syntax.py`" in d.fix and "sys.exit" not in d.fix, d.fix
-    assert "/tmp/doc2/syntax.py" in d.fix_zh and "第 1 行" in d.fix_zh, d.fix_zh
+    fix_zh = d.fix_text.render("zh")
+    assert "/tmp/doc2/syntax.py" in fix_zh and "第 1 行" in fix_zh, fix_zh
 
 
 def test_a_syntax_error_in_an_imported_module_names_that_module(tmp_path):
@@ -166,12 +202,13 @@ def test_a_stall_timeout_says_no_new_step_came_and_which_steps_had(tmp_path):
     script.write_text("print('step 1 loss 0.5')\n")
     plan = plan_launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, stall_timeout_s=5))
     pump = OutputPump(1, tmp_path, [0], ThrottledPrinter(io.StringIO()), io.StringIO())
-    error, record, _ = timeout_error(plan, pump, "stall_timeout_s", 8.6, [0, 1], {0: 2, 1: 2}, {}, None,
+    error, record, _outcome = timeout_error(plan, pump, "stall_timeout_s", 8.6, [0, 1], {0: 2, 1: 2}, {}, None,
                                      command=["torchrun"])
     assert "made no progress for 5 s (no rank logged a new step for 5 s; limit stall_timeout_s)" in error.summary
     assert "last step per rank: {0: 2, 1: 2}" in error.summary and "no rank logged a step" not in error.summary
     assert record.summary == error.summary and (error.limit, error.last_steps) == ("stall_timeout_s", {0: 2, 1: 2})
-    assert "no rank logged a new step for stall_timeout_s=5 s" in say("live.stalled", timeout_s="5")
+    assert "no rank logged a new step for stall_timeout_s=5 s" in _("no rank logged a new step for stall_timeout_s={timeout_s} s: the job was stopped",
+                                                                 timeout_s="5")
 
 
 # --- 4. a script whose printed lines the loss pattern does not read ---------------------------------------------------

@@ -98,7 +98,7 @@ def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(
         pump.take(0, line)
     error, record, outcome = failure_error(_plan(tmp_path), pump, {0: 1}, 2.5, command=["torchrun"])
     assert str(error).startswith("t.py failed: torchrun exited with code 1: the port, picked as free for this launch")
-    assert outcome.status == RunStatus.FAILED and outcome.elapsed_s == 2.5 and outcome.cause == record.summary
+    assert outcome.status == RunStatus.FAILED and outcome.elapsed_s == 2.5 and str(outcome.cause) == record.summary
     assert error.returncode == 1 and error.failure is None and error.output_tail == pump.transcript
     assert record.status == RunStatus.FAILED and record.returncode == 1 and record.summary == error.summary
     assert not (tmp_path / "run.json").exists(), "launch writes the record after the view's last word"

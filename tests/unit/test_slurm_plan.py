@@ -60,6 +60,8 @@ def test_a_gpu_job_requests_one_gpu_per_rank_on_the_nodes_not_here(script):
     ({"slurm": tl.SlurmSpec(time_limit="1h")}, "time_limit must look like HH:MM:SS"),
     ({"slurm": "debug"}, "slurm must be a SlurmSpec or None"),
     ({"slurm": tl.SlurmSpec(cancel_pending_reasons="Resources")}, "cancel_pending_reasons must be a list"),
+    ({"slurm": tl.SlurmSpec(cancel_pending_reasons=["PartitionConfig", "Resources"])},
+     r"cancel_pending_reasons holds \['Resources'\], which can clear by themselves"),
 ])
 def test_bad_values_are_refused_before_anything_is_submitted(script, fields, message):
     with pytest.raises(tl.ConfigError, match=message):
@@ -91,3 +93,39 @@ def test_connect_slurm_says_why_it_cannot_start_the_local_cluster(monkeypatch, t
         target.spec()
     assert target.close() is False
 
+
+
+def test_a_queued_job_is_shown_pending_with_its_reason_until_it_runs():
+    """Issue 34: a PENDING job was shown as "running, no step reported yet"."""
+    from tutorial_lib.launcher.live import LiveView, Queued
+
+    view = LiveView()
+    view.set_queued(Queued(7, "Resources"))
+    assert view.progress_lines(12.4) == ["pending: SLURM job 7 waits in the queue (Resources), no rank started yet (12 s)"]
+    try:
+        tl.set_language("zh")
+        assert view.progress_lines(12.4) == ["排队中：SLURM 作业 7 在队列中等待（Resources），尚无 rank 启动（12 s）"]
+    finally:
+        tl.set_language("en")
+    view.set_queued(Queued(7))  # PENDING before the scheduler's first pass: no reason yet
+    assert view.progress_lines(1) == ["pending: SLURM job 7 waits in the queue, no rank started yet (1 s)"]
+    view.set_queued(None)
+    assert view.progress_lines(20) == ["running, no step reported yet (20 s)"]
+
+
+def test_what_to_change_names_the_request_and_what_the_nodes_have():
+    from tutorial_lib.launcher.slurm_outcome import Request, what_to_change
+    from tutorial_lib.slurm import NeverStarts
+
+    nodes = {"node0": 2, "node1": 2}
+    change = what_to_change(NeverStarts.PARTITION_CONFIG, Request(1, 64, nodes))
+    assert (str(change), change.render("zh")) == (
+        "ask for at most 2 CPUs per task: SlurmSpec.cpus_per_task=64, but the partition's nodes have at most 2 CPUs",
+        "每个任务最多请求 2 个 CPU：SlurmSpec.cpus_per_task=64，而分区中的节点最多只有 2 个 CPU")
+    for reason in (NeverStarts.PARTITION_CONFIG, NeverStarts.PARTITION_NODE_LIMIT):
+        assert str(what_to_change(reason, Request(3, None, nodes))) == "ask for at most 2 nodes: nnodes=3, but sinfo lists 2"
+    assert str(what_to_change(NeverStarts.PARTITION_CONFIG, Request(1, None, {}))).startswith("ask for less per node")
+    for reason in NeverStarts:  # every reason says what to change, in both languages
+        change = what_to_change(reason, Request(1))
+        en, zh = str(change), change.render("zh")
+        assert en and zh and en != zh, reason

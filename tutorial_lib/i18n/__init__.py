@@ -51,7 +51,7 @@ _chosen: list[str] = []  # the language set by set_language or setup_notebook; e
 def languages(locale_dir: str | os.PathLike | None = None) -> tuple[str, ...]:
     """The languages the library speaks: English (the msgids) and every language with a catalogue
     (``<locale_dir>/<lang>/LC_MESSAGES/tutorial_lib.po``; default ``LOCALE_DIR``), e.g. ``("en", "zh")``."""
-    folder = Path(locale_dir) if locale_dir is not None else LOCALE_DIR
+    folder = Path(locale_dir) if locale_dir is not None else active_locale_dir()
     found = sorted(p.parents[1].name for p in folder.glob(f"*/LC_MESSAGES/{DOMAIN}.po"))
     return (SOURCE_LANGUAGE, *[lang for lang in found if lang != SOURCE_LANGUAGE])
 
@@ -60,8 +60,8 @@ def check_language(lang: object, source: str = "language") -> str:
     """``lang`` if it is one of ``languages()``, else a ``ConfigError`` naming it (``source``: where it came from)."""
     known = languages()
     if lang not in known:
-        raise ConfigError(f"{source} must be one of {', '.join(map(repr, known))} ('en' English, 'zh' Chinese: a "
-                          f"catalogue in {LOCALE_DIR}), got {lang!r}")
+        raise ConfigError(f"{source} must be one of {', '.join(map(repr, known))} ('en' English, 'zh' Chinese; another "
+                          f"language needs a catalogue in {active_locale_dir()}), got {lang!r}")
     return lang
 
 
@@ -162,7 +162,7 @@ def translations(lang: str | None = None, locale_dir: str | os.PathLike | None =
     lang = language() if lang is None else lang
     if lang == SOURCE_LANGUAGE:
         return gettext.NullTranslations()
-    folder = Path(locale_dir) if locale_dir is not None else LOCALE_DIR
+    folder = Path(locale_dir) if locale_dir is not None else active_locale_dir()
     po_path = folder / lang / "LC_MESSAGES" / f"{DOMAIN}.po"
     if not po_path.is_file():
         raise ConfigError(f"no catalogue for language {lang!r}: {po_path} does not exist; languages: "
@@ -172,6 +172,11 @@ def translations(lang: str | None = None, locale_dir: str | os.PathLike | None =
 
 # A catalogue folder other than LOCALE_DIR (tests of a new language); None: LOCALE_DIR.
 _locale_dir: list[Path] = []
+
+
+def active_locale_dir() -> Path:
+    """The folder the catalogues are read from: ``LOCALE_DIR``, or the one ``use_locale_dir`` set."""
+    return _locale_dir[0] if _locale_dir else LOCALE_DIR
 
 
 def use_locale_dir(folder: str | os.PathLike | None) -> None:
@@ -204,11 +209,12 @@ class Message:
         if not self.msgid:
             return ""  # gettext("") is the catalogue's header
         lang = language() if lang is None else lang
-        catalogue = translations(lang, *_locale_dir)
+        catalogue = translations(lang)
         text = catalogue.ngettext(self.msgid, self.plural, self.n) if self.plural else catalogue.gettext(self.msgid)
         if not self.fields:
             return text
-        return text.format(**{k: render(v, lang) for k, v in self.fields.items()})
+        return text.format(**{k: v.render(lang) if isinstance(v, (Message, Joined)) else v
+                              for k, v in self.fields.items()})
 
     def __str__(self) -> str:
         return self.render(SOURCE_LANGUAGE)
@@ -226,7 +232,7 @@ class Joined:
 
     def render(self, lang: str | None = None) -> str:
         lang = language() if lang is None else lang
-        sep = translations(lang, *_locale_dir).gettext(self.sep) if self.sep else ""
+        sep = translations(lang).gettext(self.sep) if self.sep else ""
         return sep.join(render(p, lang) for p in self.parts)
 
     def __str__(self) -> str:

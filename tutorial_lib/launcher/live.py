@@ -31,40 +31,12 @@ from ..errors import ConfigError, LaunchError
 from ..i18n import _, render
 from ..plots import plot_run
 from ..rundir import RunStatus
+from .states import Outcome, Queued
 
 log = logging.getLogger(__name__)
 
 LIVE_MODES = ("auto", "widgets", "text", "off")
 LIVE_ENV = "TUTORIAL_LIB_LIVE"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a launch ended, as the launcher tells the live view (``LiveView.finish``).
-
-    Attributes:
-        status: ``RunStatus`` (the same value ``run.json`` records).
-        elapsed_s: seconds from the launch to its end.
-        cause: what ended a run that did not finish, in a few words, a gettext message worded when shown
-            (``tutorial_lib.i18n.Message``; a plain string is shown as it is): the launcher's headline of a failure
-            (``"t.py failed on rank 1 (exit code 1)"``), ``"timed out after 30 s"``, ``"interrupted"``,
-            ``"stopped by RuntimeError"``; ``""`` for a finished run.
-    """
-
-    status: RunStatus
-    elapsed_s: float
-    cause: object = ""
-
-    @property
-    def failed(self) -> bool:
-        """Whether the run did not finish (failed, timed out, interrupted or stopped)."""
-        return self.status != RunStatus.FINISHED
-
-    @property
-    def text(self) -> str:
-        """The one-line status the view shows: ``"finished in 4.2 s"`` or ``"failed: <cause>"``, in ``tl.language()``."""
-        return (_("failed: {cause}", cause=render(self.cause)) if self.failed
-                else _("finished in {elapsed_s:.1f} s", elapsed_s=self.elapsed_s))
 
 
 def safe_draw(draw, *args) -> None:
@@ -109,6 +81,7 @@ class LiveView:
     def __init__(self) -> None:
         self.latest: dict[int, dict] = {}  # rank -> newest metrics record
         self.records: list[dict] = []
+        self.queued: Queued | None = None  # the job waits in a batch queue (SLURM), no rank started
 
     def add(self, records: list[dict]) -> None:
         """Take new metrics records (one dict per rank per step, as the scripts write them)."""
@@ -117,12 +90,25 @@ class LiveView:
             if r.get("step", -1) >= self.latest.get(r.get("rank"), {}).get("step", -1):
                 self.latest[r.get("rank")] = r
 
+    def set_queued(self, queued: Queued | None) -> None:
+        """The job waits in the batch system's queue (``queued``: its id and reason), or no longer does (``None``)."""
+        self.queued = queued
+
     def progress_lines(self, elapsed_s: float) -> list[str]:
-        """One line per rank with its newest step, loss and samples/s."""
+        """One line per rank with its newest step, loss and samples/s; before any step, that the job is pending in
+        the queue (and why) or that it runs without a step yet."""
         lines = []
         for rank in sorted(self.latest):
             lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
-        return lines or [_("running, no step reported yet ({elapsed_s:.0f} s)", elapsed_s=elapsed_s)]
+        if lines:
+            return lines
+        if self.queued is not None and self.queued.reason:
+            return [_("pending: SLURM job {job_id} waits in the queue ({reason}), no rank started yet ({elapsed_s:.0f} "
+                      "s)", job_id=self.queued.job_id, reason=self.queued.reason, elapsed_s=elapsed_s)]
+        if self.queued is not None:
+            return [_("pending: SLURM job {job_id} waits in the queue, no rank started yet ({elapsed_s:.0f} s)",
+                      job_id=self.queued.job_id, elapsed_s=elapsed_s)]
+        return [_("running, no step reported yet ({elapsed_s:.0f} s)", elapsed_s=elapsed_s)]
 
     def start(self) -> None:
         """Show the (empty) view, before the job starts."""
@@ -349,8 +335,9 @@ class WidgetNotebookView(NotebookView):
         if new_rank:
             self._rows.children = [w.HBox(self._bars[k]) for k in sorted(self._bars)]
         if outcome is None:
-            running, elapsed = _("running"), _("elapsed {elapsed_s:.1f} s", elapsed_s=elapsed_s)
-            self._header.value = f"<b style='color:inherit'>{running}</b> &middot; {elapsed}{self._where}"
+            state = _("pending in the queue") if self.queued is not None and not self.latest else _("running")
+            elapsed = _("elapsed {elapsed_s:.1f} s", elapsed_s=elapsed_s)
+            self._header.value = f"<b style='color:inherit'>{html.escape(state)}</b> &middot; {elapsed}{self._where}"
         else:
             colour = "#c62828" if outcome.failed else "#2e7d32"
             self._header.value = f"<b style='color:{colour}'>{html.escape(outcome.text)}</b>{self._where}"

@@ -10,6 +10,10 @@ rank, ``GROUP_RANK``, comes from the c10d rendezvous and may differ), ``metrics/
 ``slurm_job``), plus SLURM's own files ``<job>-<id>.out`` (the batch script) and ``<job>-<id>-node<N>.out`` (node
 N's torchrun, every line labelled ``[rank<R>]:``).
 
+While the job waits in the queue the view says so, with SLURM's reason (``live.Queued``: "pending: SLURM job N waits
+in the queue (Resources)"); a reason after which it never starts (``NeverStarts``: 64 CPUs per task on 2-CPU nodes is
+``PartitionConfig``) has it cancelled at the first look and a ``LaunchError`` naming the job, the reason and what to
+change; a job sbatch refuses leaves run.json with status ``refused`` and sbatch's message (the doctor shows both).
 While the job runs the cell shows each change of its state and pending reason (``squeue``), every rank's output
 (the node files tailed as they grow, through the same ``OutputPump`` and printer as a local launch) and the live
 loss and memory figure from the metrics files. Memory is the tensor bytes the scripts log per step: the ranks run on
@@ -40,17 +44,18 @@ from ..errors import ConfigError, LaunchError, SlurmError
 from ..i18n import N_, Message
 from ..metrics import JsonlTail
 from ..rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
-from ..slurm.commands import JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, run_slurm, submit
+from ..slurm.commands import (JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, node_cpus, run_slurm,
+                              submit)
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
 from .devices import DevicePlan
 from .environment import rank_env
 from .job import STACK_DUMP_WAIT_S, LimitReached, limit_reached, sigint_deferred
-from .live import Outcome, make_view, safe_draw
+from .live import Outcome, Queued, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
-from .slurm_outcome import (BATCH_PREFIX, SlurmJob, attach_job, cannot_start_error, failure_summary, node_exit_codes,
-                            where_it_was)
+from .slurm_outcome import (BATCH_PREFIX, Request, SlurmJob, attach_job, cannot_start_error, failure_summary,
+                            node_exit_codes, where_it_was)
 from .spec import LaunchResult, LaunchSpec
 
 JOB_SCRIPT = "job.sh"
@@ -144,7 +149,8 @@ def plan_slurm_launch(spec: LaunchSpec) -> SlurmPlan:
 
 
 class CannotStart(Exception):
-    """The job is pending for a reason in ``SlurmSpec.cancel_pending_reasons`` (``info``: what squeue said)."""
+    """The job is pending for a ``NeverStarts`` reason of ``SlurmSpec.cancel_pending_reasons`` (``info``: what squeue
+    said; ``info.never_starts`` is the reason)."""
 
     def __init__(self, info: JobInfo) -> None:
         super().__init__(info.reason)
@@ -188,6 +194,8 @@ class SubmittedJob:
         self.info: JobInfo | None = None
         self.node_names: tuple[str, ...] = ()
         self.waited_for = ""
+        self.never_starts = None  # the NeverStarts reason the job was cancelled for
+        self.refused: SlurmError | None = None  # sbatch's refusal of the job
         self.node_ranks: dict[int, set[int]] = {node: set() for node in plan.nodes}
         self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
         self.started_at = time.monotonic()
@@ -215,8 +223,12 @@ class SubmittedJob:
                                open(plan.run_dir / OUTPUT_LOG, "w"))
         safe_draw(self.view.start)
         self.started_at = time.monotonic()
-        self.job_id = submit(plan.run_dir / JOB_SCRIPT, plan.sbatch_argv[2:-1], conf=plan.conf, env=plan.job_env,
-                             cwd=plan.run_dir)
+        try:
+            self.job_id = submit(plan.run_dir / JOB_SCRIPT, plan.sbatch_argv[2:-1], conf=plan.conf, env=plan.job_env,
+                                 cwd=plan.run_dir)
+        except SlurmError as e:
+            self.refused = e
+            raise
         self.tails = {None: FileTail(plan.batch_output(self.job_id)),
                       **{node: FileTail(plan.node_output(self.job_id, node)) for node in plan.nodes}}
         self.printer.note(f"submitted SLURM job {self.job_id} ({plan.spec.nnodes} node(s) x "
@@ -253,10 +265,10 @@ class SubmittedJob:
                              "restarted without its state)")
         before = self.info
         if before is None or (before.state, before.reason) != (info.state, info.reason):
-            waiting = info.state == JobState.PENDING and info.reason != "None"  # "None": not yet looked at
-            self.waited_for = info.reason if waiting else self.waited_for
+            self.waited_for = info.waiting_for or self.waited_for
             self.printer.note(f"SLURM job {self.job_id}: {info.state.value}" + (
-                f", waiting: {info.reason}" if waiting else f" on {info.nodes}" if info.nodes else ""))
+                f", waiting: {info.waiting_for}" if info.waiting_for else f" on {info.nodes}" if info.nodes else ""))
+            self.view.set_queued(Queued(self.job_id, info.waiting_for) if info.state == JobState.PENDING else None)
         if info.nodes and not self.node_names:
             self.node_names = tuple(expand_hostlist(info.nodes, conf=self.plan.conf))
         self.info = info
@@ -265,9 +277,10 @@ class SubmittedJob:
     def wait(self) -> JobInfo:
         """Stream the output and the metrics until the job has finished; its final ``JobInfo``.
 
-        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` for a
-        pending reason of ``SlurmSpec.cancel_pending_reasons``."""
+        Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` at the
+        first look that finds the job pending for a reason of ``SlurmSpec.cancel_pending_reasons``."""
         spec = self.plan.spec
+        cancel_for = spec.slurm.cancel_reasons()
         next_look = last_view = 0.0
         delay_s, progress_at = 0.25, None
         while True:
@@ -277,7 +290,8 @@ class SubmittedJob:
                 info = self.look()
                 if info.state.finished:
                     break
-                if info.state == JobState.PENDING and info.reason in spec.slurm.cancel_pending_reasons:
+                if info.never_starts in cancel_for:
+                    self.never_starts = info.never_starts
                     raise CannotStart(info)
                 delay_s = min(delay_s * 2, spec.slurm.poll_s)
                 next_look = elapsed + delay_s
@@ -333,7 +347,8 @@ class SubmittedJob:
         info = self.info
         return SlurmJob(self.job_id, info.state.value if info else "UNKNOWN", info.reason if info else "",
                         self.node_names, {node: sorted(ranks) for node, ranks in self.node_ranks.items() if ranks},
-                        info.exit_code if info else None, info.signal if info else None, self.waited_for)
+                        info.exit_code if info else None, info.signal if info else None, self.waited_for,
+                        self.never_starts)
 
     def close(self) -> None:
         """On every path: the last lines, ``output.log`` closed, what the printer held back shown."""
@@ -369,6 +384,8 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     after saying that an interrupt or another exception stopped it (it is re-raised)."""
     plan, view = job.plan, job.view
     if job.job_id is None:  # nothing was submitted: a bad run directory, or sbatch refused the job
+        if job.refused is not None and exc is job.refused:
+            _refused(job, job.refused)
         return None
     at_limit = isinstance(exc, LimitReached)
     with sigint_deferred():
@@ -382,7 +399,13 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     cancelled = Message(N_("SLURM job {job_id} was cancelled (scancel) while {where}"),
                         {"job_id": job.job_id, "where": where_it_was(slurm_job)})
     if isinstance(exc, CannotStart):
-        error, record, outcome = cannot_start_error(plan, exc.info, elapsed, slurm_job, job.pump.transcript[-30:])
+        try:
+            cpus = node_cpus(conf=plan.conf, partition=plan.spec.slurm.partition)
+        except SlurmError:  # what to change is then said without the nodes' figures
+            cpus = {}
+        request = Request(plan.spec.nnodes, plan.spec.slurm.cpus_per_task, cpus)
+        error, record, outcome = cannot_start_error(plan, exc.info.never_starts, request, elapsed, slurm_job,
+                                                    job.pump.transcript[-30:])
         record.write(plan.run_dir)
         safe_draw(view.finish, [], outcome)
         safe_draw(view.fail, error)
@@ -404,6 +427,19 @@ def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
     sys.stdout.write(f"[launcher] {outcome.cause}: {cancelled}; it has left the queue, SLURM stopped every process "
                      f"of it. Logs: {plan.run_dir}\n")
     return None
+
+
+def _refused(job: SubmittedJob, error: SlurmError) -> None:
+    """Record that sbatch refused the job (run.json's status ``refused`` with sbatch's message, which the doctor
+    shows) and end the view; the ``SlurmError`` itself is re-raised by the caller."""
+    plan, elapsed = job.plan, job.elapsed()
+    said = error.stderr or error.message
+    last = said.strip().splitlines()[-1] if said.strip() else "no message"
+    headline = Message(N_("{script} was not submitted: sbatch refused the job ({said})"),
+                       {"script": plan.script.name, "said": last})
+    RunRecord(RunStatus.REFUSED, elapsed, **plan.shape("cold"), summary=str(headline),
+              submit_error=said).write(plan.run_dir)
+    safe_draw(job.view.finish, [], Outcome(RunStatus.REFUSED, elapsed, headline))
 
 
 def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:

@@ -10,14 +10,12 @@ from dataclasses import asdict, dataclass, field
 from ..errors import LaunchError
 from ..i18n import N_, Message
 from ..rundir import RunRecord, RunStatus
-from ..slurm.commands import JobInfo
+from ..slurm.commands import JobInfo, NeverStarts
 from ..slurm.target import CANNOT_START
 from .live import Outcome
 from .outcome import when_stopped
 
 BATCH_PREFIX = "[batch] "  # the batch script's own lines in output.log
-# Why a job cancelled for a pending reason that slurm.target.CANNOT_START does not list cannot start.
-NAMED_BY_SPEC = N_("SlurmSpec.cancel_pending_reasons names this reason")
 _SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
 
 
@@ -36,6 +34,8 @@ class SlurmJob:
         exit_code, signal: the batch script's ``ExitCode=code:signal`` once finished (``None`` before).
         waited_for: the last reason squeue gave while the job was pending (``"Resources"``, ``"Priority"``,
             ``"PartitionNodeLimit"``: more nodes than the partition has, ...); ``""`` if it gave none.
+        never_starts: the ``NeverStarts`` reason for which the launcher cancelled the pending job (it could not
+            start as submitted), else ``None``.
     """
 
     job_id: int
@@ -46,6 +46,7 @@ class SlurmJob:
     exit_code: int | None = None
     signal: int | None = None
     waited_for: str = ""
+    never_starts: NeverStarts | None = None
 
     @property
     def node_count(self) -> int:
@@ -91,19 +92,72 @@ def attach_job(error: LaunchError, record: RunRecord, summary: str, slurm_job: S
     record.summary, record.slurm_job = summary, slurm_job.as_dict()
 
 
-def cannot_start_error(plan, info: JobInfo, elapsed: float, slurm_job: SlurmJob,
+@dataclass(frozen=True)
+class Request:
+    """What a job asked of the cluster and what the cluster has, for ``what_to_change`` (the launcher fills it when
+    it cancels a job that cannot start).
+
+    Attributes:
+        nnodes: nodes asked for (``LaunchSpec.nnodes``).
+        cpus_per_task: CPUs per node asked for (``SlurmSpec.cpus_per_task``; ``None``: the cluster's default).
+        node_cpus: ``{node name: CPUs}`` of the partition's nodes (``sinfo``); empty if unknown.
+    """
+
+    nnodes: int
+    cpus_per_task: int | None = None
+    node_cpus: dict[str, int] = field(default_factory=dict)
+
+
+def what_to_change(reason: NeverStarts, request: Request) -> Message:
+    """What to change so that a job pending for ``reason`` can start, worded when shown (``str()``: English); pure."""
+    most_cpus = max(request.node_cpus.values(), default=None)
+    n = len(request.node_cpus)
+    partition = reason in (NeverStarts.PARTITION_CONFIG, NeverStarts.PARTITION_NODE_LIMIT)
+    if partition and request.node_cpus and request.nnodes > n:  # SLURM says PartitionConfig first, then NodeLimit
+        return Message(N_("ask for at most {n} nodes: nnodes={nnodes}, but sinfo lists {n}"),
+                       {"n": n, "nnodes": request.nnodes})
+    if reason == NeverStarts.PARTITION_CONFIG:
+        asked = request.cpus_per_task
+        if asked is not None and most_cpus is not None and asked > most_cpus:
+            return Message(N_("ask for at most {most} CPUs per task: SlurmSpec.cpus_per_task={asked}, but the "
+                              "partition's nodes have at most {most} CPUs"), {"most": most_cpus, "asked": asked})
+        return Message(N_("ask for less per node than one node has (SlurmSpec.cpus_per_task, --mem or --gres in "
+                          "SlurmSpec.sbatch_args; sinfo -N -o '%N %c %m %G' lists what each node has)"))
+    return Message(WHAT_TO_CHANGE[reason])
+
+
+# The change that lets a job pending for each other NeverStarts reason start (gettext messages).
+WHAT_TO_CHANGE = {
+    NeverStarts.PARTITION_NODE_LIMIT: N_("ask for fewer nodes (nnodes; sinfo lists the partition's)"),
+    NeverStarts.PARTITION_TIME_LIMIT: N_("a smaller SlurmSpec.time_limit (or timeout_s), or another partition"),
+    NeverStarts.INVALID_ACCOUNT: N_("another SlurmSpec.account (sacctmgr show assoc user=$USER lists yours)"),
+    NeverStarts.INVALID_QOS: N_("another --qos in SlurmSpec.sbatch_args (sacctmgr show assoc user=$USER)"),
+    NeverStarts.BAD_CONSTRAINTS: N_("a --constraint some node has (sinfo -N -o '%N %f' lists the features)"),
+    NeverStarts.DEPENDENCY_NEVER_SATISFIED: N_("drop the --dependency from SlurmSpec.sbatch_args, or depend on a job "
+                                               "that can still satisfy it"),
+}
+
+
+def cannot_start_error(plan, reason: NeverStarts, request: Request, elapsed: float, slurm_job: SlurmJob,
                        output_tail: list[str]) -> tuple[LaunchError, RunRecord, Outcome]:
-    """The ``LaunchError`` of a job cancelled because it was pending for a reason that means it cannot start as
-    submitted (``SlurmSpec.cancel_pending_reasons``), its run.json (not yet written) and its outcome."""
-    why = Message(CANNOT_START.get(info.reason, NAMED_BY_SPEC))
+    """The ``LaunchError`` of a job cancelled because it was pending for ``reason`` (it cannot start as submitted:
+    ``SlurmSpec.cancel_pending_reasons``), naming the job, the reason, what it means and what to change
+    (``what_to_change`` of ``request``); its run.json (not yet written) and its outcome.
+
+    Args:
+        plan: the launch's ``SlurmPlan``; reason: the pending reason; request: what the job asked and the nodes have;
+        elapsed: seconds from the submission to the cancellation; slurm_job: the job as last seen (cancelled);
+        output_tail: the last lines of ``output.log``.
+    """
     headline = Message(N_("{script} cannot start: SLURM job {job_id} was pending with reason {reason} ({why}); it was "
-                          "cancelled (scancel)"),
-                       {"script": plan.script.name, "job_id": slurm_job.job_id, "reason": info.reason, "why": why})
+                          "cancelled (scancel); to start it, {change}"),
+                       {"script": plan.script.name, "job_id": slurm_job.job_id, "reason": reason.value,
+                        "why": Message(CANNOT_START[reason]), "change": what_to_change(reason, request)})
     summary = str(headline)
     error = LaunchError(summary, run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=None,
                         output_tail=output_tail, job=slurm_job, headline=headline)
     record = RunRecord(RunStatus.FAILED, elapsed, **plan.shape("cold"), summary=summary, slurm_job=slurm_job.as_dict())
-    short = Message(N_("cannot start: {reason}"), {"reason": info.reason})
+    short = Message(N_("cannot start: {reason}"), {"reason": reason.value})
     return error, record, Outcome(RunStatus.FAILED, elapsed, short)
 
 

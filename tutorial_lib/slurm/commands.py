@@ -19,7 +19,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -62,6 +62,29 @@ class JobState(str, Enum):
         return self in FINISHED_STATES
 
 
+class NeverStarts(str, Enum):
+    """A pending reason (squeue's ``%r``, squeue(1) JOB REASON CODES; ``PartitionConfig`` is in SLURM 22.05's
+    ``job_reason_string`` but not its man page) after which the job does not start as it was submitted, whatever
+    else the cluster runs: only a change of the request (or of the cluster's configuration) lets it start. SLURM keeps
+    such a job ``PENDING`` until someone cancels it; the launcher does so at once (``scancel``).
+
+    Reasons that clear by themselves are not members: ``Resources`` and ``Priority`` (other jobs hold the nodes),
+    ``ReqNodeNotAvail`` (the node may be in use or reserved), ``NodeDown``, ``PartitionDown``, ``JobHeldUser``,
+    ``Dependency``, ``BeginTime`` and the ``*Grp*Limit`` reasons (a running job ends, an administrator acts).
+    """
+
+    PARTITION_CONFIG = "PartitionConfig"  # no node of the partition can hold what it asks per node (CPUs, memory)
+    PARTITION_NODE_LIMIT = "PartitionNodeLimit"  # more nodes than its partition has (or allows)
+    PARTITION_TIME_LIMIT = "PartitionTimeLimit"  # a --time above the partition's MaxTime
+    BAD_CONSTRAINTS = "BadConstraints"  # no node has the --constraint features
+    INVALID_ACCOUNT = "InvalidAccount"
+    INVALID_QOS = "InvalidQOS"
+    DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
+
+
+NO_REASON_YET = "None"  # squeue's %r for a job the scheduler has not looked at yet (and for a running job)
+
+
 FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.TIMEOUT,
                              JobState.NODE_FAIL, JobState.PREEMPTED, JobState.BOOT_FAIL, JobState.DEADLINE,
                              JobState.OUT_OF_MEMORY, JobState.REVOKED})
@@ -80,6 +103,8 @@ class JobInfo:
         node_count: nodes allocated (or requested, while pending).
         exit_code, signal: the batch script's exit status and the signal that ended it, from ``scontrol show job``'s
             ``ExitCode=code:signal``, once the job has finished; ``None`` before.
+        never_starts: the ``NeverStarts`` member of a ``PENDING`` job's reason (it cannot start as submitted), else
+            ``None``.
     """
 
     job_id: int
@@ -89,6 +114,13 @@ class JobInfo:
     node_count: int
     exit_code: int | None = None
     signal: int | None = None
+    never_starts: NeverStarts | None = None
+
+    @property
+    def waiting_for(self) -> str:
+        """Why a ``PENDING`` job waits (``"Resources"``, ``"Priority"``, ``"PartitionConfig"``, ...); ``""`` while
+        the scheduler has given no reason yet, and for a job that is not pending."""
+        return self.reason if self.state == JobState.PENDING and self.reason != NO_REASON_YET else ""
 
 
 def client_env(conf: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -176,7 +208,11 @@ def parse_squeue_line(line: str) -> JobInfo:
     except ValueError as e:
         raise SlurmError(f"job {job_id} is in state {state!r}, which tutorial_lib does not know "
                          f"(known: {', '.join(s.value for s in JobState)})") from e
-    return JobInfo(int(job_id), job_state, reason, nodes, int(count) if count.isdigit() else 0)
+    never = NeverStarts(reason) if job_state == JobState.PENDING and reason in _NEVER_STARTS else None
+    return JobInfo(int(job_id), job_state, reason, nodes, int(count) if count.isdigit() else 0, never_starts=never)
+
+
+_NEVER_STARTS = frozenset(r.value for r in NeverStarts)
 
 
 def parse_exit_code(scontrol_text: str) -> tuple[int, int] | None:
@@ -206,7 +242,7 @@ def job_info(job_id: int, *, conf: str | os.PathLike | None = None) -> JobInfo |
     if info.state.finished:
         code = parse_exit_code(run_slurm(["scontrol", "show", "job", "-o", str(info.job_id)], conf=conf))
         if code is not None:
-            info = JobInfo(info.job_id, info.state, info.reason, info.nodes, info.node_count, *code)
+            info = replace(info, exit_code=code[0], signal=code[1])
     return info
 
 
@@ -234,6 +270,24 @@ def job_nodes(job_id: int, *, conf: str | os.PathLike | None = None) -> list[str
     if info is None:
         raise SlurmError(f"job {job_id} is not known to slurmctld (never submitted, or purged after it ended)")
     return expand_hostlist(info.nodes, conf=conf)
+
+
+def node_cpus(*, conf: str | os.PathLike | None = None, partition: str | None = None) -> dict[str, int]:
+    """``{node name: CPUs}`` of the nodes of ``partition`` (``None``: every partition), from ``sinfo -N -o %N|%c``:
+    what each node offers to ``--cpus-per-task``.
+
+    Raises:
+        SlurmError: sinfo failed (slurmctld not answering, an unknown partition, ...).
+    """
+    out = run_slurm(["sinfo", "-h", "-N", *(["-p", partition] if partition else []), "-o", "%N|%c"], conf=conf)
+    return parse_node_cpus(out)
+
+
+def parse_node_cpus(sinfo_text: str) -> dict[str, int]:
+    """``{node name: CPUs}`` from ``sinfo -h -N -o %N|%c`` output (``node0|2`` per line; a node listed in several
+    partitions appears once); pure."""
+    return {name: int(cpus) for name, cpus in (line.split("|", 1) for line in sinfo_text.splitlines() if "|" in line)
+            if cpus.strip().isdigit()}
 
 
 def node_states(*, conf: str | os.PathLike | None = None) -> dict[str, str]:

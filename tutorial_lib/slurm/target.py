@@ -21,17 +21,22 @@ from pathlib import Path
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
 from ..i18n import N_
 from ..parameters import check_positive_int
-from .commands import node_states
+from .commands import NeverStarts, node_states
 from .local_cluster import LocalCluster
 
-# Pending reasons (squeue(1), JOB REASON CODES) after which a job does not start as it was submitted.
-CANNOT_START = {  # the reason -> what it means, a gettext message (tutorial_lib.i18n)
-    "PartitionNodeLimit": N_("it asks for more nodes than its partition has (or some of them are down or drained)"),
-    "PartitionTimeLimit": N_("its time limit is above the partition's maximum (a smaller time_limit, or another "
-                             "partition)"),
-    "InvalidAccount": N_("the account is not valid for this user (sacctmgr show assoc user=$USER)"),
-    "InvalidQOS": N_("the QOS is not valid for this user or account"),
-    "BadConstraints": N_("no node has the features (--constraint) it asks for"),
+# What each NeverStarts reason means, a gettext message (tutorial_lib.i18n) for the launcher's error.
+# PartitionConfig's "what to change" is worked out from the request and the nodes (slurm_outcome.what_to_change).
+CANNOT_START = {
+    NeverStarts.PARTITION_CONFIG: N_("no node of its partition has what it asks for per node (CPUs, memory, GPUs)"),
+    NeverStarts.PARTITION_NODE_LIMIT: N_("it asks for more nodes than its partition has (or some of them are down or "
+                                         "drained)"),
+    NeverStarts.PARTITION_TIME_LIMIT: N_("its time limit is above the partition's maximum (a smaller time_limit, or "
+                                         "another partition)"),
+    NeverStarts.INVALID_ACCOUNT: N_("the account is not valid for this user (sacctmgr show assoc user=$USER)"),
+    NeverStarts.INVALID_QOS: N_("the QOS is not valid for this user or account"),
+    NeverStarts.BAD_CONSTRAINTS: N_("no node has the features (--constraint) it asks for"),
+    NeverStarts.DEPENDENCY_NEVER_SATISFIED: N_("a job it depends on (--dependency) ended so that the dependency can "
+                                               "never hold"),
 }
 
 # Where Debian's and SchedMD's packages put the system's configuration (used when SLURM_CONF is not set).
@@ -67,9 +72,10 @@ class SlurmSpec:
         sbatch_args: more ``sbatch`` options, e.g. ``["--qos=debug", "--mem=16G"]``.
         job_name: ``--job-name``, also the prefix of the output files; ``None``: the script's name.
         poll_s: seconds between two looks at the job's state (``squeue``), > 0.
-        cancel_pending_reasons: pending reasons (squeue's ``%r``) that mean the job cannot start as it was
-            submitted (``CANNOT_START``, with what each means): the launch then cancels it at once and raises
-            ``LaunchError`` saying why, instead of waiting until ``timeout_s``. ``()``: wait whatever the reason.
+        cancel_pending_reasons: the ``NeverStarts`` reasons (or their squeue names, ``"PartitionConfig"``) after
+            which the launch cancels a pending job at once and raises ``LaunchError`` naming the job, the reason and
+            what to change, instead of waiting until ``timeout_s``; default: every one (``CANNOT_START`` says what
+            each means). ``()``: wait whatever the reason.
     """
 
     conf: str | os.PathLike | None = None
@@ -83,8 +89,7 @@ class SlurmSpec:
     sbatch_args: Sequence[str] = ()
     job_name: str | None = None
     poll_s: float = 1.0
-    cancel_pending_reasons: Sequence[str] = ("PartitionNodeLimit", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS",
-                                             "BadConstraints")
+    cancel_pending_reasons: Sequence[NeverStarts | str] = tuple(NeverStarts)
 
     def validate(self) -> None:
         """Check the fields that ``slurm_script`` does not; raises ``ConfigError`` naming the bad value."""
@@ -99,11 +104,27 @@ class SlurmSpec:
         poll = self.poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
             raise ConfigError(f"poll_s must be a number of seconds > 0, got {poll!r}")
-        if isinstance(self.cancel_pending_reasons, (str, bytes)):
-            raise ConfigError(f"cancel_pending_reasons must be a list of squeue reasons, got "
-                              f"{self.cancel_pending_reasons!r}; e.g. ['PartitionNodeLimit']")
+        self.cancel_reasons()
         if self.job_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.job_name):
             raise ConfigError(f"job_name must be 1-64 letters, digits, '.', '_' or '-', got {self.job_name!r}")
+
+    def cancel_reasons(self) -> frozenset[NeverStarts]:
+        """``cancel_pending_reasons`` as ``NeverStarts`` members.
+
+        Raises:
+            ConfigError: it is a string rather than a list, or names a reason that is not a ``NeverStarts`` one.
+        """
+        reasons = self.cancel_pending_reasons
+        if isinstance(reasons, (str, bytes)):
+            raise ConfigError(f"cancel_pending_reasons must be a list of squeue reasons, got {reasons!r}; e.g. "
+                              "['PartitionNodeLimit']")
+        try:
+            return frozenset(NeverStarts(r) for r in reasons)
+        except ValueError:
+            bad = [r for r in reasons if r not in {m.value for m in NeverStarts}]
+            raise ConfigError(f"cancel_pending_reasons holds {bad!r}, which can clear by themselves; allowed: the "
+                              f"reasons after which a job never starts ({', '.join(m.value for m in NeverStarts)})"
+                              ) from None
 
     def torchrun_command(self) -> str:
         """The torchrun command on the nodes (``torchrun``, or this interpreter's by default)."""
