@@ -13,15 +13,17 @@ Importing the package starts no process, registers nothing with IPython and chan
 
 The package's folders say what their files may do: ``launcher/`` is the kernel's job control; ``torchrun/`` reads
 what torchrun prints and leaves behind; ``child/`` holds the programs run by path in other processes, and
-``lessons/`` the scripts a learner copies (neither imports the package); the modules at the top read a finished
-run (``doctor``, ``metrics``, ``profiling``, ``checkpoints``, ``plots``, ``run_logs``, ``rundir``) or help a lesson
-in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``, ``env``, ``parameters``,
-``script_source``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
+``lessons/`` the scripts a learner copies (neither imports the package); ``runs/`` lays out a run directory and reads
+a finished run into values (``rundir``, ``metrics``, ``printed_metrics``, ``run_logs``, ``profiling``,
+``checkpoints``, ``pipeline``), starting no process and displaying nothing. The modules still at the top read a
+finished run (``doctor``) or help a lesson in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``,
+``env``, ``parameters``, ``script_source``, ``plots``); ``i18n`` holds the language the doctor's report and the live
+view speak (``tl.set_language``).
 """
 
 from .attention import sdpa_backends
-from .checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
-                          list_checkpoints, load_checkpoint_state, read_loaded_state)
+from .runs.checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
+                               list_checkpoints, load_checkpoint_state, read_loaded_state)
 from .cluster import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
 from .env import EnvironmentReport, environment_report
@@ -40,20 +42,21 @@ from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_
 from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
                           read_memory_table)
 from .memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
-from .metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
-                      read_rank_json, read_rank_tensors, summarize_runs)
+from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples,
+                           read_metrics, read_rank_json, read_rank_tensors, summarize_runs)
 from .parameters import check_parameters
 from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
                     plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
                     plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
-from .printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
-from .pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations,
-                       pipeline_events, replay_slots)
+from .runs.printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
+from .runs.pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations, pipeline_events,
+                            replay_slots)
 from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
-from .profiling import overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown, trace_files
-from .run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
-                       lost_connection, rank_errors, read_output_log, workers_started)
-from .rundir import available_scripts, new_run_dir, read_command, script_path, write_script
+from .runs.profiling import (overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown,
+                             trace_files)
+from .runs.run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
+                            lost_connection, rank_errors, read_output_log, workers_started)
+from .runs.rundir import available_scripts, new_run_dir, read_command, script_path, write_script
 from .script_source import import_script, show_script
 from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 

@@ -11,7 +11,7 @@ import time
 from .doctor import diagnose
 from .env import environment_report
 from .errors import ConfigError, SlurmError, SlurmUnavailable
-from .rundir import available_scripts
+from .runs.rundir import available_scripts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,9 +20,9 @@ from .causes import (CAUSES, FINISHED_CAUSE, INTERRUPTED_CAUSE, NCCL_TIMEOUT, ST
 from .causes_zh import CAUSES_ZH, cause_name_zh, fix_texts, signal_fix_texts
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
-from .metrics import last_steps as logged_last_steps
-from .printed_metrics import last_printed_steps
-from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
+from .runs.metrics import last_steps as logged_last_steps
+from .runs.printed_metrics import last_printed_steps
+from .runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
 from .torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause

@@ -255,7 +255,7 @@ def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
     Raises:
         MetricsError: the run wrote no ``memory_rank<R>.json``.
     """
-    from .metrics import read_rank_json
+    from .runs.metrics import read_rank_json
     out = []
     for record in read_rank_json(run_dir, "memory"):
         devices = sorted(record["peak"], key=lambda d: d.startswith("cpu"))  # an accelerator first

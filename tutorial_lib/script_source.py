@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import ConfigError
-from .rundir import LESSONS_DIR, available_scripts, closest_script
+from .runs.rundir import LESSONS_DIR, available_scripts, closest_script
 
 
 class ScriptListing:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = [p for p in ("fp32", "bf16", "fp16") if tl.autocast_supported(p, "cpu")]

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 import tutorial_lib as tl
 from tutorial_lib.torchrun.noise import NoiseFilter, is_noise
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 MAIN, GLOO_A, GLOO_B = 100, 201, 202
 

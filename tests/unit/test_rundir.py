@@ -4,7 +4,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import ConfigError
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
 def test_shipped_scripts_are_listed():

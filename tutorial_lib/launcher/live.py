@@ -30,7 +30,7 @@ import pandas as pd
 from ..errors import ConfigError, LaunchError
 from ..i18n import pick, say
 from ..plots import plot_run
-from ..rundir import RunStatus
+from ..runs.rundir import RunStatus
 
 log = logging.getLogger(__name__)
 

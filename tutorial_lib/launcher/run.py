@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..i18n import notebook_language, set_language
-from ..rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, new_run_dir,
-                      removed_if_refused, shipped_script, write_script)
+from ..runs.rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, new_run_dir,
+                           removed_if_refused, shipped_script, write_script)
 from ..script_source import check_script_args
 from . import warm
 from .devices import DevicePlan

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from ..cluster import slurm_script
 from ..errors import ConfigError, LaunchError, SlurmError
-from ..metrics import JsonlTail
-from ..rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
+from ..runs.metrics import JsonlTail
+from ..runs.rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
 from ..slurm.commands import JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, run_slurm, submit
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
 from .devices import DevicePlan

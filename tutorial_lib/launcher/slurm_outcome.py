@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ..errors import LaunchError
-from ..rundir import RunRecord, RunStatus
+from ..runs.rundir import RunRecord, RunStatus
 from ..slurm.commands import JobInfo
 from ..slurm.target import CANNOT_START
 from .live import Outcome

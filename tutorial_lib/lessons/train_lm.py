@@ -778,7 +778,7 @@ def tensor_bytes(tensors):
 
 class StepLog:
     """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl``; rank 0 prints a line
-    every --log-every steps. Keys: tutorial_lib/metrics.py's schema."""
+    every --log-every steps. Keys: tutorial_lib/runs/metrics.py's schema."""
 
     def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, data, resumed_from):
         self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
