@@ -15,18 +15,18 @@ The package's folders say what their files may do: ``launcher/`` is the kernel's
 what torchrun prints and leaves behind; ``child/`` holds the programs run by path in other processes, and
 ``lessons/`` the scripts a learner copies (neither imports the package); ``runs/`` lays out a run directory and reads
 a finished run into values (``rundir``, ``metrics``, ``printed_metrics``, ``run_logs``, ``profiling``,
-``checkpoints``, ``pipeline``), starting no process and displaying nothing. The modules still at the top read a
-finished run (``doctor``) or help a lesson in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``,
-``env``, ``parameters``, ``script_source``, ``plots``); ``i18n`` holds the language the doctor's report and the live
-view speak (``tl.set_language``).
+``checkpoints``, ``pipeline``), starting no process and displaying nothing; ``probes/`` measures this machine's torch in the kernel
+(``env``, ``precision``, ``attention``). The modules still at the top read a finished run (``doctor``) or help a lesson
+in the kernel (``memory_model``, ``cluster``, ``parameters``, ``script_source``, ``plots``); ``i18n`` holds the
+language the doctor's report and the live view speak (``tl.set_language``).
 """
 
-from .attention import sdpa_backends
+from .probes.attention import sdpa_backends
 from .runs.checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
                                list_checkpoints, load_checkpoint_state, read_loaded_state)
 from .cluster import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
-from .env import EnvironmentReport, environment_report
+from .probes.env import EnvironmentReport, environment_report
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
 from .i18n import language, set_language
@@ -51,7 +51,7 @@ from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_lo
 from .runs.printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
 from .runs.pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations, pipeline_events,
                             replay_slots)
-from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
+from .probes.precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .runs.profiling import (overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown,
                              trace_files)
 from .runs.run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,

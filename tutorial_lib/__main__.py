@@ -9,7 +9,7 @@ import sys
 import time
 
 from .doctor import diagnose
-from .env import environment_report
+from .probes.env import environment_report
 from .errors import ConfigError, SlurmError, SlurmUnavailable
 from .runs.rundir import available_scripts
 
