@@ -16,9 +16,10 @@ what torchrun prints and leaves behind; ``child/`` holds the programs run by pat
 ``lessons/`` the scripts a learner copies (neither imports the package); ``runs/`` lays out a run directory and reads
 a finished run into values (``rundir``, ``metrics``, ``printed_metrics``, ``run_logs``, ``profiling``,
 ``checkpoints``, ``pipeline``), starting no process and displaying nothing; ``probes/`` measures this machine's torch in the kernel
-(``env``, ``precision``, ``attention``). The modules still at the top read a finished run (``doctor``) or help a lesson
-in the kernel (``memory_model``, ``cluster``, ``parameters``, ``script_source``, ``plots``); ``i18n`` holds the
-language the doctor's report and the live view speak (``tl.set_language``).
+(``env``, ``precision``, ``attention``); ``planning/`` predicts a training step's memory before anything launches
+(``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored table). The modules still at the top
+read a finished run (``doctor``) or help a lesson in the kernel (``cluster``, ``parameters``, ``script_source``,
+``plots``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
 """
 
 from .probes.attention import sdpa_backends
@@ -38,10 +39,11 @@ from .launcher.run import launch, run_script, setup_notebook
 from .launcher.spawn import SpawnOutcome, spawn_with_timeout
 from .launcher.slurm_job import SlurmJob
 from .launcher.spec import LaunchResult, LaunchSpec
-from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
-from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
-                          read_memory_table)
-from .memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
+from .planning.memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
+from .planning.memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory,
+                                   read_memory_snapshots, read_memory_table)
+from .planning.memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
+from .planning import memory_plan  # tl.memory_plan.table_args, which notebook 11 calls
 from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples,
                            read_metrics, read_rank_json, read_rank_tensors, summarize_runs)
 from .parameters import check_parameters

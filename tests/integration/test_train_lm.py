@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib import memory_plan
+from tutorial_lib.planning import memory_plan
 from tutorial_lib.errors import ConfigError, LaunchError, MetricsError
 from tutorial_lib.runs.rundir import LESSONS_DIR
 

@@ -886,7 +886,7 @@ def make_tracker(model, optimizer):
 
 
 def write_memory_snapshot(tracker, path, rank):
-    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.memory_plan reads the same)."""
+    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.planning.memory_plan reads the same)."""
     peak = tracker.get_tracker_snapshot("peak")
     path.write_text(json.dumps({"rank": rank, "peak": {
         str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))
