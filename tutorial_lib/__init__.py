@@ -17,15 +17,16 @@ what torchrun prints and leaves behind; ``child/`` holds the programs run by pat
 a finished run into values (``rundir``, ``metrics``, ``printed_metrics``, ``run_logs``, ``profiling``,
 ``checkpoints``, ``pipeline``), starting no process and displaying nothing; ``probes/`` measures this machine's torch in the kernel
 (``env``, ``precision``, ``attention``); ``planning/`` predicts a training step's memory before anything launches
-(``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored table). The modules still at the top
-read a finished run (``doctor``) or help a lesson in the kernel (``cluster``, ``parameters``, ``script_source``,
+(``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored table); ``slurm/`` speaks SLURM
+(``batch``: the batch script and per-node commands, as text; ``commands``; a local two-node cluster). The modules
+still at the top read a finished run (``doctor``) or help a lesson in the kernel (``parameters``, ``script_source``,
 ``plots``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
 """
 
 from .probes.attention import sdpa_backends
 from .runs.checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
                                list_checkpoints, load_checkpoint_state, read_loaded_state)
-from .cluster import node_commands, slurm_script
+from .slurm.batch import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
 from .probes.env import EnvironmentReport, environment_report
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster import slurm_script
+from ..slurm.batch import slurm_script
 from ..errors import ConfigError, LaunchError, SlurmError
 from ..runs.metrics import JsonlTail
 from ..runs.rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
