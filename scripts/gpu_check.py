@@ -42,7 +42,7 @@ import tutorial_lib as tl  # noqa: E402
 from tutorial_lib import metrics as metrics_schema  # noqa: E402
 from tutorial_lib.launcher.devices import DevicePlan  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
-from tutorial_lib.parameters import check_positive_int  # noqa: E402
+from tutorial_lib.notebook.parameters import check_positive_int  # noqa: E402
 from tutorial_lib.runs.rundir import LESSONS_DIR  # noqa: E402
 
 NOTEBOOKS_DIR = ROOT / "notebooks"

@@ -11,16 +11,18 @@ The handful of names the notebooks use::
 
 Importing the package starts no process, registers nothing with IPython and changes no environment variable.
 
-The package's folders say what their files may do: ``launcher/`` is the kernel's job control; ``torchrun/`` reads
-what torchrun prints and leaves behind; ``child/`` holds the programs run by path in other processes, and
-``lessons/`` the scripts a learner copies (neither imports the package); ``runs/`` lays out a run directory and reads
-a finished run into values (``rundir``, ``metrics``, ``printed_metrics``, ``run_logs``, ``profiling``,
-``checkpoints``, ``pipeline``), starting no process and displaying nothing; ``probes/`` measures this machine's torch in the kernel
-(``env``, ``precision``, ``attention``); ``planning/`` predicts a training step's memory before anything launches
-(``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored table); ``slurm/`` speaks SLURM
-(``batch``: the batch script and per-node commands, as text; ``commands``; a local two-node cluster). The modules
-still at the top read a finished run (``doctor``) or help a lesson in the kernel (``parameters``, ``script_source``,
-``plots``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
+The package's folders say what their files may do, and ``tests/unit/test_architecture.py`` holds each rule:
+``launcher/`` is the kernel's job control; ``torchrun/`` reads what torchrun prints and leaves behind; ``child/``
+holds the programs run by path in other processes, and ``lessons/`` the scripts a learner copies (neither imports
+the package); ``runs/`` lays out a run directory and reads a finished run into values (``rundir``, ``metrics``,
+``printed_metrics``, ``run_logs``, ``profiling``, ``checkpoints``, ``pipeline``); ``probes/`` measures this
+machine's torch in the kernel (``env``, ``precision``, ``attention``); ``notebook/`` checks and shows what a cell
+needs (``parameters``, ``script_source``, ``plots``: data in, figure out); ``planning/`` predicts a training step's
+memory before anything launches (``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored
+table); ``slurm/`` speaks SLURM (``batch``: the batch script and per-node commands, as text; ``commands``; a local
+two-node cluster). At the top stand ``errors`` and, until they get folders of their own, the doctor (``doctor``,
+``diagnosis``, ``causes``, ``causes_zh``) and ``i18n``, the language the doctor's report and the live view speak
+(``tl.set_language``).
 """
 
 from .probes.attention import sdpa_backends
@@ -47,10 +49,11 @@ from .planning.memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory
 from .planning import memory_plan  # tl.memory_plan.table_args, which notebook 11 calls
 from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples,
                            read_metrics, read_rank_json, read_rank_tensors, summarize_runs)
-from .parameters import check_parameters
-from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
-                    plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
+from .notebook.parameters import check_parameters
+from .notebook.plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale,
+                             plot_memory, plot_memory_prediction, plot_mesh, plot_pipeline_timeline,
+                             plot_reshard_tradeoff, plot_resume, plot_run, plot_tensor_bytes, plot_timeline,
+                             plot_tradeoff)
 from .runs.printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
 from .runs.pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations, pipeline_events,
                             replay_slots)
@@ -60,7 +63,7 @@ from .runs.profiling import (overlap_intervals, read_allreduce_launches, read_tr
 from .runs.run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
                             lost_connection, rank_errors, read_output_log, workers_started)
 from .runs.rundir import available_scripts, new_run_dir, read_command, script_path, write_script
-from .script_source import import_script, show_script
+from .notebook.script_source import import_script, show_script
 from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = [

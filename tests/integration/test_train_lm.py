@@ -185,7 +185,7 @@ def test_peak_flops_come_from_the_device_name_and_the_4090d_is_not_a_4090():
     (["--block-size", 100000], "leaves fewer than 2 held-out windows"),
 ])
 def test_bad_flags_are_refused_before_anything_starts(args, message):
-    from tutorial_lib.script_source import check_script_args
+    from tutorial_lib.notebook.script_source import check_script_args
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_script_args(LESSONS_DIR / "train_lm.py", args)
 

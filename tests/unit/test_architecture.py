@@ -17,18 +17,18 @@ TESTS = ROOT / "tests"
 #   torchrun/ reads torchrun's formats and imports only child/ (the rank runner's marks);
 #   errors.py holds the exception types (a LaunchError carries torchrun's RankFailure);
 #   runs/ lays out a run directory and reads a finished run into values; probes/ measures this machine's torch;
-#   the modules still flat at the top (the doctor's, the in-kernel lesson helpers) beside runs/;
-#   planning/ predicts memory from torch in fake mode, reading what runs/ stored and importing lesson scripts;
-#   slurm/ speaks SLURM (its batch script, its commands, a local cluster) for the launcher above;
+#   the modules still flat at the top (the doctor's) beside them;
+#   notebook/ checks and shows what a cell needs (parameters, a script's listing, figures), finding scripts in runs/;
+#   planning/ predicts memory from torch in fake mode, importing lesson scripts through notebook/;
+#   slurm/ speaks SLURM (its batch script, its commands, a local cluster), checking values through notebook/;
 #   the launcher (the kernel's job control) above them; the package's face (__init__, __main__) on top.
-FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "runs": 3, "probes": 3, "planning": 4, "slurm": 4, "launcher": 5,
-          "__init__": 6, "__main__": 6}
+FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "runs": 3, "probes": 3, "notebook": 4, "planning": 5,
+          "slurm": 5, "launcher": 6, "__init__": 7, "__main__": 7}
 STILL_FLAT = 3
 # What may stand directly in tutorial_lib/: the face, the exception types, and the modules not yet in a folder
 # (the doctor's go to diagnosis/ and i18n/). The list may only shrink.
 AT_THE_TOP = {"__init__.py", "__main__.py", "errors.py"}
-STILL_TO_MOVE = {"causes.py", "causes_zh.py", "diagnosis.py", "doctor.py", "i18n.py", "parameters.py", "plots.py",
-                 "script_source.py"}
+STILL_TO_MOVE = {"causes.py", "causes_zh.py", "diagnosis.py", "doctor.py", "i18n.py"}
 # Each folder's rule, held against its imports: the package's folders (or top modules) it may import, and the
 # outside modules it must not (no process started, nothing displayed, where the folder says so).
 STARTS_A_PROCESS = {"subprocess", "multiprocessing", "signal", "threading"}
@@ -36,8 +36,9 @@ DISPLAYS = {"matplotlib", "IPython", "ipywidgets"}
 FOLDER_RULES = {
     "runs": ({"errors", "torchrun", "runs"}, STARTS_A_PROCESS | DISPLAYS),
     "probes": ({"errors", "probes"}, STARTS_A_PROCESS | DISPLAYS),
-    "planning": ({"errors", "runs", "script_source", "planning"}, STARTS_A_PROCESS | DISPLAYS),
-    "slurm": ({"errors", "parameters", "slurm"}, DISPLAYS),
+    "notebook": ({"errors", "runs", "notebook"}, STARTS_A_PROCESS),
+    "planning": ({"errors", "runs", "notebook", "planning"}, STARTS_A_PROCESS | DISPLAYS),
+    "slurm": ({"errors", "notebook", "slurm"}, DISPLAYS),
 }
 
 
@@ -172,8 +173,8 @@ def outside_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("folder", sorted(FOLDER_RULES))
 def test_each_folder_imports_what_its_rule_allows(folder):
-    """runs/: only errors and torchrun/ of the package; probes/: only errors; planning/ and slurm/: no launcher;
-    none of them displays, and only slurm/ starts a process (SLURM's programs)."""
+    """runs/: only errors and torchrun/ of the package; probes/: only errors; notebook/, planning/ and slurm/: no
+    launcher; only notebook/ makes figures, and only slurm/ starts a process (SLURM's programs)."""
     allowed, forbidden = FOLDER_RULES[folder]
     graph = import_graph()
     taken = {t.split(".")[1] for m, ts in graph.items() if m.split(".")[1:2] == [folder] for t in ts

@@ -86,7 +86,7 @@ def test_checking_a_scripts_arguments_swaps_no_process_wide_stream(tmp_path, cap
     and a rejection is reported in the error, printed nowhere."""
     import sys
 
-    from tutorial_lib.script_source import check_script_args
+    from tutorial_lib.notebook.script_source import check_script_args
     script = tmp_path / "s.py"
     script.write_text("import argparse, sys\nSEEN = []\n\ndef parse_args(argv):\n    SEEN.append((sys.stdout, sys.stderr))\n"
                       "    p = argparse.ArgumentParser()\n    p.add_argument('--steps', type=int, required=True)\n"

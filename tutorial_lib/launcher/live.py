@@ -29,7 +29,7 @@ import pandas as pd
 
 from ..errors import ConfigError, LaunchError
 from ..i18n import pick, say
-from ..plots import plot_run
+from ..notebook.plots import plot_run
 from ..runs.rundir import RunStatus
 
 log = logging.getLogger(__name__)

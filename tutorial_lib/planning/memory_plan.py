@@ -48,7 +48,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, MetricsError
 from .memory_model import bytes_per_parameter
-from ..script_source import import_script
+from ..notebook.script_source import import_script
 
 # The tracker's categories (FSDPMemTracker's _FSDPRefType, MemTracker's _MemRefType) -> the plan's.
 CATEGORIES = {"SHARDED_PARAM": "parameters", "PARAM": "parameters", "UNSHARDED_PARAM": "gathered parameters",

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .memory_plan import ORDER, MemoryPlan, categories_of, fake_world
-from ..script_source import import_script
+from ..notebook.script_source import import_script
 
 TP_LAYOUTS = ("tp", "tp+sp")  # the model lesson's two layouts: "TP" and "TP + SP"
 LESSON_LABELS = {"tp": "TP", "tp+sp": "TP + SP"}  # the keys of the lesson's result

@@ -3,7 +3,7 @@ commands that submit, watch and cancel jobs on any SLURM cluster (``commands``),
 machine to run them against (``local_cluster``, ``config``, ``target``).
 
 The rule: these modules may start SLURM's programs (sbatch, squeue, scancel, the local daemons) but never import the
-launcher, which submits through them; of the package they import only ``errors`` and ``parameters``' checks."""
+launcher, which submits through them; of the package they import only ``errors`` and ``notebook/``'s value checks."""
 
 from .commands import (FINISHED_STATES, JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, job_nodes,
                        node_states, queue, run_slurm, submit, wait_for_state, wait_until_finished)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
-from ..parameters import check_positive_int
+from ..notebook.parameters import check_positive_int
 from .commands import node_states
 from .local_cluster import LocalCluster
 
