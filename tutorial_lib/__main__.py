@@ -9,8 +9,8 @@ import sys
 import time
 
 from .doctor import diagnose
-from .probes.env import environment_report
 from .errors import ConfigError, SlurmError, SlurmUnavailable
+from .probes.env import environment_report
 from .runs.rundir import available_scripts
 
 

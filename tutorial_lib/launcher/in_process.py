@@ -21,9 +21,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..notebook.parameters import check_positive_int
+from ..notebook.script_source import check_script_args
 from ..runs.rundir import (COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, removed_if_refused,
                            shipped_script, write_script)
-from ..notebook.script_source import check_script_args
 from .devices import DevicePlan, resolve_device
 from .environment import rank_env
 from .spec import LaunchResult

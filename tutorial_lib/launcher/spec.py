@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError, MetricsError
-from ..runs.metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..notebook.parameters import check_positive_int
+from ..notebook.script_source import check_script_syntax
+from ..runs.metrics import read_memory_notes, read_memory_samples, read_metrics
 from ..runs.printed_metrics import (DEFAULT_LOSS_PATTERN, MAX_LINE_CHARS, compile_loss_pattern, has_printed_metrics,
                                     read_printed_metrics)
 from ..runs.rundir import OUTPUT_LOG, launch_outputs_in
-from ..notebook.script_source import check_script_syntax
 from ..slurm.target import SlurmSpec
 from ..torchrun.tee import rank_lines
 from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
