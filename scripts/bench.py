@@ -195,7 +195,7 @@ def bench_memory(root: Path) -> list[dict]:
 def bench_plan() -> list[dict]:
     """tl.plan_memory of a 6.7 B GPT (32 x 4096, 1024-token windows, vocabulary 50304) on 8 ranks, FSDP2 bf16 with
     activation checkpointing: seconds per plan, the first one in this process (imports included) and the next."""
-    from tutorial_lib.memory_plan import table_args
+    from tutorial_lib.planning.memory_plan import table_args
     args = table_args("6.7B", "FSDP2 bf16 + AC", 8)
     times = []
     for _ in range(2):

@@ -42,8 +42,8 @@ import tutorial_lib as tl  # noqa: E402
 from tutorial_lib import metrics as metrics_schema  # noqa: E402
 from tutorial_lib.launcher.devices import DevicePlan  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
-from tutorial_lib.parameters import check_positive_int  # noqa: E402
-from tutorial_lib.rundir import LESSONS_DIR  # noqa: E402
+from tutorial_lib.notebook.parameters import check_positive_int  # noqa: E402
+from tutorial_lib.runs.rundir import LESSONS_DIR  # noqa: E402
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 DRY_RUN_GPUS = (1, 2, 4)  # --dry-run without --gpus: the machines of issue 15 (8 GPUs: --gpus 8)
@@ -307,7 +307,7 @@ def launch_one(launch: Launch, root: Path) -> tl.LaunchResult:
 
 
 def check_metrics_schema(run_dir: Path, launch: Launch) -> None:
-    """Every per-step record the launch wrote follows the documented schema (``tutorial_lib/metrics.py``), with the
+    """Every per-step record the launch wrote follows the documented schema (``tutorial_lib/runs/metrics.py``), with the
     CUDA keys (``peak_allocated_bytes``, ...) where the ranks ran on CUDA: what the CPU tests cannot see."""
     if launch.script not in metrics_schema.ALL:
         return

@@ -11,20 +11,21 @@ The handful of names the notebooks use::
 
 Importing the package starts no process, registers nothing with IPython and changes no environment variable.
 
-The package's folders say what their files may do: ``launcher/`` is the kernel's job control; ``torchrun/`` reads
-what torchrun prints and leaves behind; ``child/`` holds the programs run by path in other processes, and
-``lessons/`` the scripts a learner copies (neither imports the package); the modules at the top read a finished
-run (``doctor``, ``metrics``, ``profiling``, ``checkpoints``, ``plots``, ``run_logs``, ``rundir``) or help a lesson
-in the kernel (``memory_model``, ``precision``, ``attention``, ``cluster``, ``env``, ``parameters``,
-``script_source``); ``i18n`` holds the language the doctor's report and the live view speak (``tl.set_language``).
+The package's folders say what their files may do, and ``tests/unit/test_architecture.py`` holds each rule:
+``launcher/`` is the kernel's job control; ``torchrun/`` reads what torchrun prints and leaves behind; ``child/``
+holds the programs run by path in other processes, and ``lessons/`` the scripts a learner copies (neither imports
+the package); ``runs/`` lays out a run directory and reads a finished run into values (``rundir``, ``metrics``,
+``printed_metrics``, ``run_logs``, ``profiling``, ``checkpoints``, ``pipeline``); ``probes/`` measures this
+machine's torch in the kernel (``env``, ``precision``, ``attention``); ``notebook/`` checks and shows what a cell
+needs (``parameters``, ``script_source``, ``plots``: data in, figure out); ``planning/`` predicts a training step's
+memory before anything launches (``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored
+table); ``slurm/`` speaks SLURM (``batch``: the batch script and per-node commands, as text; ``commands``; a local
+two-node cluster). At the top stand ``errors`` and, until they get folders of their own, the doctor (``doctor``,
+``diagnosis``, ``causes``, ``causes_zh``) and ``i18n``, the language the doctor's report and the live view speak
+(``tl.set_language``).
 """
 
-from .attention import sdpa_backends
-from .checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
-                          list_checkpoints, load_checkpoint_state, read_loaded_state)
-from .cluster import node_commands, slurm_script
 from .doctor import Diagnosis, diagnose
-from .env import EnvironmentReport, environment_report
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
 from .i18n import language, set_language
@@ -33,28 +34,36 @@ from .launcher.environment import set_rank_env
 from .launcher.in_process import run_in_process
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
-from .launcher.spawn import SpawnOutcome, spawn_with_timeout
 from .launcher.slurm_job import SlurmJob
+from .launcher.spawn import SpawnOutcome, spawn_with_timeout
 from .launcher.spec import LaunchResult, LaunchSpec
-from .memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
-from .memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory, read_memory_snapshots,
-                          read_memory_table)
-from .memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
-from .metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples, read_metrics,
-                      read_rank_json, read_rank_tensors, summarize_runs)
-from .parameters import check_parameters
-from .plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale, plot_memory,
-                    plot_memory_prediction, plot_mesh, plot_pipeline_timeline, plot_reshard_tradeoff, plot_resume,
-                    plot_run, plot_tensor_bytes, plot_timeline, plot_tradeoff)
-from .printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
-from .pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations,
-                       pipeline_events, replay_slots)
-from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
-from .profiling import overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown, trace_files
-from .run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
-                       lost_connection, rank_errors, read_output_log, workers_started)
-from .rundir import available_scripts, new_run_dir, read_command, script_path, write_script
-from .script_source import import_script, show_script
+from .notebook.parameters import check_parameters
+from .notebook.plots import (plot_bandwidth, plot_compare, plot_index_assignment, plot_loss, plot_loss_scale,
+                             plot_memory, plot_memory_prediction, plot_mesh, plot_pipeline_timeline,
+                             plot_reshard_tradeoff, plot_resume, plot_run, plot_tensor_bytes, plot_timeline,
+                             plot_tradeoff)
+from .notebook.script_source import import_script, show_script
+from .planning import memory_plan  # tl.memory_plan.table_args, which notebook 11 calls
+from .planning.memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
+from .planning.memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory,
+                                   read_memory_snapshots, read_memory_table)
+from .planning.memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
+from .probes.attention import sdpa_backends
+from .probes.env import EnvironmentReport, environment_report
+from .probes.precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
+from .runs.checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
+                               list_checkpoints, load_checkpoint_state, read_loaded_state)
+from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples,
+                           read_metrics, read_rank_json, read_rank_tensors, summarize_runs)
+from .runs.pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations, pipeline_events,
+                            replay_slots)
+from .runs.printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
+from .runs.profiling import (overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown,
+                             trace_files)
+from .runs.run_logs import (FatalError, agent_failures, collective_fingerprints, count_log_matches, fatal_errors,
+                            lost_connection, rank_errors, read_output_log, workers_started)
+from .runs.rundir import available_scripts, new_run_dir, read_command, script_path, write_script
+from .slurm.batch import node_commands, slurm_script
 from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = [

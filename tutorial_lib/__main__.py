@@ -9,9 +9,9 @@ import sys
 import time
 
 from .doctor import diagnose
-from .env import environment_report
 from .errors import ConfigError, SlurmError, SlurmUnavailable
-from .rundir import available_scripts
+from .probes.env import environment_report
+from .runs.rundir import available_scripts
 
 
 def main(argv: list[str] | None = None) -> int:

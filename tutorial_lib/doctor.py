@@ -22,9 +22,9 @@ from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FIN
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
 from .i18n import N_, Message
-from .metrics import last_steps as logged_last_steps
-from .printed_metrics import last_printed_steps
-from .rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
+from .runs.metrics import last_steps as logged_last_steps
+from .runs.printed_metrics import last_printed_steps
+from .runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from .torchrun.attempts import attempts, read_error_file
 from .torchrun.noise import NoiseFilter
 from .torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 SCRIPT = LESSONS_DIR / "checkpoint_train.py"
 

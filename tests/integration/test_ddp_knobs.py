@@ -12,7 +12,7 @@ import torch
 
 import tutorial_lib as tl
 from conftest import wait_no_job_processes
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 pytestmark = pytest.mark.integration
 

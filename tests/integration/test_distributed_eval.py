@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 N = 11  # samples: on 2, 3 and 5 ranks DistributedSampler pads to 12, 12 and 15
 

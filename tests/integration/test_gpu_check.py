@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tutorial_lib.errors import ConfigError
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_SCRIPTS = {p.stem for p in LESSONS_DIR.glob("*.py")}  # every file, as the package ships them

@@ -47,7 +47,7 @@ print("RESULT " + json.dumps({
 THREADS_CELL = """
 import json, os, sys, threading, time
 import tutorial_lib as tl
-from tutorial_lib.rundir import RunRecord
+from tutorial_lib.runs.rundir import RunRecord
 stdout, environ, results = sys.stdout, dict(os.environ), {}
 
 def one(i):

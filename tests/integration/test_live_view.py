@@ -14,7 +14,7 @@ import pytest
 import tutorial_lib as tl
 from tutorial_lib.launcher.live import LogBuffer, TerminalView, TextNotebookView, WidgetNotebookView, make_view
 from tutorial_lib.launcher.live import Outcome
-from tutorial_lib.rundir import RunStatus
+from tutorial_lib.runs.rundir import RunStatus
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -1,5 +1,5 @@
 """One documented schema for the per-step metrics of every script (issue 17): the same key and unit for the same
-quantity, documented in tutorial_lib/metrics.py's docstring, and every script's records checked against it."""
+quantity, documented in tutorial_lib/runs/metrics.py's docstring, and every script's records checked against it."""
 
 import json
 import subprocess
@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from tutorial_lib import metrics
+from tutorial_lib.runs import metrics
 from tutorial_lib.errors import MetricsError
-from tutorial_lib.metrics import ALL, METRIC_KEYS, STEP_METRICS, WHEN, check_step_record, format_schema
-from tutorial_lib.rundir import LESSONS_DIR, available_scripts
+from tutorial_lib.runs.metrics import ALL, METRIC_KEYS, STEP_METRICS, WHEN, check_step_record, format_schema
+from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts
 
 # Each script as plain python (a world of one), small; variants reach the keys written only sometimes.
 RUNS = {
@@ -59,7 +59,7 @@ def test_every_shipped_script_is_run_here():
 
 def test_the_docstring_shows_the_schema_table():
     table = textwrap.indent(format_schema(), "    ")
-    assert table in metrics.__doc__, ("regenerate the table in tutorial_lib/metrics.py's docstring from "
+    assert table in metrics.__doc__, ("regenerate the table in tutorial_lib/runs/metrics.py's docstring from "
                                       "format_schema() (indented by 4 spaces)")
     assert all(f"{k.name:<22} {k.type:<5} {k.unit:<5} " in metrics.__doc__ for k in STEP_METRICS)
 

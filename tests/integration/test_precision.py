@@ -1,4 +1,5 @@
-"""Mixed precision (notebook 03): ddp_train.py's --precision path, the scaler's behaviour, and tutorial_lib.precision.
+"""Mixed precision (notebook 03): ddp_train.py's --precision path, the scaler's behaviour, and
+tutorial_lib.probes.precision.
 
 Scripts run with FutureWarning and DeprecationWarning as errors, so a deprecated torch API (such as
 ``torch.cuda.amp.GradScaler``) fails these tests instead of printing a warning.
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = [p for p in ("fp32", "bf16", "fp16") if tl.autocast_supported(p, "cpu")]
@@ -115,7 +116,7 @@ def test_fp16_under_ddp_ranks_agree_on_every_scaler_decision(run_root):
     assert (by_rank[0]["loss_local"].to_numpy() != by_rank[1]["loss_local"].to_numpy()).all()
 
 
-# --- tutorial_lib.precision and summarize_runs ---------------------------------------------------------------
+# --- tutorial_lib.probes.precision and summarize_runs --------------------------------------------------------
 
 def test_op_dtypes_show_matmuls_in_bf16_and_the_loss_in_fp32_only_inside_autocast():
     inside = tl.autocast_op_dtypes("bf16", "cpu")

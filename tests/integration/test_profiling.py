@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 import tutorial_lib as tl
 from tutorial_lib.torchrun.noise import NoiseFilter, is_noise
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 MAIN, GLOO_A, GLOO_B = 100, 201, 202
 
@@ -269,7 +269,7 @@ def test_sdpa_backends_on_cpu_match_math_and_name_the_default():
 def test_default_backend_is_math_where_only_math_may_run():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tutorial_lib.attention import default_backend
+    from tutorial_lib.probes.attention import default_backend
     q = torch.randn(1, 2, 16, 8)
     with sdpa_kernel(SDPBackend.MATH):
         assert default_backend(q, q, q) == "MATH"

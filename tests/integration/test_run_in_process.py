@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.metrics import read_metrics
+from tutorial_lib.runs.metrics import read_metrics
 
 ARGS = ["--max-steps", 6, "--log-every", 3, "--precision", "fp16", "--loss-weight", 1e-5, "--grad-scaler", "off"]
 

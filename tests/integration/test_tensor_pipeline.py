@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 pytestmark = pytest.mark.integration
 

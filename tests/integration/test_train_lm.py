@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import tutorial_lib as tl
-from tutorial_lib import memory_plan
+from tutorial_lib.planning import memory_plan
 from tutorial_lib.errors import ConfigError, LaunchError, MetricsError
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 from conftest import wait_no_job_processes
 
@@ -63,7 +63,7 @@ def test_one_process_as_plain_python_learns_and_logs_the_schema(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 9)) and {r["world_size"] for r in rows} == {1}
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     assert len(evals) == 3 and evals[-1] < evals[0] < 5.6, evals  # steps 3, 6, 8; ln 256 = 5.55 at the start
-    assert all(tl.metrics.check_step_record(r, "train_lm") == [] for r in rows)
+    assert all(tl.runs.metrics.check_step_record(r, "train_lm") == [] for r in rows)
     sample = json.loads((tmp_path / "metrics" / "sample_rank0.json").read_text())
     assert sample["text"].startswith("def ") and "sample: 'def " in proc.stdout
 
@@ -185,7 +185,7 @@ def test_peak_flops_come_from_the_device_name_and_the_4090d_is_not_a_4090():
     (["--block-size", 100000], "leaves fewer than 2 held-out windows"),
 ])
 def test_bad_flags_are_refused_before_anything_starts(args, message):
-    from tutorial_lib.script_source import check_script_args
+    from tutorial_lib.notebook.script_source import check_script_args
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_script_args(LESSONS_DIR / "train_lm.py", args)
 

@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from tutorial_lib.rundir import LESSONS_DIR, available_scripts
+from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts
 
 SCRIPTS = available_scripts()
 

@@ -15,7 +15,7 @@ from tutorial_lib.launcher import warm
 from tutorial_lib.child import protocol
 from tutorial_lib.launcher.environment import build_env
 from tutorial_lib.launcher.plan import RANK_RUNNER
-from tutorial_lib.rundir import RunRecord
+from tutorial_lib.runs.rundir import RunRecord
 
 pytestmark = pytest.mark.integration
 
@@ -228,7 +228,7 @@ def test_the_notebooks_setup_call_in_a_jupyter_kernel_starts_the_helper_unless_w
         "prestarted = warm.current_helper().pid if warm.current_helper() else None\n"
         f"result = tl.run_script('ddp_train', ['--max-steps', 1], runs_dir={str(run_root)!r}, device='cpu', "
         "live='off')\n"
-        "from tutorial_lib.rundir import RunRecord\n"
+        "from tutorial_lib.runs.rundir import RunRecord\n"
         "helper = warm.current_helper()\n"
         "print(imported is None, prestarted is not None, RunRecord.read(result.run_dir).start, "
         "helper is not None and helper.pid == prestarted)")]

@@ -16,10 +16,32 @@ TESTS = ROOT / "tests"
 #   child/ (programs run by path) and lessons/ (scripts a learner copies) import nothing of the package at all;
 #   torchrun/ reads torchrun's formats and imports only child/ (the rank runner's marks);
 #   errors.py holds the exception types (a LaunchError carries torchrun's RankFailure);
-#   readers of a finished run and the in-kernel lesson helpers; the launcher (the kernel's job control) above them;
-#   the package's face (__init__, __main__) on top.
-FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "launcher": 4, "__init__": 5, "__main__": 5}
-READERS_AND_HELPERS = 3
+#   runs/ lays out a run directory and reads a finished run into values; probes/ measures this machine's torch;
+#   the modules still flat at the top (the doctor's) beside them;
+#   notebook/ checks and shows what a cell needs (parameters, a script's listing, figures), finding scripts in runs/;
+#   planning/ predicts memory from torch in fake mode, importing lesson scripts through notebook/;
+#   slurm/ speaks SLURM (its batch script, its commands, a local cluster), checking values through notebook/;
+#   the launcher (the kernel's job control) above them; the package's face (__init__, __main__) on top.
+FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "runs": 3, "probes": 3, "i18n": 3, "notebook": 4,
+          "planning": 5,
+          "slurm": 5, "launcher": 6, "__init__": 7, "__main__": 7}
+STILL_FLAT = 3
+# What may stand directly in tutorial_lib/: the face, the exception types, and the modules not yet in a folder
+# (the doctor's go to diagnosis/). The list may only shrink.
+AT_THE_TOP = {"__init__.py", "__main__.py", "errors.py"}
+STILL_TO_MOVE = {"causes.py", "diagnosis.py", "doctor.py"}
+# Each folder's rule, held against its imports: the package's folders (or top modules) it may import, and the
+# outside modules it must not (no process started, nothing displayed, where the folder says so).
+STARTS_A_PROCESS = {"subprocess", "multiprocessing", "signal", "threading"}
+DISPLAYS = {"matplotlib", "IPython", "ipywidgets"}
+FOLDER_RULES = {
+    "runs": ({"errors", "torchrun", "runs"}, STARTS_A_PROCESS | DISPLAYS),
+    "probes": ({"errors", "probes"}, STARTS_A_PROCESS | DISPLAYS),
+    "i18n": ({"errors", "i18n"}, STARTS_A_PROCESS | DISPLAYS),
+    "notebook": ({"errors", "runs", "notebook"}, STARTS_A_PROCESS),
+    "planning": ({"errors", "runs", "notebook", "planning"}, STARTS_A_PROCESS | DISPLAYS),
+    "slurm": ({"errors", "i18n", "notebook", "slurm"}, DISPLAYS),
+}
 
 
 def module_name(path: Path) -> str:
@@ -33,7 +55,7 @@ def library_files() -> list[Path]:
 
 def floor(module: str) -> int:
     top = module.split(".")[1] if module != "tutorial_lib" else "__init__"
-    return FLOORS.get(top, READERS_AND_HELPERS)
+    return FLOORS.get(top, STILL_FLAT)
 
 
 def imports_of(path: Path) -> set[str]:
@@ -124,6 +146,44 @@ def test_the_floors_hold_what_they_say():
     assert {t for m, ts in graph.items() if m.startswith("tutorial_lib.torchrun") for t in ts
             if not t.startswith(("tutorial_lib.torchrun", "tutorial_lib.child"))} == set()
     assert {t for t in graph["tutorial_lib.doctor"] if t.startswith("tutorial_lib.launcher")} == set()
+
+
+def test_only_the_face_the_errors_and_the_modules_still_to_move_stand_at_the_top():
+    """Every other module lives in a folder whose __init__ states its rule; the flat list only shrinks."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == sorted(AT_THE_TOP | STILL_TO_MOVE)
+
+
+def test_every_folder_of_modules_states_its_rule_in_its_docstring():
+    """lessons/ holds standalone scripts (no package); every other folder's __init__ says what its files may do."""
+    folders = {p.parent for p in PACKAGE.rglob("*.py")} - {PACKAGE, PACKAGE / "lessons"}
+    assert {f.name for f in folders} >= set(FOLDER_RULES)
+    silent = [f.name for f in sorted(folders)
+              if not (f / "__init__.py").is_file() or not ast.get_docstring(ast.parse((f / "__init__.py").read_text()))]
+    assert silent == []
+
+
+def outside_imports(path: Path) -> set[str]:
+    """The top-level names of the modules outside the package that ``path`` imports, at any depth (lazy ones too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+    return found - {"tutorial_lib"}
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDER_RULES))
+def test_each_folder_imports_what_its_rule_allows(folder):
+    """runs/: only errors and torchrun/ of the package; probes/: only errors; notebook/, planning/ and slurm/: no
+    launcher; only notebook/ makes figures, and only slurm/ starts a process (SLURM's programs)."""
+    allowed, forbidden = FOLDER_RULES[folder]
+    graph = import_graph()
+    taken = {t.split(".")[1] for m, ts in graph.items() if m.split(".")[1:2] == [folder] for t in ts
+             if t != "tutorial_lib"}
+    assert taken - allowed == set()
+    assert {str(p.relative_to(PACKAGE)): sorted(outside_imports(p) & forbidden)
+            for p in sorted((PACKAGE / folder).rglob("*.py")) if outside_imports(p) & forbidden} == {}
 
 
 def test_no_library_module_is_over_500_lines():

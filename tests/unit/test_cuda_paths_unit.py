@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
 def load_script(name: str):

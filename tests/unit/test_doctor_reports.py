@@ -20,9 +20,9 @@ from tutorial_lib.launcher.devices import DevicePlan
 from tutorial_lib.launcher.outcome import timeout_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
-from tutorial_lib.printed_metrics import last_printed_steps, parse_loss_line
-from tutorial_lib.rundir import RunRecord, RunStatus
-from tutorial_lib.script_source import check_script_syntax
+from tutorial_lib.notebook.script_source import check_script_syntax
+from tutorial_lib.runs.printed_metrics import last_printed_steps, parse_loss_line
+from tutorial_lib.runs.rundir import RunRecord, RunStatus
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "user-reports"
 

@@ -24,7 +24,7 @@ from tutorial_lib.launcher.live import NotebookView, Outcome, TerminalView
 from tutorial_lib.launcher.outcome import failure_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
-from tutorial_lib.rundir import RunStatus
+from tutorial_lib.runs.rundir import RunStatus
 
 RUN_DIRS = FIXTURES / "run_dirs"
 CASES = sorted(p for version in RUN_DIRS.glob("torch-*") for p in version.iterdir() if p.is_dir())

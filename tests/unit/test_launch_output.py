@@ -14,7 +14,7 @@ from tutorial_lib.launcher.live import LogBuffer
 from tutorial_lib.launcher.outcome import failure_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
-from tutorial_lib.rundir import RunRecord, RunStatus
+from tutorial_lib.runs.rundir import RunRecord, RunStatus
 from tutorial_lib.torchrun.noise import NoiseFilter
 
 

@@ -8,7 +8,7 @@ import ast
 
 import pytest
 
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 COPIED = ["ddp_train", "fsdp_train", "checkpoint_train"]
 FENCE = "# Workbook instrumentation"

@@ -3,7 +3,7 @@
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.memory_model import block_units, bytes_per_parameter, predict_state_bytes, shard_rows
+from tutorial_lib.planning.memory_model import block_units, bytes_per_parameter, predict_state_bytes, shard_rows
 
 # a: Linear(4 -> 3) (weight 3x4, bias 3), b: Linear(3 -> 5, no bias): 12 + 3 + 15 = 30 parameters in 3 tensors.
 TINY = {"a.weight": [3, 4], "a.bias": [3], "b.weight": [5, 3]}

@@ -4,7 +4,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import MetricsError
-from tutorial_lib.metrics import JsonlTail
+from tutorial_lib.runs.metrics import JsonlTail
 
 
 def write_rank(folder, rank, steps):

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.parameters import DOMAINS, domain
+from tutorial_lib.notebook.parameters import DOMAINS, domain
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 DECLARED = {"NPROC": Optional[int], "DEVICE": str, "TIMEOUT_S": float, "STALL_S": float, "MAX_STEPS": int,

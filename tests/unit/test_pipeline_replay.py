@@ -1,4 +1,4 @@
-"""tutorial_lib.pipeline: a pipeline's recorded orders replayed in slots (the bubble), its clock checked against the
+"""tutorial_lib.runs.pipeline: a pipeline's recorded orders replayed in slots (the bubble), its clock checked against the
 data flow, and its timeline drawn. Pure functions: nothing is launched."""
 
 from fractions import Fraction

@@ -1,4 +1,4 @@
-"""Loss points read from the lines a script prints (``tutorial_lib.printed_metrics``) and which script ``run_script``
+"""Loss points read from the lines a script prints (``tutorial_lib.runs.printed_metrics``) and which script ``run_script``
 runs: a shipped lesson or a script of your own (issue 26). Nothing is launched."""
 
 import json
@@ -8,8 +8,8 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.launcher.run import own_script
-from tutorial_lib.printed_metrics import (DEFAULT_LOSS_PATTERN, PrintedMetricsWriter, compile_loss_pattern,
-                                          parse_loss_line, printed_metrics_path)
+from tutorial_lib.runs.printed_metrics import (DEFAULT_LOSS_PATTERN, PrintedMetricsWriter, compile_loss_pattern,
+                                               parse_loss_line, printed_metrics_path)
 
 DEFAULT = compile_loss_pattern(DEFAULT_LOSS_PATTERN)
 

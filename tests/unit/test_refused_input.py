@@ -8,7 +8,7 @@ import pytest
 import tutorial_lib as tl
 from tutorial_lib import ConfigError, LaunchSpec
 from tutorial_lib.launcher.spec import check_spec_fields
-from tutorial_lib.rundir import LAUNCH_OUTPUTS, launch_outputs_in, shipped_script
+from tutorial_lib.runs.rundir import LAUNCH_OUTPUTS, launch_outputs_in, shipped_script
 
 
 def snapshot(folder):
@@ -51,8 +51,9 @@ def test_each_name_a_launch_writes_is_refused_as_a_file_or_a_folder(tmp_path, na
 
 
 def test_the_launcher_writes_names_come_from_rundir():
-    assert set(LAUNCH_OUTPUTS) == {tl.rundir.COMMAND_TXT, tl.rundir.OUTPUT_LOG, tl.rundir.RUN_RECORD, tl.rundir.LOGS,
-                                   tl.rundir.METRICS_SUBDIR, tl.rundir.SAMPLES_SUBDIR}
+    rundir = tl.runs.rundir
+    assert set(LAUNCH_OUTPUTS) == {rundir.COMMAND_TXT, rundir.OUTPUT_LOG, rundir.RUN_RECORD, rundir.LOGS,
+                                   rundir.METRICS_SUBDIR, rundir.SAMPLES_SUBDIR}
 
 
 def test_a_fresh_run_dir_holding_only_the_copied_script_is_accepted(tmp_path):

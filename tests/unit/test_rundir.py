@@ -4,7 +4,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import ConfigError
-from tutorial_lib.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
 def test_shipped_scripts_are_listed():
@@ -86,7 +86,7 @@ def test_checking_a_scripts_arguments_swaps_no_process_wide_stream(tmp_path, cap
     and a rejection is reported in the error, printed nowhere."""
     import sys
 
-    from tutorial_lib.script_source import check_script_args
+    from tutorial_lib.notebook.script_source import check_script_args
     script = tmp_path / "s.py"
     script.write_text("import argparse, sys\nSEEN = []\n\ndef parse_args(argv):\n    SEEN.append((sys.stdout, sys.stderr))\n"
                       "    p = argparse.ArgumentParser()\n    p.add_argument('--steps', type=int, required=True)\n"
@@ -108,7 +108,7 @@ def test_checking_a_scripts_arguments_swaps_no_process_wide_stream(tmp_path, cap
 def test_a_lessons_run_directory_is_told_from_a_learners_folder(tmp_path):
     """``launch``'s default run directory (issue 34): the script's folder only when it holds lesson copies and what
     their launch wrote; any file of the learner's makes it theirs, and the launch then gets a fresh run directory."""
-    from tutorial_lib.rundir import is_lesson_run_dir
+    from tutorial_lib.runs.rundir import is_lesson_run_dir
 
     lesson = tl.new_run_dir("lesson", tmp_path)
     tl.write_script("ddp_train", lesson)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..parameters import check_positive_int
+from ..notebook.parameters import check_positive_int
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU_DEFAULT_NPROC = 2

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..parameters import check_positive_int
-from ..rundir import (COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, removed_if_refused, shipped_script,
-                      write_script)
-from ..script_source import check_script_args
+from ..notebook.parameters import check_positive_int
+from ..notebook.script_source import check_script_args
+from ..runs.rundir import (COMMAND_TXT, OUTPUT_LOG, RunRecord, RunStatus, new_run_dir, removed_if_refused,
+                           shipped_script, write_script)
 from .devices import DevicePlan, resolve_device
 from .environment import rank_env
 from .spec import LaunchResult

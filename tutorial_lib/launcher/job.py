@@ -25,9 +25,9 @@ import psutil
 
 from ..child.protocol import SOCKET_ENV, set_parent_death_signal
 from ..errors import ConfigError
-from ..metrics import JsonlTail
-from ..printed_metrics import PrintedMetricsWriter, compile_loss_pattern
-from ..rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
+from ..runs.metrics import JsonlTail
+from ..runs.printed_metrics import PrintedMetricsWriter, compile_loss_pattern
+from ..runs.rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
 from . import warm
 from .live import safe_draw
 from .output import OutputPump, ThrottledPrinter

@@ -29,8 +29,8 @@ import pandas as pd
 
 from ..errors import ConfigError, LaunchError
 from ..i18n import _, render
-from ..plots import plot_run
-from ..rundir import RunStatus
+from ..notebook.plots import plot_run
+from ..runs.rundir import RunStatus
 from .states import Outcome, Queued
 
 log = logging.getLogger(__name__)

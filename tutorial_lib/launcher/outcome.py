@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ..causes import agent_failure
 from ..errors import LaunchError, LaunchTimeout
 from ..i18n import N_, Joined, Message, Nn_, joined
-from ..rundir import LOGS, RunRecord, RunStatus
+from ..runs.rundir import LOGS, RunRecord, RunStatus
 from ..torchrun.root_cause import find_root_cause
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import FINISHED, SIGNAL, RankFailure

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..rundir import OUTPUT_LOG
+from ..runs.rundir import OUTPUT_LOG
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.tee import RankTails, Redraws, TeeSplitter, split_rank_prefix
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir import node_log_dir
+from ..runs.rundir import node_log_dir
 from .devices import DevicePlan, node_visible_devices
 from .environment import build_env
 from .spec import LaunchSpec

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..i18n import notebook_language, set_language
-from ..rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, is_lesson_run_dir,
-                      new_run_dir, removed_if_refused, shipped_script, write_script)
-from ..script_source import check_script_args
+from ..notebook.script_source import check_script_args
+from ..runs.rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, closest_script, is_lesson_run_dir,
+                           new_run_dir, removed_if_refused, shipped_script, write_script)
 from . import warm
 from .devices import DevicePlan
 from .environment import build_env, set_rank_env

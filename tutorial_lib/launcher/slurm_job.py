@@ -39,11 +39,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster import slurm_script
+from ..slurm.batch import slurm_script
 from ..errors import ConfigError, LaunchError, SlurmError
 from ..i18n import N_, Message
-from ..metrics import JsonlTail
-from ..rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
+from ..runs.metrics import JsonlTail
+from ..runs.rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
 from ..slurm.commands import (JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, node_cpus, run_slurm,
                               submit)
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank

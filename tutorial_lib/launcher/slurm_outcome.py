@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import LaunchError
 from ..i18n import N_, Message
-from ..rundir import RunRecord, RunStatus
+from ..runs.rundir import RunRecord, RunStatus
 from ..slurm.commands import JobInfo, NeverStarts
 from ..slurm.target import CANNOT_START
 from .live import Outcome

@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError, MetricsError
-from ..metrics import read_memory_notes, read_memory_samples, read_metrics
-from ..parameters import check_positive_int
-from ..printed_metrics import (DEFAULT_LOSS_PATTERN, MAX_LINE_CHARS, compile_loss_pattern, has_printed_metrics,
-                               read_printed_metrics)
-from ..rundir import OUTPUT_LOG, launch_outputs_in
-from ..script_source import check_script_syntax
+from ..notebook.parameters import check_positive_int
+from ..notebook.script_source import check_script_syntax
+from ..runs.metrics import read_memory_notes, read_memory_samples, read_metrics
+from ..runs.printed_metrics import (DEFAULT_LOSS_PATTERN, MAX_LINE_CHARS, compile_loss_pattern, has_printed_metrics,
+                                    read_printed_metrics)
+from ..runs.rundir import OUTPUT_LOG, launch_outputs_in
 from ..slurm.target import SlurmSpec
 from ..torchrun.tee import rank_lines
 from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
@@ -76,7 +76,7 @@ class LaunchSpec:
             launch says it in the cell's status and in ``command.txt`` (``cd <cwd> && ...``).
         loss_pattern: a regular expression that reads a loss from the lines the ranks print (groups ``step`` and
             ``loss``); each matching line is a point of the live loss curve and of ``metrics/printed_rank<R>.jsonl``
-            (``tutorial_lib.printed_metrics``: the default reads ``iter 10: loss 2.34`` and ``step 10 ... loss
+            (``tutorial_lib.runs.printed_metrics``: the default reads ``iter 10: loss 2.34`` and ``step 10 ... loss
             2.34``). The curve shows them while the script has written no metrics JSON. ``None``: off.
     """
 
@@ -206,7 +206,7 @@ class LaunchSpec:
 def no_metrics_message(run_dir: Path, loss_pattern: str | re.Pattern | None) -> str:
     """Why a finished run has no metrics: its script wrote no metrics JSON and no printed line gave a loss point; with
     the pattern in use and the last line a rank printed (from ``output.log``), to write a pattern against."""
-    wrote = (f"the script wrote no metrics JSON ({run_dir / 'metrics'}/rank<R>.jsonl, tutorial_lib.metrics' schema) "
+    wrote = (f"the script wrote no metrics JSON ({run_dir / 'metrics'}/rank<R>.jsonl, tutorial_lib.runs.metrics' schema) "
              "and ")
     try:
         printed = [text for rank, text in rank_lines((run_dir / OUTPUT_LOG).read_text(errors="replace"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..i18n import _, render
-from ..rundir import RunStatus
+from ..runs.rundir import RunStatus
 
 
 @dataclass(frozen=True)

@@ -778,7 +778,7 @@ def tensor_bytes(tensors):
 
 class StepLog:
     """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl``; rank 0 prints a line
-    every --log-every steps. Keys: tutorial_lib/metrics.py's schema."""
+    every --log-every steps. Keys: tutorial_lib/runs/metrics.py's schema."""
 
     def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, data, resumed_from):
         self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
@@ -886,7 +886,7 @@ def make_tracker(model, optimizer):
 
 
 def write_memory_snapshot(tracker, path, rank):
-    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.memory_plan reads the same)."""
+    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.planning.memory_plan reads the same)."""
     peak = tracker.get_tracker_snapshot("peak")
     path.write_text(json.dumps({"rank": rank, "peak": {
         str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))

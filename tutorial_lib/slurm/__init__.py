@@ -1,6 +1,9 @@
-"""SLURM: a real two-node cluster on this machine (``local_cluster``) and the client commands a launcher uses to
-submit, watch and cancel jobs on any SLURM cluster (``commands``). The batch script itself is
-``tutorial_lib.cluster.slurm_script``."""
+"""SLURM, spoken here only: the batch script and per-node torchrun lines (``batch``: pure text, no I/O), the client
+commands that submit, watch and cancel jobs on any SLURM cluster (``commands``), and a real two-node cluster on this
+machine to run them against (``local_cluster``, ``config``, ``target``).
+
+The rule: these modules may start SLURM's programs (sbatch, squeue, scancel, the local daemons) but never import the
+launcher, which submits through them; of the package they import only ``errors`` and ``notebook/``'s value checks."""
 
 from .commands import (FINISHED_STATES, JobInfo, JobState, NeverStarts, cancel, client_env, expand_hostlist, job_info,
                        job_nodes, node_cpus, node_states, queue, run_slurm, submit, wait_for_state, wait_until_finished)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
 from ..i18n import N_
-from ..parameters import check_positive_int
+from ..notebook.parameters import check_positive_int
 from .commands import NeverStarts, node_states
 from .local_cluster import LocalCluster
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from .errors import ConfigError
-from .rundir import LESSONS_DIR, available_scripts, closest_script
+from ..errors import ConfigError
+from ..runs.rundir import LESSONS_DIR, available_scripts, closest_script
 
 
 class ScriptListing:

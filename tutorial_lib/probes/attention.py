@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # The aten op each backend runs: which one a plain SDPA call dispatched to.
 BACKEND_OPS = {

@@ -1,7 +1,7 @@
 """The memory plan of a tensor-parallel training step: ``tensor_parallel.py``'s GPT, per rank, by category.
 
 ``plan_tp_memory(["--dim", 1024, ...], world_size=4, layout="tp+sp")`` does for tensor parallelism what
-``plan_memory`` does for ``train_lm.py`` (see ``tutorial_lib.memory_plan``): it builds the model of the lesson
+``plan_memory`` does for ``train_lm.py`` (see ``tutorial_lib.planning.memory_plan``): it builds the model of the lesson
 script's ``model`` lesson (its own ``GPT``, ``model_plan``, ``batch`` and ``build_optimizer``, imported by path),
 applies its ``parallelize_module`` plan on a 1-D ``DeviceMesh`` of ``world_size`` ranks, and runs the script's own
 ``train_step`` twice inside ``FakeTensorMode`` over a fake process group (one process, no tensor memory, no
@@ -28,9 +28,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .memory_plan import ORDER, MemoryPlan, categories_of, fake_world
-from .script_source import import_script
+from ..notebook.script_source import import_script
 
 TP_LAYOUTS = ("tp", "tp+sp")  # the model lesson's two layouts: "TP" and "TP + SP"
 LESSON_LABELS = {"tp": "TP", "tp+sp": "TP + SP"}  # the keys of the lesson's result
@@ -190,8 +190,8 @@ def compare_tp_plan(plan: MemoryPlan, measured: Mapping[str, int]):
     backward (16128 bytes of temporaries more than the plan's own backward peak; one buffer is 16384), in 3 of 5
     nbval runs of notebook 12, 0 of 6 standalone runs. So
     parameters and optimizer state are always exact, and the total lies in ``[plan, plan + unsimulated_bytes]``.
-    (The FSDP plan's reduce-scatter buffers, in ``tutorial_lib.memory_plan``, are the same effect.) On torch 2.13 the
-    plan is exact only with DTensor's sharding propagation in a fake mode of its own
+    (The FSDP plan's reduce-scatter buffers, in ``tutorial_lib.planning.memory_plan``, are the same effect.) On torch
+    2.13 the plan is exact only with DTensor's sharding propagation in a fake mode of its own
     (``_propagation_in_its_own_fake_mode``).
 
     Args:

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .rundir import LOGS, OUTPUT_LOG, node_log_dirs
-from .torchrun.attempts import attempts, last_attempt_error_files, read_error_file
-from .torchrun.root_cause import AGENT_FAILED, PEER_LOST
-from .torchrun.tee import rank_lines
+from ..torchrun.attempts import attempts, last_attempt_error_files, read_error_file
+from ..torchrun.root_cause import AGENT_FAILED, PEER_LOST
+from ..torchrun.tee import rank_lines
 
 
 def read_output_log(run_dir: str | os.PathLike) -> str:

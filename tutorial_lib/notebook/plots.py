@@ -437,7 +437,7 @@ def plot_pipeline_timeline(events: pd.DataFrame, unit: str = "slot", title: str 
 
     Args:
         events: one row per action: ``stage``, ``action`` ("F" or "B"), ``microbatch``, ``start_<unit>`` and
-            ``end_<unit>`` (``tutorial_lib.pipeline.replay_slots`` for slots, ``pipeline_events`` for ms); with a
+            ``end_<unit>`` (``tutorial_lib.runs.pipeline.replay_slots`` for slots, ``pipeline_events`` for ms); with a
             ``panel`` column, one axes per panel value, stacked in order of appearance.
         unit: ``"slot"`` or ``"ms"``: which start/end columns to draw.
         title: the figure's title.

@@ -82,7 +82,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import MetricsError
+from ..errors import MetricsError
 from .rundir import METRICS_SUBDIR, SAMPLES_SUBDIR
 
 
@@ -229,7 +229,7 @@ def check_step_record(record: Mapping, script: str, device: str = "cpu") -> list
     for name, value in record.items():
         key = allowed.get(name)
         if key is None:
-            problems.append(f"undocumented key {name!r} (document it in tutorial_lib/metrics.py's STEP_METRICS)")
+            problems.append(f"undocumented key {name!r} (document it in tutorial_lib/runs/metrics.py's STEP_METRICS)")
         elif isinstance(value, bool) and key.type != "bool" or not isinstance(value, _JSON_TYPES[key.type]):
             problems.append(f"{name!r} should be {key.type}, got {value!r}")
     return problems

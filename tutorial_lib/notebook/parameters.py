@@ -15,7 +15,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Callable, Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _EXAMPLES = {int: "2", float: "0.5", str: "cpu", bool: "True"}
 

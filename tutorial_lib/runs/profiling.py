@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import MetricsError
+from ..errors import MetricsError
 from .rundir import METRICS_SUBDIR
 
 TRACE_PREFIX = "trace"

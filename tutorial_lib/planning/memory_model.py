@@ -37,7 +37,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 STRATEGIES = ("ddp", "fsdp2", "fsdp1")
 OPTIMIZERS = ("adamw", "sgd")

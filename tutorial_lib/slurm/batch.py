@@ -16,8 +16,8 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from .errors import ConfigError
-from .parameters import check_positive_int
+from ..errors import ConfigError
+from ..notebook.parameters import check_positive_int
 
 
 def _check(nnodes: int, nproc_per_node: int, port: int, port_name: str = "master_port") -> None:

@@ -1,6 +1,6 @@
 """A loss curve from the lines a script prints: for scripts of your own that write no metrics JSON.
 
-The workbook's scripts write one JSON line per step per rank (``tutorial_lib.metrics``). A script of your own, or
+The workbook's scripts write one JSON line per step per rank (``tutorial_lib.runs.metrics``). A script of your own, or
 one you cloned (nanoGPT's ``train.py`` prints ``iter 10: loss 2.3456, time 41.20ms, mfu 1.23%``), usually prints a
 line per step instead. The launcher reads every rank's printed lines through a regular expression (``LaunchSpec``'s
 ``loss_pattern``, by default ``DEFAULT_LOSS_PATTERN``), and each line that matches becomes a point of the live loss
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import ConfigError, MetricsError
+from ..errors import ConfigError, MetricsError
 
 PRINTED_PREFIX = "printed_rank"  # metrics/printed_rank<R>.jsonl: read_metrics' rank*.jsonl does not match it
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"

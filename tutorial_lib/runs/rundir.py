@@ -11,9 +11,9 @@ ever overwritten. What is in it, by the names below:
 ``run.json``          how the launch ended (``RunRecord``, below)
 ``logs/``             torchrun's ``--log-dir`` (simulated nodes: ``logs/node<N>/``; read by ``tutorial_lib.torchrun``)
 ``metrics/``          ``rank<R>.jsonl``, one JSON line per step per rank, and what else a script reports
-                      (``tutorial_lib.metrics``)
+                      (``tutorial_lib.runs.metrics``)
 ``samples/``          the launcher's memory samples: ``rss.jsonl``, ``gpu.jsonl``, ``gpu_info.json``
-``checkpoints/``      ``checkpoint_train.py``'s ``step-N/`` folders (its ``--checkpoint-dir``; ``tutorial_lib.checkpoints``)
+``checkpoints/``      ``checkpoint_train.py``'s ``step-N/`` folders (its ``--checkpoint-dir``; ``tutorial_lib.runs.checkpoints``)
 ====================  =====================================================================================
 
 A notebook names these with calls, never with ``run_dir / "..."`` paths: ``script_path`` and ``read_command`` (here),
@@ -63,9 +63,9 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
-LESSONS_DIR = Path(__file__).resolve().parent / "lessons"
+LESSONS_DIR = Path(__file__).resolve().parents[1] / "lessons"
 RUNS_DIR_ENV = "TUTORIAL_LIB_RUNS_DIR"
 COMMAND_TXT = "command.txt"
 OUTPUT_LOG = "output.log"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import ConfigError, MetricsError
+from ..errors import ConfigError, MetricsError
 from .metrics import read_rank_json
 from .rundir import CHECKPOINTS_SUBDIR, METRICS_SUBDIR
 

@@ -46,9 +46,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, MetricsError
+from ..errors import ConfigError, MetricsError
 from .memory_model import bytes_per_parameter
-from .script_source import import_script
+from ..notebook.script_source import import_script
 
 # The tracker's categories (FSDPMemTracker's _FSDPRefType, MemTracker's _MemRefType) -> the plan's.
 CATEGORIES = {"SHARDED_PARAM": "parameters", "PARAM": "parameters", "UNSHARDED_PARAM": "gathered parameters",
@@ -255,7 +255,7 @@ def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
     Raises:
         MetricsError: the run wrote no ``memory_rank<R>.json``.
     """
-    from .metrics import read_rank_json
+    from ..runs.metrics import read_rank_json
     out = []
     for record in read_rank_json(run_dir, "memory"):
         devices = sorted(record["peak"], key=lambda d: d.startswith("cpu"))  # an accelerator first
@@ -346,8 +346,8 @@ def table_args(size: str, layout: str, world_size: int, *, batch_size: int = 1, 
 
 
 def read_memory_table():
-    """The stored ``memory_table()`` for 24 GB GPUs (``tutorial_lib/data/memory_table_24gb.csv``, written by
-    ``python -m tutorial_lib.memory_plan``; the torch that planned it is in its ``torch`` column)."""
+    """The stored ``memory_table()`` for 24 GB GPUs (``tutorial_lib/planning/data/memory_table_24gb.csv``, written by
+    ``python -m tutorial_lib.planning.memory_plan``; the torch that planned it is in its ``torch`` column)."""
     import pandas as pd
     return pd.read_csv(Path(__file__).resolve().parent / "data" / "memory_table_24gb.csv")
 
@@ -364,8 +364,8 @@ __all__ = ["MemoryPlan", "plan_memory", "read_memory_snapshots", "compare_plan",
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tutorial_lib.memory_plan [OUT.csv]``: plan ``memory_table()`` and write it (default: the stored
-    table), with the torch version and the seconds each plan took printed."""
+    """``python -m tutorial_lib.planning.memory_plan [OUT.csv]``: plan ``memory_table()`` and write it (default: the
+    stored table), with the torch version and the seconds each plan took printed."""
     import sys
 
     import torch

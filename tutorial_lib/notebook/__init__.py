@@ -1,0 +1,7 @@
+"""What a notebook cell checks and shows: its parameters checked, a script's listing, figures from run data.
+
+The rule: these modules turn values into what a cell shows or refuses (``parameters``: the papermill parameters and
+the positive-int check every caller shares; ``script_source``: a script shown with line numbers, imported as a module,
+its arguments checked; ``plots``: data in, a ``matplotlib`` Figure out, no I/O). They start no process and never
+import the launcher; of the package they import only ``errors`` and ``runs/`` (where the lesson scripts are).
+"""
