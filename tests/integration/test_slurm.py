@@ -19,7 +19,7 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.errors import JobWaitTimeout, SlurmError, SlurmUnavailable
 from tutorial_lib.slurm import (JobState, LocalCluster, cancel, job_info, job_nodes, queue, submit, wait_for_state,
                                 wait_until_finished)
-from tutorial_lib.slurm import local_cluster
+from tutorial_lib.slurm import local_cluster, processes
 from tutorial_lib.slurm.commands import parse_exit_code, parse_squeue_line
 
 JOB_TIMEOUT_S = 300  # the longest wait for a job's state; the jobs take 10-40 s on this 2-core machine
@@ -132,7 +132,7 @@ def test_a_daemon_that_ignores_sigterm_is_killed():
                                stdout=subprocess.PIPE, text=True)
     try:
         assert ignores.stdout.readline() == "ready\n"
-        local_cluster._terminate(psutil.Process(ignores.pid), timeout_s=0.5)
+        processes.terminate(psutil.Process(ignores.pid), timeout_s=0.5)
         assert ignores.wait(timeout=10) == -9, "SIGKILL after the SIGTERM timeout"
     finally:
         ignores.kill()
