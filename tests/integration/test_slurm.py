@@ -160,13 +160,16 @@ def test_up_status_down_leaves_no_process(capsys):
         start = time.monotonic()
         assert main(["slurm", "up", *args]) == 0
         up_s = time.monotonic() - start
-        assert "local SLURM cluster started" in capsys.readouterr().out
+        started = capsys.readouterr().out
+        assert "local SLURM cluster started" in started and "owner: nobody" in started, started
         assert main(["slurm", "up", *args]) == 0, "a second up is a no-op"
         assert f"already up in {cluster.state_dir}" in capsys.readouterr().out
         assert {d.name for d in cluster.daemons()} == {"munged", "slurmctld", "slurmd-node0", "slurmd-node1"}
         assert main(["slurm", "status", *args]) == 0
         status = capsys.readouterr().out
         assert f"export SLURM_CONF={cluster.conf}" in status and f"state folder: {cluster.state_dir}" in status
+        assert "owner: nobody (started by `python -m tutorial_lib slurm up`): it runs until `slurm down`" in status
+        assert cluster.owner() is None and not (cluster.state_dir / "watchdog.json").exists()
         assert re.search(r"^node0 +debug\* +idle", status, re.M) and re.search(r"^node1 +debug\* +idle", status, re.M)
         assert len(cluster_processes(cluster)) == 4  # munged, slurmctld, 2 x slurmd
         pids = {d.pid for d in cluster.daemons()}

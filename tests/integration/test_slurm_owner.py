@@ -8,6 +8,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import importlib.util
+import json
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 from conftest import ROOT, job_processes, private_slurm_cluster
 
 import tutorial_lib as tl
-from tutorial_lib.slurm import LocalCluster, target
+from tutorial_lib.slurm import LocalCluster, owner as ownership, target
 from tutorial_lib.slurm.processes import ProcessStamp
 
 WITHIN_S = 60.0  # the acceptance: no daemon of the cluster lives a minute after its owner's end
@@ -137,6 +139,76 @@ def test_the_next_connect_restarts_a_cluster_whose_owner_and_watchdog_were_kille
             connected.close()
         stop_everything(cluster, owner)
 
+
+# --- the watchdog alone: no SLURM needed ---------------------------------------------------------------------------
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def fake_cluster(state_dir: Path) -> subprocess.Popen:
+    """A state folder whose one "daemon" (``run/slurmd-node0.json``) is a sleeping Python process in its own session."""
+    (state_dir / "run").mkdir(parents=True)
+    daemon = subprocess.Popen(SLEEPER, start_new_session=True)
+    stamp = ProcessStamp.of(daemon.pid)
+    (state_dir / "run" / "slurmd-node0.json").write_text(json.dumps(
+        {"name": "slurmd-node0", "pid": stamp.pid, "create_time": stamp.create_time, "argv": SLEEPER}))
+    return daemon
+
+
+def test_the_watchdog_stops_the_recorded_daemons_once_its_owner_ends(tmp_path):
+    state_dir = tmp_path / "cluster"
+    daemon, owner = fake_cluster(state_dir), subprocess.Popen(SLEEPER)
+    try:
+        owner_stamp = ProcessStamp.of(owner.pid)
+        ownership.record_owner(state_dir, owner_stamp)
+        watchdog = ownership.start_watchdog(state_dir, owner_stamp, poll_s=0.2)
+        processes = [ProcessStamp.of(daemon.pid), watchdog]
+        assert all(p.alive() for p in processes)
+        owner.kill()
+        start, deadline = time.monotonic(), time.monotonic() + WITHIN_S
+        while any(p.alive() for p in processes):
+            assert time.monotonic() < deadline, (state_dir / "log" / "watchdog.log").read_text()
+            time.sleep(0.1)
+        log = (state_dir / "log" / "watchdog.log").read_text()
+        assert f"the owner (pid {owner.pid}) is gone" in log, log
+        assert not (state_dir / "run" / "slurmd-node0.json").exists() and ownership.read_owner(state_dir) is None
+        print(f"the watchdog stopped the recorded daemon {time.monotonic() - start:.1f} s after the owner's end")
+    finally:
+        for proc in (daemon, owner):
+            proc.kill()
+            proc.wait()
+
+
+def load_watchdog():
+    spec = importlib.util.spec_from_file_location("slurm_watchdog_under_test", ownership.WATCHDOG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_watchdog_kills_the_recorded_daemons_itself_when_slurm_down_fails(tmp_path, monkeypatch):
+    watchdog = load_watchdog()
+    monkeypatch.setattr(watchdog, "run_down", lambda *args: False)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended_stamp = ProcessStamp.of(ended.pid)
+    ended.wait()
+    daemon = fake_cluster(tmp_path)
+    try:
+        assert watchdog.main([str(tmp_path), str(ended_stamp.pid), repr(ended_stamp.create_time)]) == 0
+        assert daemon.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def test_an_owner_that_does_not_run_is_refused():
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    with pytest.raises(tl.ConfigError, match=rf"owner_pid {ended.pid} names no running process: give the PID"):
+        ProcessStamp.of(ended.pid)
+
+
+# --- a test run as the owner ---------------------------------------------------------------------------------------
 
 INNER_TEST = textwrap.dedent("""
     import time

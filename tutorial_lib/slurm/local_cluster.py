@@ -330,6 +330,8 @@ class LocalCluster:
                    deadline)
 
     def _answers(self) -> bool:
+        if not self.conf.is_file():  # scontrol would retry for 60 s ("cannot stat file ... retrying in 1sec")
+            return False
         try:
             run_slurm(["scontrol", "ping"], conf=self.conf, timeout_s=10)
             return True
