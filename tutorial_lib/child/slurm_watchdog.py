@@ -56,6 +56,7 @@ def run_down(state_dir: Path, owner_pid: int, owner_create_time: float) -> bool:
     to the owner (``--if-owner``: one started afresh meanwhile by another process is left alone); whether it
     succeeded."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("PYTHONWARNINGS", None)  # the owner's (the tests make warnings errors for their kernels): not the stop's
     argv = [sys.executable, "-m", "tutorial_lib", "slurm", "down", "--state-dir", str(state_dir), "--timeout-s", "20",
             "--if-owner", f"{owner_pid}:{owner_create_time!r}"]
     try:

@@ -74,8 +74,8 @@ def start_watchdog(state_dir: Path, owner: ProcessStamp, *, poll_s: float = WATC
             "--poll-s", str(poll_s)]
     with open(state_dir / "log" / "watchdog.log", "ab") as log:
         # Its own session: a signal to the owner's process group (a terminal's Ctrl-C, a CI's kill) spares it.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/",
+                                start_new_session=True, close_fds=True)  # cwd: it holds none of the owner's folders
     _WATCHDOGS[proc.pid] = proc
     stamp = ProcessStamp.of(proc.pid)
     _write(state_dir / WATCHDOG_FILE, stamp)
