@@ -1,7 +1,9 @@
 """No daemon outlives its owner (issue 34, item 7): a local SLURM cluster started by a process (a kernel through
 ``connect_slurm``, a test run through the ``slurm_cluster`` fixture) is stopped once that process is gone, however it
-ended, by its watchdog; the next ``connect_slurm`` starts afresh a cluster whose owner ended and whose watchdog was
-killed too; a test run stopped with SIGTERM tears its cluster down before it exits."""
+ended (SIGKILL, SIGTERM, a Jupyter kernel restarted between notebook 06's cells), by its watchdog; the next
+``connect_slurm`` starts afresh a cluster whose owner ended and whose watchdog was killed too, instead of leaving it
+"as it was"; a test run stopped with SIGTERM tears its cluster down before it exits. Every wait is for a state (no
+process of the cluster alive, a zombie counting as ended), with a deadline of a minute."""
 
 import os
 import shutil
@@ -138,6 +140,58 @@ def test_the_next_connect_restarts_a_cluster_whose_owner_and_watchdog_were_kille
         if connected is not None:
             connected.close()
         stop_everything(cluster, owner)
+
+
+CONNECT_CELL = """
+import json, os
+import tutorial_lib as tl
+from tutorial_lib.slurm import target
+target.SYSTEM_CONFS = ()  # the local cluster even where a system slurm.conf exists
+os.environ.pop("SLURM_CONF", None)
+slurm = tl.connect_slurm(state_dir=STATE_DIR)  # notebook 06's first SLURM cell
+print("RESULT " + json.dumps({"kind": slurm.kind, "started": slurm.started, "reason": slurm.reason}))
+"""
+
+
+def connect_in_kernel(kc, cluster: LocalCluster) -> dict:
+    printed = []
+
+    def collect(message):
+        if message["msg_type"] == "stream":
+            printed.append(message["content"]["text"])
+        elif message["msg_type"] == "error":
+            printed.append("\n".join(message["content"]["traceback"]))
+
+    code = f"STATE_DIR = {str(cluster.state_dir)!r}\n{CONNECT_CELL}"
+    reply = kc.execute_interactive(code, timeout=START_TIMEOUT_S, output_hook=collect)
+    assert reply["content"]["status"] == "ok", "".join(printed)[-3000:]
+    return next(json.loads(line[len("RESULT "):]) for line in "".join(printed).splitlines()
+                if line.startswith("RESULT "))
+
+
+def test_a_kernel_restarted_between_notebook_06s_cells_leaves_no_daemon_and_the_next_run_starts_afresh():
+    from jupyter_client.manager import start_new_kernel
+
+    cluster = private_slurm_cluster()
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        assert connect_in_kernel(kc, cluster) == {"kind": "local, started here", "started": True, "reason": ""}
+        processes = stamps(cluster)
+        assert len(processes) == 5 and cluster.owner() == ProcessStamp.of(km.provisioner.process.pid), processes
+        km.restart_kernel(now=True)  # the kernel killed (SIGKILL), its cell after connect_slurm never run
+        elapsed_s = wait_until_none_lives(cluster, processes, WITHIN_S)
+        kc.wait_for_ready(timeout=START_TIMEOUT_S)
+        again = connect_in_kernel(kc, cluster)
+        assert again == {"kind": "local, started here", "started": True, "reason": ""}, "not 'left as it was'"
+        processes = stamps(cluster)
+        km.shutdown_kernel(now=True)
+        wait_until_none_lives(cluster, processes, WITHIN_S)
+        print(f"kernel restarted: no daemon of its cluster {elapsed_s:.1f} s later")
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+        stop_everything(cluster)
 
 
 # --- the watchdog alone: no SLURM needed ---------------------------------------------------------------------------
