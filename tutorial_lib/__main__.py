@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     slurm.add_argument("--owner-pid", type=int, default=None,
                        help="up: the process whose end stops the cluster (a watchdog stops it within seconds); "
                             "default: nobody's, it runs until `slurm down`")
-    slurm.add_argument("--if-owner", default=None, metavar="PID:CREATE_TIME",
+    slurm.add_argument("--if-owner", type=owner_stamp, default=None, metavar="PID:CREATE_TIME",
                        help="down: only if the cluster still belongs to this process (its psutil start time, in "
                             "seconds since the epoch): the watchdog's stop")
     args = parser.parse_args(argv)
@@ -54,14 +54,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def owner_stamp(text: str):
+    """``--if-owner``'s ``PID:CREATE_TIME`` as a ``ProcessStamp``; ``argparse.ArgumentTypeError`` if malformed."""
+    from .slurm.processes import ProcessStamp  # imported here: the other commands do not need it
+
+    pid, _, create_time = text.partition(":")
+    try:
+        return ProcessStamp(int(pid), float(create_time))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PID:CREATE_TIME (a PID and its psutil start time in seconds "
+                                         f"since the epoch, e.g. 1234:1764650000.25), got {text!r}") from None
+
+
 def slurm_command(action: str, state_dir: str | None, timeout_s: float, *, owner_pid: int | None = None,
-                  if_owner: str | None = None) -> int:
+                  if_owner=None) -> int:
     """``python -m tutorial_lib slurm up|down|status``: 0 on success, 1 if it failed, 2 if it cannot run here.
 
-    ``owner_pid`` (up) and ``if_owner`` (down, ``"PID:CREATE_TIME"``) are ``LocalCluster.up``'s ``owner_pid`` and
+    ``owner_pid`` (up) and ``if_owner`` (down, a ``ProcessStamp``) are ``LocalCluster.up``'s ``owner_pid`` and
     ``down``'s ``if_owner``."""
     from .slurm import LocalCluster  # imported here: the other commands do not need it
-    from .slurm.processes import ProcessStamp
 
     cluster = LocalCluster.default(state_dir)
     start = time.monotonic()
@@ -73,9 +84,7 @@ def slurm_command(action: str, state_dir: str | None, timeout_s: float, *, owner
             print(cluster.export_line())
             print(cluster.owner_line())
         elif action == "down":
-            pid, _, create_time = (if_owner or "").partition(":")
-            stopped = cluster.down(timeout_s=timeout_s, if_owner=ProcessStamp(int(pid), float(create_time))
-                                   if if_owner else None)
+            stopped = cluster.down(timeout_s=timeout_s, if_owner=if_owner)
             print(f"local SLURM cluster in {cluster.state_dir}: " + (
                 f"stopped {', '.join(f'{d.name} (pid {d.pid})' for d in stopped)} "
                 f"({time.monotonic() - start:.1f} s)" if stopped else "was not running"))

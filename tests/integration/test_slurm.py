@@ -118,6 +118,13 @@ def test_status_of_a_cluster_that_is_not_up(tmp_path, capsys):
     assert "python -m tutorial_lib slurm up" in out
 
 
+def test_a_malformed_owner_stamp_is_refused_by_the_command_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["slurm", "down", "--state-dir", "/tmp/none", "--if-owner", "1234"])
+    assert e.value.code == 2
+    assert "--if-owner: expected PID:CREATE_TIME (a PID and its psutil start time" in capsys.readouterr().err
+
+
 def test_the_state_folder_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("TUTORIAL_LIB_SLURM_DIR", "/tmp/elsewhere")
     assert LocalCluster.default().conf == Path("/tmp/elsewhere/slurm.conf")

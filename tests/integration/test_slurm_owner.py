@@ -128,6 +128,10 @@ def test_the_next_connect_restarts_a_cluster_whose_owner_and_watchdog_were_kille
         owner.wait()
         old = stamps(cluster)
         assert cluster.is_up() and cluster.owner_gone() and "which has ended" in cluster.status()
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # an export line of that cluster: not reported usable
+        pointed = tl.connect_slurm()
+        assert pointed.kind == "unavailable" and f"belonged to pid {owner.pid}, which has ended" in pointed.reason
+        monkeypatch.delenv("SLURM_CONF")
         connected = tl.connect_slurm(state_dir=cluster.state_dir)
         assert (connected.kind, connected.started) == ("local, started here", True), connected
         assert not any(s.alive() for s in old), "the dead owner's daemons were stopped, not adopted"

@@ -194,11 +194,14 @@ def connect_slurm(*, state_dir: str | os.PathLike | None = None, start_local: bo
     system = next((Path(p) for p in SYSTEM_CONFS if Path(p).is_file()), None)
     if conf and LocalCluster(Path(conf).absolute().parent).daemons():  # `make slurm` and its export line
         local = LocalCluster(Path(conf).absolute().parent)
-        if local.is_up() and not local.owner_gone():
+        if local.owner_gone():
+            return SlurmTarget("unavailable", reason=f"the local cluster SLURM_CONF={conf} points at belonged to pid "
+                               f"{local.owner().pid}, which has ended: its watchdog stops it (python -m tutorial_lib "
+                               "slurm up starts one that runs until `slurm down`)", local=local)
+        if local.is_up():
             return SlurmTarget("local", conf=local.conf, nodes=node_states(conf=local.conf), local=local)
         return SlurmTarget("unavailable", reason=f"the local cluster SLURM_CONF={conf} points at is not up "
-                           "(python -m tutorial_lib slurm up)" + (", and the process it belonged to has ended"
-                                                                  if local.owner_gone() else ""), local=local)
+                           "(python -m tutorial_lib slurm up)", local=local)
     if conf or system is not None:
         kind, path = ("environment", Path(conf)) if conf else ("system", None)
         try:
