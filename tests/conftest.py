@@ -28,6 +28,11 @@ def pytest_configure(config):
     # interrupt tests would then test nothing. Restore Python's handler, as in a terminal or CI.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A SIGTERM (a CI's or a user's timeout, `kill`) ended pytest at once, skipping every finalizer: the session's
+    # SLURM cluster outlived the run (issue 34). The first one now interrupts the run as Ctrl-C does, so the session's
+    # fixtures tear down; a second one ends it (the cluster's watchdog then stops the cluster).
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     # Inherited by the kernels nbval and papermill start: runs go to a temporary folder, live view as text.
     runs = Path(os.environ.get("TMPDIR", "/tmp")) / f"tutorial_lib-test-runs-{os.getpid()}"
     os.environ["TUTORIAL_LIB_RUNS_DIR"] = str(runs)
@@ -36,6 +41,17 @@ def pytest_configure(config):
     # Deprecated torch APIs (torch.cuda.amp, FSDP1's state_dict_type, ...) warn with FutureWarning or
     # DeprecationWarning: in the scripts the tests launch and the kernels nbval starts they are errors.
     os.environ["PYTHONWARNINGS"] = "error::FutureWarning,error::DeprecationWarning"
+
+
+_SESSION_PID = os.getpid()
+
+
+def _interrupt_on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if os.getpid() != _SESSION_PID:  # a child forked from pytest (multiprocessing): SIGTERM ends it, as before
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise KeyboardInterrupt(f"SIGTERM (signal {signum}): interrupted, tearing down the session's fixtures")
 
 
 def job_processes(marker: str) -> list[psutil.Process]:
@@ -172,20 +188,21 @@ def private_slurm_cluster():
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The local two-node SLURM cluster for the session: the one already up in ``$TUTORIAL_LIB_SLURM_DIR`` (or the
-    default folder) if any, left running; else one started in a private folder and stopped after the last test,
-    with a check that none of its processes is left."""
+    default folder) if any, left running; else one started in a private folder, owned by this process (its watchdog
+    stops it if the run is killed) and stopped after the last test, with a check that none of its processes is
+    left."""
     import shutil
 
     from tutorial_lib.errors import SlurmError
     from tutorial_lib.slurm import LocalCluster
 
     shared = LocalCluster.default()
-    if shared.is_up():
+    if shared.is_up() and not shared.owner_gone():
         yield shared
         return
     cluster = private_slurm_cluster()
     try:
-        cluster.up()
+        cluster.up(owner_pid=os.getpid())  # a watchdog stops it if this run is killed before its teardown
     except SlurmError as e:
         shutil.rmtree(cluster.state_dir, ignore_errors=True)
         if os.environ.get("TUTORIAL_LIB_REQUIRE_SLURM") == "1":

@@ -29,9 +29,16 @@ def main(argv: list[str] | None = None) -> int:
                             "$TUTORIAL_LIB_SLURM_DIR, else $TMPDIR/tutorial_lib-slurm-<uid>")
     slurm.add_argument("--timeout-s", type=float, default=120.0,
                        help="longest wait for the daemons to start or stop (seconds)")
+    slurm.add_argument("--owner-pid", type=int, default=None,
+                       help="up: the process whose end stops the cluster (a watchdog stops it within seconds); "
+                            "default: nobody's, it runs until `slurm down`")
+    slurm.add_argument("--if-owner", type=owner_stamp, default=None, metavar="PID:CREATE_TIME",
+                       help="down: only if the cluster still belongs to this process (its psutil start time, in "
+                            "seconds since the epoch): the watchdog's stop")
     args = parser.parse_args(argv)
     if args.command == "slurm":
-        return slurm_command(args.action, args.state_dir, args.timeout_s)
+        return slurm_command(args.action, args.state_dir, args.timeout_s, owner_pid=args.owner_pid,
+                             if_owner=args.if_owner)
     if args.command == "env":
         print(environment_report(args.disk_path).to_text())
     elif args.command == "doctor":
@@ -47,20 +54,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def slurm_command(action: str, state_dir: str | None, timeout_s: float) -> int:
-    """``python -m tutorial_lib slurm up|down|status``: 0 on success, 1 if it failed, 2 if it cannot run here."""
+def owner_stamp(text: str):
+    """``--if-owner``'s ``PID:CREATE_TIME`` as a ``ProcessStamp``; ``argparse.ArgumentTypeError`` if malformed."""
+    from .slurm.processes import ProcessStamp  # imported here: the other commands do not need it
+
+    pid, _, create_time = text.partition(":")
+    try:
+        return ProcessStamp(int(pid), float(create_time))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PID:CREATE_TIME (a PID and its psutil start time in seconds "
+                                         f"since the epoch, e.g. 1234:1764650000.25), got {text!r}") from None
+
+
+def slurm_command(action: str, state_dir: str | None, timeout_s: float, *, owner_pid: int | None = None,
+                  if_owner=None) -> int:
+    """``python -m tutorial_lib slurm up|down|status``: 0 on success, 1 if it failed, 2 if it cannot run here.
+
+    ``owner_pid`` (up) and ``if_owner`` (down, a ``ProcessStamp``) are ``LocalCluster.up``'s ``owner_pid`` and
+    ``down``'s ``if_owner``."""
     from .slurm import LocalCluster  # imported here: the other commands do not need it
 
     cluster = LocalCluster.default(state_dir)
     start = time.monotonic()
     try:
         if action == "up":
-            started = cluster.up(timeout_s=timeout_s)
+            started = cluster.up(timeout_s=timeout_s, owner_pid=owner_pid)
             print(f"local SLURM cluster {'started' if started else 'already up'} in {cluster.state_dir} "
                   f"({time.monotonic() - start:.1f} s). Point SLURM's commands at it with:")
             print(cluster.export_line())
+            print(cluster.owner_line())
         elif action == "down":
-            stopped = cluster.down(timeout_s=timeout_s)
+            stopped = cluster.down(timeout_s=timeout_s, if_owner=if_owner)
             print(f"local SLURM cluster in {cluster.state_dir}: " + (
                 f"stopped {', '.join(f'{d.name} (pid {d.pid})' for d in stopped)} "
                 f"({time.monotonic() - start:.1f} s)" if stopped else "was not running"))

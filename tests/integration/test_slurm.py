@@ -19,7 +19,7 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.errors import JobWaitTimeout, SlurmError, SlurmUnavailable
 from tutorial_lib.slurm import (JobState, LocalCluster, cancel, job_info, job_nodes, queue, submit, wait_for_state,
                                 wait_until_finished)
-from tutorial_lib.slurm import local_cluster
+from tutorial_lib.slurm import local_cluster, processes
 from tutorial_lib.slurm.commands import NeverStarts, parse_exit_code, parse_node_cpus, parse_squeue_line
 
 JOB_TIMEOUT_S = 300  # the longest wait for a job's state; the jobs take 10-40 s on this 2-core machine
@@ -147,6 +147,13 @@ def test_status_of_a_cluster_that_is_not_up(tmp_path, capsys):
     assert "python -m tutorial_lib slurm up" in out
 
 
+def test_a_malformed_owner_stamp_is_refused_by_the_command_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["slurm", "down", "--state-dir", "/tmp/none", "--if-owner", "1234"])
+    assert e.value.code == 2
+    assert "--if-owner: expected PID:CREATE_TIME (a PID and its psutil start time" in capsys.readouterr().err
+
+
 def test_the_state_folder_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("TUTORIAL_LIB_SLURM_DIR", "/tmp/elsewhere")
     assert LocalCluster.default().conf == Path("/tmp/elsewhere/slurm.conf")
@@ -161,7 +168,7 @@ def test_a_daemon_that_ignores_sigterm_is_killed():
                                stdout=subprocess.PIPE, text=True)
     try:
         assert ignores.stdout.readline() == "ready\n"
-        local_cluster._terminate(psutil.Process(ignores.pid), timeout_s=0.5)
+        processes.terminate(psutil.Process(ignores.pid), timeout_s=0.5)
         assert ignores.wait(timeout=10) == -9, "SIGKILL after the SIGTERM timeout"
     finally:
         ignores.kill()
@@ -189,13 +196,16 @@ def test_up_status_down_leaves_no_process(capsys):
         start = time.monotonic()
         assert main(["slurm", "up", *args]) == 0
         up_s = time.monotonic() - start
-        assert "local SLURM cluster started" in capsys.readouterr().out
+        started = capsys.readouterr().out
+        assert "local SLURM cluster started" in started and "owner: nobody" in started, started
         assert main(["slurm", "up", *args]) == 0, "a second up is a no-op"
         assert f"already up in {cluster.state_dir}" in capsys.readouterr().out
         assert {d.name for d in cluster.daemons()} == {"munged", "slurmctld", "slurmd-node0", "slurmd-node1"}
         assert main(["slurm", "status", *args]) == 0
         status = capsys.readouterr().out
         assert f"export SLURM_CONF={cluster.conf}" in status and f"state folder: {cluster.state_dir}" in status
+        assert "owner: nobody (started by `python -m tutorial_lib slurm up`): it runs until `slurm down`" in status
+        assert cluster.owner() is None and not (cluster.state_dir / "watchdog.json").exists()
         assert re.search(r"^node0 +debug\* +idle", status, re.M) and re.search(r"^node1 +debug\* +idle", status, re.M)
         assert len(cluster_processes(cluster)) == 4  # munged, slurmctld, 2 x slurmd
         pids = {d.pid for d in cluster.daemons()}

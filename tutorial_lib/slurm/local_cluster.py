@@ -13,6 +13,10 @@ No accounting (``sacct`` is unavailable: read jobs with ``squeue``/``scontrol``)
 cluster through ``SLURM_CONF`` (``export SLURM_CONF=<state folder>/slurm.conf``). ``down()`` cancels every job,
 stops the daemons by their PIDs and checks that none of them, and no job step of this cluster, is left.
 
+``up(owner_pid=PID)`` ties the cluster's life to that process (a kernel, a test run): a watchdog stops the cluster once
+the owner is gone, however it ended (``tutorial_lib.slurm.owner``). Without an owner (``python -m tutorial_lib slurm
+up``, ``make slurm``) it runs until ``down()``.
+
 The daemons run as root (``slurmd`` starts each job as the user who submitted it); any user may then submit to
 it. Sources: SLURM's "Quick Start Administrator Guide" and the slurm.conf(5), slurmd(8) (``-N``: several slurmd on
 one host) and munged(8) man pages.
@@ -25,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -40,6 +43,8 @@ import psutil
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
 from .commands import INSTALL_HINT, cancel, node_states, queue, run_slurm
 from .config import render_slurm_conf
+from .owner import read_owner, record_owner, start_watchdog, stop_watchdog
+from .processes import ProcessStamp, gone, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -130,13 +135,7 @@ class Daemon:
 
     def process(self) -> psutil.Process | None:
         """The running process, or ``None`` if it has exited (a zombie counts as exited)."""
-        try:
-            proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            return proc
-        except psutil.NoSuchProcess:
-            return None
+        return ProcessStamp(self.pid, self.create_time).process()
 
 
 _STARTED: dict[int, subprocess.Popen] = {}  # daemons this process started: waited for (reaped) by down()
@@ -228,30 +227,62 @@ class LocalCluster:
 
     # --- up ----------------------------------------------------------------------------------------------------
 
-    def up(self, *, timeout_s: float = 120.0) -> bool:
+    def owner(self) -> ProcessStamp | None:
+        """The process whose end stops this cluster (``up``'s ``owner_pid``), alive or not; ``None``: nobody's."""
+        return read_owner(self.state_dir)
+
+    def owner_gone(self) -> bool:
+        """Whether this cluster has an owner and it has ended (its watchdog is stopping the cluster, or was killed)."""
+        owner = self.owner()
+        return owner is not None and not owner.alive()
+
+    def owner_line(self) -> str:
+        """One line: whose the cluster is, and what stops it."""
+        owner = self.owner()
+        if owner is None:
+            return "owner: nobody (started by `python -m tutorial_lib slurm up`): it runs until `slurm down`"
+        if not owner.alive():
+            return (f"owner: pid {owner.pid}, which has ended: its watchdog stops the cluster, else the next "
+                    "connect_slurm() or `slurm up` starts it afresh")
+        return f"owner: pid {owner.pid}: a watchdog stops the cluster once that process ends"
+
+    def up(self, *, timeout_s: float = 120.0, owner_pid: int | None = None) -> bool:
         """Start the cluster and wait until both nodes are idle; ``False`` if it was already up (nothing started).
 
-        A partly running cluster (a daemon died) is stopped first, then started again.
+        A partly running cluster (a daemon died), or one whose owner has ended, is stopped first (its jobs
+        cancelled), then started again.
 
         Args:
             timeout_s: the longest wait for the daemons to answer and the nodes to register, in seconds.
+            owner_pid: the process whose end stops the cluster (``os.getpid()``: this one): a watchdog started with
+                the daemons stops them within seconds once that process is gone, SIGKILL included. ``None``: nobody's,
+                it runs until ``down()``. A cluster already up keeps its owner.
 
         Raises:
             SlurmUnavailable: not root, or SLURM is not installed (the message says what to do).
-            ConfigError: the state folder breaks munged's rules (see ``check_socket_folder``).
+            ConfigError: the state folder breaks munged's rules (see ``check_socket_folder``), or ``owner_pid``
+                names no running process.
             SlurmError: a daemon exited or the nodes did not become idle in time; everything started is stopped
                 again and the daemons' last log lines are in the message.
         """
         programs = check_can_run()
+        owner = ProcessStamp.of(owner_pid) if owner_pid is not None else None
         with self._locked():
-            if self.is_up():
+            if self.is_up() and not self.owner_gone():
                 return False
-            self._stop_daemons(timeout_s=30.0)  # leftovers of a partial start or of a crash
+            if self.owner_gone():
+                logger.warning("the local SLURM cluster in %s belonged to pid %d, which has ended: stopping what is "
+                               "left of it and starting it afresh", self.state_dir, self.owner().pid)
+                self._cancel_jobs(timeout_s=30.0)
+            self._stop_all(timeout_s=30.0)  # leftovers of a partial start, a crash or an owner that ended
             self._prepare()
+            record_owner(self.state_dir, owner)
             try:
+                if owner is not None:  # before the daemons: an owner killed during the start is covered too
+                    start_watchdog(self.state_dir, owner)
                 self._start(programs, timeout_s=timeout_s)
             except BaseException:
-                self._stop_daemons(timeout_s=30.0)
+                self._stop_all(timeout_s=30.0)
                 raise
             return True
 
@@ -299,6 +330,8 @@ class LocalCluster:
                    deadline)
 
     def _answers(self) -> bool:
+        if not self.conf.is_file():  # scontrol would retry for 60 s ("cannot stat file ... retrying in 1sec")
+            return False
         try:
             run_slurm(["scontrol", "ping"], conf=self.conf, timeout_s=10)
             return True
@@ -343,8 +376,15 @@ class LocalCluster:
 
     # --- down --------------------------------------------------------------------------------------------------
 
-    def down(self, *, timeout_s: float = 60.0) -> list[Daemon]:
-        """Cancel every job, stop the daemons by their PIDs and return the ones that were running.
+    def down(self, *, timeout_s: float = 60.0, if_owner: ProcessStamp | None = None) -> list[Daemon]:
+        """Cancel every job, stop the daemons by their PIDs and the watchdog, forget the owner, and return the
+        daemons that were running.
+
+        Args:
+            timeout_s: the longest wait for each job to end and each daemon to exit after SIGTERM, in seconds
+                (then SIGKILL).
+            if_owner: stop only if the cluster still belongs to this process (the watchdog's stop: a cluster started
+                afresh meanwhile by another owner is left alone, and ``[]`` returned).
 
         Raises:
             SlurmUnavailable: daemons run and this is not root (they run as root).
@@ -356,10 +396,23 @@ class LocalCluster:
             raise SlurmUnavailable(f"the local SLURM cluster in {self.state_dir} runs as root: stop it with "
                                    "`sudo python -m tutorial_lib slurm down`")
         with self._locked():
-            if self._answers():
-                for job in queue(conf=self.conf):
-                    cancel(job.job_id, conf=self.conf, timeout_s=timeout_s)
+            if if_owner is not None and self.owner() != if_owner:
+                return []
+            self._cancel_jobs(timeout_s=timeout_s)
+            return self._stop_all(timeout_s=timeout_s)
+
+    def _cancel_jobs(self, *, timeout_s: float) -> None:
+        if self._answers():
+            for job in queue(conf=self.conf):
+                cancel(job.job_id, conf=self.conf, timeout_s=timeout_s)
+
+    def _stop_all(self, *, timeout_s: float) -> list[Daemon]:
+        """The daemons (``_stop_daemons``), then the watchdog; the owner forgotten. Returns the running daemons."""
+        try:
             return self._stop_daemons(timeout_s=timeout_s)
+        finally:
+            stop_watchdog(self.state_dir)
+            record_owner(self.state_dir, None)
 
     def job_steps(self) -> list[psutil.Process]:
         """The ``slurmstepd`` processes of this cluster's jobs (they carry its ``SLURM_CONF`` in their environment)
@@ -399,16 +452,16 @@ class LocalCluster:
         running = [d for d in recorded if d.process() is not None]
         order = [*self.job_steps(), *(p for d in sorted(running, key=_stop_rank) for p in [d.process()] if p)]
         for proc in order:
-            _terminate(proc, timeout_s=timeout_s)
+            terminate(proc, timeout_s=timeout_s)
         survivors = self.leftovers()
         for proc in survivors:  # a session's other processes (slurmscriptd), or steps started meanwhile
-            _terminate(proc, timeout_s=timeout_s)
+            terminate(proc, timeout_s=timeout_s)
         for d in recorded:
             popen = _STARTED.pop(d.pid, None)
             if popen is not None:
                 popen.poll()
             (self.state_dir / "run" / f"{d.name}.json").unlink(missing_ok=True)
-        left = [p for p in survivors if not _gone(p)]
+        left = [p for p in survivors if not gone(p)]
         if left:
             raise SlurmError(f"processes of the local SLURM cluster in {self.state_dir} are still alive after "
                              f"SIGKILL: {[(p.pid, p.name()) for p in left]}")
@@ -418,7 +471,7 @@ class LocalCluster:
 
     def status(self) -> str:
         """What ``python -m tutorial_lib slurm status`` prints: up or down, the state folder, the ``SLURM_CONF``
-        line, the daemons' PIDs and ``sinfo``'s view of the nodes."""
+        line, the daemons' PIDs, whose the cluster is (``owner_line``) and ``sinfo``'s view of the nodes."""
         lines = [f"state folder: {self.state_dir}"]
         if not self.is_up():
             running = [d for d in self.daemons() if d.process() is not None]
@@ -429,6 +482,7 @@ class LocalCluster:
             return "\n".join(lines)
         lines.insert(0, "local SLURM cluster: up")
         lines.append("daemons: " + ", ".join(f"{d.name} (pid {d.pid})" for d in self.daemons()))
+        lines.append(self.owner_line())
         lines.append(self.export_line())
         lines.append(run_slurm(["sinfo", "-N", "-o", "%N %P %T %c %O"], conf=self.conf).rstrip())
         return "\n".join(lines)
@@ -437,31 +491,3 @@ class LocalCluster:
 def _stop_rank(daemon: Daemon) -> int:
     """Stop order: the nodes first (their jobs end), then the controller, munged last (the others use it)."""
     return 0 if daemon.name.startswith("slurmd") else 1 if daemon.name == "slurmctld" else 2
-
-
-def _gone(proc: psutil.Process) -> bool:
-    """Whether ``proc`` has exited: a zombie counts (a daemon started by an earlier command is a child of init, which
-    may take seconds to reap it; this process reaps its own through ``_STARTED``)."""
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _terminate(proc: psutil.Process, *, timeout_s: float) -> None:
-    """SIGTERM ``proc`` and wait until it has exited; SIGKILL it if it is still there after ``timeout_s``, and wait
-    10 s more (a process that survives that is reported by ``leftovers``)."""
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        try:
-            if sig == signal.SIGKILL:
-                logger.warning("%s (pid %d) ignored SIGTERM for %g s: SIGKILL", proc.name(), proc.pid, timeout_s)
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            return
-        deadline = time.monotonic() + wait_s
-        while not _gone(proc):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
-        else:
-            return

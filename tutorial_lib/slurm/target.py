@@ -204,9 +204,10 @@ def connect_slurm(*, state_dir: str | os.PathLike | None = None, start_local: bo
     ``start_local``. Never raises for a cluster that cannot be used: the target says why (``reason``). A
     ``SLURM_CONF`` in a local cluster's state folder (``make slurm``'s export line) is that local cluster.
 
-    A local cluster started here is stopped by ``SlurmTarget.close()`` (and, as a safety net, when this process
-    exits normally); one that was already up is left running. Its daemons run in their own sessions: a process
-    killed outright (SIGKILL) leaves them up, and ``python -m tutorial_lib slurm down`` stops them.
+    A local cluster started here is stopped by ``SlurmTarget.close()`` (and when this process exits normally), and
+    belongs to this process: its watchdog stops it within seconds once this process ends, however it ends (a kernel
+    restarted or killed with SIGKILL). One that was already up is left running, unless the process it belonged to has
+    ended: then it is stopped and started afresh here (``kind`` ``"local, started here"``).
 
     Args:
         state_dir: the local cluster's state folder (``None``: ``default_state_dir()``).
@@ -216,6 +217,10 @@ def connect_slurm(*, state_dir: str | os.PathLike | None = None, start_local: bo
     system = next((Path(p) for p in SYSTEM_CONFS if Path(p).is_file()), None)
     if conf and LocalCluster(Path(conf).absolute().parent).daemons():  # `make slurm` and its export line
         local = LocalCluster(Path(conf).absolute().parent)
+        if local.owner_gone():
+            return SlurmTarget("unavailable", reason=f"the local cluster SLURM_CONF={conf} points at belonged to pid "
+                               f"{local.owner().pid}, which has ended: its watchdog stops it (python -m tutorial_lib "
+                               "slurm up starts one that runs until `slurm down`)", local=local)
         if local.is_up():
             return SlurmTarget("local", conf=local.conf, nodes=node_states(conf=local.conf), local=local)
         return SlurmTarget("unavailable", reason=f"the local cluster SLURM_CONF={conf} points at is not up "
@@ -229,12 +234,12 @@ def connect_slurm(*, state_dir: str | os.PathLike | None = None, start_local: bo
     local = LocalCluster.default(state_dir)
     with _lock:
         try:
-            if local.is_up():
+            if local.is_up() and not local.owner_gone():
                 return SlurmTarget("local", conf=local.conf, nodes=node_states(conf=local.conf), local=local)
             if not start_local:
                 return SlurmTarget("unavailable", reason=f"the local cluster in {local.state_dir} is not up "
                                    "(python -m tutorial_lib slurm up)", local=local)
-            started = local.up()
+            started = local.up(owner_pid=os.getpid())  # a dead owner's cluster: stopped, started afresh
             target = SlurmTarget("local, started here" if started else "local", conf=local.conf,
                                  nodes=node_states(conf=local.conf), local=local, started=started)
         except (SlurmError, ConfigError) as e:
