@@ -14,18 +14,51 @@ import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 from .i18n import N_, Message, Nn_
 
 
+class CauseId(str, Enum):
+    """What the doctor found a run's failure to be: one value, compared by code and worded only when shown
+    (``cause_message``). The known messages' causes (``CAUSES``) first, then what the doctor concludes without one."""
+
+    PORT_IN_USE = "port_in_use"
+    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"
+    OUT_OF_MEMORY = "out_of_memory"
+    CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    ABORT_AT_EXIT = "abort_at_exit"
+    COMPILE_BUCKET_SPLIT = "compile_bucket_split"
+    UNUSED_PARAMETERS = "unused_parameters"
+    NO_GPU = "no_gpu"
+    INVALID_DEVICE_ORDINAL = "invalid_device_ordinal"
+    COLLECTIVE_TIMEOUT = "collective_timeout"
+    NCCL_ERROR = "nccl_error"
+    PYTHON_EXCEPTION = "python_exception"  # field: name (the exception's class)
+    KILLED_BY_SIGNAL = "killed_by_signal"  # field: signal
+    EXITED_WITHOUT_TRACEBACK = "exited_without_traceback"  # field: code
+    DIED_WITHOUT_ERROR = "died_without_error"
+    HANG_WALL_CLOCK = "hang_wall_clock"
+    HANG_NO_PROGRESS = "hang_no_progress"
+    RANK_FINISHED = "rank_finished"  # a rank returned while the others waited for it
+    INTERRUPTED = "interrupted"
+    STOPPED = "stopped"
+    SYNTAX_ERROR = "syntax_error"
+    SBATCH_REFUSED = "sbatch_refused"
+    UNKNOWN = "unknown"
+    NONE = "none"  # the run finished
+
+
 @dataclass(frozen=True)
 class Cause:
-    """A known failure: its short name, the pattern of its messages, the fix, and where it is taught.
+    """A known failure: its id, its short name, the pattern of its messages, the fix, and where it is taught.
 
-    ``name`` and ``fix`` are gettext msgids (English; ``tutorial_lib.i18n`` words them when shown). ``describe``, if
-    set, turns the matching line into the evidence shown (else the line itself is).
+    ``id`` is what code compares; ``name`` and ``fix`` are gettext msgids (English; ``tutorial_lib.i18n`` words them
+    when shown). ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
     """
 
+    id: CauseId
     name: str
     pattern: re.Pattern
     fix: str
@@ -69,17 +102,17 @@ def describe_checkpoint_mismatch(line: str) -> str:
 # causes come first; the consequences they trigger on the peers ("Connection reset by peer", a timeout
 # while a peer is already dead) come later or not at all.
 CAUSES = (
-    Cause(N_("port in use"), re.compile(r"EADDRINUSE|address already in use", re.I),
+    Cause(CauseId.PORT_IN_USE, N_("port in use"), re.compile(r"EADDRINUSE|address already in use", re.I),
           N_("another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
              "another one (06, section 5 'A port that is already taken')")),
-    Cause(N_("rendezvous timeout"), re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
+    Cause(CauseId.RENDEZVOUS_TIMEOUT, N_("rendezvous timeout"), re.compile(r"RendezvousTimeoutError|waiting for clients|RendezvousClosedError"),
           N_("not every node joined in time: start every node's torchrun with the same --nnodes and rendezvous "
              "endpoint, and check that the port is reachable (06, section 4 'A node that never arrives')")),
-    Cause(N_("out of memory"), re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
+    Cause(CauseId.OUT_OF_MEMORY, N_("out of memory"), re.compile(r"CUDA out of memory|OutOfMemoryError|can't allocate memory|"
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
           N_("the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
              "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')")),
-    Cause(N_("checkpoint does not match the model"),
+    Cause(CauseId.CHECKPOINT_MISMATCH, N_("checkpoint does not match the model"),
           re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
                      r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
                      r"Unexpected key\(s\) in state_dict"),
@@ -89,26 +122,26 @@ CAUSES = (
              "(05, section 3 'Sharded checkpoints')"), describe_checkpoint_mismatch),
     # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
     # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
-    Cause(N_("collective mismatch"), re.compile(r"mismatch between collectives|doesn't match expected size|"
+    Cause(CauseId.COLLECTIVE_MISMATCH, N_("collective mismatch"), re.compile(r"mismatch between collectives|doesn't match expected size|"
                                             r"collective mismatch|op\.preamble\.length <= op\.nbytes", re.I),
           N_("the ranks called different collectives (one skipped or reordered a call): every rank must issue the "
              "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL names each rank's call "
              "(07, section 1 'Hang')")),
     # A rank that finished its work and then died in the interpreter's teardown: a gloo thread aborts while the
     # process exits, even after destroy_process_group() (about 4-12% of CPU runs of a plain script).
-    Cause(N_("abort at interpreter exit"), re.compile(r"terminate called without an active exception"),
+    Cause(CauseId.ABORT_AT_EXIT, N_("abort at interpreter exit"), re.compile(r"terminate called without an active exception"),
           N_("the script had returned: gloo aborted the process during Python's teardown, not your code, and the "
              "rank's work is done; end main() with dist.destroy_process_group() in a finally (it makes the abort rarer, "
              "not impossible), not with os._exit, which skips atexit handlers and a running dcp.async_save; the "
              "launcher's rank runner leaves with os._exit for you (07, section 2 'A crashing rank')")),
     # dynamo's DDPOptimizer splits a compiled graph at DDP's bucket boundaries and insists that the first bucket is
     # no larger than the others; a small bucket_cap_mb breaks that (torch 2.8 and 2.13 alike).
-    Cause(N_("DDP + torch.compile bucket split"), re.compile(r"First bucket should be smaller/equal to other buckets"),
+    Cause(CauseId.COMPILE_BUCKET_SPLIT, N_("DDP + torch.compile bucket split"), re.compile(r"First bucket should be smaller/equal to other buckets"),
           N_("torch.compile under DDP with a small bucket_cap_mb: dynamo's DDPOptimizer cannot split the graph at "
              "these buckets. Set torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py "
              "--no-optimize-ddp: one graph, DDP's buckets still overlap backward) or use a larger bucket_cap_mb "
              "(11, section 9 'Notes')")),
-    Cause(N_("DDP unused parameters"), re.compile(r"Expected to have finished reduction"),
+    Cause(CauseId.UNUSED_PARAMETERS, N_("DDP unused parameters"), re.compile(r"Expected to have finished reduction"),
           N_("a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
              "(01, section 6 'A parameter without a gradient')")),
     # A GPU program on a machine without a usable GPU, as torch 2.8's CUDA wheel and 2.13's CPU build say it:
@@ -118,7 +151,7 @@ CAUSES = (
     # (2.8), "Distributed package doesn't have NCCL built in" (2.13 CPU build); all measured here. "No CUDA GPUs are
     # available" (CUDA_VISIBLE_DEVICES empty) and "no CUDA-capable device is detected" (the CUDA runtime's
     # cudaErrorNoDevice) are the texts of torch's and CUDA's sources, not seen on this machine.
-    Cause(N_("no GPU"), re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled|"
+    Cause(CauseId.NO_GPU, N_("no GPU"), re.compile(r"Found no NVIDIA driver on your system|Torch not compiled with CUDA enabled|"
                                r"has no attribute '_cuda_setDevice'|ProcessGroupNCCL is only supported with GPUs|"
                                r"Distributed package doesn't have NCCL built in|No CUDA GPUs are available|"
                                r"no CUDA-capable device is detected"),
@@ -131,17 +164,17 @@ CAUSES = (
     # ordinal" (torch.cuda.set_device(i) and tensors on cuda:i, i >= the node's GPU count); torch.cuda's own check
     # "Invalid device id" (get_device_properties). The texts of torch 2.8's CUDA wheel (libcudart's error strings,
     # torch/cuda/__init__.py): this machine has no GPU to show them on.
-    Cause(N_("invalid device ordinal"), re.compile(r"invalid device ordinal|Invalid device id"),
+    Cause(CauseId.INVALID_DEVICE_ORDINAL, N_("invalid device ordinal"), re.compile(r"invalid device ordinal|Invalid device id"),
           N_("a rank asked for a GPU index this node does not have: take the GPU from LOCAL_RANK "
              "(torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), never from RANK, which counts the ranks of every "
              "node, and start at most torch.cuda.device_count() ranks per node (--nproc-per-node; CUDA_VISIBLE_DEVICES "
              "limits what a node shows) (06, section 2 'The GPU comes from LOCAL_RANK, never from RANK')")),
-    Cause(N_("collective timeout (hang)"), re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
+    Cause(CauseId.COLLECTIVE_TIMEOUT, N_("collective timeout (hang)"), re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
                                                   r"Socket Timeout"),
           N_("a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
              "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
              "error (07, section 1 'Hang'; uneven inputs: 02, section 4)")),
-    Cause(N_("NCCL error"), re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+    Cause(CauseId.NCCL_ERROR, N_("NCCL error"), re.compile(r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
                                    r"ncclInvalidUsage|ncclRemoteError|NCCL WARN"),
           N_("rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and check NCCL_SOCKET_IFNAME "
              "(07, section 3 'Debugging variables')")),
@@ -149,7 +182,7 @@ CAUSES = (
 
 # The failures of torchrun itself, no rank to blame: the launcher explains them in its error (with the spec's port and
 # node count), the doctor by these causes.
-AGENT_FAILURES = ("port in use", "rendezvous timeout")
+AGENT_FAILURES = (CauseId.PORT_IN_USE, CauseId.RENDEZVOUS_TIMEOUT)
 
 
 def agent_failure(output: str) -> Cause | None:
@@ -159,7 +192,7 @@ def agent_failure(output: str) -> Cause | None:
     Args:
         output: torchrun's output, every node's.
     """
-    return next((c for c in CAUSES if c.name in AGENT_FAILURES and c.pattern.search(output)), None)
+    return next((c for c in CAUSES if c.id in AGENT_FAILURES and c.pattern.search(output)), None)
 
 
 EXCEPTION_FIX = (N_("rank {rank}'s traceback is the root cause: fix the code it points to; the other ranks failed "
@@ -286,3 +319,43 @@ def exit_code_meaning(code: int) -> Message:
         return Message(N_("255 is sys.exit(-1) or os._exit(-1) (exit codes are taken modulo 256)"))
     return Message(N_("no library here exits with {code} on its own: it is most likely the script's own number"),
                    {"code": code})
+
+
+# The names of the causes that no message of CAUSES gives (gettext msgids, with their fields).
+CAUSE_NAMES = {
+    CauseId.PYTHON_EXCEPTION: N_("Python exception ({name})"),
+    CauseId.KILLED_BY_SIGNAL: N_("killed by {signal}"),
+    CauseId.EXITED_WITHOUT_TRACEBACK: N_("exited with code {code} without a traceback"),
+    CauseId.DIED_WITHOUT_ERROR: N_("died without a Python error"),
+    CauseId.HANG_WALL_CLOCK: N_("hang (wall-clock timeout)"),
+    CauseId.HANG_NO_PROGRESS: N_("hang (no progress)"),
+    CauseId.RANK_FINISHED: FINISHED_CAUSE,
+    CauseId.INTERRUPTED: INTERRUPTED_CAUSE,
+    CauseId.STOPPED: STOPPED_CAUSE,
+    CauseId.SYNTAX_ERROR: SYNTAX_CAUSE,
+    CauseId.SBATCH_REFUSED: REFUSED_CAUSE,
+    CauseId.UNKNOWN: N_("unknown"),
+    CauseId.NONE: N_("none"),
+} | {cause.id: cause.name for cause in CAUSES}
+
+
+def cause_by_id(cause_id: CauseId) -> Cause:
+    """The known cause ``cause_id`` of ``CAUSES`` (its pattern and fix).
+
+    Raises:
+        KeyError: ``cause_id`` is one of the doctor's own conclusions, not a known message's cause.
+    """
+    found = next((c for c in CAUSES if c.id == cause_id), None)
+    if found is None:
+        raise KeyError(cause_id)
+    return found
+
+
+def cause_message(cause_id: CauseId, **fields: object) -> Message:
+    """The name of ``cause_id`` to show (``str()``: English), its fields filled in: ``name`` for
+    ``PYTHON_EXCEPTION``, ``signal`` for ``KILLED_BY_SIGNAL``, ``code`` for ``EXITED_WITHOUT_TRACEBACK``.
+
+    Raises:
+        KeyError: a field the name needs is missing (when shown).
+    """
+    return Message(CAUSE_NAMES[cause_id], fields)

@@ -8,8 +8,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import FINISHED_CAUSE, INTERRUPTED_CAUSE, STOPPED_CAUSE
-from .i18n import N_, Joined, Message, _, ngettext, render
+from .causes import CauseId, cause_message
+from .i18n import Joined, Message, _, ngettext, render
 
 # A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
 # checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
@@ -33,16 +33,18 @@ class Diagnosis:
         last_steps: ``{rank: last step}`` from the metrics JSON, else from the printed lines ``loss_pattern`` read
             (ranks that logged nothing are absent).
         where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
-        cause_text: the suspected cause, worded when shown (``cause``: its English), one of ``CAUSES``' names, ``"Python exception"``, ``"killed by SIGKILL"``,
-            ``"exited with code 3 without a traceback"`` (``sys.exit(3)``, ``os._exit(3)``),
-            ``"died without a Python error"`` (no traceback, no exit code: its peers lost the connection),
-            ``"hang (wall-clock timeout)"``, ``"hang (no progress)"`` (``stall_timeout_s``), ``"syntax error"``,
-            ``"interrupted"``, ``"stopped by the launching process"``, ``"unknown"``,
-            or ``"none"`` for a run that finished).
+        cause_id: the suspected cause, one value (``causes.CauseId``): a known message's (``CAUSES``), or the
+            doctor's own conclusion: ``PYTHON_EXCEPTION``, ``KILLED_BY_SIGNAL``, ``EXITED_WITHOUT_TRACEBACK``
+            (``sys.exit(3)``, ``os._exit(3)``), ``DIED_WITHOUT_ERROR`` (no traceback, no exit code: its peers lost the
+            connection), ``HANG_WALL_CLOCK``, ``HANG_NO_PROGRESS`` (``stall_timeout_s``), ``SYNTAX_ERROR``,
+            ``INTERRUPTED``, ``STOPPED``, ``SBATCH_REFUSED``, ``UNKNOWN``, or ``NONE`` for a run that finished.
+        cause_fields: the values its name shows (``{"name": "RuntimeError"}``, ``{"signal": "SIGKILL"}``,
+            ``{"code": 3}``). ``cause_text`` is the name to show (worded when shown), ``cause`` its English
+            (``"Python exception (RuntimeError)"``, ``"killed by SIGKILL"``, ``"out of memory"``).
         evidence: the line that points to the cause (as the logs say it: English).
         fix_text: one line on what to do, with the notebook section that shows it, worded when shown (``fix``: its
-            English). Both are gettext messages (``tutorial_lib.i18n``): ``str(d)`` and the notebook's table show them
-            in ``tl.language()``.
+            English). Cause and fix are gettext messages (``tutorial_lib.i18n``): ``str(d)`` and the notebook's table
+            show them in ``tl.language()``.
         timeout_s: the limit a ``LaunchTimeout`` exceeded, seconds (``None`` for other runs).
         limit: which one, ``"timeout_s"`` or ``"stall_timeout_s"`` (``""`` for other runs).
         recovered: the run finished (``failed`` is False) after torchrun restarted the group
@@ -66,7 +68,8 @@ class Diagnosis:
     traceback_tail: list[str] = field(default_factory=list)
     last_steps: dict[int, int] = field(default_factory=dict)
     where: dict[int, str] = field(default_factory=dict)
-    cause_text: Message = field(default_factory=lambda: Message(N_("unknown")))
+    cause_id: CauseId = CauseId.UNKNOWN
+    cause_fields: dict[str, object] = field(default_factory=dict)
     evidence: str = ""
     fix_text: Message | Joined = field(default_factory=lambda: Joined(()))
     timeout_s: float | None = None
@@ -87,9 +90,9 @@ class Diagnosis:
                     *((_("sbatch said") if i == 0 else "", line) for i, line in enumerate(self.evidence.splitlines())),
                     (_("output.log"), _("empty: no step ran (the job was never submitted)")),
                     (_("suspected cause"), cause), (_("fix"), fix)]
-        if self.cause in (INTERRUPTED_CAUSE, STOPPED_CAUSE):  # stopped on request: no rank failed
+        if self.cause_id in (CauseId.INTERRUPTED, CauseId.STOPPED):  # stopped on request: no rank failed
             stopped = (_("{run} was interrupted ({evidence}); no rank had failed", run=self.run_dir.name,
-                         evidence=self.evidence) if self.cause == INTERRUPTED_CAUSE else
+                         evidence=self.evidence) if self.cause_id == CauseId.INTERRUPTED else
                        _("{run} was stopped by the process that launched it ({evidence}); no rank had failed",
                          run=self.run_dir.name, evidence=self.evidence))
             rows = [(_("stopped"), stopped), (_("last step"), steps or _("no rank logged a step"))]
@@ -111,7 +114,7 @@ class Diagnosis:
             timeout_s = f"{self.timeout_s:g}"
             rows = [(failed, _("{run}: stopped at the {which} ({timeout_s} s), no rank had failed", run=run,
                                which=which, timeout_s=timeout_s))]
-        elif self.cause == FINISHED_CAUSE:
+        elif self.cause_id == CauseId.RANK_FINISHED:
             rows = [(failed, _("{run}: {who} returned (exit code 0) while the others waited for it", run=run,
                                who=who))]
         else:
@@ -125,7 +128,7 @@ class Diagnosis:
         if others:
             rows.append((_("also killed"),
                          _(", ").join(_("rank {rank} by {signal}", rank=r, signal=name) for r, name in others.items())))
-        if self.finished and self.cause != FINISHED_CAUSE:
+        if self.finished and self.cause_id != CauseId.RANK_FINISHED:
             rows.append((_("finished"), ngettext("rank {ranks} returned (exit code 0)",
                                                  "ranks {ranks} returned (exit code 0)", len(self.finished),
                                                  ranks=", ".join(map(str, self.finished)))))
@@ -133,7 +136,7 @@ class Diagnosis:
             rows.append((_("stack") if i == 0 else "", frame.strip()))
         rows.append((_("last step"), steps or _("no rank logged a step")))
         for r, w in sorted(self.where.items()):
-            elsewhere = (self.cause == "collective timeout (hang)" and r != self.rank
+            elsewhere = (self.cause_id == CauseId.COLLECTIVE_TIMEOUT and r != self.rank
                          and not COLLECTIVE_FRAME.search(w) and "distributed" not in w)
             rows.append((_("rank {rank} was in", rank=r),
                          w + (_(": never reached the collective the others waited in") if elsewhere else "")))
@@ -141,6 +144,11 @@ class Diagnosis:
         rows.append((_("suspected cause"), cause + (_(": {evidence}", evidence=clip(self.evidence)) if shown else "")))
         rows.append((_("fix"), fix))
         return rows
+
+    @property
+    def cause_text(self) -> Message:
+        """The suspected cause to show, worded in ``tl.language()`` (``causes.cause_message``)."""
+        return cause_message(self.cause_id, **self.cause_fields)
 
     @property
     def cause(self) -> str:

@@ -15,13 +15,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_CAUSE, FINISHED_FIX, HANG_FIX,
-                     INTERRUPTED_CAUSE, INTERRUPTED_FIX, NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, REFUSED_CAUSE,
-                     REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_CAUSE, STOPPED_FIX, SYNTAX_CAUSE, SYNTAX_FIX,
-                     UNKNOWN_FIX, exit_code_meaning, signal_name)
+from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
+                     NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
+                     SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
 from .diagnosis import COLLECTIVE_FRAME, Diagnosis
 from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
-from .i18n import N_, Message
+from .i18n import Message
 from .runs.metrics import last_steps as logged_last_steps
 from .runs.printed_metrics import last_printed_steps
 from .runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
@@ -239,7 +238,7 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
     """Set the first of ``CAUSES`` whose pattern a line of ``texts`` matches (in ``texts``' order); ``False`` if
     none does. On a timeout, the causes from "collective timeout (hang)" on are not tried: the stacks say more."""
     for cause in CAUSES:
-        if timed_out and cause.name in ("collective timeout (hang)", "NCCL error"):
+        if timed_out and cause.id in (CauseId.COLLECTIVE_TIMEOUT, CauseId.NCCL_ERROR):
             return False  # a wall-clock timeout is a hang; the stacks say more than a message
         for text in texts:
             match = next((m for m in map(cause.pattern.search, text.splitlines()) if m), None)
@@ -248,9 +247,9 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
                 start = max(0, match.start() - len(match.string) + len(line) - 100)
                 evidence = line if start == 0 else "..." + line[start:]
                 evidence = cause.describe(line) if cause.describe else evidence
-                diagnosis.cause_text, diagnosis.evidence = Message(cause.name), evidence
+                diagnosis.cause_id, diagnosis.evidence = cause.id, evidence
                 diagnosis.fix_text = Message(cause.fix)
-                nccl_timeout = cause.name == "collective timeout (hang)" and any(map(NCCL_TIMEOUT.search, texts))
+                nccl_timeout = cause.id == CauseId.COLLECTIVE_TIMEOUT and any(map(NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
                                      or 0) > 1:
                     # NCCL (so GPUs), several ranks on one machine: P2P between them
@@ -275,7 +274,7 @@ def _exception_fix(failure: RankFailure) -> Message:
 def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
     """The cause of a run whose first "failure" is a rank that returned while the others waited in a collective."""
     waiting = sorted(e.rank for e in failure.ends if e.rank is not None and e.how in (LOST_PEER, STOPPED))
-    diagnosis.cause_text = Message(FINISHED_CAUSE)
+    diagnosis.cause_id = CauseId.RANK_FINISHED
     diagnosis.fix_text = Message(FINISHED_FIX[0], {"rank": failure.rank, "waiting": ", ".join(map(str, waiting)) or "?"},
                                  FINISHED_FIX[1], max(len(waiting), 1))
     peer = next((e for e in failure.ends if e.how == LOST_PEER and e.traceback), None)
@@ -295,7 +294,7 @@ def _syntax_cause(diagnosis: Diagnosis, failure: RankFailure) -> bool:
     where = next((m for m in map(_SYNTAX_FILE.match, reversed(lines[:end])) if m), None)
     if where is None:
         return False
-    diagnosis.cause_text, diagnosis.evidence = Message(SYNTAX_CAUSE), f"{where['path']}, line {where['line']}"
+    diagnosis.cause_id, diagnosis.evidence = CauseId.SYNTAX_ERROR, f"{where['path']}, line {where['line']}"
     diagnosis.error = diagnosis.error or last
     diagnosis.fix_text = Message(SYNTAX_FIX, {"path": where["path"], "line": where["line"]})
     return True
@@ -305,33 +304,34 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
     """Set the cause when no message of ``CAUSES`` matched: from the timeout, the exception, the signal or the
     exit code. ``rank_lines_``: the failed rank's lines of output."""
     if timed_out:
-        diagnosis.cause_text = Message(N_("hang (no progress)") if diagnosis.limit == "stall_timeout_s"
-                                       else N_("hang (wall-clock timeout)"))
+        diagnosis.cause_id = (CauseId.HANG_NO_PROGRESS if diagnosis.limit == "stall_timeout_s"
+                              else CauseId.HANG_WALL_CLOCK)
         diagnosis.fix_text = Message(HANG_FIX)
         diagnosis.evidence = f"last step per rank {diagnosis.last_steps}" if diagnosis.last_steps else ""
     elif diagnosis.error and diagnosis.signal is None:
         name = diagnosis.error.split(":", 1)[0]
-        diagnosis.cause_text, diagnosis.evidence = Message(N_("Python exception ({name})"), {"name": name}), diagnosis.error
+        diagnosis.cause_id, diagnosis.cause_fields = CauseId.PYTHON_EXCEPTION, {"name": name}
+        diagnosis.evidence = diagnosis.error
         diagnosis.fix_text = _exception_fix(failure)
     elif _aborted_in_collective(diagnosis.signal, rank_lines_):
-        mismatch = next(c for c in CAUSES if c.name == "collective mismatch")
-        diagnosis.cause_text, diagnosis.fix_text = Message(mismatch.name), Message(mismatch.fix)
+        diagnosis.cause_id = CauseId.COLLECTIVE_MISMATCH
+        diagnosis.fix_text = Message(cause_by_id(CauseId.COLLECTIVE_MISMATCH).fix)
         diagnosis.evidence = _fatal_error(rank_lines_)
     elif diagnosis.signal is not None:
-        diagnosis.cause_text = Message(N_("killed by {signal}"), {"signal": diagnosis.signal})
+        diagnosis.cause_id, diagnosis.cause_fields = CauseId.KILLED_BY_SIGNAL, {"signal": diagnosis.signal}
         diagnosis.fix_text = Message(SIGNAL_FIXES.get(diagnosis.signal, SIGNAL_FIX))
         diagnosis.evidence = _last_words(failure, rank_lines_)
     elif failure.rank is not None and not failure.traceback and (failure.exit_code or 0) > 0:
         # No error file: @record lets SystemExit through (sys.exit(3)); os._exit skips it altogether.
         code = failure.exit_code
-        diagnosis.cause_text = Message(N_("exited with code {code} without a traceback"), {"code": code})
+        diagnosis.cause_id, diagnosis.cause_fields = CauseId.EXITED_WITHOUT_TRACEBACK, {"code": code}
         diagnosis.fix_text = Message(EXIT_FIX, {"rank": failure.rank, "code": code, "meaning": exit_code_meaning(code)})
         last = last_meaningful_line(failure.log_tail)
         diagnosis.evidence = f"the rank's last line was {last!r}" if last else "the rank printed nothing"
     elif failure.rank is not None and not failure.traceback and failure.exit_code is None:
         # No error file and no exit code from torchrun (it reports only the failures it saw first), while the
         # peers failed on the lost connection: the rank died outside Python.
-        diagnosis.cause_text = Message(N_("died without a Python error"))
+        diagnosis.cause_id = CauseId.DIED_WITHOUT_ERROR
         diagnosis.fix_text = Message(NO_ERROR_FIX)
         diagnosis.evidence = _last_words(failure, rank_lines_)
     else:
@@ -350,16 +350,16 @@ def _stopped_diagnosis(run_dir: Path, record: RunRecord, ranks: _RankOutput, las
     if interrupted:
         fix = Message(INTERRUPTED_FIX)
     else:
-        fix = Message(STOPPED_FIX, {"error": (record.summary or "").removeprefix("stopped by ") or "an error"})
-    cause = INTERRUPTED_CAUSE if interrupted else STOPPED_CAUSE
-    return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, where=where, cause_text=Message(cause),
+        fix = Message(STOPPED_FIX, {"error": record.stopped_by or "an error"})
+    cause = CauseId.INTERRUPTED if interrupted else CauseId.STOPPED
+    return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, where=where, cause_id=cause,
                      evidence=evidence, fix_text=fix)
 
 
 def _refused_diagnosis(run_dir: Path, record: RunRecord) -> Diagnosis:
     """The report of a launch whose job the batch system refused (run.json's status ``refused``): nothing ran;
     sbatch's message (``record.submit_error``) is the evidence."""
-    return Diagnosis(run_dir=run_dir, failed=True, submitted=False, cause_text=Message(REFUSED_CAUSE),
+    return Diagnosis(run_dir=run_dir, failed=True, submitted=False, cause_id=CauseId.SBATCH_REFUSED,
                      evidence=record.submit_error, fix_text=Message(REFUSED_FIX))
 
 
@@ -368,7 +368,9 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
 
     Args:
         run: a run directory (``LaunchError.run_dir``; any folder a launch created), or the ``LaunchError`` /
-            ``LaunchTimeout`` itself (its root cause, last steps and stacks are used as they are).
+            ``LaunchTimeout`` itself: the report the launcher made when it raised it (``error.diagnosis``) is
+            returned as it is, without reading the run directory; an error without one is examined as below (its
+            root cause, last steps and stacks are used as they are).
 
     Returns:
         A ``Diagnosis`` (``print(d)`` for a few lines; a notebook shows it as a table). A run that finished
@@ -385,6 +387,15 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     Sources: torchrun's error files and failure summary (torch.distributed.elastic ``@record``,
     https://pytorch.org/docs/stable/elastic/errors.html); the messages matched are listed in ``CAUSES``.
     """
+    if isinstance(run, LaunchError) and run.diagnosis is not None:
+        return run.diagnosis
+    return examine(run)
+
+
+def examine(run: str | os.PathLike | LaunchError) -> Diagnosis:
+    """The doctor's work behind ``diagnose``: read what the run left (and the error's own evidence) into a
+    ``Diagnosis``. The launcher calls it once when a launch fails (``error.diagnosis``); same arguments and errors as
+    ``diagnose``."""
     error = run if isinstance(run, LaunchError) else None
     run_dir = Path(error.run_dir if error is not None else run)
     if error is None:
@@ -405,7 +416,7 @@ def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     timed_out = isinstance(error, LaunchTimeout) or (record is not None and record.status == RunStatus.TIMEOUT)
     last_steps = _run_last_steps(run_dir, error)
     if not _run_failed(error, timed_out, failure, error_files, output):
-        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause_text=Message(N_("none")))
+        return Diagnosis(run_dir=run_dir, failed=False, last_steps=last_steps, cause_id=CauseId.NONE)
 
     failure = failure or RankFailure(rank=None, exit_code=None)
     diagnosis = _failed_diagnosis(run_dir, error, record, failure, ranks, timed_out, recovered, last_steps)

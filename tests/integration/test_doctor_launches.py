@@ -84,6 +84,27 @@ def test_a_value_error_in_a_script_without_record_is_read_from_the_ranks_log(run
     assert "their peer was gone" in d.fix
 
 
+def test_the_doctor_reads_a_failure_once_and_diagnose_of_the_error_reads_no_disk(run_root):
+    """Issue 34: the failure is one value, made when the launch failed; ``tl.diagnose(error)`` returns it even with the
+    run directory gone, and it says what the doctor reads from the folder alone. Its cause is a typed id."""
+    from tutorial_lib.causes import CauseId
+
+    e = launch_fixture(run_root, "rank_raises.py", ["1:ValueError"])
+    assert e.diagnosis is not None and tl.diagnose(e) is e.diagnosis
+    from_dir = tl.diagnose(e.run_dir)
+    moved = e.run_dir.with_name(e.run_dir.name + "-moved")
+    e.run_dir.rename(moved)
+    try:
+        d = tl.diagnose(e)  # the folder does not exist: nothing is read
+        assert (d.cause_id, d.cause_fields, d.rank, d.exit_code) == (CauseId.PYTHON_EXCEPTION, {"name": "ValueError"},
+                                                                      1, 1)
+        assert (d.cause, d.fix, d.error) == (from_dir.cause, from_dir.fix, from_dir.error)
+        with pytest.raises(tl.ConfigError):
+            tl.diagnose(e.run_dir)  # the control: the same question asked of the missing folder fails
+    finally:
+        moved.rename(e.run_dir)
+
+
 def test_every_rank_that_raised_is_reported(run_root):
     e = launch_fixture(run_root, "rank_raises.py", ["all:KeyError"])
     d, _ = both(e)

@@ -64,7 +64,7 @@ def test_an_interrupted_run_is_reported_as_interrupted_not_as_a_killed_rank(tmp_
 
 def test_a_run_stopped_by_the_launching_process_names_its_error(tmp_path):
     run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
-    set_run_json(run_dir, status="stopped", summary="stopped by ValueError")
+    set_run_json(run_dir, status="stopped", summary="stopped by ValueError", stopped_by="ValueError")
     d = tl.diagnose(run_dir)
     assert (d.cause, d.failed) == ("stopped by the launching process", False), str(d)
     assert "raised ValueError while it waited" in d.fix and "ValueError" in d.fix_text.render("zh"), d.fix

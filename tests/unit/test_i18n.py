@@ -340,3 +340,55 @@ def test_every_reason_a_slurm_job_cannot_start_has_its_chinese():
     for reason, en in CANNOT_START.items():
         zh = Message(en).render("zh")
         assert has_cjk(zh) and names(en) <= names(zh), reason
+
+
+DISPLAY_FIELDS = {"summary", "cause", "headline", "fix", "text"}  # attributes that hold (or word) display text
+PARSING_METHODS = {"split", "rsplit", "removeprefix", "removesuffix", "replace", "partition", "startswith", "endswith"}
+
+
+def display_text_uses(source: str, msgids: set[str]) -> list[str]:
+    """Where ``source`` compares or parses display text: a comparison with a catalogue message (or a collection of
+    them) or with a display field (``x.summary``, ``x.cause``, ...), and a string method that cuts a display field
+    (``error.summary.split(";")``). Each as ``"line N: ..."``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                if any(isinstance(i, ast.Constant) and i.value in msgids for i in items):
+                    found.append(f"line {node.lineno}: compares a message's text")
+                if isinstance(operand, ast.Attribute) and operand.attr in DISPLAY_FIELDS:
+                    found.append(f"line {node.lineno}: compares .{operand.attr}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PARSING_METHODS
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr in DISPLAY_FIELDS):
+            found.append(f"line {node.lineno}: .{node.func.value.attr}.{node.func.attr}(...) parses display text")
+    return found
+
+
+def test_no_display_text_is_compared_or_parsed_anywhere_in_the_library():
+    """Issue 34: a failure is one typed value (``causes.CauseId``, ``Diagnosis`` and ``RankFailure`` fields) worded only
+    when shown; code compares ids and fields, never the words (which change with the language and the catalogue)."""
+    msgids = {en for en, _zh in zh_entries() if " " in en}  # one word ("run", "error") also names other things
+    found = {}
+    for path in sorted((ROOT / "tutorial_lib").rglob("*.py")):
+        if "lessons" in path.parts:
+            continue
+        uses = display_text_uses(path.read_text(), msgids)
+        if uses:
+            found[str(path.relative_to(ROOT))] = uses
+    assert found == {}
+
+
+def test_the_display_text_check_finds_what_it_looks_for():
+    """The control of the test above: each kind of use it forbids, in a few lines of code, is found."""
+    source = ('if d.cause == "out of memory": pass\n'
+              'if cause.name in ("port in use", "rendezvous timeout"): pass\n'
+              'if error.summary != other: pass\n'
+              'first = summary_zh = error.summary.split(";")[0]\n'
+              'if cause.id == CauseId.OUT_OF_MEMORY: pass\n')
+    found = display_text_uses(source, {"out of memory", "port in use", "rendezvous timeout"})
+    assert sorted(found) == ["line 1: compares .cause", "line 1: compares a message's text",
+                             "line 2: compares a message's text", "line 3: compares .summary",
+                             "line 4: .summary.split(...) parses display text"], found

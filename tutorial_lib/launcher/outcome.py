@@ -5,9 +5,11 @@ stacks) and return values; the launcher decides when to draw, write and raise (`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
-from ..causes import agent_failure
+from ..causes import CauseId, agent_failure
+from ..doctor import examine
 from ..errors import LaunchError, LaunchTimeout
 from ..i18n import N_, Joined, Message, Nn_, joined
 from ..runs.rundir import LOGS, RunRecord, RunStatus
@@ -20,6 +22,8 @@ from .live import Outcome
 from .output import OutputPump
 from .plan import LOOPBACK, LaunchPlan, command_port
 from .spec import LaunchSpec
+
+log = logging.getLogger(__name__)
 
 
 def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int], port: int | None = None) -> Message | None:
@@ -34,8 +38,8 @@ def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int],
             ``master_port=None``); ``None`` when not known.
     """
     cause = agent_failure(output)  # the doctor's table of causes: one classification for both
-    kind = cause.name if cause is not None else ""
-    if kind == "rendezvous timeout":
+    kind = cause.id if cause is not None else None
+    if kind == CauseId.RENDEZVOUS_TIMEOUT:
         missing = sorted(set(range(spec.nnodes)) - set(started))
         fields = {"timeout_s": f"{spec.rendezvous_timeout_s:g}", "nnodes": spec.nnodes, "joined": len(started),
                   "missing": missing}
@@ -45,7 +49,7 @@ def explain_agent_failure(output: str, spec: LaunchSpec, started: Sequence[int],
                               "every node"), fields)
         return Message(N_("the rendezvous timed out after {timeout_s} s (rendezvous_timeout_s) waiting for {nnodes} "
                           "nodes; {joined} joined. Start the same command on every node"), fields)
-    if kind == "port in use":
+    if kind == CauseId.PORT_IN_USE:
         if spec.master_port is not None:
             return Message(N_("port {port} is already in use (EADDRINUSE) on {host}; pick another master_port, or leave "
                               "master_port=None for a free one"), {"port": spec.master_port, "host": LOOPBACK})
@@ -211,5 +215,18 @@ def stopped_outcome(plan: LaunchPlan, exc: BaseException, elapsed: float, *,
     what = (Message(N_("interrupted")) if interrupted
             else Message(N_("stopped by {error}"), {"error": type(exc).__name__}))
     status = RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED
-    return RunRecord(status, elapsed, **plan.shape(start), summary=str(what)), Outcome(status, elapsed, what)
+    stopped_by = "" if interrupted else type(exc).__name__
+    return (RunRecord(status, elapsed, **plan.shape(start), summary=str(what), stopped_by=stopped_by),
+            Outcome(status, elapsed, what))
 
+
+
+def with_diagnosis(error: LaunchError) -> LaunchError:
+    """``error`` with the doctor's report made now, once, from the run's evidence (``error.diagnosis``: what
+    ``tl.diagnose(error)`` returns without reading the run directory again). Call it after run.json is written. A
+    doctor that cannot read the run is logged and leaves ``diagnosis`` ``None``: it never hides the launch's error."""
+    try:
+        error.diagnosis = examine(error)
+    except Exception:  # noqa: BLE001
+        log.warning("the doctor could not examine %s", error.run_dir, exc_info=True)
+    return error

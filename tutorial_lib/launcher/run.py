@@ -29,7 +29,7 @@ from .devices import DevicePlan
 from .environment import build_env, set_rank_env
 from .job import LimitReached, RunningJob, start_job
 from .live import Outcome, enable_inline_figures, make_view, safe_draw
-from .outcome import failure_error, stopped_outcome, timeout_error
+from .outcome import failure_error, stopped_outcome, timeout_error, with_diagnosis
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
 from .slurm_job import plan_slurm_launch, run_slurm_plan
@@ -111,7 +111,7 @@ def run_plan(plan: LaunchPlan) -> LaunchResult:
     except BaseException as exc:
         error = _stop(job, exc)
         if error is not None:
-            raise error from None
+            raise with_diagnosis(error) from None
         raise
     finally:
         job.close()
@@ -154,7 +154,7 @@ def _finish(job: RunningJob, returncodes: dict[int, int]) -> LaunchResult:
         safe_draw(view.finish, job.sampler.rss_samples, outcome)
         record.write(plan.run_dir)
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
-        raise error
+        raise with_diagnosis(error)
     safe_draw(view.finish, job.sampler.rss_samples, Outcome(RunStatus.FINISHED, wall_time_s))
     RunRecord(RunStatus.FINISHED, wall_time_s, **plan.shape(job.start), returncode=0).write(plan.run_dir)
     return LaunchResult(run_dir=plan.run_dir, command=job.command, returncode=0, wall_time_s=wall_time_s,

@@ -51,7 +51,7 @@ from .devices import DevicePlan
 from .environment import rank_env
 from .job import STACK_DUMP_WAIT_S, LimitReached, limit_reached, sigint_deferred
 from .live import Outcome, Queued, make_view, safe_draw
-from .outcome import failure_error, stopped_outcome, timeout_error
+from .outcome import failure_error, stopped_outcome, timeout_error, with_diagnosis
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
 from .slurm_outcome import (BATCH_PREFIX, Request, SlurmJob, attach_job, cannot_start_error, failure_summary,
@@ -372,7 +372,7 @@ def run_slurm_plan(plan: SlurmPlan) -> LaunchResult:
     except BaseException as exc:
         error = _stop(job, exc)
         if error is not None:
-            raise error from None
+            raise with_diagnosis(error) from None
         raise
     finally:
         job.close()
@@ -463,4 +463,4 @@ def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
     safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, headline))
     record.write(plan.run_dir)
     safe_draw(view.fail, error)
-    raise error
+    raise with_diagnosis(error)

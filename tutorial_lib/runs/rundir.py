@@ -47,6 +47,7 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
                       ``node_ranks`` (``{N: global ranks}``, from each node's labelled lines), ``never_starts`` (the
                       pending reason it was cancelled for, if any); ``None`` otherwise
 ``submit_error``      what ``sbatch`` said when it refused the job (``status == "refused"`` only; ``""`` otherwise)
+``stopped_by``        the exception's class that stopped the launch (``status == "stopped"`` only; ``""`` otherwise)
 ====================  =====================================================================================
 """
 
@@ -297,6 +298,7 @@ class RunRecord:
     start: str = "cold"
     slurm_job: dict | None = None
     submit_error: str = ""
+    stopped_by: str = ""
 
     def write(self, run_dir: str | os.PathLike) -> Path:
         """Write ``<run_dir>/run.json``; returns its path."""
