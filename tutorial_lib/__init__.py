@@ -25,7 +25,7 @@ two-node cluster). At the top stand ``errors`` and, until they get folders of th
 (``tl.set_language``).
 """
 
-from .doctor import Diagnosis, diagnose
+from .diagnosis.doctor import Diagnosis, diagnose
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
 from .i18n import language, set_language

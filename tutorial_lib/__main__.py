@@ -8,7 +8,7 @@ import argparse
 import sys
 import time
 
-from .doctor import diagnose
+from .diagnosis.doctor import diagnose
 from .errors import ConfigError, SlurmError, SlurmUnavailable
 from .probes.env import environment_report
 from .runs.rundir import available_scripts

@@ -94,7 +94,7 @@ class LaunchError(TutorialError):
         where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
         job: the SLURM job of a launch on SLURM (``tutorial_lib.launcher.slurm_job.SlurmJob``: its id, final state
             and pending reason, nodes, each node's ranks), else ``None``.
-        diagnosis: the doctor's report (``tutorial_lib.diagnosis.Diagnosis``), made once when the launch failed, from
+        diagnosis: the doctor's report (``tutorial_lib.diagnosis.report.Diagnosis``), made once when the launch failed, from
             the ranks' evidence: ``tl.diagnose(error)`` returns it without reading the run directory again (``None``
             for an error the launcher did not raise).
         headline: the summary's first part as a gettext message (``tutorial_lib.i18n.Message``), which the live view

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.causes import CAUSES
+from tutorial_lib.diagnosis.causes import CAUSES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -87,7 +87,7 @@ def test_a_value_error_in_a_script_without_record_is_read_from_the_ranks_log(run
 def test_the_doctor_reads_a_failure_once_and_diagnose_of_the_error_reads_no_disk(run_root):
     """Issue 34: the failure is one value, made when the launch failed; ``tl.diagnose(error)`` returns it even with the
     run directory gone, and it says what the doctor reads from the folder alone. Its cause is a typed id."""
-    from tutorial_lib.causes import CauseId
+    from tutorial_lib.diagnosis.causes import CauseId
 
     e = launch_fixture(run_root, "rank_raises.py", ["1:ValueError"])
     assert e.diagnosis is not None and tl.diagnose(e) is e.diagnosis

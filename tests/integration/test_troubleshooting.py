@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.causes import CAUSES, exit_code_meaning, signal_name
+from tutorial_lib.diagnosis.causes import CAUSES, exit_code_meaning, signal_name
 from tutorial_lib.torchrun.stacks import last_traceback
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

@@ -17,19 +17,18 @@ TESTS = ROOT / "tests"
 #   torchrun/ reads torchrun's formats and imports only child/ (the rank runner's marks);
 #   errors.py holds the exception types (a LaunchError carries torchrun's RankFailure);
 #   runs/ lays out a run directory and reads a finished run into values; probes/ measures this machine's torch;
-#   the modules still flat at the top (the doctor's) beside them;
+#   i18n/ holds the language and the gettext catalogues; diagnosis/ reads a failure into one value (the doctor);
 #   notebook/ checks and shows what a cell needs (parameters, a script's listing, figures), finding scripts in runs/;
 #   planning/ predicts memory from torch in fake mode, importing lesson scripts through notebook/;
 #   slurm/ speaks SLURM (its batch script, its commands, a local cluster), checking values through notebook/;
 #   the launcher (the kernel's job control) above them; the package's face (__init__, __main__) on top.
-FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "runs": 3, "probes": 3, "i18n": 3, "notebook": 4,
-          "planning": 5,
+FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "runs": 3, "probes": 3, "i18n": 3, "diagnosis": 4,
+          "notebook": 4, "planning": 5,
           "slurm": 5, "launcher": 6, "__init__": 7, "__main__": 7}
 STILL_FLAT = 3
-# What may stand directly in tutorial_lib/: the face, the exception types, and the modules not yet in a folder
-# (the doctor's go to diagnosis/). The list may only shrink.
+# What may stand directly in tutorial_lib/: the face and the exception types; every other module is in a folder.
 AT_THE_TOP = {"__init__.py", "__main__.py", "errors.py"}
-STILL_TO_MOVE = {"causes.py", "diagnosis.py", "doctor.py"}
+STILL_TO_MOVE: set[str] = set()
 # Each folder's rule, held against its imports: the package's folders (or top modules) it may import, and the
 # outside modules it must not (no process started, nothing displayed, where the folder says so).
 STARTS_A_PROCESS = {"subprocess", "multiprocessing", "signal", "threading"}
@@ -38,6 +37,8 @@ FOLDER_RULES = {
     "runs": ({"errors", "torchrun", "runs"}, STARTS_A_PROCESS | DISPLAYS),
     "probes": ({"errors", "probes"}, STARTS_A_PROCESS | DISPLAYS),
     "i18n": ({"errors", "i18n"}, STARTS_A_PROCESS | DISPLAYS),
+    # diagnosis/ names signals (signal.Signals(9).name), it sends none
+    "diagnosis": ({"errors", "i18n", "runs", "torchrun", "diagnosis"}, (STARTS_A_PROCESS - {"signal"}) | DISPLAYS),
     "notebook": ({"errors", "runs", "notebook"}, STARTS_A_PROCESS),
     "planning": ({"errors", "runs", "notebook", "planning"}, STARTS_A_PROCESS | DISPLAYS),
     "slurm": ({"errors", "i18n", "notebook", "slurm"}, DISPLAYS),
@@ -145,7 +146,7 @@ def test_the_floors_hold_what_they_say():
     graph = import_graph()
     assert {t for m, ts in graph.items() if m.startswith("tutorial_lib.torchrun") for t in ts
             if not t.startswith(("tutorial_lib.torchrun", "tutorial_lib.child"))} == set()
-    assert {t for t in graph["tutorial_lib.doctor"] if t.startswith("tutorial_lib.launcher")} == set()
+    assert {t for t in graph["tutorial_lib.diagnosis.doctor"] if t.startswith("tutorial_lib.launcher")} == set()
 
 
 def test_only_the_face_the_errors_and_the_modules_still_to_move_stand_at_the_top():

@@ -17,7 +17,8 @@ import pytest
 import tutorial_lib as tl
 from conftest import FIXTURES
 from conftest import ROOT
-from tutorial_lib import LaunchSpec, causes, i18n
+from tutorial_lib import LaunchSpec, i18n
+from tutorial_lib.diagnosis import causes
 from tutorial_lib.i18n import LANG_ENV, N_, Message, has_cjk, notebook_language, render
 from tutorial_lib.launcher.environment import rank_env
 from tutorial_lib.launcher.live import NotebookView, Outcome, TerminalView

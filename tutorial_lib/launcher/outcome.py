@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from ..causes import CauseId, agent_failure
-from ..doctor import examine
+from ..diagnosis.causes import CauseId, agent_failure
+from ..diagnosis.doctor import examine
 from ..errors import LaunchError, LaunchTimeout
 from ..i18n import N_, Joined, Message, Nn_, joined
 from ..runs.rundir import LOGS, RunRecord, RunStatus

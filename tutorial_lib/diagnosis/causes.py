@@ -1,7 +1,7 @@
 """Known failures: the messages gloo, NCCL, torchrun, the allocators and DDP print, each with its cause, a one-line
 fix and the notebook section that shows it; and what a signal or an exit code without a traceback means.
 
-The doctor (``tutorial_lib.doctor``) matches ``CAUSES`` in priority order against a failed run's tracebacks, error
+The doctor (``tutorial_lib.diagnosis.doctor``) matches ``CAUSES`` in priority order against a failed run's tracebacks, error
 files and output. The patterns are the messages these libraries print on torch 2.8 and 2.13 (both run in CI, each
 failure of notebooks 02, 05, 06 and 07 is a test on each version); where a version drops a message the doctor also
 reads what both leave. A message torch changes makes the doctor fall back to "Python exception" or "killed by
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from .i18n import N_, Message, Nn_
+from ..i18n import N_, Message, Nn_
 
 
 class CauseId(str, Enum):

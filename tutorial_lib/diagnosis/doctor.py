@@ -5,7 +5,7 @@ left behind: torchrun's failure summary and the per-rank ``error.json`` files ``
 ``tutorial_lib.torchrun``), ``output.log`` (every rank's stdout and stderr), ``run.json`` and the per-rank
 metrics. It names the rank that failed first, its exit code (and the signal behind a negative one), the last
 lines of its traceback, the last step every rank logged, and a suspected cause: the first of the known messages
-(``tutorial_lib.causes``) that the evidence holds, each with a one-line fix and the notebook that shows it.
+(``tutorial_lib.diagnosis.causes``) that the evidence holds, each with a one-line fix and the notebook that shows it.
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
+from ..i18n import Message
+from ..runs.metrics import last_steps as logged_last_steps
+from ..runs.printed_metrics import last_printed_steps
+from ..runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
+from ..torchrun.attempts import attempts, read_error_file
+from ..torchrun.noise import NoiseFilter
+from ..torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause
+from ..torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
+from ..torchrun.tee import RankTails, rank_lines
 from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
                      NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
                      SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
-from .diagnosis import COLLECTIVE_FRAME, Diagnosis
-from .errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
-from .i18n import Message
-from .runs.metrics import last_steps as logged_last_steps
-from .runs.printed_metrics import last_printed_steps
-from .runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
-from .torchrun.attempts import attempts, read_error_file
-from .torchrun.noise import NoiseFilter
-from .torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause
-from .torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
-from .torchrun.tee import RankTails, rank_lines
+from .report import COLLECTIVE_FRAME, Diagnosis
 
 
 # C++ log lines (TORCH_CPP_LOG_LEVEL=INFO: "[I1130 03:28:12.47 file.cpp:887] ..."), the fingerprints

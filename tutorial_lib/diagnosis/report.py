@@ -1,4 +1,4 @@
-"""The doctor's report: ``Diagnosis``, what went wrong in a run in a few lines (``tutorial_lib.doctor`` fills it)."""
+"""The doctor's report: ``Diagnosis``, what went wrong in a run in a few lines (``tutorial_lib.diagnosis.doctor`` fills it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..i18n import Joined, Message, _, ngettext, render
 from .causes import CauseId, cause_message
-from .i18n import Joined, Message, _, ngettext, render
 
 # A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
 # checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
