@@ -159,7 +159,8 @@ def test_the_red_box_names_the_cause_of_a_failure_and_where_ranks_were_at_a_time
     assert "rank 0 at step 7, rank 1 at step 3" in box and f"full logs in {tmp_path}: output.log" in box
     timeout = tl.LaunchTimeout("t.py timed out after 5 s (limit timeout_s) and was stopped; ranks still running: [0, 1]",
                                timeout_s=5, last_steps={0: 7, 1: 3}, run_dir=tmp_path, command=["t"], returncode=None,
-                               output_tail=["an unrelated last line"])
+                               output_tail=["an unrelated last line"],
+                               headline="t.py timed out after 5 s (limit timeout_s) and was stopped")  # as launched
     view.fail(timeout)
     box = view._alert.value
     assert "t.py timed out after 5 s (limit timeout_s) and was stopped<" in box and "unrelated" not in box
