@@ -247,3 +247,32 @@ def test_library_functions_stay_short():
                 lengths[f"{path.relative_to(PACKAGE)}:{node.name}"] = node.end_lineno - node.lineno + 1
     assert lengths["launcher/run.py:run_plan"] < 60, lengths["launcher/run.py:run_plan"]
     assert {name: n for name, n in lengths.items() if n > 80} == {}
+
+
+# What marks a pattern as one of torchrun's (or Python's, or the process groups') output formats.
+TORCHRUN_FORMAT_MARKS = (r"\[rank", 'File "', "Traceback", "Thread 0x", "Fatal Python error", "CollectiveFingerPrint",
+                         r"\[Gloo\]", "Error|Exception", "--nproc", "error.json", r"\[default", "ChildFailedError")
+REGEX_CALLS = {"compile", "search", "match", "fullmatch", "findall", "finditer", "sub", "split"}
+
+
+def torchrun_format_patterns(source: str) -> list[str]:
+    """The regular expressions in ``source`` (``re.compile(...)`` and the other ``re`` calls) that spell one of
+    torchrun's text formats (``TORCHRUN_FORMAT_MARKS``), as ``"line N: pattern"``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in REGEX_CALLS
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                and any(mark in node.args[0].value for mark in TORCHRUN_FORMAT_MARKS)):
+            found.append(f"line {node.lineno}: {node.args[0].value}")
+    return found
+
+
+def test_torchruns_text_formats_are_spelled_only_in_torchrun():
+    """Issue 34: a change in what torchrun or Python prints is one edit in torchrun/ (formats.py), not a search through
+    the launcher, the doctor and the run readers."""
+    found = {str(p.relative_to(ROOT)): torchrun_format_patterns(p.read_text()) for p in library_files()
+             if not {"torchrun", "lessons", "child"} & set(p.relative_to(PACKAGE).parts)}
+    assert {name: patterns for name, patterns in found.items() if patterns} == {}
+    control = 'import re\nLABEL = re.compile(r"^\\[rank(\\d+)\\]:")\nOK = re.compile(r"step (\\d+)")\n'
+    assert torchrun_format_patterns(control) == ["line 2: ^\\[rank(\\d+)\\]:"], "the check finds a rank label"

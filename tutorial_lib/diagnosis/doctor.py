@@ -11,7 +11,6 @@ lines of its traceback, the last step every rank logged, and a suspected cause: 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from ..runs.metrics import last_steps as logged_last_steps
 from ..runs.printed_metrics import last_printed_steps
 from ..runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
 from ..torchrun.attempts import attempts, read_error_file
+from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, FAULTHANDLER_FRAME, NPROC_PER_NODE_ARG,
+                                SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_START)
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause
 from ..torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
@@ -31,17 +32,6 @@ from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FIN
 from .report import COLLECTIVE_FRAME, Diagnosis
 
 
-# C++ log lines (TORCH_CPP_LOG_LEVEL=INFO: "[I1130 03:28:12.47 file.cpp:887] ..."), the fingerprints
-# TORCH_DISTRIBUTED_DEBUG=DETAIL logs for every collective and gloo's connection report (torch 2.8) are noise
-# for the doctor, not evidence.
-_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[IWV]\d{4} |Running collective: CollectiveFingerPrint|"
-                    r"^\[Gloo\] Rank \d+ is connected to")
-_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
-# Python's report of a file it cannot parse: '  File "train.py", line 12' (no ", in function": no frame ran), the
-# line, a caret, then the error; a traceback ends so when the file is a module the script imports.
-_SYNTAX_LINE = re.compile(r"^\s*(SyntaxError|IndentationError|TabError): ")
-_SYNTAX_FILE = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)\s*$')
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|[\w.]*(Error|Exception)):")
 
 
 def _error_files(run_dir: Path) -> dict[int | None, str]:
@@ -59,7 +49,7 @@ def _error_files(run_dir: Path) -> dict[int | None, str]:
 def _exception_line(traceback: str) -> str:
     """The ``SomeError: message`` line of a traceback (the last one), or its last non-empty line."""
     lines = [line.strip() for line in traceback.splitlines() if line.strip()]
-    exceptions = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    exceptions = [line for line in lines if EXCEPTION_LINE.match(line)]
     return exceptions[-1] if exceptions else (lines[-1] if lines else "")
 
 
@@ -112,7 +102,7 @@ def _ranks_on_this_machine(run_dir: Path, record: RunRecord | None) -> int | Non
     if record is not None and isinstance(record.nproc_per_node, int):
         return record.nproc_per_node * int(record.nnodes or 1)
     try:
-        counts = re.findall(r"--nproc[-_]per[-_]node[ =](\d+)", (run_dir / COMMAND_TXT).read_text())
+        counts = NPROC_PER_NODE_ARG.findall((run_dir / COMMAND_TXT).read_text())
     except OSError:
         return None
     return sum(map(int, counts)) if counts else None
@@ -168,7 +158,7 @@ def _split_ranks(output: str) -> _RankOutput:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
         ranks.tails.add(rank, text)
         ranks.by_rank.setdefault(rank, []).append(text)
-        if not _NOISE.search(text):
+        if not DOCTOR_NOISE.search(text):
             ranks.lines.append(text)
     return ranks
 
@@ -177,7 +167,7 @@ def _run_failed(error: LaunchError | None, timed_out: bool, failure: RankFailure
                 error_files: dict[int | None, str], output: str) -> bool:
     """Whether anything says the run failed: an error, a timeout, a root cause, an error file, a traceback."""
     return (error is not None or timed_out or failure is not None or bool(error_files)
-            or "ChildFailedError" in output or re.search(r"^Traceback", output, re.M) is not None)
+            or CHILD_FAILED in output or TRACEBACK_START.search(output) is not None)
 
 
 def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
@@ -204,7 +194,7 @@ def _error_line(failure: RankFailure, timed_out: bool, lines: list[str]) -> str:
     """The root cause's exception line; when no rank failed (torchrun itself did), torchrun's own last one."""
     error_line = _exception_line(failure.traceback) if failure.traceback else ""
     if not error_line and failure.rank is None and not timed_out:  # torchrun's own traceback is in the output
-        torchrun_errors = [t for t in lines if _EXCEPTION_LINE.match(t.strip()) and "ChildFailedError" not in t]
+        torchrun_errors = [t for t in lines if EXCEPTION_LINE.match(t.strip()) and CHILD_FAILED not in t]
         error_line = torchrun_errors[-1].strip() if torchrun_errors else ""
     return error_line
 
@@ -229,7 +219,7 @@ def _failed_diagnosis(run_dir: Path, error: LaunchError | None, record: RunRecor
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps,
         where=_where(run_dir, error, record, ranks.ranked, failure, timed_out), timeout_s=timeout_s, limit=limit,
         raised=failure.raised, signals=failure.signals, finished=failure.finished,
-        stack=[f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in map(_FRAME.match, fatal.splitlines())
+        stack=[f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in map(FAULTHANDLER_FRAME.match, fatal.splitlines())
                if m],
     )
 
@@ -288,10 +278,10 @@ def _syntax_cause(diagnosis: Diagnosis, failure: RankFailure) -> bool:
     itself: Python prints no traceback, so @record writes no error file) the last line of its log."""
     lines = (failure.traceback or "").splitlines() or list(failure.log_tail)
     last = _exception_line("\n".join(lines)) if failure.traceback else last_meaningful_line(lines)
-    if not _SYNTAX_LINE.match(last):
+    if not SYNTAX_ERROR_LINE.match(last):
         return False
     end = max(i for i, line in enumerate(lines) if line.strip() == last)
-    where = next((m for m in map(_SYNTAX_FILE.match, reversed(lines[:end])) if m), None)
+    where = next((m for m in map(SYNTAX_FILE_LINE.match, reversed(lines[:end])) if m), None)
     if where is None:
         return False
     diagnosis.cause_id, diagnosis.evidence = CauseId.SYNTAX_ERROR, f"{where['path']}, line {where['line']}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import re
 import shlex
 import signal
 import socket
@@ -28,6 +27,7 @@ from ..errors import ConfigError
 from ..runs.metrics import JsonlTail
 from ..runs.printed_metrics import PrintedMetricsWriter, compile_loss_pattern
 from ..runs.rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
+from ..torchrun.formats import STACK_LINE
 from . import warm
 from .live import safe_draw
 from .output import OutputPump, ThrottledPrinter
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 STACK_DUMP_WAIT_S = 10.0  # the longest wait for every rank's stack; ends 0.5 s after the last rank answered
-_STACK_LINE = re.compile(r'^(Current thread 0x|Thread 0x|\s+File "|\s*$)')
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -281,7 +280,7 @@ class RunningJob:
                 break
         stacks: dict[int, list[str]] = {}
         for rank, text in ranked[mark:]:
-            if rank in targets and _STACK_LINE.match(text):
+            if rank in targets and STACK_LINE.match(text):
                 stacks.setdefault(rank, []).append(text)
         return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
 

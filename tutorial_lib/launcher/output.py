@@ -10,7 +10,6 @@ so a chatty script cannot flood the notebook or hit papermill's IOPub limits.
 from __future__ import annotations
 
 import queue
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -18,11 +17,11 @@ from pathlib import Path
 from typing import TextIO
 
 from ..runs.rundir import OUTPUT_LOG
+from ..torchrun.formats import ERROR_LINE
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.tee import RankTails, Redraws, TeeSplitter, split_rank_prefix
 
 # The line that says what went wrong: shown even when the screen's line budget is spent.
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b.*: |^Fatal Python error")
 
 
 class ThrottledPrinter:
@@ -63,7 +62,7 @@ class ThrottledPrinter:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.last_refill) * self.rate)
         self.last_refill = now
-        if self.tokens < 1 and not force and not _ERROR_LINE.match(text):  # an error line always gets through
+        if self.tokens < 1 and not force and not ERROR_LINE.match(text):  # an error line always gets through
             self.suppressed += 1
             self._behind[rank] = self._behind.get(rank, 0) + 1
             return

@@ -46,6 +46,7 @@ from ..runs.metrics import JsonlTail
 from ..runs.rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
 from ..slurm.commands import (JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, node_cpus, run_slurm,
                               submit)
+from ..torchrun.formats import RANK_LABEL
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
 from .devices import DevicePlan
 from .environment import rank_env
@@ -60,7 +61,6 @@ from .spec import LaunchResult, LaunchSpec
 
 JOB_SCRIPT = "job.sh"
 CANCEL_TIMEOUT_S = 120.0  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
-_LABEL = re.compile(r"^\[rank(\d+)\]:")
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class SubmittedJob:
                     self.pump.transcript.append(BATCH_PREFIX + line)
                     self.printer.note(f"job {self.job_id} batch script: {line}")
                     continue
-                if (label := _LABEL.match(line)) is not None:
+                if (label := RANK_LABEL.match(line)) is not None:
                     self.node_ranks[node].add(int(label.group(1)))
                 self.pump.take(node, line)
         return got

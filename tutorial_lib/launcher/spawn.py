@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import re
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from ..errors import ConfigError
+from ..torchrun.formats import EXCEPTION_LINES
 from .processes import is_alive
 
 
@@ -133,7 +133,7 @@ def spawn_with_timeout(fn: Callable, args: Sequence[object] = (), nprocs: int = 
     return SpawnOutcome(pids=[p.pid for p in context.processes],
                         exit_codes={i: p.exitcode for i, p in enumerate(context.processes)}, error=error,
                         timed_out=timed_out, left_running=left_running, wall_time_s=time.monotonic() - started,
-                        child_errors=re.findall(r"^(?:\w+\.)*\w+(?:Error|Exception|Interrupt|Exit)\b.*$", stderr, re.M),
+                        child_errors=EXCEPTION_LINES.findall(stderr),
                         stderr=stderr)
 
 

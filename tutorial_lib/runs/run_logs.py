@@ -16,6 +16,7 @@ from typing import NamedTuple
 from ..errors import ConfigError
 from .rundir import LOGS, OUTPUT_LOG, node_log_dirs
 from ..torchrun.attempts import attempts, last_attempt_error_files, read_error_file
+from ..torchrun.formats import COLLECTIVE_FINGERPRINT, FAULTHANDLER_FRAME
 from ..torchrun.root_cause import AGENT_FAILED, PEER_LOST
 from ..torchrun.tee import rank_lines
 
@@ -85,7 +86,6 @@ class FatalError(NamedTuple):
     function: str  # the innermost Python function on the stack ("" if none was printed)
 
 
-_FRAME = re.compile(r'^\s*File ".*", line \d+ in (?P<function>\S+)')
 
 
 def fatal_errors(run_dir: str | os.PathLike) -> list[FatalError]:
@@ -97,16 +97,12 @@ def fatal_errors(run_dir: str | os.PathLike) -> list[FatalError]:
         if text.startswith("Fatal Python error: "):
             pending[rank] = len(found)
             found.append(FatalError(rank, text.removeprefix("Fatal Python error: ").strip(), ""))
-        elif rank in pending and (frame := _FRAME.match(text)):
+        elif rank in pending and (frame := FAULTHANDLER_FRAME.match(text)):
             index = pending.pop(rank)
             found[index] = found[index]._replace(function=frame["function"])
     return found
 
 
-# TORCH_DISTRIBUTED_DEBUG=DETAIL's error: "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=9,
-# OpType=ALLREDUCE, TensorShape=[64, 64], ..." (what it decodes of the peer's call can be garbled: not read here).
-_FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
-                          r"OpType=(?P<op>\w+), TensorShape=\[(?P<shape>[\d, ]*)\]")
 
 
 def collective_fingerprints(run_dir: str | os.PathLike) -> list[tuple[int, str, tuple[int, ...]]]:
@@ -114,7 +110,7 @@ def collective_fingerprints(run_dir: str | os.PathLike) -> list[tuple[int, str, 
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` found a mismatch (``<run_dir>/output.log``); a scalar's shape is ``()``."""
     text = read_output_log(run_dir)
     return sorted({(int(m["rank"]), m["op"], tuple(int(n) for n in m["shape"].split(",") if n.strip()))
-                   for m in _FINGERPRINT.finditer(text)})
+                   for m in COLLECTIVE_FINGERPRINT.finditer(text)})
 
 
 def count_log_matches(run_dir: str | os.PathLike, patterns: Mapping[str, str]) -> dict[str, int]:
