@@ -225,7 +225,8 @@ class Message:
 
 @dataclass(frozen=True)
 class Joined:
-    """Texts shown one after the other, with a separator message between them (``N_(", ")``; ``N_("")`` for none)."""
+    """Texts shown one after the other, with a separator message between them (``", "``, worded as any message;
+    ``""`` for none)."""
 
     parts: tuple
     sep: str = ""
