@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tutorial_lib as tl  # noqa: E402
-from tutorial_lib import metrics as metrics_schema  # noqa: E402
+from tutorial_lib.runs import metrics as metrics_schema  # noqa: E402
 from tutorial_lib.launcher.devices import DevicePlan  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 from tutorial_lib.notebook.parameters import check_positive_int  # noqa: E402
