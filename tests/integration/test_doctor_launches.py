@@ -164,10 +164,17 @@ def test_a_long_printing_ranks_last_lines_are_always_shown(run_root, capsys):
     tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, live="text", timeout_s=120))
     out = capsys.readouterr().out.splitlines()
     assert len(out) < 1000, len(out)
-    end = next(i for i, line in enumerate(out) if "the last lines of each rank:" in line)
+    end = next(i for i, line in enumerate(out) if "the last lines of each rank:" in line)  # lines were held back
+    held = re.match(r"\[launcher\] (\d+) line\(s\) not shown", out[end])
+    assert held is not None and int(held[1]) > 0, out[end]
     for rank in (0, 1):
-        assert f"[rank {rank}] rank {rank} final loss 0.125" in out[end:], out[end:]
-        assert f"[rank {rank}] rank {rank} line 99999" in out[end:]
+        # A rank's last line is shown live when the budget allows it, else in the end section: never lost. Which of
+        # the two depends on how fast this machine printed (CI once had rank 0's "line 99999" live, its final line
+        # at the end), so the test asks for the last line, in order after the rank's other shown lines.
+        final = f"[rank {rank}] rank {rank} final loss 0.125"
+        assert final in out, out[-12:]
+        shown = [i for i, line in enumerate(out) if line.startswith(f"[rank {rank}] rank {rank} ")]
+        assert shown[-1] == max(i for i, line in enumerate(out) if line == final), "the final line is the rank's last"
 
 
 def test_a_timeout_shows_the_learners_frames_not_the_runners(run_root):
