@@ -126,6 +126,8 @@ def init(lang: str, locale_dir: Path = LOCALE_DIR) -> Path:
     """A new catalogue for ``lang`` with every message to translate; an existing one is never overwritten."""
     if not re.fullmatch(r"[a-z]{2,3}(_[A-Z]{2})?", lang):
         raise SystemExit(f"language {lang!r}: use a code such as 'ja', 'fr' or 'pt_BR'")
+    if lang == "en":
+        raise SystemExit("'en' is the messages' own language (the msgids): it needs no catalogue")
     path = catalogue_path(lang, locale_dir)
     if path.exists():
         raise SystemExit(f"{path} exists already: python scripts/catalogue.py update adds new messages to it")

@@ -20,9 +20,9 @@ machine's torch in the kernel (``env``, ``precision``, ``attention``); ``noteboo
 needs (``parameters``, ``script_source``, ``plots``: data in, figure out); ``planning/`` predicts a training step's
 memory before anything launches (``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored
 table); ``slurm/`` speaks SLURM (``batch``: the batch script and per-node commands, as text; ``commands``; a local
-two-node cluster). At the top stand ``errors`` and, until they get folders of their own, the doctor (``doctor``,
-``diagnosis``, ``causes``, ``causes_zh``) and ``i18n``, the language the doctor's report and the live view speak
-(``tl.set_language``).
+two-node cluster, its owner and watchdog); ``diagnosis/`` reads a failure into one value (``causes``: ``CauseId`` and
+the known failures; ``doctor``; ``report``: ``Diagnosis``); ``i18n/`` holds the language the doctor's report and the
+live view speak (``tl.set_language``) and the gettext catalogues that word them. At the top stands only ``errors``.
 """
 
 from .diagnosis.doctor import Diagnosis, diagnose

@@ -130,5 +130,5 @@ def test_a_lessons_run_directory_is_told_from_a_learners_folder(tmp_path):
     made = tl.new_run_dir("mine", tmp_path)
     (made / "mine.py").write_text("print('mine')\n")
     assert is_lesson_run_dir(made), "a script of one's own copied into a folder new_run_dir made for it"
-    (made / "data.txt").write_text("1\n")
-    assert not is_lesson_run_dir(made), "with a data file beside it, the folder holds the learner's files"
+    (made / "grads").mkdir()  # a lesson's own output folder (--save-grads-dir grads): still its run directory
+    assert is_lesson_run_dir(made), "a folder new_run_dir made stays a run directory (a second launch is refused)"

@@ -60,8 +60,8 @@ def check_language(lang: object, source: str = "language") -> str:
     """``lang`` if it is one of ``languages()``, else a ``ConfigError`` naming it (``source``: where it came from)."""
     known = languages()
     if lang not in known:
-        raise ConfigError(f"{source} must be one of {', '.join(map(repr, known))} ('en' English, 'zh' Chinese; another "
-                          f"language needs a catalogue in {active_locale_dir()}), got {lang!r}")
+        raise ConfigError(f"{source} must be one of {', '.join(map(repr, known))} (a language other than English needs "
+                          f"a catalogue in {active_locale_dir()}: python scripts/catalogue.py init LANG), got {lang!r}")
     return lang
 
 

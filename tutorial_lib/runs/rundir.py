@@ -113,20 +113,22 @@ def launch_outputs_in(run_dir: str | os.PathLike) -> list[str]:
 
 
 def is_lesson_run_dir(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` is a run directory made for the script in it: it holds scripts (copies of shipped ones, as
-    ``write_script`` puts them there; in a folder ``new_run_dir`` made, any ``.py``) and nothing else but what a launch
-    of them writes (``LAUNCH_OUTPUTS``, ``checkpoints/``: a second launch there is refused). A folder holding anything
-    else (a learner's project: ``train.py`` beside ``data/``, their own ``output.log``) is not: ``launch`` gives a
-    script there a fresh run directory, so nothing the launcher writes lands beside the learner's files.
+    """Whether ``folder`` is a run directory made for the script in it: a folder ``new_run_dir`` made (its
+    ``<stamp>-<label>`` name), whatever a launch or the learner left in it since (a second launch there is refused);
+    or a folder holding only copies of shipped scripts (``write_script``'s) and what a launch of them writes
+    (``LAUNCH_OUTPUTS``, ``checkpoints/``). A folder holding anything else (a learner's project: ``train.py``
+    beside ``data/``, their own ``output.log``) is not: ``launch`` gives a script there a fresh run directory, so
+    nothing the launcher writes lands beside the learner's files.
 
     Args:
         folder: an existing folder (a script's parent). Hidden entries and ``__pycache__`` are not counted.
     """
     folder = Path(folder)
+    if _STAMPED_RE.match(folder.name) is not None:
+        return True
     lessons, outputs = set(available_scripts()), {*LAUNCH_OUTPUTS, CHECKPOINTS_SUBDIR}
-    made_by_new_run_dir = _STAMPED_RE.match(folder.name) is not None
     names = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != "__pycache__"]
-    scripts = [p for p in names if p.suffix == ".py" and p.is_file() and (made_by_new_run_dir or p.stem in lessons)]
+    scripts = [p for p in names if p.suffix == ".py" and p.is_file() and p.stem in lessons]
     return bool(scripts) and all(p in scripts or p.name in outputs for p in names)
 
 
