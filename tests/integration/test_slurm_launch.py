@@ -197,6 +197,9 @@ def test_a_job_asking_more_cpus_per_task_than_a_node_has_is_cancelled_within_sec
                              "SlurmSpec.cpus_per_task=64, but the partition's nodes have at most 2 CPUs")
     assert error.headline.render("zh").endswith("要让它启动：每个任务最多请求 2 个 CPU：SlurmSpec.cpus_per_task=64，而分区中的"
                                                  "节点最多只有 2 个 CPU"), error.headline.render("zh")
+    from tutorial_lib.diagnosis.causes import CauseId  # the doctor names it, from the error and from the folder alike
+
+    assert tl.diagnose(error).cause_id == tl.diagnose(error.run_dir).cause_id == CauseId.SLURM_NEVER_STARTS
     assert_nothing_left(slurm_cluster, error.run_dir)
 
 

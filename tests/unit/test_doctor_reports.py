@@ -253,3 +253,28 @@ def test_metrics_are_still_read_from_json_or_printed_points(tmp_path):
     for r in (0, 1):
         (run_dir / "metrics" / f"rank{r}.jsonl").write_text(json.dumps({"step": 5, "rank": r, "loss_local": 0.1}) + "\n")
     assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [5, 5], "metrics JSON wins"
+
+
+def test_a_slurm_job_that_could_never_start_is_named_from_the_folder_alone(tmp_path):
+    """A fresh user's report: the doctor said "unknown" (from the error) and "holds an empty output.log" (from the
+    folder) for a job the launcher cancelled as never able to start (run.json: slurm_job.never_starts)."""
+    from tutorial_lib.diagnosis.causes import CauseId
+
+    run_dir = tmp_path / "20261202-063000-ddp_train"
+    run_dir.mkdir()
+    for name, text in (("command.txt", "cd x && sbatch --parsable job.sh\n"), ("job.sh", "#!/bin/bash\n"),
+                       ("output.log", "")):
+        (run_dir / name).write_text(text)
+    summary = ("ddp_train.py cannot start: SLURM job 7 was pending with reason PartitionConfig (...); it was cancelled "
+               "(scancel); to start it, ask for at most 2 CPUs per task")
+    RunRecord(RunStatus.FAILED, 0.05, summary=summary, slurm_job={"job_id": 7, "state": "CANCELLED",
+                                                                   "never_starts": "PartitionConfig"}).write(run_dir)
+    d = tl.diagnose(run_dir)
+    assert (d.failed, d.cause_id, d.cause, d.evidence) == (True, CauseId.SLURM_NEVER_STARTS,
+                                                           "the SLURM job can never start (PartitionConfig)", summary)
+    assert "SlurmSpec" in d.fix and "(06, section 6)" in d.fix
+    tl.set_language("zh")
+    assert "永远无法启动（PartitionConfig）" in str(d) and "见 06 第 6 节" in str(d)
+    (run_dir / "run.json").unlink()  # the control: without run.json the folder says nothing of the job
+    with pytest.raises(tl.ConfigError, match="holds an empty output.log and no logs/"):
+        tl.diagnose(run_dir)

@@ -46,6 +46,7 @@ class CauseId(str, Enum):
     STOPPED = "stopped"
     SYNTAX_ERROR = "syntax_error"
     SBATCH_REFUSED = "sbatch_refused"
+    SLURM_NEVER_STARTS = "slurm_never_starts"  # field: reason (squeue's pending reason)
     UNKNOWN = "unknown"
     NONE = "none"  # the run finished
 
@@ -275,6 +276,11 @@ REFUSED_CAUSE = N_("sbatch refused the job")
 REFUSED_FIX = N_("nothing ran, so output.log is empty and there is no logs/: change what sbatch's message names in the "
                  "launch's SlurmSpec (a --cpus-per-task, --mem or --gres no node has, an unknown --partition, --account "
                  "or --qos in sbatch_args) and launch again; `sinfo -N -o '%N %c %m %G'` lists what each node has")
+# A SLURM job pending for a reason after which it cannot start as submitted (the launcher cancelled it).
+NEVER_STARTS_FIX = N_("no rank ran: SLURM kept the job pending for a reason it cannot outgrow, and the launcher cancelled "
+                      "it; change what the evidence names in the launch's SlurmSpec (cpus_per_task, nnodes, time_limit, "
+                      "or the --constraint, --account or --qos in sbatch_args) and launch again; `sinfo -N -o '%N %c %m "
+                      "%G'` lists what each node has (06, section 6)")
 # Python could not parse a file: the script itself (no traceback: Python prints only the file, the line and a caret)
 # or a module it imports (a traceback ending in the SyntaxError).
 SYNTAX_CAUSE = N_("syntax error")
@@ -334,6 +340,7 @@ CAUSE_NAMES = {
     CauseId.STOPPED: STOPPED_CAUSE,
     CauseId.SYNTAX_ERROR: SYNTAX_CAUSE,
     CauseId.SBATCH_REFUSED: REFUSED_CAUSE,
+    CauseId.SLURM_NEVER_STARTS: N_("the SLURM job can never start ({reason})"),
     CauseId.UNKNOWN: N_("unknown"),
     CauseId.NONE: N_("none"),
 } | {cause.id: cause.name for cause in CAUSES}

@@ -27,7 +27,7 @@ from ..torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, fi
 from ..torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
 from ..torchrun.tee import RankTails, rank_lines
 from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
-                     NCCL_TIMEOUT, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
+                     NCCL_TIMEOUT, NEVER_STARTS_FIX, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
                      SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
 from .report import COLLECTIVE_FRAME, Diagnosis
 
@@ -353,6 +353,14 @@ def _refused_diagnosis(run_dir: Path, record: RunRecord) -> Diagnosis:
                      evidence=record.submit_error, fix_text=Message(REFUSED_FIX))
 
 
+def _never_started_diagnosis(run_dir: Path, reason: str, summary: str) -> Diagnosis:
+    """The report of a SLURM job the launcher cancelled because it was pending for a reason after which it can never
+    start (run.json's ``slurm_job.never_starts``): no rank ran; the launcher's summary, which names what to change, is
+    the evidence."""
+    return Diagnosis(run_dir=run_dir, failed=True, cause_id=CauseId.SLURM_NEVER_STARTS,
+                     cause_fields={"reason": reason}, evidence=summary, fix_text=Message(NEVER_STARTS_FIX))
+
+
 def diagnose(run: str | os.PathLike | LaunchError) -> Diagnosis:
     """Summarise a failed run: who failed first, how, where every rank was, the suspected cause and the fix.
 
@@ -393,6 +401,10 @@ def examine(run: str | os.PathLike | LaunchError) -> Diagnosis:
         refused = RunRecord.read(run_dir)
         if refused is not None and refused.status == RunStatus.REFUSED:
             return _refused_diagnosis(run_dir, refused)
+        if refused is not None and (refused.slurm_job or {}).get("never_starts"):
+            return _never_started_diagnosis(run_dir, refused.slurm_job["never_starts"], refused.summary)
+    elif getattr(getattr(error, "job", None), "never_starts", None) is not None:
+        return _never_started_diagnosis(run_dir, error.job.never_starts.value, error.summary)
     output = _read_output(run_dir, error)
     # run.json: a timeout is diagnosed from the folder alone, a run finished after a restart by what it recovered from
     record = RunRecord.read(run_dir) if error is None else None
