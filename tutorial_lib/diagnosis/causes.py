@@ -11,12 +11,12 @@ signal", never to a wrong specific cause on purpose.
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 from ..i18n import N_, Message, Nn_
+from ..torchrun.root_cause import signal_name
 
 
 class CauseId(str, Enum):
@@ -290,16 +290,6 @@ SYNTAX_FIX = (N_("Python could not parse {path}, line {line}: correct that line 
 HANG_FIX = (N_("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
                 "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
                 "(07, section 1 'Hang')"))
-
-
-def signal_name(exit_code: int | None) -> str | None:
-    """``"SIGKILL"`` for exit code -9 (torchrun reports a worker killed by signal N as -N); else ``None``."""
-    if exit_code is None or exit_code >= 0:
-        return None
-    try:
-        return signal.Signals(-exit_code).name
-    except ValueError:
-        return f"signal {-exit_code}"
 
 
 def exit_code_meaning(code: int) -> Message:

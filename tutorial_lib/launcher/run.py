@@ -66,12 +66,20 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     """
     fresh = fresh_run_dir_for(spec)
     if fresh is None:
-        plan = plan_slurm_launch(spec) if spec.slurm is not None else plan_launch(spec)
-    else:
-        with removed_if_refused(fresh):
-            spec = dataclasses.replace(spec, run_dir=fresh)
-            plan = plan_slurm_launch(spec) if spec.slurm is not None else plan_launch(spec)
-    return run_slurm_plan(plan) if spec.slurm is not None else run_plan(plan)
+        return _run_any(_plan_any(spec))
+    with removed_if_refused(fresh):
+        plan = _plan_any(dataclasses.replace(spec, run_dir=fresh))
+    return _run_any(plan)
+
+
+def _plan_any(spec: LaunchSpec):
+    """The plan of ``spec``: a SLURM submission's (``plan_slurm_launch``) or a local launch's (``plan_launch``)."""
+    return plan_slurm_launch(spec) if spec.slurm is not None else plan_launch(spec)
+
+
+def _run_any(plan) -> LaunchResult:
+    """Run a plan ``_plan_any`` made, on SLURM or here."""
+    return run_slurm_plan(plan) if plan.spec.slurm is not None else run_plan(plan)
 
 
 def fresh_run_dir_for(spec: LaunchSpec) -> Path | None:
@@ -198,14 +206,14 @@ def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_d
         with removed_if_refused(run_dir):
             path = write_script(stem, run_dir)
             launch_spec = LaunchSpec(path, args=args, **spec)
-            plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
+            plan = _plan_any(launch_spec)
             check_script_args(path, plan.spec.args)
-        return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
+        return _run_any(plan)
     run_dir = new_run_dir(label or _run_label(own.stem), runs_dir)
     with removed_if_refused(run_dir):
         launch_spec = LaunchSpec(own, args=args, run_dir=run_dir, **spec)
-        plan = plan_slurm_launch(launch_spec) if launch_spec.slurm is not None else plan_launch(launch_spec)
-    return run_slurm_plan(plan) if launch_spec.slurm is not None else run_plan(plan)
+        plan = _plan_any(launch_spec)
+    return _run_any(plan)
 
 
 def own_script(script: str | os.PathLike) -> Path | None:

@@ -72,7 +72,7 @@ class RankEnd:
     @property
     def signal(self) -> str | None:
         """``"SIGSEGV"`` for exit code -11; ``None`` for other exit codes."""
-        return _signal_name(self.exit_code)
+        return signal_name(self.exit_code)
 
 
 @dataclass
@@ -102,7 +102,7 @@ class RankFailure:
     @property
     def signal(self) -> str | None:
         """The signal behind a negative exit code (``"SIGSEGV"``), else ``None``."""
-        return _signal_name(self.exit_code)
+        return signal_name(self.exit_code)
 
     @property
     def raised(self) -> list[int]:
@@ -155,7 +155,8 @@ PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Brok
 _TORCH_LABEL = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")  # torch.distributed's excepthook labels traceback lines
 
 
-def _signal_name(exit_code: int | None) -> str | None:
+def signal_name(exit_code: int | None) -> str | None:
+    """``"SIGKILL"`` for exit code -9 (torchrun reports a worker killed by signal N as -N); else ``None``."""
     if exit_code is None or exit_code >= 0:
         return None
     try:
