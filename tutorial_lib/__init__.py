@@ -43,11 +43,13 @@ from .notebook.plots import (plot_bandwidth, plot_compare, plot_index_assignment
                              plot_reshard_tradeoff, plot_resume, plot_run, plot_tensor_bytes, plot_timeline,
                              plot_tradeoff)
 from .notebook.script_source import import_script, show_script
-from .planning import memory_plan  # tl.memory_plan.table_args, which notebook 11 calls
+from .planning import hf_plan, memory_plan  # tl.memory_plan.table_args (notebook 11), tl.hf_plan (notebook 13)
 from .planning.memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
 from .planning.memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory,
                                    read_memory_snapshots, read_memory_table)
 from .planning.memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
+from .planning.hf_plan import (HF_LAYOUTS, gpu_prediction_bytes, host_bytes, load_hf_config, plan_hf, read_hf_table,
+                               recommend_layout)
 from .probes.attention import sdpa_backends
 from .probes.env import EnvironmentReport, environment_report
 from .probes.precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
@@ -84,6 +86,8 @@ __all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "ord
 __all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "memory_table", "plan_memory",
             "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
 __all__ += ["TP_LAYOUTS", "compare_tp_plan", "plan_tp_memory", "read_tp_memory"]  # memory_plan_tp: the same for TP
+__all__ += ["HF_LAYOUTS", "gpu_prediction_bytes", "host_bytes", "load_hf_config", "plan_hf", "read_hf_table",
+            "recommend_layout"]  # hf_plan: your Hugging Face model on your GPUs (train_hf.py's step, fake mode)
 __all__ += ["import_script", "FatalError", "agent_failures", "collective_fingerprints", "count_log_matches", "fatal_errors",
             "lost_connection", "rank_errors"]  # run_logs: what a run's logs say
 __all__ += ["enable_inline_figures", "setup_notebook"]  # the notebook's setup call, and its figures part alone

@@ -31,7 +31,10 @@ RUNS = {
     "distributed_eval": [[]],
     "ddp_knobs": [["--lessons", "buckets", "--bucket-caps-mb", 1, "--max-steps", 4]],  # ddp_knobs_rank<R>.json only
     "train_lm": [["--max-steps", 2, "--n-layers", 1, "--d-model", 32, "--corpus-bytes", 65536]],
+    "train_hf": [["--model", "tiny", "--max-steps", 2, "--seq-len", 32, "--corpus-bytes", 65536]],
 }
+# Run first, in the same folder: train_hf trains a model folder, written here.
+PREPARE = {"train_hf": ["--create-tiny-model", "tiny", "--arch", "llama"]}
 NEEDS_GPUS = {"sync_batchnorm"}  # refuses to run without CUDA; writes no step records (syncbn_rank<R>.json)
 NO_STEP_RECORDS = {"fsdp_knobs",  # needs 2 or 4 ranks; writes one JSON per rank (knobs_rank<R>.json), no steps
                    "tensor_parallel", "pipeline_parallel", "context_parallel_float8"}  # tp_, pp_, cp_float8_rank<R>.json
@@ -44,6 +47,9 @@ def records(tmp_path_factory):
     for name, variants in RUNS.items():
         for n, args in enumerate(variants):
             cwd = tmp_path_factory.mktemp(f"{name}{n}")
+            if name in PREPARE:
+                subprocess.run([sys.executable, str(LESSONS_DIR / f"{name}.py"), *PREPARE[name]], cwd=cwd, check=True,
+                               capture_output=True, timeout=180)
             proc = subprocess.run([sys.executable, str(LESSONS_DIR / f"{name}.py"), *map(str, args), "--metrics-dir",
                                    "m"], cwd=cwd, capture_output=True, text=True, timeout=180)
             assert proc.returncode == 0, (name, args, proc.stderr[-2000:])

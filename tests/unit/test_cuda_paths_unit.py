@@ -69,15 +69,16 @@ def test_dataloader_bench_sets_the_device_before_joining_the_nccl_group(fake_cud
 
 
 WORLD_OF_ONE = ["collectives_check", "ddp_knobs", "fsdp_knobs", "fsdp_train", "uneven_inputs", "unused_params", "sync_batchnorm",
-                "tensor_parallel", "pipeline_parallel", "context_parallel_float8", "train_lm"]
+                "tensor_parallel", "pipeline_parallel", "context_parallel_float8", "train_lm", "train_hf"]
 
 
 def test_every_script_that_makes_a_world_of_one_takes_a_backend_flag():
     """run_in_process hands these scripts --backend gloo; a new script that makes a world of one needs the flag too."""
     makes_world_of_one = sorted(p.stem for p in LESSONS_DIR.glob("*.py") if "world_size=1" in p.read_text())
     assert makes_world_of_one == sorted(WORLD_OF_ONE)
+    required = {"train_hf": ["--model", "a-model-folder"]}  # its one required flag
     for name in WORLD_OF_ONE:
-        assert load_script(name).parse_args(["--backend", "gloo"]).backend == "gloo", name
+        assert load_script(name).parse_args(["--backend", "gloo", *required.get(name, [])]).backend == "gloo", name
 
 
 def test_run_in_process_on_cuda_uses_gloo_and_resets_the_kernels_cuda_peaks_each_run(monkeypatch, tmp_path):

@@ -7,9 +7,9 @@ Step metrics schema
 -------------------
 Every shipped script that trains writes these keys, the same key and unit for the same quantity in every
 script (units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_per_s`` per second). "all" is every
-script that writes step records (``ALL``); "trainers" is ddp_train, fsdp_train, checkpoint_train and train_lm. A
-condition in parentheses: the key is written only then (``WHEN``); otherwise the script writes it on every
-line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` checks a record against it, and
+script that writes step records (``ALL``); "trainers" is ddp_train, fsdp_train, checkpoint_train, train_lm and
+train_hf. A condition in parentheses: the key is written only then (``WHEN``); otherwise the script writes it on
+every line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` checks a record against it, and
 ``tests/integration/test_metrics_schema.py`` checks every script's records (no key missing, none undocumented).
 
 ::
@@ -23,13 +23,13 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     step_time_s            float s     all                            wall time of the step on this rank
     loss_global            float -     all but grad_accum, uneven_inputs, unused_params
                                                                       mean of loss_local over ranks (an all_reduce)
-    local_rank             int   -     ddp_train, checkpoint_train, train_lm
+    local_rank             int   -     ddp_train, checkpoint_train, train_lm, train_hf
                                                                       rank on this node (LOCAL_RANK)
-    device                 str   -     ddp_train, fsdp_train, train_lm
+    device                 str   -     ddp_train, fsdp_train, train_lm, train_hf
                                                                       the rank's device, e.g. cpu or cuda:0
-    precision              str   -     ddp_train, fsdp_train, train_lm
+    precision              str   -     ddp_train, fsdp_train, train_lm, train_hf
                                                                       fp32, bf16 or fp16 (--precision)
-    strategy               str   -     fsdp_train, train_lm           the layout (--strategy; train_lm: --parallel)
+    strategy               str   -     fsdp_train, train_lm, train_hf the layout (--strategy; train_lm: --parallel; train_hf: fsdp or hsdp)
     samples_per_s          float 1/s   ddp_train, fsdp_train, grad_accum
                                                                       samples this rank processed per second
     global_samples_per_s   float 1/s   ddp_train                      samples all ranks processed per second
@@ -38,7 +38,7 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     loss_scale             float -     ddp_train, fsdp_train          scale the backward used (1.0: no scaler)
     step_skipped           bool  -     ddp_train                      scaler skipped optimizer.step (inf/NaN grads)
     optimizer_steps        int   -     ddp_train                      optimizer steps applied so far
-    grad_norm              float -     ddp_train, train_lm            L2 norm of all gradients, before clipping
+    grad_norm              float -     ddp_train, train_lm, train_hf  L2 norm of all gradients, before clipping
     grad_zero_fraction     float -     ddp_train                      fraction of gradient elements exactly 0
     grad_zero_elements     int   -     fsdp_train (fp16)              gradient elements exactly 0 (fp16 underflow)
     param_bytes            int   bytes trainers                       this rank's parameter tensors
@@ -59,16 +59,16 @@ line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`` chec
     all_gather_calls       int   -     fsdp_train (counted)           all-gathers in this step (FSDP: parameter unshards)
     reduce_scatter_calls   int   -     fsdp_train (counted)           reduce-scatters in this step (FSDP: gradient shards)
     attempt                int   -     checkpoint_train               restart attempt (TORCHELASTIC_RESTART_COUNT)
-    resumed_from_step      int   -     checkpoint_train, train_lm     step of the checkpoint loaded (0: none)
-    lr                     float -     checkpoint_train, train_lm     learning rate this step used
-    epoch                  int   -     checkpoint_train, train_lm     epoch of the batch order
+    resumed_from_step      int   -     checkpoint_train, train_lm, train_hf
+                                                                      step of the checkpoint loaded (0: none)
+    lr                     float -     checkpoint_train, train_lm, train_hf
+                                                                      learning rate this step used
+    epoch                  int   -     checkpoint_train, train_lm, train_hf
+                                                                      epoch of the batch order
     tokens_per_s           float 1/s   train_lm                       tokens this rank trained on per second
     mfu                    float -     train_lm (known gpu)           model FLOP/s / the device's peak FLOP/s
     eval_loss              float -     train_lm (eval)                held-out loss: mean over every rank's tokens
     skipped_collective     bool  -     collective_mismatch            this rank skipped a loss all_reduce (--fail-rank)
-
-A script's other results (one JSON file per rank, ``<name>_rank<R>.json``) are read with ``read_rank_json``, its
-tensors (one ``torch.save`` file per rank, ``<name>_rank<R>.pt``) with ``read_rank_tensors``.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ class MetricKey:
 
 
 ALL = ("ddp_train", "fsdp_train", "checkpoint_train", "grad_accum", "model_parallel", "collective_mismatch",
-       "uneven_inputs", "unused_params", "train_lm")  # every script that writes per-step records
-TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train", "train_lm")  # the scripts that log memory
+       "uneven_inputs", "unused_params", "train_lm", "train_hf")  # every script that writes per-step records
+TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train", "train_lm", "train_hf")  # the scripts that log memory
 # The conditions of keys not always written; every one names what decides it.
 WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16",
         "counted": "grad_accum: every step; unused_params: last step, with --count-allreduces; "
@@ -117,14 +117,16 @@ STEP_METRICS: tuple[MetricKey, ...] = (
     MetricKey("loss_local", "float", "-", "this rank's loss on its own batch", ALL),
     MetricKey("step_time_s", "float", "s", "wall time of the step on this rank", ALL),
     MetricKey("loss_global", "float", "-", "mean of loss_local over ranks (an all_reduce)",
-              ("ddp_train", "fsdp_train", "checkpoint_train", "model_parallel", "collective_mismatch", "train_lm")),
+              ("ddp_train", "fsdp_train", "checkpoint_train", "model_parallel", "collective_mismatch", "train_lm",
+               "train_hf")),
     MetricKey("local_rank", "int", "-", "rank on this node (LOCAL_RANK)", ("ddp_train", "checkpoint_train",
-                                                                            "train_lm")),
+                                                                            "train_lm", "train_hf")),
     MetricKey("device", "str", "-", "the rank's device, e.g. cpu or cuda:0", ("ddp_train", "fsdp_train",
-                                                                                "train_lm")),
-    MetricKey("precision", "str", "-", "fp32, bf16 or fp16 (--precision)", ("ddp_train", "fsdp_train", "train_lm")),
-    MetricKey("strategy", "str", "-", "the layout (--strategy; train_lm: --parallel)",
-              ("fsdp_train", "train_lm")),
+                                                                                "train_lm", "train_hf")),
+    MetricKey("precision", "str", "-", "fp32, bf16 or fp16 (--precision)",
+              ("ddp_train", "fsdp_train", "train_lm", "train_hf")),
+    MetricKey("strategy", "str", "-", "the layout (--strategy; train_lm: --parallel; train_hf: fsdp or hsdp)",
+              ("fsdp_train", "train_lm", "train_hf")),
     MetricKey("samples_per_s", "float", "1/s", "samples this rank processed per second",
               ("ddp_train", "fsdp_train", "grad_accum")),
     MetricKey("global_samples_per_s", "float", "1/s", "samples all ranks processed per second", ("ddp_train",)),
@@ -134,7 +136,8 @@ STEP_METRICS: tuple[MetricKey, ...] = (
               ("ddp_train", "fsdp_train")),
     MetricKey("step_skipped", "bool", "-", "scaler skipped optimizer.step (inf/NaN grads)", ("ddp_train",)),
     MetricKey("optimizer_steps", "int", "-", "optimizer steps applied so far", ("ddp_train",)),
-    MetricKey("grad_norm", "float", "-", "L2 norm of all gradients, before clipping", ("ddp_train", "train_lm")),
+    MetricKey("grad_norm", "float", "-", "L2 norm of all gradients, before clipping",
+              ("ddp_train", "train_lm", "train_hf")),
     MetricKey("grad_zero_fraction", "float", "-", "fraction of gradient elements exactly 0", ("ddp_train",)),
     MetricKey("grad_zero_elements", "int", "-", "gradient elements exactly 0 (fp16 underflow)", ("fsdp_train",),
               "fp16"),
@@ -161,9 +164,9 @@ STEP_METRICS: tuple[MetricKey, ...] = (
               ("fsdp_train",), "counted"),
     MetricKey("attempt", "int", "-", "restart attempt (TORCHELASTIC_RESTART_COUNT)", ("checkpoint_train",)),
     MetricKey("resumed_from_step", "int", "-", "step of the checkpoint loaded (0: none)",
-              ("checkpoint_train", "train_lm")),
-    MetricKey("lr", "float", "-", "learning rate this step used", ("checkpoint_train", "train_lm")),
-    MetricKey("epoch", "int", "-", "epoch of the batch order", ("checkpoint_train", "train_lm")),
+              ("checkpoint_train", "train_lm", "train_hf")),
+    MetricKey("lr", "float", "-", "learning rate this step used", ("checkpoint_train", "train_lm", "train_hf")),
+    MetricKey("epoch", "int", "-", "epoch of the batch order", ("checkpoint_train", "train_lm", "train_hf")),
     MetricKey("tokens_per_s", "float", "1/s", "tokens this rank trained on per second", ("train_lm",)),
     MetricKey("mfu", "float", "-", "model FLOP/s / the device's peak FLOP/s", ("train_lm",),
               "known gpu"),
