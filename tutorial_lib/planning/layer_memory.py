@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MetricsError
 from .published import KORTHIKANTI_TABLE_2, LAYOUTS, korthikanti_bytes, korthikanti_terms, zero_rows
 from .transformer_layers import megatron_layer, tp_plan, workbook_layer
 
@@ -91,7 +91,9 @@ def layer_activations(*, s: int, b: int, h: int, a: int, layer: str = "megatron"
 
     Raises:
         ConfigError: an unknown layer, layout or dtype; a parallel layout for the workbook layer; t that does not
-            divide a or s; a process group already exists in this process; the breakdown and the tracker disagree.
+            divide a or s; a process group already exists in this process.
+        MetricsError: the saved tensors and the tracker disagree (a torch whose ops save what this module does not
+            know).
     """
     import torch
     import torch.distributed as dist
@@ -140,7 +142,7 @@ def layer_activations(*, s: int, b: int, h: int, a: int, layer: str = "megatron"
     activation_bytes = tracker_bytes - out_bytes
     listed = sum(r["bytes"] for r in rows)
     if listed != activation_bytes:
-        raise ConfigError(f"the tensors autograd saved add up to {listed} bytes, the tracker counted {activation_bytes}: "
+        raise MetricsError(f"the tensors autograd saved add up to {listed} bytes, the tracker counted {activation_bytes}: "
                           "a torch whose ops save other tensors than this module knows (see activation_breakdown)")
     return LayerActivations(layer=layer, layout=layout, t=t, s=s, b=b, h=h, a=a, activation_bytes=activation_bytes,
                             tracker_bytes=tracker_bytes, rows=tuple(rows))

@@ -230,9 +230,9 @@ KORTHIKANTI_SOURCE = ("Korthikanti, Casper, Lym, McAfee, Andersch, Shoeybi and C
                       "Recomputation in Large Transformer Models', arXiv:2205.05198 (MLSys 2023)")
 # Table 2: activation bytes per transformer layer, 16-bit activations.
 KORTHIKANTI_TABLE_2 = {
-    "none": "sbh(34 + 5as/h)",  # no parallelism (§4.1, Eq. 1)
-    "tp": "sbh(10 + 24/t + 5as/(ht))",  # tensor parallel (§4.2.1, Eq. 2)
-    "tp+sp": "sbh(34/t + 5as/(ht))",  # tensor + sequence parallel (§4.2.2, Eq. 4)
+    "none": "sbh(34 + 5as/h)",  # no parallelism (§4.1)
+    "tp": "sbh(10 + 24/t + 5as/(ht))",  # tensor parallel (§4.2)
+    "tp+sp": "sbh(34/t + 5as/(ht))",  # tensor + sequence parallel (§4.2)
     "tp+selective": "sbh(10 + 24/t)",  # tensor parallel + selective activation recomputation
     "tp+sp+selective": "sbh(34/t)",  # tensor + sequence parallel + selective activation recomputation
     "full": "sbh(2)",  # full activation recomputation: the layer's input only
