@@ -25,7 +25,6 @@ docstring; Megatron-LM's ``ParallelAttention`` (the fused QKV layout with whole 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
