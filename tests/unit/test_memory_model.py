@@ -28,6 +28,17 @@ def test_fsdp2_shards_dim0_like_torch_chunk():
     assert padded.param_bytes == 19 * 4, "the allocation is padded to ceil(dim0 / N) rows on every rank"
 
 
+def test_zero1_replicates_parameters_and_partitions_whole_parameters_optimizer_state():
+    # ZeroRedundancyOptimizer: largest first, each to the rank with the fewest elements so far. b.weight (15) -> rank 0;
+    # a.weight (12) -> rank 1; a.bias (3) -> rank 1 (12 < 15).
+    r0 = predict_state_bytes(TINY, strategy="zero1", world_size=2, rank=0)
+    r1 = predict_state_bytes(TINY, strategy="zero1", world_size=2, rank=1)
+    assert (r0.param_bytes, r0.grad_bytes, r1.param_bytes) == (120, 120, 120)  # replicated, as DDP
+    assert r0.optimizer_state_bytes == 2 * 15 * 4 + 4  # two fp32 moments of 15 elements + one step
+    assert r1.optimizer_state_bytes == 2 * 15 * 4 + 2 * 4
+    assert bytes_per_parameter("zero1", world_size=2) == {"params": 4, "grads": 4, "optimizer_state": 4, "total": 12}
+
+
 def test_shard_rows_with_more_ranks_than_rows():
     assert [shard_rows(3, 4, r) for r in range(4)] == [1, 1, 1, 0]
     assert [shard_rows(5, 4, r) for r in range(4)] == [2, 2, 1, 0]

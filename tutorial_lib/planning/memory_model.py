@@ -9,7 +9,14 @@ DDP, fp32                  4           4          8                      16
 DDP, bf16 autocast         4           4          8                      16
 FSDP (1 or 2), fp32        4 / N       4 / N      8 / N                  16 / N
 FSDP, bf16 mixed precision 4 / N       4 / N      8 / N                  16 / N
+DDP + ZeroRedundancyOpt.   4           4          8 / N                  8 + 8 / N
 =========================  ==========  =========  =====================  ==============
+
+``"zero1"`` is DDP with ``torch.distributed.optim.ZeroRedundancyOptimizer`` (ZeRO stage 1: the optimizer state is
+partitioned, parameters and gradients are not). It partitions *whole* parameters, not elements: sorted largest first
+(a stable sort), each goes to the rank with the fewest elements so far (the first such rank on a tie), as torch's
+``_partition_parameters`` does; a rank keeps the two moments and the step of the parameters it owns, so ``8 / N`` per
+parameter holds on average, not on every rank.
 
 Mixed precision does not shrink this *persistent* state: FSDP's ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)`` keeps fp32 shards ("master weights"), fp32 sharded gradients and fp32 optimizer state,
@@ -39,7 +46,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
 
-STRATEGIES = ("ddp", "fsdp2", "fsdp1")
+STRATEGIES = ("ddp", "fsdp2", "fsdp1", "zero1")
 OPTIMIZERS = ("adamw", "sgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -113,7 +120,7 @@ def local_numel(shape: Sequence[int], strategy: str, world_size: int, rank: int,
 
     Raises ``ConfigError`` for a 0-dimensional parameter under sharding (it has no dim 0 to split; not modelled).
     """
-    if strategy == "ddp" or world_size == 1:
+    if strategy in ("ddp", "zero1") or world_size == 1:  # zero1 replicates parameters (its optimizer state: below)
         return math.prod(shape)
     if len(shape) == 0:
         raise ConfigError("a 0-dimensional parameter has no dim 0 to shard; the model covers parameters with >= 1 dim")
@@ -130,7 +137,8 @@ def predict_state_bytes(shapes: Mapping[str, Sequence[int]] | Iterable[Sequence[
         shapes: the model's parameter shapes, ``{name: shape}`` (e.g. ``{n: list(p.shape) for n, p in
             model.named_parameters()}``) or a list of shapes.
         strategy: ``"ddp"`` (replicated), ``"fsdp2"`` (per-parameter ``Shard(0)``), ``"fsdp1"`` (flat
-            parameters padded to a multiple of ``world_size``).
+            parameters padded to a multiple of ``world_size``), ``"zero1"`` (DDP + ``ZeroRedundancyOptimizer``:
+            parameters and gradients replicated, AdamW state of the whole parameters this rank owns).
         world_size: ranks (>= 1); rank: which rank (0..world_size-1).
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the compute dtype. Persistent state stays fp32 in
             every case (see the module docstring); it sizes ``unsharded_param_bytes``.
@@ -155,11 +163,15 @@ def predict_state_bytes(shapes: Mapping[str, Sequence[int]] | Iterable[Sequence[
         numel = sum(local_numel(s, strategy, world_size, rank, padded=padded) for s in named.values())
         n_tensors = len(named) if strategy != "fsdp1" else fsdp1_units
     param_bytes = DTYPE_BYTES["fp32"] * numel
+    optimizer_numel = numel
+    if strategy == "zero1" and world_size > 1:
+        owned = zero1_partition(named, world_size)[rank]
+        optimizer_numel, n_tensors = sum(math.prod(named[n]) for n in owned), len(owned)
     optimizer_state = 0
     if optimizer == "adamw":
-        optimizer_state = 2 * DTYPE_BYTES["fp32"] * numel + STEP_TENSOR_BYTES * n_tensors
+        optimizer_state = 2 * DTYPE_BYTES["fp32"] * optimizer_numel + STEP_TENSOR_BYTES * n_tensors
     unsharded = 0
-    if units and strategy != "ddp":
+    if units and strategy not in ("ddp", "zero1"):
         unsharded = max(sum(math.prod(named[n]) for n in names) for names in units.values()) * DTYPE_BYTES[precision]
     return StateBytes(strategy=strategy, precision=precision, optimizer=optimizer, world_size=world_size, rank=rank,
                       param_bytes=param_bytes, grad_bytes=param_bytes, optimizer_state_bytes=optimizer_state,
@@ -169,14 +181,44 @@ def predict_state_bytes(shapes: Mapping[str, Sequence[int]] | Iterable[Sequence[
 def bytes_per_parameter(strategy: str, *, world_size: int = 1, optimizer: str = "adamw") -> dict[str, float]:
     """The textbook numbers: bytes per model parameter held by one rank (ignoring padding and step counters).
 
-    Returns ``{"params": ..., "grads": ..., "optimizer_state": ..., "total": ...}``, e.g. DDP/AdamW 4, 4, 8, 16
-    and FSDP/AdamW at ``world_size=2`` 2, 2, 4, 8. Raises ``ConfigError`` as ``predict_state_bytes``.
+    Returns ``{"params": ..., "grads": ..., "optimizer_state": ..., "total": ...}``, e.g. DDP/AdamW 4, 4, 8, 16,
+    FSDP/AdamW at ``world_size=2`` 2, 2, 4, 8 and zero1/AdamW at ``world_size=2`` 4, 4, 4, 12 (its optimizer state
+    on average over the ranks). Raises ``ConfigError`` as ``predict_state_bytes``.
     """
     _check(strategy, "fp32", optimizer, world_size, 0)
     share = 1 if strategy == "ddp" else 1 / world_size
-    row = {"params": 4 * share, "grads": 4 * share, "optimizer_state": (8 if optimizer == "adamw" else 0) * share}
+    state_share = share
+    if strategy == "zero1":
+        share = 1
+    row = {"params": 4 * share, "grads": 4 * share,
+           "optimizer_state": (8 if optimizer == "adamw" else 0) * state_share}
     row["total"] = sum(row.values())
     return row
+
+
+def zero1_partition(shapes: Mapping[str, Sequence[int]] | Iterable[Sequence[int]],
+                    world_size: int) -> list[list[str]]:
+    """The parameters each rank owns under ``ZeroRedundancyOptimizer`` (one parameter group), as torch assigns them.
+
+    Args:
+        shapes: ``{name: shape}`` in the order of ``model.parameters()`` (the optimizer's parameter group), or a list
+            of shapes (named ``"0"``, ``"1"``, ...).
+        world_size: ranks (>= 1).
+
+    Returns:
+        ``[names owned by rank 0, names owned by rank 1, ...]``: largest first (a stable sort by element count), each
+        to the rank with the fewest elements so far, the first such rank on a tie (torch's ``_partition_parameters``
+        and ``_get_min_index``, torch 2.8 and 2.13).
+    """
+    _check("zero1", "fp32", "adamw", world_size, 0)
+    named = dict(shapes) if isinstance(shapes, Mapping) else {str(i): s for i, s in enumerate(shapes)}
+    owned: list[list[str]] = [[] for _ in range(world_size)]
+    sizes = [0] * world_size
+    for name in sorted(named, key=lambda n: math.prod(named[n]), reverse=True):
+        rank = sizes.index(min(sizes))
+        owned[rank].append(name)
+        sizes[rank] += math.prod(named[name])
+    return owned
 
 
 def block_units(names: Iterable[str], prefix: str = "blocks.") -> dict[str, list[str]]:

@@ -124,14 +124,14 @@ def _traced_tp_step(module, parsed, world_size: int, sequence_parallel: bool) ->
             x, y = module.batch(parsed, 2, device)
             tracker = MemTracker()
             tracker.track_external(model, optimizer)
-            with tracker, _propagation_in_its_own_fake_mode():
+            with tracker, propagation_in_its_own_fake_mode():
                 module.train_step(model, optimizer, x, y)
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()}, n_params, local_numel
 
 
 @contextlib.contextmanager
-def _propagation_in_its_own_fake_mode():
+def propagation_in_its_own_fake_mode():
     """Make DTensor's sharding propagation run in a fake mode of its own, as it does in a real run.
 
     torch 2.13's ``ShardingPropagator`` computes an op's output metadata on global-shape fake tensors under
@@ -192,7 +192,7 @@ def compare_tp_plan(plan: MemoryPlan, measured: Mapping[str, int]):
     parameters and optimizer state are always exact, and the total lies in ``[plan, plan + unsimulated_bytes]``.
     (The FSDP plan's reduce-scatter buffers, in ``tutorial_lib.planning.memory_plan``, are the same effect.) On torch
     2.13 the plan is exact only with DTensor's sharding propagation in a fake mode of its own
-    (``_propagation_in_its_own_fake_mode``).
+    (``propagation_in_its_own_fake_mode``).
 
     Args:
         plan: a ``plan_tp_memory`` result.
