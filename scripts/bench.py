@@ -14,7 +14,8 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
     metrics    ddp_train.py (hidden width 1024) with per-step metrics vs ``--no-metrics``, both launched [<= 1.02]
     memory     fsdp_train.py at 2 ranks: FSDP2 per-rank parameter + gradient + AdamW bytes vs DDP [<= 0.52],
                and the analytic model's largest relative error vs measurement [<= 10%]
-    plan       tl.plan_memory of a 6.7 B GPT on 8 ranks (FSDP2, bf16, activation checkpointing), seconds [<= 30]
+    plan       tl.plan_memory of a 6.7 B GPT on 8 ranks (FSDP2, bf16, activation checkpointing), seconds [<= 30];
+               tl.plan_hf of Llama-3.1-70B's config on 64 ranks (train_hf.py, bf16 + full AC), seconds [<= 60]
     workbook   every notebook with papermill (on the warm path): seconds each [<= 60] and the whole workbook's wall time vs the sum
                of the runs inside it (from each run's run.json: torchrun launches, including failed and
                timed-out ones, and ``tl.run_in_process`` runs) [<= 1.3 on the cold path; printed for the warm one,
@@ -202,8 +203,13 @@ def bench_plan() -> list[dict]:
         plan = tl.plan_memory(args, world_size=8)
         times.append(plan.plan_time_s)
     note = f"{plan.n_params / 1e9:.2f} B parameters, peak {plan.total_bytes / 2**30:.2f} GiB per rank"
+    # Issue 35: a Hugging Face 70 B (Llama-3.1-70B's config) on 64 ranks, train_hf.py's step, bf16 + full AC.
+    big = tl.plan_hf("llama-3.1-70b", world_size=64, seq_len=4096, layout="bf16 + AC full")
+    big_note = f"{big.n_params / 1e9:.2f} B parameters, peak {big.total_bytes / 2**30:.2f} GiB per rank"
     return [row("plan: 7B on 8 ranks, first plan in the process (s)", times[0], 30.0, unit="s", note=note),
-            row("plan: 7B on 8 ranks, the next one (s)", times[1], 30.0, unit="s")]
+            row("plan: 7B on 8 ranks, the next one (s)", times[1], 30.0, unit="s"),
+            row("plan: HF 70B (Llama-3.1-70B) on 64 ranks, bf16 + full AC, 4096 tokens (s)", big.plan_time_s, 60.0,
+                unit="s", note=big_note)]
 
 
 def bench_workbook(root: Path, paths: tuple[str, ...] = ("warm",)) -> list[dict]:

@@ -36,6 +36,7 @@ CONFIGS_DIR = Path(__file__).parent / "data" / "hf_configs"
 # The shipped configs: the published config.json numbers of these models (their Hugging Face model cards'
 # parameter counts, 0.49 B, 1.54 B, 7.61 B and 8.03 B, are what transformers builds from them: tests check).
 SHIPPED = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b")
+LARGE = ("llama-3.1-70b",)  # shipped too, not in the 24 GB table: what scripts/bench.py times (70.55 B parameters)
 # Layout name -> train_hf.py flags. "+ offload" is derived from the full-checkpointing trace (see above).
 LAYOUTS = {
     "fp32": ["--precision", "fp32"],
@@ -61,7 +62,7 @@ def model_folder(model: str | Path) -> Path:
         ConfigError: neither a shipped name nor a folder with a config.json.
     """
     name = str(model)
-    if name.lower() in SHIPPED:
+    if name.lower() in SHIPPED + LARGE:
         return CONFIGS_DIR / name.lower()
     path = Path(name).expanduser()
     if path.name == "config.json":
@@ -288,9 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("command", choices=["table"])
     p.add_argument("--out", default=str(TABLE_CSV))
+    p.add_argument("--models", nargs="+", default=list(SHIPPED), choices=SHIPPED)
+    p.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4, 8])
     args = p.parse_args(argv)
-    table = hf_table(gpus=(1, 2, 4, 8), progress=lambda r: print(json.dumps(
-        {k: r[k] for k in ("model", "layout", "gpus", "seq_len", "peak_gib", "fits", "plan_time_s")}), flush=True))
+    # Every row printed as one JSON line as soon as it is planned: an interrupted table keeps what it planned.
+    table = hf_table(args.models, gpus=args.gpus, progress=lambda r: print(json.dumps(
+        {k: (bool(v) if k == "fits" else v) for k, v in r.items()}), flush=True))
     table.to_csv(args.out, index=False, float_format="%.6g")
     print(f"{len(table)} plans written to {args.out}")
     return 0

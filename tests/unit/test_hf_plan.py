@@ -1,0 +1,153 @@
+"""tl.plan_hf: a Hugging Face model's training step (train_hf.py's own) traced in fake mode; its configs, its errors,
+and the plan held against published GPU measurements (issue 35)."""
+
+import json
+
+import pytest
+import torch
+
+import tutorial_lib as tl
+from tutorial_lib.errors import ConfigError
+from tutorial_lib.notebook.script_source import import_script
+from tutorial_lib.planning import hf_plan
+from tutorial_lib.planning.memory_plan import GIB
+
+hf = import_script("train_hf")
+
+
+def tiny_folder(tmp_path, **overrides):
+    """A tiny Qwen2 config.json (no weights: planning needs none)."""
+    from transformers import AutoConfig
+    config = AutoConfig.for_model("qwen2", **{**hf.TINY, **overrides}, tie_word_embeddings=True)
+    config.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_the_shipped_configs_build_the_parameter_counts_their_model_cards_publish():
+    from transformers import AutoModelForCausalLM
+    # The Hugging Face model cards: Qwen/Qwen2.5-{0.5B,1.5B,7B} ("Number of Parameters"), meta-llama/Llama-3.1-8B.
+    published_b = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-7b": 7.61, "llama-3.1-8b": 8.03}
+    assert set(published_b) == set(hf_plan.SHIPPED)
+    for name, billions in published_b.items():
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(tl.load_hf_config(name))
+        n = sum(p.numel() for p in model.parameters())
+        assert abs(n / 1e9 - billions) < 0.01, (name, n)
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"model_type": "gpt_bigcode"}, "model_type 'gpt_bigcode'"),
+    ({"hidden_size": "4096"}, "field 'hidden_size'"),
+    ({"num_hidden_layers": 0}, "field 'num_hidden_layers'"),
+])
+def test_a_bad_config_is_refused_naming_the_file_and_the_field(tmp_path, change, named):
+    folder = tiny_folder(tmp_path)
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ConfigError) as e:
+        tl.plan_hf(folder, world_size=2)
+    assert str(path) in str(e.value) and named in str(e.value)
+
+
+def test_a_missing_config_and_an_unparsable_one_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        tl.load_hf_config(tmp_path / "nowhere")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        tl.load_hf_config(tmp_path)
+
+
+def test_a_sequence_above_max_position_embeddings_and_a_gpu_count_the_mesh_cannot_use_are_refused(tmp_path):
+    folder = tiny_folder(tmp_path)
+    with pytest.raises(ConfigError, match="seq_len 513 is above the model's max_position_embeddings 512"):
+        tl.plan_hf(folder, world_size=2, seq_len=513)
+    with pytest.raises(ConfigError, match="6 GPUs do not divide"):
+        tl.plan_hf(folder, world_size=6, replicate_degree=4)
+    with pytest.raises(ConfigError, match="layout 'bf8'"):
+        tl.plan_hf(folder, layout="bf8")
+    tl.plan_hf(folder, world_size=4, seq_len=512, replicate_degree=2)  # the control: a mesh that divides plans
+
+
+def test_the_fake_plan_equals_the_same_step_on_real_tensors_byte_for_byte(tmp_path):
+    """The whole point of fake mode: it changes no byte. And its control: without the answer to transformers'
+    packed-sequence question the fake trace takes another attention path and differs."""
+    folder = tiny_folder(tmp_path)
+    kwargs = dict(world_size=1, seq_len=128, batch_size=2, layout="fp32")
+    fake = tl.plan_hf(folder, **kwargs)
+    real = tl.plan_hf(folder, **kwargs, _fake=False)
+    assert dict(fake.peak_bytes) == dict(real.peak_bytes)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hf_plan, "_no_packing", lambda: __import__("contextlib").nullcontext())
+        unanswered = tl.plan_hf(folder, **kwargs)
+    assert unanswered.peak_bytes["activations"] > fake.peak_bytes["activations"]
+
+
+def test_state_bytes_are_16_per_parameter_full_and_4_plus_16_per_trained_parameter_under_lora(tmp_path):
+    folder = tiny_folder(tmp_path)
+    full = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16")
+    assert full.state_bytes_analytic == 16 * full.n_params / 2
+    assert full.peak_bytes["optimizer state"] >= 8 * full.n_params / 2  # AdamW's two fp32 moments of the shards
+    lora = tl.plan_hf(folder, world_size=2, seq_len=64, layout="LoRA r16, bf16 + AC full")
+    trained = int(lora.notes[1].split()[0])
+    assert 0 < trained < lora.n_params
+    assert lora.state_bytes_analytic == (4 * lora.n_params + 12 * trained) / 2
+    # AdamW's state exists for the adapters only: two fp32 moments of their shards, plus the step counters
+    assert 8 * trained / 2 <= lora.peak_bytes["optimizer state"] <= 8 * trained / 2 + 8 * 1024
+
+
+def test_cpu_offload_moves_the_shards_gradients_and_optimizer_state_to_the_host(tmp_path):
+    folder = tiny_folder(tmp_path)
+    on_gpu = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full")
+    offload = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full + offload")
+    moved = ("parameters", "gradients", "optimizer state")
+    assert all(offload.peak_bytes[k] == 0 for k in moved)
+    assert tl.host_bytes(offload) == sum(on_gpu.peak_bytes[k] for k in moved) > 0
+    assert offload.total_bytes == on_gpu.total_bytes - tl.host_bytes(offload)
+    assert tl.host_bytes(on_gpu) == 0
+
+
+def test_the_recommended_layout_has_the_fewest_savers_that_fit():
+    import pandas as pd
+    rows = [{"model": "m", "gpus": 4, "seq_len": 1024, "layout": layout, "fits": fits, "headroom_gib": h}
+            for layout, fits, h in [("fp32", False, -3.0), ("bf16", True, 1.0), ("bf16 + AC full", True, 5.0),
+                                    ("LoRA r16, bf16 + AC full", True, 9.0)]]
+    table = pd.DataFrame(rows)
+    assert tl.recommend_layout(table, "m", 4, 1024) == {"layout": "bf16", "headroom_gib": 1.0,
+                                                       "full_fine_tuning": True}
+    table.loc[table["layout"] != "LoRA r16, bf16 + AC full", "fits"] = False
+    assert tl.recommend_layout(table, "m", 4, 1024)["layout"] == "LoRA r16, bf16 + AC full"
+    with pytest.raises(ConfigError, match="no plan for m on 8 GPUs"):
+        tl.recommend_layout(table, "m", 8, 1024)
+
+
+def test_the_shipped_table_covers_every_model_layout_gpu_count_and_length():
+    table = tl.read_hf_table()
+    assert set(table["model"]) == set(hf_plan.SHIPPED) and set(table["layout"]) == set(tl.HF_LAYOUTS)
+    assert set(table["gpus"]) == {1, 2, 4, 8} and set(table["seq_len"]) == {1024, 4096}
+    assert len(table) == len(hf_plan.SHIPPED) * len(tl.HF_LAYOUTS) * 4 * 2
+    seven = table[(table["model"] == "qwen2.5-7b") & (table["gpus"] == 4)]
+    assert not seven[seven["layout"].isin(["fp32", "bf16", "bf16 + AC selective", "bf16 + AC full"])]["fits"].any()
+
+
+# Published GPU measurements. The planner's prediction of a GPU's peak (its traced peak plus the 10% allocator and
+# 1 GiB context margins it states) must come within 15% of each.
+
+def test_torchtitan_llama3_8b_on_8_h100_selective_ac_bf16():
+    # Source: pytorch/torchtitan docs/performance.md, Llama 3.1 8B, FSDP on 8 x H100, local batch size 2, sequence
+    # length 8192, selective activation checkpointing, bf16 mixed precision: peak memory 82.4 GiB (reserved).
+    plan = tl.plan_hf("llama-3.1-8b", world_size=8, seq_len=8192, batch_size=2, layout="bf16 + AC selective")
+    predicted = tl.gpu_prediction_bytes(plan) / GIB
+    print(f"torchtitan 8B: planned peak {plan.total_bytes / GIB:.2f} GiB, predicted {predicted:.2f} GiB, "
+          f"published 82.4 GiB reserved ({predicted / 82.4 - 1:+.1%}); the activations, {plan.peak_bytes['activations'] / GIB:.1f} GiB, "
+          "depend on the selective policy (torchtitan's op policy: every second matmul recomputed)")
+    assert abs(predicted / 82.4 - 1) <= 0.15
+
+
+def test_pytorch_pr_132445_llama3_8b_on_8_h100_without_ac():
+    # Source: pytorch/pytorch PR #132445 (FSDP2 memory tracker), its log: Llama 3 8B, FSDP on 8 x H100, batch 1,
+    # sequence 8192, bf16, no activation checkpointing: 77.29 GiB peak. (Llama 3 8B and 3.1 8B have the same shapes.)
+    plan = tl.plan_hf("llama-3.1-8b", world_size=8, seq_len=8192, batch_size=1, layout="bf16")
+    predicted = tl.gpu_prediction_bytes(plan) / GIB
+    print(f"PR 132445 8B: planned peak {plan.total_bytes / GIB:.2f} GiB, predicted {predicted:.2f} GiB, published "
+          f"77.29 GiB ({predicted / 77.29 - 1:+.1%}): the margins (10% + 1 GiB) are most of the difference")
+    assert abs(predicted / 77.29 - 1) <= 0.15
