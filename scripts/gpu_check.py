@@ -85,9 +85,9 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     # --eval-every: without it the held-out loss exists at the last step only, and "it fell" compared it with itself.
     "train_lm": (("--parallel", "fsdp", "--max-steps", 20, "--precision", "bf16", "--n-layers", 4, "--d-model", 256,
                   "--track-memory", "--save-every", 10, "--async-save", "--log-every", 5, "--eval-every", 5),
-                 "FSDP2 bf16 over nccl: the held-out loss falls from step 5 to step 20, MFU in (0, 1] from the device's known peak, async DCP "
-                 "saves at 10 and 20; torch's tracker on the GPU equals tl.plan_memory's CPU plan within 2% and "
-                 "max_memory_allocated is reported beside it"),
+                 "FSDP2 bf16 over nccl: the held-out loss falls from step 5 to step 20, MFU in (0, 1] from the "
+                 "device's known peak, async DCP saves at 10 and 20; torch's tracker on the GPU equals "
+                 "tl.plan_memory's CPU plan within 2% and max_memory_allocated is reported beside it"),
     "uneven_inputs": (("--join",), "every rank exits 0: inside Join the rank with extra batches finishes"),
     "unused_params": (("--loss-uses", "both"), SUCCESS_IS_THE_CHECK),
 }

@@ -314,7 +314,8 @@ def test_an_own_scripts_strict_load_gets_a_fix_without_the_lesson_scripts_flags_
 def test_each_checkpoint_fix_names_only_what_its_script_has():
     from tutorial_lib.diagnosis.causes import CauseId, cause_by_id
     mismatch = cause_by_id(CauseId.CHECKPOINT_MISMATCH)
-    assert "checkpoint.json" in mismatch.fix_for("checkpoint_train") and "--resume" in mismatch.fix_for("checkpoint_train")
+    lesson_05 = mismatch.fix_for("checkpoint_train")
+    assert "checkpoint.json" in lesson_05 and "--resume" in lesson_05
     assert "--n-layers" in mismatch.fix_for("train_lm") and "checkpoint.json" not in mismatch.fix_for("train_lm")
     for script in (None, "my_train", "ddp_train"):  # a script of your own; a lesson without checkpoints
         assert mismatch.fix_for(script) == mismatch.fix and "--resume" not in mismatch.fix

@@ -432,7 +432,8 @@ class Batches(Stateful):
     """
 
     def __init__(self, dataset, batch_size, rank, world_size, seed):
-        self.dataset, self.batch_size, self.rank, self.world_size, self.seed = dataset, batch_size, rank, world_size, seed
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.windows_read, self.order, self.read = 0, 0, None, []
         if len(dataset) < batch_size * world_size:
             sys.exit(f"{len(dataset)} training windows are fewer than one step's {world_size} ranks x --batch-size "
@@ -745,7 +746,8 @@ def add_workbook_flags(p):
     p.add_argument("--metrics-dir", type=str, default="metrics",
                    help="folder for rank<RANK>.jsonl (created; a new run replaces what an earlier run left there)")
     p.add_argument("--log-windows", action="store_true",
-                   help="write the training windows every step read, by index, to <metrics-dir>/windows_rank<RANK>.json")
+                   help="write the indices of the training windows every step read to "
+                        "<metrics-dir>/windows_rank<RANK>.json")
     p.add_argument("--save-group", choices=["own", "default"], default="own",
                    help="--async-save's process group: own (a new gloo group); default: the mistake, training's own "
                         "group, whose collectives then interleave with the background save's")
