@@ -19,7 +19,8 @@ What it shows
     * a seed checkpoint, written once by one process, so every layout (one process, DDP, FSDP, HSDP) starts from
       the same weights; DCP reads each rank's own shards of it;
     * real text that is on every machine without a download: the source of the Python standard library, read as
-      bytes (a byte-level vocabulary of 256), cut into windows that the ranks share out of one shuffled order;
+      bytes (a byte-level vocabulary of 256), cut into windows that the ranks share out of ``DistributedSampler``'s
+      shuffle, from a position every rank agrees on (so a run resumes on another number of ranks);
     * bf16 through FSDP's ``MixedPrecisionPolicy`` (fp32 shards, gradients reduced in fp32) or ``torch.autocast``;
       activation checkpointing per block, whole (``full``) or op by op (``selective``: matmul and attention
       outputs kept, the rest recomputed); gradient clipping on (sharded) DTensor gradients; warm-up + cosine LR;
@@ -68,7 +69,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler
 
 CORPUS_FILES = ("argparse.py", "ast.py", "calendar.py", "collections/__init__.py", "dataclasses.py", "difflib.py",
                 "enum.py", "fractions.py", "functools.py", "heapq.py", "inspect.py", "json/decoder.py",
@@ -421,19 +422,21 @@ class TokenWindows(Dataset):
 class Batches(Stateful):
     """This rank's batches, and the data position a checkpoint keeps: (epoch, windows of the epoch already read).
 
-    Every epoch has one order of all windows, the same on every rank: ``DistributedSampler``'s shuffle
-    (``torch.randperm`` seeded with seed + epoch). A step reads the next world_size x batch_size windows of that
-    order; rank r takes every world_size-th of them from the r-th on, as ``DistributedSampler(drop_last=True)`` deals
-    them, so on an unchanged world size each rank reads exactly the windows the sampler would give it. The position is
-    global (a count of windows, not a rank's batch index): a run resumed on another number of ranks reads on from the
-    same place in the same order, so no window of the epoch is skipped or read twice. An epoch ends when fewer than
-    one step's windows are left (drop_last: at most world_size x batch_size - 1 windows of it are not read).
+    Every epoch has one order of all windows, the same on every rank: ``DistributedSampler``'s shuffle of the whole
+    dataset (one replica). A step reads the next world_size x batch_size windows of that order; rank r takes every
+    world_size-th of them from the r-th on, as ``DistributedSampler(num_replicas=world_size, drop_last=True)`` would
+    deal them, so each rank reads exactly the windows that sampler would give it. Why not that sampler itself: it
+    deals from the start of the epoch, and its position (a rank's batch index) means nothing on another number of
+    ranks. This position is global (windows of the epoch read): a run resumed on another world size reads on from
+    the same place in the same order, so no window of the epoch is skipped or read twice. An epoch ends when fewer
+    than one step's windows are left (drop_last: at most world_size x batch_size - 1 windows of it are not read).
     A DataLoader's iterator cannot be saved; where it is can. Stateful: DCP saves and restores it by itself.
     """
 
     def __init__(self, dataset, batch_size, rank, world_size, seed):
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        # One replica: the sampler shuffles the whole dataset with seed + epoch, the same order on every rank.
+        self.sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+        self.dataset, self.batch_size, self.rank, self.world_size = dataset, batch_size, rank, world_size
         self.epoch, self.windows_read, self.order, self.read = 0, 0, None, []
         if len(dataset) < batch_size * world_size:
             sys.exit(f"{len(dataset)} training windows are fewer than one step's {world_size} ranks x --batch-size "
@@ -444,9 +447,8 @@ class Batches(Stateful):
         if self.windows_read + step_windows > len(self.dataset):
             self.epoch, self.windows_read, self.order = self.epoch + 1, 0, None  # a new epoch: a new shuffle
         if self.order is None:
-            # Seeded by the epoch, as DistributedSampler.set_epoch does: without it every epoch repeats one order.
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            self.order = torch.randperm(len(self.dataset), generator=g).tolist()
+            self.sampler.set_epoch(self.epoch)  # without it every epoch repeats the same order
+            self.order = list(self.sampler)
         start = self.windows_read + self.rank
         picked = self.order[start:self.windows_read + step_windows:self.world_size]
         self.read.extend(picked)  # workbook: what --log-windows writes
