@@ -337,3 +337,16 @@ def test_a_shape_error_outside_a_pipeline_is_not_called_a_micro_batch_split(tmp_
     for path in (p for p in run_dir.rglob("*") if p.is_file()):  # the same failure, no pipelining frame in it
         path.write_text(path.read_text().replace("torch/distributed/pipelining/", "torch/nn/"))
     assert tl.diagnose(run_dir).cause == "Python exception (RuntimeError)"
+
+
+
+def test_an_exception_line_right_after_a_frame_without_source_is_still_the_evidence(tmp_path):
+    """A frame whose source Python cannot show (``File "<string>"``, a frozen module) is followed by the exception
+    line itself: only a line indented deeper than its frame is source code."""
+    run_dir = copy("torch-2.13-train-lm-saved-on-2-resumed-on-3", tmp_path)
+    for path in (p for p in run_dir.rglob("*") if p.is_file()):
+        path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                                if 'raise RuntimeError(f"Missing key' not in line))
+    assert 'raise RuntimeError(f"Missing key' not in (run_dir / "output.log").read_text()
+    d = tl.diagnose(run_dir)
+    assert d.evidence == "rng_rank2.cpu: the checkpoint has no entry for rank 2", str(d)

@@ -36,14 +36,30 @@ from .report import COLLECTIVE_FRAME, Diagnosis
 _RUNNERS = ("rank_runner.py", "warm_start.py")
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _frame_indent(line: str) -> int | None:
+    """The indentation of a traceback frame line (``  File "x.py", line 3, in f``), else ``None``."""
+    return _indent(line) if TRACEBACK_FRAME.match(line) else None
+
+
+def _is_source(frame_indent: int | None, line: str) -> bool:
+    """Whether ``line``, after a line whose ``_frame_indent`` is ``frame_indent``, is that frame's source code (indented
+    deeper; a frame without source, ``File "<string>"``, is followed by the next frame or the exception line) or a
+    ``^^^`` marker under it."""
+    stripped = line.strip()
+    return (frame_indent is not None and _indent(line) > frame_indent) or (stripped != "" and set(stripped) <= set("^~"))
+
+
 def _without_source_lines(lines: list[str]) -> list[str]:
     """``lines`` (one rank's, in order) without the source lines of traceback frames and their ``^^^`` markers."""
-    kept, after_frame = [], False
+    kept, frame_indent = [], None
     for line in lines:
-        marker = line.strip() != "" and set(line.strip()) <= set("^~")
-        if not (after_frame or marker):
+        if not _is_source(frame_indent, line):
             kept.append(line)
-        after_frame = TRACEBACK_FRAME.match(line) is not None
+        frame_indent = _frame_indent(line)
     return kept
 
 
@@ -186,14 +202,14 @@ def _split_ranks(output: str) -> _RankOutput:
     """``output`` rank by rank (see ``_RankOutput``)."""
     ranks = _RankOutput()
     noise = NoiseFilter()
-    after_frame: dict[int | None, bool] = {}  # whether the rank's previous line was a traceback frame
+    frame_indent: dict[int | None, int | None] = {}  # each rank's previous line's _frame_indent
     for rank, text in rank_lines(output):  # output.log of an older launch has ranks' chunks on one line
         ranks.ranked.append((rank, text))
         if noise.kind(rank, text) == NoiseFilter.VERSION:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
         ranks.tails.add(rank, text)
         ranks.by_rank.setdefault(rank, []).append(text)
-        source, after_frame[rank] = after_frame.get(rank, False), TRACEBACK_FRAME.match(text) is not None
+        source, frame_indent[rank] = _is_source(frame_indent.get(rank), text), _frame_indent(text)
         if not DOCTOR_NOISE.search(text) and not source:  # a frame's source line is code, not evidence
             ranks.lines.append(text)
     return ranks
