@@ -11,6 +11,7 @@ Run card
     python train_lm.py --create-seed-checkpoint seed                        # the initial weights, written once
     torchrun --nproc-per-node 2 train_lm.py --init-from seed --save-every 50 --async-save
     torchrun --nproc-per-node 2 train_lm.py --resume latest                 # continue exactly where it stopped
+    torchrun --nproc-per-node 3 train_lm.py --resume latest                 # or on another world size (see below)
 
 What it shows
     * the model is built on the ``meta`` device (shapes, no memory), sharded with ``fully_shard`` block by block
