@@ -200,3 +200,30 @@ def test_the_gpu_only_lessons_fail_the_gpu_check_when_wrong(tmp_path, context_pa
     with pytest.raises(AssertionError):
         result = cp_float8_results(tmp_path, context_parallel, {"ran": False, "reason": "compute capability 8.0"})
         gpu_check.verify_context_parallel_float8(result, gpu_check.Launch("context_parallel_float8", (), 2), 2)
+
+
+def test_the_train_lm_check_evaluates_along_the_way_so_the_loss_can_fall():
+    """Issue 35: launched without --eval-every, the held-out loss existed at the last step only, and "the loss fell"
+    compared that value with itself: it failed on every GPU count."""
+    (launch,) = next(c for c in gpu_check.plan_checks(2) if c.name == "train_lm").launches
+    args = [str(a) for a in launch.args]
+    assert args[args.index("--eval-every") + 1] == "5" and args[args.index("--max-steps") + 1] == "20"
+    import pandas as pd
+    rows = [{"rank": r, "step": s, "peak_allocated_bytes": 1, **({"eval_loss": 5.0} if s == 20 else {})}
+            for r in (0, 1) for s in range(1, 21)]
+    result = SimpleNamespace(metrics=lambda: pd.DataFrame(rows))
+    with pytest.raises(AssertionError, match=r"held-out losses at steps \[20\], want 5, 10, 15, 20"):
+        gpu_check.verify_train_lm(result, launch, 2)
+
+
+def test_without_papermill_a_real_run_stops_before_it_starts_and_says_what_to_install(monkeypatch, capsys):
+    """Issue 35: the fallback ran each notebook as plain Python, where `display` is undefined."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "papermill" else real(name, *a))
+    assert "papermill is not installed" in gpu_check.notebook_runner_missing()
+    with pytest.raises(SystemExit) as info:
+        gpu_check.main(["--gpus", "1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "papermill is not installed" in err and "pip install -e ." in err, err
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert gpu_check.notebook_runner_missing() == "", "papermill and ipykernel are dependencies of the package"

@@ -139,6 +139,8 @@ def test_context_parallel_and_float8_under_torchrun_on_cpu_ranks_say_why_on_ever
     ("tensor_parallel", ["--dim", 30, "--n-heads", 4], "--n-heads must divide --dim, got --dim 30 --n-heads 4"),
     ("tensor_parallel", ["--max-steps", 1], "--max-steps must be >= 2"),
     ("pipeline_parallel", ["--microbatches", 3], "--microbatches must each be > 0 and divide --batch-size 32"),
+    # issue 35: in torch a batch of 10 in 3 failed in the loss ("The size of tensor a (4) must match ... (3)")
+    ("pipeline_parallel", ["--batch-size", 10, "--microbatches", 2, 3], "got [3]; 10 in 3 would be [4, 3, 3]"),
     ("context_parallel_float8", ["--matmul-size", 100], "--matmul-size must be a multiple of 16"),
 ])
 def test_bad_input_is_refused_with_the_value_named(tmp_path, script, args, message):

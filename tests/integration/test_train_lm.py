@@ -124,6 +124,67 @@ def test_resume_from_an_async_checkpoint_is_bitwise_the_uninterrupted_run(tmp_pa
     assert not wait_no_job_processes(str(tmp_path))
 
 
+# A corpus of 460 training windows: an epoch is tens of steps, so a resumed run reaches the next one in seconds.
+RESHARD = ["--n-layers", 1, "--d-model", 32, "--n-heads", 2, "--block-size", 32, "--corpus-bytes", 1 << 14,
+           "--eval-windows", 8, "--precision", "fp32", "--parallel", "fsdp", "--batch-size", 4, "--log-windows"]
+
+
+def windows_read(run):
+    """[(epoch, window index), ...] every rank of ``run`` trained on, from its windows_rank<R>.json."""
+    return [(epoch, w) for r in tl.read_rank_json(run.run_dir, "windows") for _, epoch, ws in r["steps"] for w in ws]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("saved_on, resumed_on", [(2, 3), (4, 2)])
+def test_a_checkpoint_resumes_on_another_world_size_reading_every_unread_window_of_the_epoch_once(tmp_path, saved_on,
+                                                                                                    resumed_on):
+    """Issue 35: saved on 2 ranks, resumed on 3, every rank failed on the missing rng_rank2.cpu; once loaded, the
+    per-rank data position skipped 48 windows. The position is global now: the resumed run reads on in the epoch's
+    order, every window it had not read exactly once, then starts the next epoch."""
+    lm = tl.import_script("train_lm")
+    args = lm.parse_args([str(a) for a in RESHARD])
+    data = lm.read_corpus(args.corpus_bytes)
+    n = len(lm.TokenWindows(data[:-int(len(data) * args.val_fraction)], args.block_size))
+    per_step = resumed_on * args.batch_size
+    max_steps = 3 + (n - 3 * saved_on * args.batch_size) // per_step + 1  # to the end of epoch 0, and one step on
+    root = tmp_path / "runs"
+    saved = launch(root, "saved", [*RESHARD, "--max-steps", max_steps, "--stop-at-step", 3, "--save-every", 3],
+                   saved_on)
+    resumed = launch(root, "resumed", [*RESHARD, "--max-steps", max_steps, "--resume",
+                                       saved.run_dir / "checkpoints" / "step-3"], resumed_on)
+    before = [w for epoch, w in windows_read(saved)]
+    after = [w for epoch, w in windows_read(resumed) if epoch == 0]
+    assert len(before) == len(set(before)) == 3 * saved_on * args.batch_size
+    assert len(after) == len(set(after)) and not set(after) & set(before), "no window read twice"
+    unread = set(range(n)) - set(before) - set(after)
+    assert len(unread) < per_step, f"only the epoch's last {len(unread)} windows, less than one step (drop_last)"
+    assert len([w for epoch, w in windows_read(resumed) if epoch == 1]) == per_step, "the next epoch began"
+    rows = resumed.metrics()
+    assert set(rows["resumed_from_step"]) == {3} and set(rows["world_size"]) == {resumed_on}
+    assert sorted(rows["step"].unique()) == list(range(4, max_steps + 1)) and rows["loss_global"].notna().all()
+    assert f"saved on {saved_on} ranks, now {resumed_on}: data position kept, RNG reseeded" in (
+        resumed.run_dir / "output.log").read_text()
+    assert not wait_no_job_processes(str(tmp_path))
+
+
+@pytest.mark.integration
+def test_a_second_run_by_hand_in_the_same_folder_starts_its_metrics_afresh_and_says_where(tmp_path):
+    """Issue 35: three `python train_lm.py` in one folder appended all three runs to one rank0.jsonl."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "rank1.jsonl").write_text('{"step": 1, "rank": 1}\n')  # an earlier 2-rank run's
+    (metrics / "printed_rank0.jsonl").write_text("{}\n")  # not train_lm's: the launcher's, kept
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(LESSONS_DIR / "train_lm.py"), "--max-steps", "2", "--n-layers", "1",
+                               "--d-model", "32", "--corpus-bytes", "65536", "--parallel", "none"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (metrics / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2], "the second run's lines only"
+    assert sorted(p.name for p in metrics.glob("*.jsonl")) == ["printed_rank0.jsonl", "rank0.jsonl"]
+    assert f"metrics: {metrics}/rank<RANK>.jsonl" in proc.stdout
+
+
 @pytest.mark.integration
 def test_ddp_compile_with_small_buckets_fails_the_doctor_names_the_fix_and_the_fix_trains_as_eager(tmp_path, layouts):
     runs, seed_dir = layouts

@@ -27,6 +27,8 @@ class CauseId(str, Enum):
     RENDEZVOUS_TIMEOUT = "rendezvous_timeout"
     OUT_OF_MEMORY = "out_of_memory"
     CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+    CHECKPOINT_FEWER_RANKS = "checkpoint_fewer_ranks"  # a per-rank entry (rng_rank2) the checkpoint lacks
+    UNEVEN_MICROBATCHES = "uneven_microbatches"
     COLLECTIVE_MISMATCH = "collective_mismatch"
     ABORT_AT_EXIT = "abort_at_exit"
     COMPILE_BUCKET_SPLIT = "compile_bucket_split"
@@ -57,6 +59,10 @@ class Cause:
 
     ``id`` is what code compares; ``name`` and ``fix`` are gettext msgids (English; ``tutorial_lib.i18n`` words them
     when shown). ``describe``, if set, turns the matching line into the evidence shown (else the line itself is).
+    A fix names only what the failing script has: ``fix`` is said of a script of your own, ``script_fixes`` holds
+    the fix for a lesson script that has its own flags and files (``(("train_lm", msgid), ...)``; ``fix_for``).
+    ``requires``, if set, must also occur in the evidence (a frame of the library that raised a message which alone
+    could mean anything).
     """
 
     id: CauseId
@@ -64,6 +70,13 @@ class Cause:
     pattern: re.Pattern
     fix: str
     describe: Callable[[str], str] | None = None
+    script_fixes: tuple[tuple[str, str], ...] = ()
+    requires: re.Pattern | None = None
+
+    def fix_for(self, script: str | None) -> str:
+        """The fix (a msgid) for a run of ``script``: a lesson script's name (``"train_lm"``), or ``None`` (a script
+        of your own, or one the run directory does not name)."""
+        return dict(self.script_fixes).get(script, self.fix) if script else self.fix
 
 
 # A checkpoint loaded into a model of another shape: DCP's planner (dcp.load), set_state_dict's strict check, and
@@ -76,6 +89,30 @@ _SIZE_MISMATCH = (re.compile(r"Size mismatch between saved (?P<saved>torch\.Size
 _MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]*\w)|Missing key: (?P<key2>[\w.]*\w)|"
                           r"Missing key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
 _UNEXPECTED_KEY = re.compile(r"Unexpected key\(s\) in state_dict: (?P<keys>.*?)\.?\s*$")
+# DCP's strict load of a key that names a rank (train_lm.py's rng_rank2.cpu until it resumed on any world size): the
+# checkpoint was saved on fewer ranks than this run has.
+_PER_RANK_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]*?rank(?P<rank>\d+)[\w.]*\w)")
+# Pipeline schedules (GPipe, 1F1B) cut the batch with tensor_split: 10 in 3 gives 4, 3, 3, and every micro-batch must
+# have the first one's shape. torch 2.8's stage checks the shapes it receives (PipeliningShapeError, only the first
+# dimension differs); torch 2.13's last stage fails in the loss (broadcast of the output against the target, dimension
+# 0), a message that alone could be any shape bug: the cause requires a frame of torch.distributed.pipelining.
+_UNEVEN_MICROBATCH = re.compile(r"PipeliningShapeError: .*shape mismatch: expected torch\.Size\(\[(?P<a>\d+)"
+                                r"(?P<rest>[^\]]*)\]\) actual torch\.Size\(\[(?P<b>\d+)(?P=rest)\]\)|"
+                                r"The size of tensor a \((?P<a2>\d+)\) must match the size of tensor b \((?P<b2>\d+)\) "
+                                r"at non-singleton dimension 0")
+_PIPELINING = re.compile(r"torch[/\\.]distributed[/\\.]pipelining|PipeliningShapeError")
+
+
+def describe_fewer_ranks(line: str) -> str:
+    """``"rng_rank2.cpu: the checkpoint has no entry for rank 2"`` from DCP's missing-key message."""
+    m = _PER_RANK_KEY.search(line)
+    return f"{m['key']}: the checkpoint has no entry for rank {m['rank']}" if m else line
+
+
+def describe_uneven_microbatches(line: str) -> str:
+    """``"micro-batches of 4 and 3 samples"`` from a pipeline's shape error (the error line shows the message)."""
+    m = _UNEVEN_MICROBATCH.search(line)
+    return f"micro-batches of {m['a'] or m['a2']} and {m['b'] or m['b2']} samples" if m else line
 
 
 def describe_checkpoint_mismatch(line: str) -> str:
@@ -113,14 +150,45 @@ CAUSES = (
                                       r"DefaultCPUAllocator|std::bad_alloc|Cannot allocate memory"),
           N_("the allocation does not fit: a smaller batch per rank with gradient accumulation (02, section 3), "
              "activation checkpointing or FSDP sharding (04, the OOM ladder) (07, section 4 'Out of memory')")),
+    Cause(CauseId.CHECKPOINT_FEWER_RANKS, N_("checkpoint saved on fewer ranks"), _PER_RANK_KEY,
+          N_("the checkpoint has no entry for a rank this run has: it was saved on fewer ranks, and state saved under "
+             "rank-numbered keys (an RNG stream per rank, a per-rank data position) loads only on the world size that "
+             "saved it. Resume on that many ranks, or make the state loadable on any world size: a data position "
+             "counted for all ranks together, and per-rank entries loaded only where the checkpoint has them (its "
+             "metadata lists the keys), the others given a defined state (05, section 3 'Sharded checkpoints')"),
+          describe_fewer_ranks,
+          script_fixes=(("train_lm", N_(
+              "this copy of train_lm.py keeps one RNG stream per rank (rng_rank<R>) and loads its own strictly, so a "
+              "checkpoint resumes only on the world size that saved it: resume on that many ranks (--nproc-per-node "
+              "in the saving run's command.txt), or use the workbook's current train_lm.py, which resumes on any "
+              "world size (a global data position, RNG reseeded) (11, section 5 'Resume exactly from the "
+              "asynchronous checkpoint')")),)),
     Cause(CauseId.CHECKPOINT_MISMATCH, N_("checkpoint does not match the model"),
           re.compile(r"Size mismatch between saved .* for |size mismatch for \S+: copying a param with shape|"
                      r"Missing key in checkpoint state_dict: |Missing key: |Missing key\(s\) in state_dict|"
                      r"Unexpected key\(s\) in state_dict"),
-          N_("the checkpoint was saved from a model of another shape: build the model with the arguments it was saved "
-             "with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json in the step "
-             "folder records only the step, world size, format and strategy), or start without --resume "
-             "(05, section 3 'Sharded checkpoints')"), describe_checkpoint_mismatch),
+          N_("the state dict loaded does not fit the model it is loaded into (other layer counts or widths, other "
+             "module names, a wrapper's prefix such as DDP's 'module.'): build the model with the arguments it was "
+             "saved with, as the saving code built it, or load a checkpoint of this model; strict=False "
+             "(StateDictOptions(strict=False)) only for keys you mean to leave as they are (05, section 3 "
+             "'Sharded checkpoints')"), describe_checkpoint_mismatch,
+          script_fixes=(
+              ("checkpoint_train", N_(
+                  "the checkpoint was saved from a model of another shape: build the model with the arguments it was "
+                  "saved with (the same layer count and widths: the saving run's command.txt has them; checkpoint.json "
+                  "in the step folder records only the step, world size, format and strategy), or start without "
+                  "--resume (05, section 3 'Sharded checkpoints')")),
+              ("train_lm", N_(
+                  "the checkpoint --resume names was saved by a model of another shape: resume with the arguments it "
+                  "was saved with (--n-layers, --d-model, --n-heads, --block-size, --vocab-size, --bias: the saving "
+                  "run's command.txt has them), give --resume a checkpoint of this model, or leave --resume out to "
+                  "start afresh (11, section 5 'Resume exactly from the asynchronous checkpoint')")))),
+    Cause(CauseId.UNEVEN_MICROBATCHES, N_("micro-batches do not split the batch evenly"), _UNEVEN_MICROBATCH,
+          N_("a pipeline schedule (GPipe, 1F1B) cuts each batch into its micro-batches with tensor_split, and every "
+             "micro-batch must have the shape of the first (the stages' buffers and the loss are sized by it): a "
+             "batch of 10 in 3 micro-batches gives 4, 3 and 3 samples. Make the number of micro-batches divide the "
+             "batch size, and check it before the step runs (12, section 4 'Pipelining seed 000's two halves')"),
+          describe_uneven_microbatches, requires=_PIPELINING),
     # gloo's size check: torch 2.13 prints "op.preamble.length <= op.nbytes. 84488 vs 4. Received data size
     # doesn't match expected size..."; torch 2.8's gloo stops after "84488 vs 4".
     Cause(CauseId.COLLECTIVE_MISMATCH, N_("collective mismatch"), re.compile(r"mismatch between collectives|doesn't match expected size|"

@@ -11,6 +11,7 @@ lines of its traceback, the last step every rank logged, and a suspected cause: 
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +19,10 @@ from ..errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, Rank
 from ..i18n import Message
 from ..runs.metrics import last_steps as logged_last_steps
 from ..runs.printed_metrics import last_printed_steps
-from ..runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, node_log_dirs
+from ..runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, available_scripts, node_log_dirs
 from ..torchrun.attempts import attempts, read_error_file
 from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, FAULTHANDLER_FRAME, NPROC_PER_NODE_ARG,
-                                SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_START)
+                                SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_FRAME, TRACEBACK_START)
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause
 from ..torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
@@ -31,7 +32,56 @@ from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FIN
                      SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
 from .report import COLLECTIVE_FRAME, Diagnosis
 
+# The launcher's helpers that run the learner's script (command.txt names them before the script itself).
+_RUNNERS = ("rank_runner.py", "warm_start.py")
 
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _frame_indent(line: str) -> int | None:
+    """The indentation of a traceback frame line (``  File "x.py", line 3, in f``), else ``None``."""
+    return _indent(line) if TRACEBACK_FRAME.match(line) else None
+
+
+def _is_source(frame_indent: int | None, line: str) -> bool:
+    """Whether ``line``, after a line whose ``_frame_indent`` is ``frame_indent``, is that frame's source code (indented
+    deeper; a frame without source, ``File "<string>"``, is followed by the next frame or the exception line) or a
+    ``^^^`` marker under it."""
+    stripped = line.strip()
+    return (frame_indent is not None and _indent(line) > frame_indent) or (stripped != "" and set(stripped) <= set("^~"))
+
+
+def _without_source_lines(lines: list[str]) -> list[str]:
+    """``lines`` (one rank's, in order) without the source lines of traceback frames and their ``^^^`` markers."""
+    kept, frame_indent = [], None
+    for line in lines:
+        if not _is_source(frame_indent, line):
+            kept.append(line)
+        frame_indent = _frame_indent(line)
+    return kept
+
+
+def _script(run_dir: Path) -> str | None:
+    """The lesson script the run ran (``"train_lm"``), from ``command.txt``; ``None`` for a script of your own (any
+    other name) or when the folder does not say. A lesson's fix may name its flags and files; another script's may
+    not."""
+    try:
+        text = (run_dir / COMMAND_TXT).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        script = next((Path(w) for w in words if w.endswith(".py") and Path(w).name not in _RUNNERS), None)
+        if script is not None:
+            return script.stem if script.stem in available_scripts() else None
+    return None
 
 
 def _error_files(run_dir: Path) -> dict[int | None, str]:
@@ -152,13 +202,15 @@ def _split_ranks(output: str) -> _RankOutput:
     """``output`` rank by rank (see ``_RankOutput``)."""
     ranks = _RankOutput()
     noise = NoiseFilter()
+    frame_indent: dict[int | None, int | None] = {}  # each rank's previous line's _frame_indent
     for rank, text in rank_lines(output):  # output.log of an older launch has ranks' chunks on one line
         ranks.ranked.append((rank, text))
         if noise.kind(rank, text) == NoiseFilter.VERSION:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
         ranks.tails.add(rank, text)
         ranks.by_rank.setdefault(rank, []).append(text)
-        if not DOCTOR_NOISE.search(text):
+        source, frame_indent[rank] = _is_source(frame_indent.get(rank), text), _frame_indent(text)
+        if not DOCTOR_NOISE.search(text) and not source:  # a frame's source line is code, not evidence
             ranks.lines.append(text)
     return ranks
 
@@ -225,20 +277,23 @@ def _failed_diagnosis(run_dir: Path, error: LaunchError | None, record: RunRecor
 
 
 def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> bool:
-    """Set the first of ``CAUSES`` whose pattern a line of ``texts`` matches (in ``texts``' order); ``False`` if
-    none does. On a timeout, the causes from "collective timeout (hang)" on are not tried: the stacks say more."""
+    """Set the first of ``CAUSES`` whose pattern a line of ``texts`` matches (in ``texts``' order; never the source
+    line of a traceback frame); ``False`` if none does. On a timeout, the causes from "collective timeout (hang)" on
+    are not tried: the stacks say more. The fix is the one for the script the run ran (``Cause.fix_for``)."""
     for cause in CAUSES:
         if timed_out and cause.id in (CauseId.COLLECTIVE_TIMEOUT, CauseId.NCCL_ERROR):
             return False  # a wall-clock timeout is a hang; the stacks say more than a message
+        if cause.requires is not None and not any(map(cause.requires.search, texts)):
+            continue
         for text in texts:
-            match = next((m for m in map(cause.pattern.search, text.splitlines()) if m), None)
+            match = next((m for m in map(cause.pattern.search, _without_source_lines(text.splitlines())) if m), None)
             if match:
                 line = match.string.strip()
                 start = max(0, match.start() - len(match.string) + len(line) - 100)
                 evidence = line if start == 0 else "..." + line[start:]
                 evidence = cause.describe(line) if cause.describe else evidence
                 diagnosis.cause_id, diagnosis.evidence = cause.id, evidence
-                diagnosis.fix_text = Message(cause.fix)
+                diagnosis.fix_text = Message(cause.fix_for(_script(diagnosis.run_dir)))
                 nccl_timeout = cause.id == CauseId.COLLECTIVE_TIMEOUT and any(map(NCCL_TIMEOUT.search, texts))
                 if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
                                      or 0) > 1:

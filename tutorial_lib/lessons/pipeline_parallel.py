@@ -68,8 +68,14 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     bad = [m for m in args.microbatches if m <= 0 or args.batch_size % m]
     if bad:
+        # Checked here, before anything runs: the schedules cut the batch with tensor_split (10 in 3: 4, 3, 3) and
+        # fail deep in torch on the first micro-batch of another shape ("The size of tensor a (4) must match ...").
+        m = next((m for m in bad if m > 0), None)
+        sizes = [len(c) for c in torch.arange(args.batch_size).tensor_split(m)] if m else []
+        split = f"; {args.batch_size} in {m} would be {sizes}" if m else ""
         p.error(f"--microbatches must each be > 0 and divide --batch-size {args.batch_size} (equal micro-batches: "
-                f"the mean of their losses is then the batch's loss), got {bad}")
+                f"the schedules need every one the shape of the first, and the mean of their losses is then the "
+                f"batch's loss), got {bad}{split}")
     if args.pg_timeout_s <= 0:
         p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -11,6 +11,7 @@ Run card
     python train_lm.py --create-seed-checkpoint seed                        # the initial weights, written once
     torchrun --nproc-per-node 2 train_lm.py --init-from seed --save-every 50 --async-save
     torchrun --nproc-per-node 2 train_lm.py --resume latest                 # continue exactly where it stopped
+    torchrun --nproc-per-node 3 train_lm.py --resume latest                 # or on another world size (see below)
 
 What it shows
     * the model is built on the ``meta`` device (shapes, no memory), sharded with ``fully_shard`` block by block
@@ -19,13 +20,19 @@ What it shows
     * a seed checkpoint, written once by one process, so every layout (one process, DDP, FSDP, HSDP) starts from
       the same weights; DCP reads each rank's own shards of it;
     * real text that is on every machine without a download: the source of the Python standard library, read as
-      bytes (a byte-level vocabulary of 256), cut into windows that ``DistributedSampler`` spreads over the ranks;
+      bytes (a byte-level vocabulary of 256), cut into windows that the ranks share out of ``DistributedSampler``'s
+      shuffle, from a position every rank agrees on (so a run resumes on another number of ranks);
     * bf16 through FSDP's ``MixedPrecisionPolicy`` (fp32 shards, gradients reduced in fp32) or ``torch.autocast``;
       activation checkpointing per block, whole (``full``) or op by op (``selective``: matmul and attention
       outputs kept, the rest recomputed); gradient clipping on (sharded) DTensor gradients; warm-up + cosine LR;
     * the held-out loss as an exact distributed mean (token-loss sums and token counts all-reduced);
     * DCP checkpoints, ``dcp.save`` or ``dcp.async_save`` on a process group of their own, and an exact resume:
-      model, optimizer, LR scheduler, data position and RNG, so the resumed loss curve equals the uninterrupted one.
+      model, optimizer, LR scheduler, data position and RNG, so the resumed loss curve equals the uninterrupted one;
+      a checkpoint resumes on another world size too (a job whose allocation changed): DCP reshards the model and
+      optimizer, the data position is global, so the epoch goes on where it stopped, with no window skipped or read
+      twice; only the RNG cannot carry over: every rank then seeds a new stream from --seed, its rank and the step
+      (reproducible, but other dropout draws than the uninterrupted run's). The per-rank batch stays --batch-size, so
+      the global batch changes with the world size.
 
 The corpus: the files in ``CORPUS_FILES`` (a fixed, sorted list of pure-Python standard-library modules that exist
 in every Python from 3.10 on), concatenated in that order and cut to ``--corpus-bytes``: every rank and every machine
@@ -44,6 +51,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import resource
 import sys
 import sysconfig
@@ -79,7 +87,8 @@ def parse_args(argv=None):
     p.add_argument("--replicate-degree", type=int, default=2,
                    help="hsdp: replicas (count; must divide the world size); each shards over world/replicas ranks")
     # The model: GPT-2's shape. 6 x 384 x 6 heads is nanoGPT's small (Shakespeare) configuration; 12 x 768 x 12 with
-    # --block-size 1024 is GPT-2 small (124 M with a 50257 vocabulary); 32 x 4096 x 32 is about 6.4 B parameters.
+    # --block-size 1024 --vocab-size 50257 is GPT-2 small's shape: 162.9 M parameters here (163.0 M with --bias), not
+    # GPT-2's 124 M, because this head is untied (GPT-2 shares the token embedding's 38.6 M); 32 x 4096 x 32 is 6.4 B.
     p.add_argument("--n-layers", type=int, default=2, help="transformer blocks (count)")
     p.add_argument("--d-model", type=int, default=128, help="model width (count)")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads; must divide --d-model (count)")
@@ -412,38 +421,47 @@ class TokenWindows(Dataset):
 
 
 class Batches(Stateful):
-    """This rank's batches of a DistributedSampler's shuffle, with the (epoch, position) a checkpoint keeps.
+    """This rank's batches, and the data position a checkpoint keeps: (epoch, windows of the epoch already read).
 
+    Every epoch has one order of all windows, the same on every rank: ``DistributedSampler``'s shuffle of the whole
+    dataset (one replica). A step reads the next world_size x batch_size windows of that order; rank r takes every
+    world_size-th of them from the r-th on, as ``DistributedSampler(num_replicas=world_size, drop_last=True)`` would
+    deal them, so each rank reads exactly the windows that sampler would give it. Why not that sampler itself: it
+    deals from the start of the epoch, and its position (a rank's batch index) means nothing on another number of
+    ranks. This position is global (windows of the epoch read): a run resumed on another world size reads on from
+    the same place in the same order, so no window of the epoch is skipped or read twice. An epoch ends when fewer
+    than one step's windows are left (drop_last: at most world_size x batch_size - 1 windows of it are not read).
     A DataLoader's iterator cannot be saved; where it is can. Stateful: DCP saves and restores it by itself.
     """
 
     def __init__(self, dataset, batch_size, rank, world_size, seed):
-        # Every rank shuffles with the same seed and takes every world_size-th window: no window is read twice
-        # in an epoch. drop_last: every rank has as many batches as the others.
-        self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
-                                          drop_last=True)
-        self.dataset, self.batch_size = dataset, batch_size
-        self.epoch, self.position, self.order = 0, 0, None
-        if len(self.sampler) < batch_size:
-            sys.exit(f"{len(dataset)} training windows give each of {world_size} ranks {len(self.sampler)}, "
-                     f"fewer than --batch-size {batch_size}: lower it or raise --corpus-bytes")
+        # One replica: the sampler shuffles the whole dataset with seed + epoch, the same order on every rank.
+        self.sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+        self.dataset, self.batch_size, self.rank, self.world_size = dataset, batch_size, rank, world_size
+        self.epoch, self.windows_read, self.order, self.read = 0, 0, None, []
+        if len(dataset) < batch_size * world_size:
+            sys.exit(f"{len(dataset)} training windows are fewer than one step's {world_size} ranks x --batch-size "
+                     f"{batch_size}: lower --batch-size or raise --corpus-bytes")
 
     def next(self, device):
-        if (self.position + 1) * self.batch_size > len(self.sampler):
-            self.epoch, self.position, self.order = self.epoch + 1, 0, None  # a new epoch: a new shuffle
+        step_windows = self.world_size * self.batch_size  # what all ranks read in one micro-batch
+        if self.windows_read + step_windows > len(self.dataset):
+            self.epoch, self.windows_read, self.order = self.epoch + 1, 0, None  # a new epoch: a new shuffle
         if self.order is None:
             self.sampler.set_epoch(self.epoch)  # without it every epoch repeats the same order
             self.order = list(self.sampler)
-        picked = self.order[self.position * self.batch_size:(self.position + 1) * self.batch_size]
-        self.position += 1
+        start = self.windows_read + self.rank
+        picked = self.order[start:self.windows_read + step_windows:self.world_size]
+        self.read.extend(picked)  # workbook: what --log-windows writes
+        self.windows_read += step_windows
         x, y = zip(*(self.dataset[i] for i in picked))
         return torch.stack(x).to(device), torch.stack(y).to(device)
 
     def state_dict(self):
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "windows_read": self.windows_read}  # the same on every rank, for any world size
 
     def load_state_dict(self, state):
-        self.epoch, self.position, self.order = int(state["epoch"]), int(state["position"]), None
+        self.epoch, self.windows_read, self.order = int(state["epoch"]), int(state["windows_read"]), None
 
 
 @torch.no_grad()
@@ -536,7 +554,7 @@ class ModelAndOptimizer(Stateful):
 
 
 class RNG(Stateful):
-    """This rank's random state (dropout draws differ per rank): saved under the rank's own key."""
+    """This rank's random state (dropout draws differ per rank): saved under the rank's own key, rng_rank<RANK>."""
 
     def __init__(self, device):
         self.device = device
@@ -567,6 +585,22 @@ class TrainState(Stateful):
 def checkpoint_state(model, optimizer, scheduler, scaler, batches, train_state, rank, device):
     return {"app": ModelAndOptimizer(model, optimizer), "scheduler": scheduler, "scaler": scaler, "data": batches,
             "train": train_state, f"rng_rank{rank}": RNG(device)}
+
+
+def load_checkpoint(state, path, args, rank, world_size):
+    """dcp.load every entry of ``state`` from ``path``; returns the world size that saved it.
+
+    On the same world size every rank gets back its own RNG stream. On another one the streams cannot be dealt out
+    again (there are more or fewer of them), so no rank loads one: each seeds a new stream from --seed, its rank and
+    the step. Everything else loads on any world size (DCP reshards the model and optimizer; the data position is
+    global)."""
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # "rng_rank1.cpu", "app.model.head.weight"
+    saved_world = len({key.split(".")[0] for key in saved if key.startswith("rng_rank")})
+    rng_key = f"rng_rank{rank}"
+    dcp.load({k: v for k, v in state.items() if k != rng_key or saved_world == world_size}, checkpoint_id=path)
+    if saved_world != world_size:
+        torch.manual_seed(args.seed + 7919 * (rank + 1) + 104729 * state["train"].step)
+    return saved_world
 
 
 def complete_checkpoints(folder):
@@ -631,9 +665,11 @@ def train(args, rank, local_rank, world_size, device):
     save_group = dist.new_group(backend="gloo") if args.async_save and args.save_group == "own" else None
     state = checkpoint_state(model, optimizer, scheduler, scaler, batches, train_state, rank, device)
     path = resume_path(args)
-    if path is not None:
-        dcp.load(state, checkpoint_id=path)  # model, optimizer, scheduler, data position, step, this rank's RNG
-        sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}\n")
+    if path is not None:  # model, optimizer, scheduler, data position, step, this rank's RNG
+        saved_world = load_checkpoint(state, path, args, rank, world_size)
+        resharded = (f" (saved on {saved_world} ranks, now {world_size}: data position kept, RNG reseeded)"
+                     if saved_world != world_size else "")
+        sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}{resharded}\n")
     log = StepLog(args, rank, local_rank, world_size, device, model, optimizer, data, train_state.step)  # workbook
     pending = None  # the async save in flight
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
@@ -661,7 +697,7 @@ def train(args, rank, local_rank, world_size, device):
             else:
                 dcp.save(state, checkpoint_id=checkpoint_id)
             log.saved(step, time.perf_counter() - t0)  # workbook: how long training was blocked
-        log.step_done(step, loss, loss_global, grad_norm, lr, eval_loss, batches.epoch)  # workbook: one JSON line
+        log.step_done(step, loss, loss_global, grad_norm, lr, eval_loss, batches)  # workbook: one JSON line
     if pending is not None:
         pending.result()
     if args.sample_tokens:
@@ -710,7 +746,11 @@ PEAK_TFLOPS = {"H200": (989.4, 66.9), "H100 PCIe": (756.0, 51.2), "H100": (989.4
 
 
 def add_workbook_flags(p):
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl (created; a new run replaces what an earlier run left there)")
+    p.add_argument("--log-windows", action="store_true",
+                   help="write the indices of the training windows every step read to "
+                        "<metrics-dir>/windows_rank<RANK>.json")
     p.add_argument("--save-group", choices=["own", "default"], default="own",
                    help="--async-save's process group: own (a new gloo group); default: the mistake, training's own "
                         "group, whose collectives then interleave with the background save's")
@@ -776,15 +816,37 @@ def tensor_bytes(tensors):
     return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
 
 
+# What a run writes in --metrics-dir, per rank: a new run removes an earlier run's (start_afresh).
+RUN_FILE = re.compile(r"(?:(?:data|memory|checkpoint|windows|model|sample)_)?rank(\d+)\.jsonl?")
+
+
+def start_afresh(metrics_dir, rank, world_size):
+    """Remove what an earlier run left in ``metrics_dir``: this rank's files, and (rank 0) those of ranks this run
+    does not have. Otherwise a learner's second ``python train_lm.py`` in one folder appends its steps to the first
+    run's lines. A torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) continues its run and keeps them. The launcher
+    gives every launch a folder of its own, so there is nothing to remove under it."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    for path in metrics_dir.iterdir():
+        m = RUN_FILE.fullmatch(path.name)
+        if m and (int(m[1]) == rank or (rank == 0 and int(m[1]) >= world_size)):
+            path.unlink(missing_ok=True)
+
+
 class StepLog:
     """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl``; rank 0 prints a line
-    every --log-every steps. Keys: tutorial_lib/runs/metrics.py's schema."""
+    every --log-every steps, and where the metrics are. Keys: tutorial_lib/runs/metrics.py's schema."""
 
     def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, data, resumed_from):
         self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
         self.metrics_dir = Path(args.metrics_dir)
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+        start_afresh(self.metrics_dir, rank, world_size)
+        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # "a": a restart goes on
+        self.windows = []  # --log-windows: [step, epoch, [window indices]] per step
+        if rank == 0:
+            sys.stdout.write(f"metrics: {self.metrics_dir.resolve()}/rank<RANK>.jsonl (one JSON line per step per "
+                             f"rank, this run's only)\n")
         cfg = model_config(args)
         n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
         self.flops_per_token = model_flops_per_token(cfg, n_params)
@@ -828,7 +890,10 @@ class StepLog:
         (self.metrics_dir / f"checkpoint_rank{self.rank}.json").write_text(json.dumps(
             {"rank": self.rank, "events": self.save_events}))
 
-    def step_done(self, step, loss, loss_global, grad_norm, lr, eval_loss, epoch):
+    def step_done(self, step, loss, loss_global, grad_norm, lr, eval_loss, batches):
+        epoch, read, batches.read = batches.epoch, batches.read, []
+        if self.args.log_windows:
+            self.windows.append([step, epoch, read])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         step_time_s = time.perf_counter() - self.t0
@@ -854,6 +919,9 @@ class StepLog:
 
     def close(self):
         self.file.close()
+        if self.args.log_windows:
+            (self.metrics_dir / f"windows_rank{self.rank}.json").write_text(json.dumps(
+                {"rank": self.rank, "world_size": self.static["world_size"], "steps": self.windows}))
 
 
 def memory_fields(model, optimizer, device):

@@ -227,7 +227,7 @@ def _traced_step(module, parsed, world_size: int) -> tuple[dict, int, int]:
             n_val = int(len(data) * parsed.val_fraction)
             batches = module.Batches(module.TokenWindows(data[:-n_val], parsed.block_size), parsed.batch_size,
                                      0, world_size, parsed.seed)
-            if len(batches.sampler) < 2 * parsed.batch_size:
+            if len(batches.sampler) < 2 * world_size * parsed.batch_size:  # the epoch's order of every window
                 raise ConfigError(f"--corpus-bytes {parsed.corpus_bytes} gives each of {world_size} ranks fewer than "
                                   f"2 batches of {parsed.batch_size} windows: raise it")
             batches.order = list(range(len(batches.sampler)))  # a fake tensor has no values to shuffle by

@@ -24,6 +24,9 @@ TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\)|^Traceback",
 CHILD_FAILED = "ChildFailedError"
 # A frame of a faulthandler dump ('  File "train.py", line 12 in main': no comma before "in", unlike a traceback's).
 FAULTHANDLER_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+# A frame of a Python traceback ('  File "train.py", line 12, in main'): the line after it is the frame's source
+# code, never a message ('raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")' is code).
+TRACEBACK_FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in ')
 # The lines of a faulthandler dump: its thread headers, its frames, the blank line that ends it.
 STACK_LINE = re.compile(r'^(Current thread 0x|Thread 0x|\s+File "|\s*$)')
 # Python's report of a file it cannot parse: '  File "train.py", line 12' (no ", in function": no frame ran), the
