@@ -177,6 +177,11 @@ def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run
             table = tl.compare_tp_plan(plan, measured)
             assert (table.loc[["parameters", "optimizer state"], "difference_bytes"] == 0).all(), (layout, table)
             assert 0 <= -table.loc["total", "difference_bytes"] <= plan.unsimulated_bytes, (layout, table)
+    # SP's norm gradients are Partial: AdamW's update reads each three times (the first moment once, the second
+    # moment's addcmul twice) and each read all-reduces it; SGD reads it once (notebook 12 asserts that count).
+    n_norm_params = 2 * (2 * 1 + 1)  # weight and bias of 2 norms per block (1 block) and the final norm
+    for r in ranks:
+        assert r["model"]["TP + SP"]["steps"][0]["collectives"]["all_reduce"] == 3 + 3 * n_norm_params, r["model"]
     one_rank = tl.plan_tp_memory(args, world_size=1)  # a control: one rank holds the whole model
     D, V = 32, 64
     split = 3 * (D * D + D) + D * D + (4 * D * D + 4 * D) + 4 * D * D + V * D  # q, k, v, wo, fc1, fc2 weights; head
