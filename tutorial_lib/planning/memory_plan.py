@@ -69,6 +69,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, MetricsError
 from .memory_model import bytes_per_parameter, shard_rows
+from .tracker_counting import CUDA_MIN_ALLOCATE, DEVICES, counted_as_cuda, device_snapshot, fake_world
 from ..notebook.script_source import import_script
 
 # The tracker's categories (FSDPMemTracker's _FSDPRefType, MemTracker's _MemRefType) -> the plan's.
@@ -85,8 +86,6 @@ GIB = 1 << 30
 # What CUDA can allocate on an RTX 4090 D "24 GB" card (24 GiB of GDDR6X, of which the driver keeps about 0.4 GiB;
 # reported for these cards, not measured here): the capacity the 24 GB table plans against, before the margins above.
 USABLE_GIB_4090D = 23.6
-CUDA_MIN_ALLOCATE = 512  # torch's MemTracker rounds every CUDA storage up to this (mem_tracker._PYTORCH_MIN_ALLOCATE)
-DEVICES = ("cpu", "cuda")  # the devices a plan can count for
 
 
 @dataclass(frozen=True)
@@ -177,23 +176,6 @@ def categories_of(snapshot: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def fake_world(world_size: int, rank: int = 0):
-    """A fake process group of ``world_size`` ranks in this process, as rank ``rank``, destroyed on exit."""
-    import torch.distributed as dist
-    import torch.distributed._tools.fake_collectives  # noqa: F401  (c10d's collectives on fake tensors; torch 2.8)
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers torch's "fake" backend)
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    @contextlib.contextmanager
-    def world():
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-    return world()
-
-
 def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str | Path = "train_lm",
                 device: str = "cpu") -> MemoryPlan:
     """Plan every rank's peak memory in a training step of ``train_lm.py ARGS`` on ``world_size`` ranks.
@@ -249,25 +231,7 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
         parsed.parallel = "none"
     traced = _traced_step(module, parsed, world_size, rank=0, device=device, persistent_grads=ddp)
     n_params, largest_unit, shapes = traced.n_params, traced.largest_unit, traced.shapes
-    plans = {0: categories_of(traced.snapshot)}
-    notes = []
-    if parsed.parallel in ("fsdp", "hsdp"):  # ranks whose shards differ in size from rank 0's get a trace of their own
-        shards = world_size // (parsed.replicate_degree if parsed.parallel == "hsdp" else 1)
-        groups: dict[tuple, list[int]] = {}
-        for rank in range(world_size):
-            sizes = tuple(shard_rows(shape[0], shards, rank % shards) for shape in shapes)
-            groups.setdefault(sizes, []).append(rank)
-        for ranks in groups.values():
-            if ranks[0] != 0:
-                plans[ranks[0]] = categories_of(
-                    _traced_step(module, parsed, world_size, rank=ranks[0], device=device).snapshot)
-            for rank in ranks[1:]:
-                plans[rank] = plans[ranks[0]]
-        if len(groups) > 1:
-            notes.append(f"{len(groups)} distinct shard sizes over {world_size} ranks: traced once each (ranks "
-                         + ", ".join(str(r[0]) for r in groups.values()) + ")")
-    else:  # DDP and one process: every rank holds the same tensors
-        plans.update({rank: plans[0] for rank in range(1, world_size)})
+    plans, notes = _every_rank(module, parsed, world_size, device, categories_of(traced.snapshot), shapes)
     if ddp:
         bucket_bytes = n_params * 4  # fp32 gradients, one bucket element per parameter element
         for plan in {id(p): p for p in plans.values()}.values():
@@ -291,6 +255,27 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
                       unsimulated_bytes=unsimulated, notes=tuple(notes),
                       rank_peak_bytes={rank: dict(plans[rank]) for rank in sorted(plans)}, peak_rank=peak_rank,
                       device=device)
+
+
+def _every_rank(module, parsed, world_size: int, device: str, rank0: dict, shapes) -> tuple[dict, list]:
+    """Every rank's ``{category: bytes}``, from rank 0's and one more trace per distinct set of FSDP shard sizes
+    (``torch.chunk``'s rows per rank of every parameter); and a note when there was more than one set."""
+    plans = {0: rank0}
+    if parsed.parallel not in ("fsdp", "hsdp"):  # DDP and one process: every rank holds the same tensors
+        return {rank: rank0 for rank in range(world_size)}, []
+    shards = world_size // (parsed.replicate_degree if parsed.parallel == "hsdp" else 1)
+    groups: dict[tuple, list[int]] = {}
+    for rank in range(world_size):  # HSDP's mesh is (replicate, shard): rank r holds shard r % shards
+        groups.setdefault(tuple(shard_rows(shape[0], shards, rank % shards) for shape in shapes), []).append(rank)
+    for ranks in groups.values():
+        if ranks[0] != 0:
+            plans[ranks[0]] = categories_of(
+                _traced_step(module, parsed, world_size, rank=ranks[0], device=device).snapshot)
+        plans.update({rank: plans[ranks[0]] for rank in ranks[1:]})
+    if len(groups) == 1:
+        return plans, []
+    return plans, [f"{len(groups)} distinct shard sizes over {world_size} ranks: traced once each (ranks "
+                   + ", ".join(str(r[0]) for r in groups.values()) + ")"]
 
 
 @dataclass(frozen=True)
@@ -342,43 +327,6 @@ def _traced_step(module, parsed, world_size: int, *, rank: int = 0, device: str 
             shapes = tuple(tuple(p.shape) for p in model.parameters())
             block_numels = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
     return _Traced(snapshot, n_params, max(block_numels + [n_params - sum(block_numels)]), shapes)
-
-
-def device_snapshot(peak: Mapping, device: str) -> dict:
-    """The ``{category: bytes}`` of ``device`` (``"cpu"`` or ``"cuda"``) in a tracker's ``{device: {...}}`` snapshot
-    (every category 0 when the step put nothing there)."""
-    for key, value in peak.items():
-        if str(key).split(":")[0] == device:
-            return {getattr(k, "name", str(k)): int(v) for k, v in value.items()}
-    return {}
-
-
-@contextlib.contextmanager
-def counted_as_cuda(optimizer=None):
-    """While active, torch's memory trackers count a CPU storage as a CUDA one: rounded up to 512 bytes
-    (``_WeakRefInfo._calculate_mem_consumed``) and filed under a ``cuda`` device; AdamW's ``step`` counters of
-    ``optimizer``, which a CUDA run keeps on the CPU, stay filed under the CPU."""
-    import torch
-    from torch.distributed._tools import mem_tracker
-
-    on_cpu = set()
-    for state in (optimizer.state.values() if optimizer is not None else ()):
-        step = state.get("step") if isinstance(state, dict) else None
-        if isinstance(step, torch.Tensor):
-            on_cpu.add(step.untyped_storage()._cdata)
-    original = mem_tracker._WeakRefInfo.__dict__["create_winfo"]  # a classmethod
-    cuda = torch.device("cuda")
-
-    def create_winfo(cls, st, device, reftype, callback=None):
-        if device.type == "cpu" and st._cdata not in on_cpu:
-            device = cuda
-        return original.__func__(cls, st, device, reftype, callback)
-
-    mem_tracker._WeakRefInfo.create_winfo = classmethod(create_winfo)
-    try:
-        yield
-    finally:
-        mem_tracker._WeakRefInfo.create_winfo = original
 
 
 def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:

@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from .memory_plan import DEVICES, ORDER, MemoryPlan, categories_of, counted_as_cuda, device_snapshot, fake_world
+from .memory_plan import ORDER, MemoryPlan, categories_of
+from .tracker_counting import DEVICES, counted_as_cuda, device_snapshot, fake_world
 from ..notebook.script_source import import_script
 
 TP_LAYOUTS = ("tp", "tp+sp")  # the model lesson's two layouts: "TP" and "TP + SP"
