@@ -153,6 +153,8 @@ def test_sizes_the_split_cannot_divide_and_a_third_stage_are_refused():
     with pytest.raises(ValueError, match="--n-heads 8 is not divisible by the tensor-parallel size 3"):
         tp.check_world(tp.parse_args(["--lessons", "block"]), 3)
     tp.check_world(tp.parse_args(["--lessons", "block", "2d"]), 4)
+    # notebook 12's choice of a TP size: the most ranks the check accepts (3 GPUs: TP on 2 of them), 0 for none
+    assert [tp.largest_tp_size(n) for n in (1, 2, 3, 6, 8)] == [0, 2, 2, 4, 8]
     with pytest.raises(ValueError, match="WORLD_SIZE must be 2 \\(or 1: both halves in one stage\\), got 3"):
         tl.import_script(LESSONS_DIR / "pipeline_parallel.py").check_world(3)
 
