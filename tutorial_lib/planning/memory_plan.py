@@ -8,13 +8,15 @@ tensors that fake mode would count), then one step under
 ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (``MemTracker`` without FSDP), all inside
 ``FakeTensorMode`` and over a fake process group of ``world_size`` ranks: one process, no tensor memory allocated,
 no collective sent, seconds for a 7 B model. The tracker sees every tensor the step creates and frees, as it does in
-a real run, and reports the peak by category: parameters (rank 0's shards), all-gathered parameters, gradients,
-optimizer state, activations, all-gather and reduce-scatter buffers, temporaries. Every rank is planned: ``torch.chunk`` gives the remainder rows to the first
-ranks, so when the world size does not divide a parameter's first dimension the ranks hold different shards (FSDP2
-pads every rank's parameter storage to the largest shard, but AdamW's state follows the unpadded shard: with 3 ranks
-rank 2's optimizer state was measured 1.22% below rank 0's). Ranks with the same shard sizes have the same plan, so
-the step is traced once per distinct set of shard sizes (once when the world size divides every first dimension),
-each on a fake process group whose rank is that set's first rank. ``MemoryPlan.rank_peak_bytes`` holds every rank's
+a real run, and reports the peak by category: parameters (the rank's shards), all-gathered parameters, gradients,
+optimizer state, activations, all-gather and reduce-scatter buffers, temporaries. Every rank is planned:
+``torch.chunk`` gives the remainder rows to the first ranks, so when the world size does not divide a parameter's
+first dimension the ranks hold different shards. FSDP2 pads every rank's parameter storage to the largest shard, but
+AdamW's state follows the unpadded shard: in issue 35's trial, 3 ranks, rank 2's optimizer state was 1.22% below rank
+0's plan; a 3-rank gloo run here equalled each rank's own plan byte for byte (tests/unit/test_memory_plan.py). Ranks
+with the same shard sizes have the same plan, so the step is traced once per distinct set of shard sizes (once when
+the world size divides every first dimension), on a fake process group whose rank is that set's first rank.
+``MemoryPlan.rank_peak_bytes`` holds every rank's
 plan, ``peak_rank`` the rank whose total is largest, and ``peak_bytes`` that rank's plan.
 
 Measured against real runs (tests/test_train_lm.py, notebook 11): ``train_lm.py --track-memory`` runs the same
