@@ -155,6 +155,8 @@ def test_sizes_the_split_cannot_divide_and_a_third_stage_are_refused():
     with pytest.raises(ValueError, match="--n-heads 8 is not divisible by the tensor-parallel size 3"):
         tp.check_world(tp.parse_args(["--lessons", "block"]), 3)
     tp.check_world(tp.parse_args(["--lessons", "block", "2d"]), 4)
+    # notebook 12's choice of a TP size: the most ranks the check accepts (3 GPUs: TP on 2 of them), 0 for none
+    assert [tp.largest_tp_size(n) for n in (1, 2, 3, 6, 8)] == [0, 2, 2, 4, 8]
     with pytest.raises(ValueError, match="WORLD_SIZE must be 2 \\(or 1: both halves in one stage\\), got 3"):
         tl.import_script(LESSONS_DIR / "pipeline_parallel.py").check_world(3)
 
@@ -179,6 +181,11 @@ def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run
             table = tl.compare_tp_plan(plan, measured)
             assert (table.loc[["parameters", "optimizer state"], "difference_bytes"] == 0).all(), (layout, table)
             assert 0 <= -table.loc["total", "difference_bytes"] <= plan.unsimulated_bytes, (layout, table)
+    # SP's norm gradients are Partial: AdamW's update reads each three times (the first moment once, the second
+    # moment's addcmul twice) and each read all-reduces it; SGD reads it once (notebook 12 asserts that count).
+    n_norm_params = 2 * (2 * 1 + 1)  # weight and bias of 2 norms per block (1 block) and the final norm
+    for r in ranks:
+        assert r["model"]["TP + SP"]["steps"][0]["collectives"]["all_reduce"] == 3 + 3 * n_norm_params, r["model"]
     one_rank = tl.plan_tp_memory(args, world_size=1)  # a control: one rank holds the whole model
     D, V = 32, 64
     split = 3 * (D * D + D) + D * D + (4 * D * D + 4 * D) + 4 * D * D + V * D  # q, k, v, wo, fc1, fc2 weights; head

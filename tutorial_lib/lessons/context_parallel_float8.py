@@ -1,15 +1,18 @@
 """Context parallelism (attention over a sequence split across ranks) and float8 matmuls: two GPU-only techniques.
 
 Run card
-    torchrun --nproc-per-node 2 context_parallel_float8.py       # 2 GPUs: ring attention over 2 sequence shards
+    torchrun --nproc-per-node 2 context_parallel_float8.py       # 2 GPUs: attention over 2 sequence shards
     python context_parallel_float8.py                            # one GPU (a mesh of 1); on CPU both lessons say why
                                                                  # they cannot run there
 
 What it shows
     * context_parallel: ``torch.distributed.tensor.experimental.context_parallel`` cuts q, k and v along the sequence
-      (each rank keeps 1/N of every token's activations) and turns ``scaled_dot_product_attention`` into ring
-      attention: each rank computes its queries against every rank's keys and values, passed around the ring, and
-      merges the partial softmaxes. The output, put back together (``context_parallel_unshard``), equals attention
+      (each rank keeps 1/N of the tokens, in 2N chunks for causal load balance) and turns
+      ``scaled_dot_product_attention`` into attention over every rank's keys and values: each rank computes its
+      queries against them chunk by chunk and merges the partial softmaxes by their logsumexp. How the keys and values
+      travel is torch's rotate method, and its default on torch 2.8 and 2.13 is ``allgather``: one all-gather gives
+      every rank the whole sequence's K and V (so during attention each rank holds all of them); ring attention
+      proper, one neighbour's shard at a time, is ``set_rotate_method("alltoall")``. The result records the method. The output, put back together (``context_parallel_unshard``), equals attention
       over the whole sequence in one process, within bf16 rounding. It needs an attention kernel DTensor can shard:
       on CPU, torch 2.8 and 2.13 raise ``NotImplementedError`` (no sharding strategy for the CPU flash kernel), and
       the lesson records that message.
@@ -94,20 +97,22 @@ def setup(args):
 
 
 def lesson_context_parallel(args, rank, world_size, device):
-    """Causal attention over a sequence split across the ranks (ring attention), against the whole sequence."""
+    """Causal attention over a sequence split across the ranks, against the whole sequence."""
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.distributed.tensor.experimental._attention import _cp_options, context_parallel_unshard
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("cp",))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # flash attention computes in bf16 / fp16
     g = torch.Generator().manual_seed(args.seed)
     q, k, v = (torch.randn(2, args.n_heads, args.seq_len, args.head_dim, generator=g).to(device, dtype)
                for _ in range(3))  # the same tensors on every rank
     whole = [t.clone() for t in (q, k, v)]  # context_parallel shards q, k and v in place
-    out = {"dtype": str(dtype).replace("torch.", ""), "global_shape": list(q.shape)}
+    # torch's default, ALL_GATHER on 2.8 and 2.13: every rank gathers the whole sequence's K and V (not a ring)
+    out = {"dtype": str(dtype).replace("torch.", ""), "global_shape": list(q.shape),
+           "rotate_method": _cp_options.rotate_method.name}
     try:
         with undo_context_parallel_patches(), context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
             out["local_shape"] = list(q.shape)  # inside: each rank holds 1/N of the sequence of q, k and v
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # ring attention over the cp mesh
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # attention over the cp mesh's K and V
         (y,) = context_parallel_unshard(mesh, [y], [2])  # the whole sequence again, in order
     except NotImplementedError as e:
         return {**out, "ran": False, "reason": f"NotImplementedError: {e}"}

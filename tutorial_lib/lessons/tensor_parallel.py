@@ -120,6 +120,19 @@ def check_world(args, world_size):
                                  f"hold whole heads, an equal slice of the vocabulary and of the sequence")
 
 
+def largest_tp_size(ranks, args=None):
+    """The largest tensor-parallel size from 2 to ``ranks`` that ``check_world`` accepts for ``args`` (default: the
+    script's defaults), or 0 when none does: a notebook with 3 GPUs runs TP on 2 of them."""
+    args = parse_args([]) if args is None else args
+    for n in range(ranks, 1, -1):
+        try:
+            check_world(args, n)
+            return n
+        except ValueError:
+            continue
+    return 0
+
+
 def setup(args):
     """Join the process group (a world of one over an in-memory store without torchrun).
 

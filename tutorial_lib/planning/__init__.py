@@ -2,7 +2,8 @@
 
 The rule: these modules predict memory in this process and launch nothing (``memory_model``: the analytic bytes of
 parameters, gradients and optimizer state; ``memory_plan``: torch's own memory tracker run over ``train_lm.py``'s step
-in fake mode, on a fake process group; ``memory_plan_tp``: the same for ``tensor_parallel.py``'s layouts; ``hf_plan``:
+in fake mode, on a fake process group; ``memory_plan_tp``: the same for ``tensor_parallel.py``'s layouts;
+``tracker_counting``: that fake process group, and how the tracker's counts stand for a CPU or a CUDA run; ``hf_plan``:
 the same for ``train_hf.py``, a Hugging Face model built from its config.json; ``published``: figures other people
 published (ZeRO's model states, Korthikanti et al.'s activations per layer) and the planner's bytes beside them;
 ``layer_memory``: one transformer layer (``transformer_layers``) measured by torch's tracker in fake mode, tensor by

@@ -8,9 +8,17 @@ tensors that fake mode would count), then one step under
 ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (``MemTracker`` without FSDP), all inside
 ``FakeTensorMode`` and over a fake process group of ``world_size`` ranks: one process, no tensor memory allocated,
 no collective sent, seconds for a 7 B model. The tracker sees every tensor the step creates and frees, as it does in
-a real run, and reports the peak by category: parameters (rank 0's shards), all-gathered parameters, gradients,
-optimizer state, activations, all-gather and reduce-scatter buffers, temporaries. Rank 0 holds the largest shard
-(``torch.chunk`` gives the remainder rows to the first ranks), so its peak is the largest of all ranks'.
+a real run, and reports the peak by category: parameters (the rank's shards), all-gathered parameters, gradients,
+optimizer state, activations, all-gather and reduce-scatter buffers, temporaries. Every rank is planned:
+``torch.chunk`` gives the remainder rows to the first ranks, so when the world size does not divide a parameter's
+first dimension the ranks hold different shards. FSDP2 pads every rank's parameter storage to the largest shard, but
+AdamW's state follows the unpadded shard: in issue 35's trial, 3 ranks, rank 2's optimizer state was 1.22% below rank
+0's plan; a 3-rank gloo run here equals each rank's own plan byte for byte (tests/integration/
+test_memory_plan_ranks.py, torch 2.8 and 2.13). Ranks
+with the same shard sizes have the same plan, so the step is traced once per distinct set of shard sizes (once when
+the world size divides every first dimension), on a fake process group whose rank is that set's first rank.
+``MemoryPlan.rank_peak_bytes`` holds every rank's
+plan, ``peak_rank`` the rank whose total is largest, and ``peak_bytes`` that rank's plan.
 
 Measured against real runs (tests/test_train_lm.py, notebook 11): ``train_lm.py --track-memory`` runs the same
 tracker on the same second step with real tensors and real gloo collectives. Where the peak is at the end of forward
@@ -23,16 +31,32 @@ input was seen held into the optimizer step (397 of 1484 MiB, where the plan sai
 ``unsimulated_bytes`` holds the largest unit's reduce-scatter input and ``headroom_bytes`` counts it. Conditions:
 one micro-batch per step, no ``torch.compile`` (a compiled graph frees and fuses differently).
 
-DDP cannot run on fake tensors (its C++ reducer needs real storage), so a DDP plan is the one-process plan plus
-DDP's gradient buckets: ``gradient_as_bucket_view=True`` makes the buckets the gradients' storage, held from the
-first backward on (``zero_grad(set_to_none=True)`` frees the views, not the buckets). torch's tracker files them
-under activations in a real DDP run (it first sees their storage in backward); the plan shows them as gradients.
+DDP cannot run on fake tensors (its C++ reducer needs real storage), so a DDP plan traces one process whose gradients
+behave as DDP's: ``gradient_as_bucket_view=True`` makes the buckets the gradients' storage, held from the first
+backward on (``zero_grad(set_to_none=True)`` frees the views, not the buckets). The plan keeps one process's
+gradients allocated for the whole step (``zero_grad`` zeroes them instead of freeing them), so the bucket bytes are
+counted once, at whatever moment the peak falls. (Until 2026-12 the plan added the buckets on top of the one-process
+peak, which counted the gradients twice wherever that peak fell in backward or in the optimizer step: a large model
+with a small batch.) torch's tracker files the buckets under activations in a real DDP run (it first sees their
+storage in backward); the plan shows them as gradients, and ``compare_plan`` moves them.
+
+On CUDA (``device="cuda"``) torch's tracker rounds every storage up to 512 bytes (``_PYTORCH_MIN_ALLOCATE`` in
+``torch/distributed/_tools/mem_tracker.py``, ``_WeakRefInfo._calculate_mem_consumed``; on CPU it counts exact bytes),
+and AdamW keeps its ``step`` counters on the CPU (``foreach`` off, not ``capturable`` or ``fused``: the script's
+default), outside the GPU's snapshot. The plan runs on CPU fake tensors either way; ``device="cuda"`` counts every
+storage the step creates as the CUDA tracker does (rounded up to 512 bytes), except the ``step`` counters, which it
+leaves out of the plan, and means bf16 compute where ``--precision`` is not given (the script's default on a GPU).
+Not emulated: the CUDA attention kernels save other tensors than the CPU's (a random-number state of 64 bytes, a
+logsumexp of another layout), and CUDA's autocast casts other ops than the CPU's: no GPU has compared a plan with a
+CUDA run yet (``scripts/gpu_check.py`` does, where one is lent).
 
 What the plan does not see (the margin to keep on a GPU): the CUDA context (300-500 MB per process, outside the
 allocator), the caching allocator's rounding and fragmentation (``max_memory_reserved`` above
 ``max_memory_allocated``), NCCL's communication buffers and workspace, cuBLAS's workspace, and the memory of
 another process on the same GPU. ``headroom_bytes`` subtracts ``CONTEXT_MARGIN_BYTES`` and ``FRAGMENTATION_MARGIN``
-of the plan, a judgement (no GPU measured it here), stated where it is used.
+of the plan, a judgement (no GPU measured it here), stated where it is used. The capacity it starts from is what CUDA
+can use, not the card's label: an RTX 4090 D sold as 24 GB gives CUDA about 23.6 GiB (``USABLE_GIB_4090D``; the
+driver and display keep the rest; a figure reported for these cards, not measured here).
 
 Sources: torch.distributed._tools.fsdp2_mem_tracker (FSDPMemTracker's docstring and tests); torch's fake process
 group (torch.testing._internal.distributed.fake_pg, the "fake" backend); torchtitan's meta-device initialisation.
@@ -47,7 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, MetricsError
-from .memory_model import bytes_per_parameter
+from .memory_model import bytes_per_parameter, shard_rows
+from .tracker_counting import CUDA_MIN_ALLOCATE, DEVICES, counted_as_cuda, device_snapshot, fake_world
 from ..notebook.script_source import import_script
 
 # The tracker's categories (FSDPMemTracker's _FSDPRefType, MemTracker's _MemRefType) -> the plan's.
@@ -61,6 +86,9 @@ ORDER = ("parameters", "gathered parameters", "gradients", "optimizer state", "a
 CONTEXT_MARGIN_BYTES = 1 << 30  # CUDA context (300-500 MB) + NCCL buffers + cuBLAS workspace, per process: 1 GiB
 FRAGMENTATION_MARGIN = 0.10  # the caching allocator's rounding and fragmentation, as a share of the plan
 GIB = 1 << 30
+# What CUDA can allocate on an RTX 4090 D "24 GB" card (24 GiB of GDDR6X, of which the driver keeps about 0.4 GiB;
+# reported for these cards, not measured here): the capacity the 24 GB table plans against, before the margins above.
+USABLE_GIB_4090D = 23.6
 
 
 @dataclass(frozen=True)
@@ -72,7 +100,8 @@ class MemoryPlan:
         parallel: none, ddp, fsdp or hsdp (the script's ``--parallel``).
         world_size: ranks simulated.
         n_params: parameters of the model (count).
-        peak_bytes: ``{category: bytes}`` at the peak, categories in ``ORDER`` (bytes, rank 0).
+        peak_bytes: ``{category: bytes}`` at the peak, categories in ``ORDER`` (bytes), of ``peak_rank``: the rank
+            whose total is largest (rank 0 when several tie).
         state_bytes_analytic: parameters + gradients + AdamW state per rank from ``tl.bytes_per_parameter``
             (16 bytes per parameter, / world size under FSDP; the shard dimension only under HSDP).
         plan_time_s: wall time of the plan (seconds).
@@ -81,6 +110,11 @@ class MemoryPlan:
             a real run can still hold at the peak while fake mode has freed it (see the module docstring); counted
             by ``headroom_bytes``, not in ``peak_bytes`` (bytes).
         notes: what the plan added or assumed, in words.
+        rank_peak_bytes: every rank's ``{category: bytes}`` at its own peak, ``{rank: ...}`` for ranks 0..world_size-1
+            (empty in a plan made without it: ``for_rank`` then answers ``peak_bytes``).
+        peak_rank: the rank whose planned total is largest (the first of them when several tie).
+        device: the device whose tracker the plan counts as (``"cpu"``: exact bytes; ``"cuda"``: every storage rounded
+            up to 512 bytes, AdamW's ``step`` counters left out, as torch's tracker counts a CUDA run).
     """
 
     args: tuple[str, ...]
@@ -93,6 +127,19 @@ class MemoryPlan:
     torch_version: str
     unsimulated_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+    rank_peak_bytes: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    peak_rank: int = 0
+    device: str = "cpu"
+
+    def for_rank(self, rank: int) -> Mapping[str, int]:
+        """Rank ``rank``'s ``{category: bytes}`` at its peak (``peak_bytes`` when the plan has no per-rank plans).
+
+        Raises:
+            ConfigError: a rank outside 0..world_size-1.
+        """
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank must be an int in 0..{self.world_size - 1}, got {rank!r}")
+        return self.rank_peak_bytes.get(rank, self.peak_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -132,41 +179,30 @@ def categories_of(snapshot: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def fake_world(world_size: int):
-    """A fake process group of ``world_size`` ranks in this process (rank 0), destroyed on exit."""
-    import torch.distributed as dist
-    import torch.distributed._tools.fake_collectives  # noqa: F401  (c10d's collectives on fake tensors; torch 2.8)
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers torch's "fake" backend)
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    @contextlib.contextmanager
-    def world():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-    return world()
-
-
-def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str | Path = "train_lm") -> MemoryPlan:
-    """Plan one rank's peak memory in a training step of ``train_lm.py ARGS`` on ``world_size`` ranks.
+def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str | Path = "train_lm",
+                device: str = "cpu") -> MemoryPlan:
+    """Plan every rank's peak memory in a training step of ``train_lm.py ARGS`` on ``world_size`` ranks.
 
     Args:
         args: the script's flags (``--parallel``, ``--n-layers``, ``--d-model``, ``--n-heads``, ``--block-size``,
             ``--vocab-size``, ``--batch-size``, ``--precision``, ``--ac-mode``, ...), checked by
-            its own parser. Without ``--precision`` the script computes in fp32 on CPU, where the plan runs: say
-            ``--precision bf16`` for a GPU's default.
+            its own parser. Without ``--precision`` the script computes in fp32 on CPU and in bf16 on a GPU: the plan
+            follows ``device``.
         world_size: ranks to simulate (>= 1); ``--parallel none`` needs 1, ``hsdp`` a multiple of
             ``--replicate-degree``.
         script: the lesson script (a shipped name or a path) whose model and training step are planned.
+        device: ``"cpu"`` or ``"cuda"``: the device the run uses, whose memory tracker the plan counts as (see the
+            module docstring: on ``"cuda"`` every storage rounded up to 512 bytes, AdamW's ``step`` counters left
+            out).
 
     Returns:
-        A ``MemoryPlan`` (rank 0's peak by category, bytes).
+        A ``MemoryPlan``: every rank's peak by category (``rank_peak_bytes``, bytes), the rank that peaks
+        (``peak_rank``) and its plan (``peak_bytes``).
 
     Raises:
         ConfigError: bad flags (the script's own message), a world size the layout cannot use, flags the plan
-            cannot follow (``--compile``, ``--grad-accum-steps`` > 1), or a process group already exists here.
+            cannot follow (``--compile``, ``--grad-accum-steps`` > 1), a device not in ``DEVICES``, or a process group
+            already exists here.
     """
     import torch
     import torch.distributed as dist
@@ -174,6 +210,8 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
     start = time.perf_counter()
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
     module = import_script(script)
     argv = [str(a) for a in args]
     try:
@@ -189,60 +227,110 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
     if dist.is_available() and dist.is_initialized():
         raise ConfigError("this process already has a process group; plan_memory makes a fake one of its own: "
                           "call it where no process group exists (e.g. the notebook, not a rank)")
+    if device == "cuda" and parsed.precision is None:
+        parsed.precision = "bf16"  # the script's default on a GPU (compute_dtype)
     ddp = parsed.parallel == "ddp"
-    if ddp:  # DDP's reducer cannot run on fake tensors: plan one process, then add DDP's buckets
+    if ddp:  # DDP's reducer cannot run on fake tensors: plan one process whose gradients live as long as DDP's buckets
         parsed.parallel = "none"
-    snapshot, n_params, largest_unit = _traced_step(module, parsed, world_size)
-    peak = categories_of(snapshot)
-    notes = []
+    traced = _traced_step(module, parsed, world_size, rank=0, device=device, persistent_grads=ddp)
+    n_params, largest_unit, shapes = traced.n_params, traced.largest_unit, traced.shapes
+    plans, notes = _every_rank(module, parsed, world_size, device, categories_of(traced.snapshot), shapes)
     if ddp:
         bucket_bytes = n_params * 4  # fp32 gradients, one bucket element per parameter element
-        peak["gradients"] += bucket_bytes
-        notes.append(f"DDP: {bucket_bytes} bytes of gradient buckets added to the one-process plan")
+        for plan in {id(p): p for p in plans.values()}.values():
+            plan["gradients"] = bucket_bytes  # a few large buckets: not rounded per parameter even on CUDA
+        notes.append(f"DDP: the gradients, {bucket_bytes} bytes, held for the whole step as DDP's buckets hold them "
+                     "(gradient_as_bucket_view), counted once")
+    totals = {rank: sum(plan.values()) for rank, plan in plans.items()}
+    peak_rank = max(sorted(totals), key=lambda r: (totals[r], -r))
     shards = {"none": 1, "fsdp": world_size, "hsdp": world_size // parsed.replicate_degree}[parsed.parallel]
     analytic = n_params * bytes_per_parameter("ddp")["total"] / shards  # 16 bytes per parameter, sharded or not
     unsimulated = 4 * largest_unit if parsed.parallel in ("fsdp", "hsdp") else 0
     if unsimulated:
         notes.append(f"not in the peak: the largest unit's reduce-scatter input, {unsimulated} bytes (the headroom "
                      "counts it)")
+    if device == "cuda":
+        notes.append("counted as torch's tracker counts a CUDA run: every storage rounded up to 512 bytes, AdamW's "
+                     "step counters (on the CPU) left out")
     return MemoryPlan(args=tuple(argv), parallel="ddp" if ddp else parsed.parallel, world_size=world_size,
-                      n_params=n_params, peak_bytes=peak, state_bytes_analytic=analytic,
+                      n_params=n_params, peak_bytes=dict(plans[peak_rank]), state_bytes_analytic=analytic,
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      unsimulated_bytes=unsimulated, notes=tuple(notes))
+                      unsimulated_bytes=unsimulated, notes=tuple(notes),
+                      rank_peak_bytes={rank: dict(plans[rank]) for rank in sorted(plans)}, peak_rank=peak_rank,
+                      device=device)
 
 
-def _traced_step(module, parsed, world_size: int) -> tuple[dict, int, int]:
-    """The script's model and training step in fake mode over ``world_size`` fake ranks: (the tracker's peak snapshot
-    of the tracked step, parameters, the largest FSDP unit's parameters)."""
+def _every_rank(module, parsed, world_size: int, device: str, rank0: dict, shapes) -> tuple[dict, list]:
+    """Every rank's ``{category: bytes}``, from rank 0's and one more trace per distinct set of FSDP shard sizes
+    (``torch.chunk``'s rows per rank of every parameter); and a note when there was more than one set."""
+    plans = {0: rank0}
+    if parsed.parallel not in ("fsdp", "hsdp"):  # DDP and one process: every rank holds the same tensors
+        return {rank: rank0 for rank in range(world_size)}, []
+    shards = world_size // (parsed.replicate_degree if parsed.parallel == "hsdp" else 1)
+    groups: dict[tuple, list[int]] = {}
+    for rank in range(world_size):  # HSDP's mesh is (replicate, shard): rank r holds shard r % shards
+        groups.setdefault(tuple(shard_rows(shape[0], shards, rank % shards) for shape in shapes), []).append(rank)
+    for ranks in groups.values():
+        if ranks[0] != 0:
+            plans[ranks[0]] = categories_of(
+                _traced_step(module, parsed, world_size, rank=ranks[0], device=device).snapshot)
+        plans.update({rank: plans[ranks[0]] for rank in ranks[1:]})
+    if len(groups) == 1:
+        return plans, []
+    return plans, [f"{len(groups)} distinct shard sizes over {world_size} ranks: traced once each (ranks "
+                   + ", ".join(str(r[0]) for r in groups.values()) + ")"]
+
+
+@dataclass(frozen=True)
+class _Traced:
+    snapshot: dict  # the tracker's peak snapshot of the tracked step, of the planned device
+    n_params: int  # parameters of the model
+    largest_unit: int  # parameters of the largest FSDP unit (a block, or the root's own)
+    shapes: tuple  # every parameter's global shape
+
+
+def _traced_step(module, parsed, world_size: int, *, rank: int = 0, device: str = "cpu",
+                 persistent_grads: bool = False) -> _Traced:
+    """The script's model and training step in fake mode over ``world_size`` fake ranks, as rank ``rank``.
+
+    ``persistent_grads``: ``zero_grad`` zeroes the gradients instead of freeing them (DDP's buckets).
+    ``device="cuda"``: counted as torch's tracker counts a CUDA run (``counted_as_cuda``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    device = torch.device("cpu")
-    with fake_world(world_size if parsed.parallel != "none" else 1):
-        mesh = module.make_mesh(parsed, world_size, device) if parsed.parallel in ("fsdp", "hsdp") else None
+    cpu = torch.device("cpu")
+    with fake_world(world_size if parsed.parallel != "none" else 1, rank if parsed.parallel != "none" else 0):
+        mesh = module.make_mesh(parsed, world_size, cpu) if parsed.parallel in ("fsdp", "hsdp") else None
         with FakeTensorMode():
-            model = module.build_model(parsed, device, mesh, init=False)  # fake weights: no values to initialise
+            model = module.build_model(parsed, cpu, mesh, init=False)  # fake weights: no values to initialise
             optimizer = module.build_optimizer(parsed, model)
+            if persistent_grads:
+                zero_grad = optimizer.zero_grad
+                optimizer.zero_grad = lambda set_to_none=True: zero_grad(set_to_none=False)
             data = torch.empty(parsed.corpus_bytes, dtype=torch.uint8)  # the corpus the real run keeps in memory
             n_val = int(len(data) * parsed.val_fraction)
             batches = module.Batches(module.TokenWindows(data[:-n_val], parsed.block_size), parsed.batch_size,
-                                     0, world_size, parsed.seed)
+                                     rank if parsed.parallel != "none" else 0, world_size, parsed.seed)
             if len(batches.sampler) < 2 * world_size * parsed.batch_size:  # the epoch's order of every window
                 raise ConfigError(f"--corpus-bytes {parsed.corpus_bytes} gives each of {world_size} ranks fewer than "
                                   f"2 batches of {parsed.batch_size} windows: raise it")
             batches.order = list(range(len(batches.sampler)))  # a fake tensor has no values to shuffle by
             # As --track-memory: one step to warm up (the optimizer's state, FSDP's lazy initialisation, DTensor's
             # sharding caches), then the second step under the tracker.
-            scaler = module.make_scaler(parsed, device)
-            loss, norm = module.train_step(model, optimizer, scaler, batches, parsed, device)
+            scaler = module.make_scaler(parsed, cpu)
+            loss, norm = module.train_step(model, optimizer, scaler, batches, parsed, cpu)
             loss_global = loss.clone()  # noqa: F841  (the script's loop keeps these until the next step)
-            tracker = module.make_tracker(model, optimizer)
-            with tracker:
-                module.train_step(model, optimizer, scaler, batches, parsed, device)
-            snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            counting = counted_as_cuda(optimizer) if device == "cuda" else contextlib.nullcontext()
+            with counting:  # from before the tracker registers the model and optimizer (MemTracker.track_external)
+                tracker = module.make_tracker(model, optimizer)
+                with tracker:
+                    module.train_step(model, optimizer, scaler, batches, parsed, cpu)
+            snapshot = device_snapshot(tracker.get_tracker_snapshot("peak"), device)
             n_params = sum(p.numel() for p in model.parameters())
+            shapes = tuple(tuple(p.shape) for p in model.parameters())
             block_numels = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
-    return snapshot, n_params, max(block_numels + [n_params - sum(block_numels)])  # a block, or the root's own
+    return _Traced(snapshot, n_params, max(block_numels + [n_params - sum(block_numels)]), shapes)
+
 
 def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
     """The peaks a ``train_lm.py --track-memory`` run measured, one ``{category: bytes}`` per rank, sorted by rank:
@@ -263,20 +351,23 @@ def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:
     return out
 
 
-def compare_plan(plan: MemoryPlan, measured: Mapping[str, int]):
+def compare_plan(plan: MemoryPlan, measured: Mapping[str, int], rank: int | None = None):
     """A DataFrame: per category the planned and measured bytes, their difference and relative error.
 
-    ``measured`` is one rank's ``read_memory_snapshots`` entry. For a DDP plan, the measured activations lose and
-    the measured gradients gain the bucket bytes the plan adds (see the module docstring), so both count them alike.
+    ``measured`` is one rank's ``read_memory_snapshots`` entry; ``rank`` is that rank, whose own plan it is compared
+    with (``plan.for_rank(rank)``; None: ``plan.peak_bytes``, the rank that peaks). For a DDP plan, the measured
+    activations lose and the measured gradients gain the bucket bytes the plan counts as gradients (see the module
+    docstring), so both count them alike.
     """
     import pandas as pd
+    planned = plan.peak_bytes if rank is None else plan.for_rank(rank)
     measured = dict(measured)
     if plan.parallel == "ddp":
         buckets = plan.n_params * 4
         measured["activations"] -= buckets
         measured["gradients"] += buckets
-    rows = [{"category": k, "planned_bytes": plan.peak_bytes[k], "measured_bytes": measured.get(k, 0)} for k in ORDER]
-    rows.append({"category": "total", "planned_bytes": plan.total_bytes, "measured_bytes": sum(measured.values())})
+    rows = [{"category": k, "planned_bytes": planned[k], "measured_bytes": measured.get(k, 0)} for k in ORDER]
+    rows.append({"category": "total", "planned_bytes": sum(planned.values()), "measured_bytes": sum(measured.values())})
     table = pd.DataFrame(rows).set_index("category")
     table["difference_bytes"] = table["planned_bytes"] - table["measured_bytes"]
     measured_or_nan = table["measured_bytes"].where(table["measured_bytes"] > 0)
@@ -296,19 +387,21 @@ LAYOUTS = {"DDP fp32": ["--parallel", "ddp", "--precision", "fp32"],
 
 
 def memory_table(sizes: Sequence[str] = tuple(GPT_SIZES), world_sizes: Sequence[int] = (1, 4, 8),
-                 layouts: Sequence[str] = tuple(LAYOUTS), *, capacity_gib: float = 24.0, batch_size: int = 1,
-                 block_size: int = 1024, vocab_size: int = 50304):
+                 layouts: Sequence[str] = tuple(LAYOUTS), *, capacity_gib: float = USABLE_GIB_4090D, batch_size: int = 1,
+                 block_size: int = 1024, vocab_size: int = 50304, device: str = "cuda"):
     """Fits or not, and the headroom, for GPT sizes x world sizes x layouts on GPUs of ``capacity_gib`` each.
 
     Args:
         sizes: keys of ``GPT_SIZES``; world_sizes: GPUs (one rank each); layouts: keys of ``LAYOUTS``.
-        capacity_gib: memory per GPU (GiB). An RTX 4090 D's "24 GB" is 24 GiB of GDDR6X (the driver keeps a few
-            MiB of it: inside the context margin).
+        capacity_gib: memory per GPU that CUDA can allocate (GiB). An RTX 4090 D's "24 GB" is 24 GiB of GDDR6X, of
+            which CUDA gets about 23.6 GiB (``USABLE_GIB_4090D``, the default); the margins of ``headroom_bytes``
+            come off that.
         batch_size, block_size, vocab_size: windows per rank, tokens per window, vocabulary.
+        device: the device whose tracker the plans count as (``plan_memory``'s ``device``): ``"cuda"`` for GPUs.
 
     Returns:
         A DataFrame, one row per (size, world size, layout): ``model``, ``n_params``, ``gpus``, ``layout``,
-        ``peak_gib`` (the plan), ``unsimulated_gib`` (``MemoryPlan.unsimulated_bytes``), ``state_analytic_gib``
+        ``peak_gib`` (the plan of the rank that peaks), ``unsimulated_gib`` (``MemoryPlan.unsimulated_bytes``), ``state_analytic_gib``
         (16 bytes per parameter / shards), ``headroom_gib`` (``headroom_bytes``: after the margins), ``fits``.
         DDP on one GPU is one process.
 
@@ -324,7 +417,7 @@ def memory_table(sizes: Sequence[str] = tuple(GPT_SIZES), world_sizes: Sequence[
         for world in world_sizes:
             for layout in layouts:
                 plan = plan_memory(table_args(size, layout, world, batch_size=batch_size, block_size=block_size,
-                                              vocab_size=vocab_size), world_size=world)
+                                              vocab_size=vocab_size), world_size=world, device=device)
                 headroom = plan.headroom_bytes(capacity_gib * GIB) / GIB
                 rows.append({"model": size, "n_params": plan.n_params, "gpus": world, "layout": layout,
                              "peak_gib": round(plan.total_bytes / GIB, 3),
@@ -347,7 +440,8 @@ def table_args(size: str, layout: str, world_size: int, *, batch_size: int = 1, 
 
 def read_memory_table():
     """The stored ``memory_table()`` for 24 GB GPUs (``tutorial_lib/planning/data/memory_table_24gb.csv``, written by
-    ``python -m tutorial_lib.planning.memory_plan``; the torch that planned it is in its ``torch`` column)."""
+    ``python -m tutorial_lib.planning.memory_plan``: 23.6 GiB usable per GPU, plans counted as on CUDA; the torch that
+    planned it is in its ``torch`` column)."""
     import pandas as pd
     return pd.read_csv(Path(__file__).resolve().parent / "data" / "memory_table_24gb.csv")
 
@@ -359,8 +453,8 @@ def largest_fitting(table, layout: str, gpus: int) -> str | None:
 
 
 __all__ = ["MemoryPlan", "plan_memory", "read_memory_snapshots", "compare_plan", "memory_table", "table_args",
-           "read_memory_table", "largest_fitting", "categories_of", "GPT_SIZES", "LAYOUTS", "CONTEXT_MARGIN_BYTES",
-           "FRAGMENTATION_MARGIN"]
+           "read_memory_table", "largest_fitting", "categories_of", "counted_as_cuda", "device_snapshot", "GPT_SIZES",
+           "LAYOUTS", "CONTEXT_MARGIN_BYTES", "FRAGMENTATION_MARGIN", "USABLE_GIB_4090D", "CUDA_MIN_ALLOCATE", "DEVICES"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

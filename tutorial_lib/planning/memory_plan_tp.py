@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from .memory_plan import ORDER, MemoryPlan, categories_of, fake_world
+from .memory_plan import ORDER, MemoryPlan, categories_of
+from .tracker_counting import DEVICES, counted_as_cuda, device_snapshot, fake_world
 from ..notebook.script_source import import_script
 
 TP_LAYOUTS = ("tp", "tp+sp")  # the model lesson's two layouts: "TP" and "TP + SP"
@@ -37,7 +38,7 @@ LESSON_LABELS = {"tp": "TP", "tp+sp": "TP + SP"}  # the keys of the lesson's res
 
 
 def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: str = "tp",
-                   script: str | Path = "tensor_parallel") -> MemoryPlan:
+                   script: str | Path = "tensor_parallel", device: str = "cpu") -> MemoryPlan:
     """Plan one rank's peak memory in a step of ``tensor_parallel.py``'s model lesson on ``world_size`` TP ranks.
 
     Args:
@@ -49,6 +50,9 @@ def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: 
         layout: ``"tp"`` (Megatron-LM's column/row split, whole activations between blocks) or ``"tp+sp"`` (with
             sequence parallelism: the norms on sequence shards).
         script: the lesson script (a shipped name or a path).
+        device: ``"cpu"`` or ``"cuda"``: the device the run uses, whose memory tracker the plan counts as
+            (``plan_memory``'s ``device``: on ``"cuda"`` every storage rounded up to 512 bytes, AdamW's ``step``
+            counters left out, as torch's ``MemTracker`` counts a CUDA run).
 
     Returns:
         A ``MemoryPlan`` (``parallel`` is the layout; ``peak_bytes``: rank 0's peak by category, bytes; every rank's
@@ -58,8 +62,8 @@ def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: 
 
     Raises:
         ConfigError: a layout it does not plan (2-D FSDP x TP, pipeline stages, anything not in ``TP_LAYOUTS``), bad
-            flags (the script's own message), a world size the split cannot divide, or a process group already
-            exists in this process.
+            flags (the script's own message), a world size the split cannot divide, a device not in ``DEVICES``, or
+            a process group already exists in this process.
     """
     import torch
     import torch.distributed as dist
@@ -70,6 +74,8 @@ def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: 
                           "pipeline stages are not planned (plan_memory plans FSDP2, DDP and HSDP of train_lm.py)")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
     module = import_script(script)
     argv = [str(a) for a in args]
     try:
@@ -86,20 +92,25 @@ def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: 
     if dist.is_available() and dist.is_initialized():
         raise ConfigError("this process already has a process group; plan_tp_memory makes a fake one of its own: "
                           "call it where no process group exists (e.g. the notebook, not a rank)")
-    snapshot, n_params, local_numel = _traced_tp_step(module, parsed, world_size, layout == "tp+sp")
+    snapshot, n_params, local_numel = _traced_tp_step(module, parsed, world_size, layout == "tp+sp", device)
     per_element = 4 * (2 + 2 * (parsed.optimizer == "adamw"))  # fp32 parameter, gradient (+ 2 AdamW moments)
-    # The largest tensor a collective of this plan moves: a residual-stream activation or its gradient, fp32.
+    # The largest tensor a collective of this plan moves: a residual-stream activation or its gradient, fp32 (a
+    # bound written from the shapes, not traced: what the allowance in compare_tp_plan's check is).
     buffer = 4 * parsed.batch_size * parsed.seq_len * parsed.dim if world_size > 1 else 0
+    if device == "cuda":
+        buffer = -(-buffer // 512) * 512  # the CUDA tracker's rounding
+    peak = categories_of(snapshot)
     return MemoryPlan(args=tuple(argv), parallel=layout, world_size=world_size, n_params=n_params,
-                      peak_bytes=categories_of(snapshot), state_bytes_analytic=float(per_element * local_numel),
+                      peak_bytes=peak, state_bytes_analytic=float(per_element * local_numel),
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      unsimulated_bytes=buffer,
+                      unsimulated_bytes=buffer, rank_peak_bytes={r: peak for r in range(world_size)}, device=device,
                       notes=(f"tensor parallel over {world_size} ranks ({layout}); every rank's peak is rank 0's",
                              f"not in the peak: one collective's buffer, {buffer} bytes, which a real run can hold "
                              "a moment longer (the headroom counts it)"))
 
 
-def _traced_tp_step(module, parsed, world_size: int, sequence_parallel: bool) -> tuple[dict, int, int]:
+def _traced_tp_step(module, parsed, world_size: int, sequence_parallel: bool, device: str = "cpu"
+                    ) -> tuple[dict, int, int]:
     """The script's TP model and ``train_step`` in fake mode over ``world_size`` fake ranks: (the tracker's peak
     snapshot of the tracked step, the model's parameters, this rank's local parameter elements)."""
     import torch
@@ -108,7 +119,7 @@ def _traced_tp_step(module, parsed, world_size: int, sequence_parallel: bool) ->
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    device = torch.device("cpu")
+    cpu = torch.device("cpu")
     with fake_world(world_size):
         mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
         with FakeTensorMode():
@@ -119,15 +130,17 @@ def _traced_tp_step(module, parsed, world_size: int, sequence_parallel: bool) ->
             local_numel = sum(module.local(p).numel() for p in model.parameters())
             optimizer = module.build_optimizer(parsed, model)
             # As the lesson: step 1 warms up (the optimizer's state, DTensor's caches), step 2 runs under the tracker.
-            x, y = module.batch(parsed, 1, device)
+            x, y = module.batch(parsed, 1, cpu)
             loss, logits = module.train_step(model, optimizer, x, y)  # the lesson keeps both until the next step
-            x, y = module.batch(parsed, 2, device)
-            tracker = MemTracker()
-            tracker.track_external(model, optimizer)
-            with tracker, propagation_in_its_own_fake_mode():
-                module.train_step(model, optimizer, x, y)
-            snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    return {getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()}, n_params, local_numel
+            x, y = module.batch(parsed, 2, cpu)
+            counting = counted_as_cuda(optimizer) if device == "cuda" else contextlib.nullcontext()
+            with counting:  # from before track_external registers the model and optimizer
+                tracker = MemTracker()
+                tracker.track_external(model, optimizer)
+                with tracker, propagation_in_its_own_fake_mode():
+                    module.train_step(model, optimizer, x, y)
+            snapshot = device_snapshot(tracker.get_tracker_snapshot("peak"), device)
+    return snapshot, n_params, local_numel
 
 
 @contextlib.contextmanager
