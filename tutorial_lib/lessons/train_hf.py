@@ -229,9 +229,12 @@ def meta_model(args, config):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if args.lora_rank:
+        import warnings
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
-                                                 target_modules=list(LORA_TARGETS)))  # the base is frozen
+        with warnings.catch_warnings():  # peft 0.21 asks transformers >= 5.21 for a property it has deprecated
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                                                     target_modules=list(LORA_TARGETS)))  # the base is frozen
     return model
 
 

@@ -1,0 +1,109 @@
+"""train_hf.py (issue 35): a Hugging Face architecture (Llama here; notebook 13 runs Qwen2) built on meta, sharded
+with FSDP2 on 2 CPU ranks, loaded from safetensors: one process's loss and gradient norm, an exact resume, a resume on
+another number of ranks, the memory plan against every rank's measurement, LoRA, and bad input refused first."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tutorial_lib as tl
+from tutorial_lib.runs.rundir import LESSONS_DIR
+
+pytestmark = pytest.mark.integration
+FP32_TOLERANCE = 64 * torch.finfo(torch.float32).eps
+COMMON = ["--seq-len", 32, "--max-steps", 4, "--lr", 3e-3, "--precision", "fp32", "--corpus-bytes", 1 << 16]
+
+
+def launch(root, label, args, nproc=2):
+    return tl.run_script("train_hf", args, runs_dir=root, label=label, device="cpu", nproc_per_node=nproc,
+                         timeout_s=300, live="off")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-runs")
+    made = tl.run_in_process("train_hf", ["--create-tiny-model", "tiny", "--arch", "llama"], runs_dir=root,
+                             label="tiny")
+    tiny = str(made.run_dir / "tiny")
+    common = ["--model", tiny, *COMMON]
+    fsdp = launch(root, "fsdp", [*common, "--batch-size", 2, "--save-every", 2, "--track-memory"])
+    return {"root": root, "tiny": tiny, "common": common, "fsdp": fsdp,
+            "one": tl.run_in_process("train_hf", [*common, "--batch-size", 4], runs_dir=root, label="one")}
+
+
+def test_fsdp_on_two_ranks_equals_one_process_in_loss_and_gradient_norm(runs):
+    fsdp = runs["fsdp"].metrics().query("rank == 0").set_index("step")
+    one = runs["one"].metrics().set_index("step")
+    for key in ("loss_global", "grad_norm"):
+        gap = ((fsdp[key] - one[key]).abs() / one[key].abs()).max()
+        assert gap <= FP32_TOLERANCE, (key, gap)
+    # The control: gradients summed over the 2 ranks (x2) would not pass.
+    assert ((2 * fsdp["grad_norm"] - one["grad_norm"]).abs() / one["grad_norm"]).min() > 100 * FP32_TOLERANCE
+
+
+def test_a_resume_on_the_same_ranks_is_bitwise_and_on_three_ranks_continues(runs):
+    checkpoint = str(tl.checkpoint_dir(runs["fsdp"].run_dir, step=2))
+    again = launch(runs["root"], "resume", [*runs["common"], "--batch-size", 2, "--resume", checkpoint])
+    keys = ["rank", "step", "loss_local", "grad_norm", "lr"]
+    before = runs["fsdp"].metrics().query("step > 2")[keys].sort_values(["rank", "step"]).reset_index(drop=True)
+    after = again.metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
+    assert after.equals(before)
+    three = launch(runs["root"], "resume-3", [*runs["common"], "--batch-size", 2, "--resume", checkpoint], nproc=3)
+    metrics = three.metrics()
+    assert sorted(metrics["rank"].unique()) == [0, 1, 2] and sorted(metrics["step"].unique()) == [3, 4]
+    assert (metrics["resumed_from_step"] == 2).all() and metrics["loss_global"].notna().all()
+
+
+def test_the_data_position_is_global_so_another_world_size_reads_each_window_once():
+    """Saved after 3 steps on 2 ranks, resumed on 3: the windows read are the epoch's order from its start, each once."""
+    hf = tl.import_script("train_hf")
+    tokens = torch.arange(32 * 40 + 1)  # 40 windows of 33 tokens, window i starts with token 32 i
+
+    def read(windows, steps, world_size, batch_size=2):
+        out = []
+        for _ in range(steps):
+            start = windows.consumed
+            for rank in range(world_size):  # every rank of the step, in this one process
+                windows.consumed = start
+                x, _ = windows.next(batch_size, rank, world_size, "cpu")
+                out += [int(row[0]) // 32 for row in x]
+        return out
+
+    windows = hf.Windows(tokens, 32, seed=0)
+    first = read(windows, 3, world_size=2)  # 12 windows
+    resumed = hf.Windows(tokens, 32, seed=0)
+    resumed.load_state_dict(windows.state_dict())
+    rest = read(resumed, 4, world_size=3)  # 24 more: 36 of the epoch's 40
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(0)).tolist()
+    assert first + rest == order[:36]
+
+
+def test_the_plan_equals_every_ranks_measured_memory(runs):
+    plan = tl.plan_hf(runs["tiny"], world_size=2, seq_len=32, batch_size=2, layout="fp32")
+    measured = tl.read_memory_snapshots(runs["fsdp"].run_dir)
+    assert len(measured) == 2
+    for snapshot in measured:
+        assert (tl.compare_plan(plan, snapshot)["relative_error"] <= 0.01).all()
+
+
+def test_lora_trains_the_adapters_only(runs):
+    lora = launch(runs["root"], "lora", [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2])
+    model = tl.read_rank_json(lora.run_dir, "model")[0]
+    assert 0 < model["n_trainable"] < model["n_params"] / 5
+    assert lora.metrics()["loss_global"].notna().all()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no-such-folder"], "no config.json in it"),
+    (["--model", "TINY", "--seq-len", 4096], "--seq-len 4096 is above the model's max_position_embeddings 512"),
+    (["--model", "TINY", "--replicate-degree", 3], "--replicate-degree 3 must divide the world size 1"),
+    (["--model", "TINY", "--cpu-offload"], "--cpu-offload moves shards from the GPU to the CPU"),
+])
+def test_bad_input_is_refused_before_training(runs, tmp_path, args, message):
+    args = [runs["tiny"] if a == "TINY" else str(a) for a in args]
+    proc = subprocess.run([sys.executable, str(LESSONS_DIR / "train_hf.py"), *args, "--metrics-dir", "m"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "m").exists(), "nothing was written before the refusal"
