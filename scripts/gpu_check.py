@@ -30,7 +30,7 @@ import shlex
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -88,6 +88,12 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
                  "FSDP2 bf16 over nccl: the held-out loss falls from step 5 to step 20, MFU in (0, 1] from the "
                  "device's known peak, async DCP saves at 10 and 20; torch's tracker on the GPU equals "
                  "tl.plan_memory's CPU plan within 2% and max_memory_allocated is reported beside it"),
+    # TINY_MODEL: a tiny Llama written first (train_hf.py --create-tiny-model), the same command a learner runs.
+    "train_hf": (("--model", "TINY_MODEL", "--max-steps", 8, "--precision", "bf16", "--ac-mode", "selective",
+                  "--seq-len", 256, "--batch-size", 2, "--track-memory", "--save-every", 4, "--lr", 3e-3),
+                 "FSDP2 bf16 + selective AC over nccl from safetensors broadcast by rank 0: the loss falls, DCP saves "
+                 "at 4 and 8, peak_allocated_bytes > 0; torch's tracker on each GPU against tl.plan_hf's CPU plan "
+                 "(total within 5%, printed per category)"),
     "uneven_inputs": (("--join",), "every rank exits 0: inside Join the rank with extra batches finishes"),
     "unused_params": (("--loss-uses", "both"), SUCCESS_IS_THE_CHECK),
 }
@@ -121,6 +127,9 @@ NOTEBOOK_ASSERTS = {
     "10_ddp_in_depth": "all-reduces per step against bucket_cap_mb, gradients as bucket views (and the CUDA memory "
                        "they save), static_graph, compression hooks halving the bytes (bf16_compress_hook accepted "
                        "on CUDA), the returned-but-unused head under static_graph and its fixes",
+    "13_your_model_on_your_gpus": "config errors refused; plans of the shipped models; to_empty's control; the tiny "
+                                  "Qwen2 on the GPUs: FSDP2 = one process, bitwise resume, the plan vs every rank "
+                                  "(CPU plan against CUDA runs: the 1% check may fail there, which is the finding)",
     "12_tensor_and_pipeline_parallel": "TP's shards, collectives and activation bytes per block, SP and loss_parallel "
                                        "equal to one process over nccl (2, 4 or 8 GPUs; else CPU ranks), FSDP x TP "
                                        "on a (2, 2) mesh (4 GPUs, else 4 CPU ranks), the pipeline bubble and memory "
@@ -408,9 +417,9 @@ def verify_train_lm(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
     mfu = m["mfu"] if "mfu" in m else None  # absent on a GPU whose peak train_lm.py does not know
     assert mfu is None or ((mfu > 0) & (mfu <= 1)).all(), mfu
     assert list(tl.list_checkpoints(result.run_dir / "checkpoints")["step"]) == [10, 20]
-    plan = tl.plan_memory([str(a) for a in launch.args], world_size=launch.nproc_per_node)
+    plan = tl.plan_memory([str(a) for a in launch.args], world_size=launch.nproc_per_node, device="cuda")
     measured = tl.read_memory_snapshots(result.run_dir)[0]  # the rank's CUDA device (the corpus stays on the CPU)
-    table = tl.compare_plan(plan, measured)
+    table = tl.compare_plan(plan, measured, rank=0)
     assert table.loc["total", "relative_error"] <= 0.02, table
     allocated = m[m["step"] == 2]["peak_allocated_bytes"].max()
     return (f"plan {plan.total_bytes / 2**20:.1f} MiB, tracked {table.loc['total', 'measured_bytes'] / 2**20:.1f} MiB, "
@@ -419,18 +428,39 @@ def verify_train_lm(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
             + f"; {m['tokens_per_s'].median():.0f} tokens/s per rank")
 
 
+def verify_train_hf(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
+    m = result.metrics()
+    loss = m[m["rank"] == 0].set_index("step")["loss_global"]
+    assert loss.iloc[-1] < loss.iloc[0] and (m["peak_allocated_bytes"] > 0).all(), loss
+    assert list(tl.list_checkpoints(result.run_dir / "checkpoints")["step"]) == [4, 8]
+    args = dict(zip(launch.args[::2], launch.args[1::2]))
+    plan = tl.plan_hf(args["--model"], world_size=launch.nproc_per_node, seq_len=int(args["--seq-len"]),
+                      batch_size=int(args["--batch-size"]), layout="bf16 + AC selective")
+    tables = [tl.compare_plan(plan, measured) for measured in tl.read_memory_snapshots(result.run_dir)]
+    worst = max(t.loc["total", "relative_error"] for t in tables)
+    print(tables[0].to_string())
+    assert worst <= 0.05, tables[0]
+    return (f"loss {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f}; plan {plan.total_bytes / 2**20:.1f} MiB, worst rank's "
+            f"tracked total {worst:+.1%} off (CUDA attention kernels save other tensors than the CPU's)")
+
+
 VERIFY = {  # scripts not named here: a finished launch is the check (the notebooks assert the details)
     "ddp_train": verify_ddp_train, "dataloader_bench": verify_dataloader_bench,
     "sync_batchnorm": verify_sync_batchnorm, "fsdp_train": verify_fsdp_train,
     "model_parallel": verify_model_parallel, "checkpoint_train": verify_checkpoint_train,
     "collectives_check": verify_collectives_check, "context_parallel_float8": verify_context_parallel_float8,
-    "train_lm": verify_train_lm,
+    "train_lm": verify_train_lm, "train_hf": verify_train_hf,
 }
 
 
 def run_script_check(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     """Launch the check's one script and verify what only a GPU run produces."""
     (launch,) = check.launches
+    if "TINY_MODEL" in launch.args:  # train_hf.py trains a model folder: a tiny Llama, written here first
+        made = tl.run_in_process("train_hf", ["--create-tiny-model", "tiny", "--arch", "llama"], runs_dir=root,
+                                 label="gpu-tiny-model")
+        launch = replace(launch, args=tuple(str(made.run_dir / "tiny") if a == "TINY_MODEL" else a
+                                            for a in launch.args))
     result = launch_one(launch, root)
     verify = VERIFY.get(check.name)
     return "; ".join([f"{result.wall_time_s:.1f} s"] + ([verify(result, launch, gpus)] if verify else []))
