@@ -343,11 +343,17 @@ def model_keys(model):
     return out
 
 
+def tiny_config(arch):
+    """The config of --create-tiny-model's model: ``arch``'s config class (qwen2 or llama), ``TINY``'s sizes."""
+    from transformers import AutoConfig
+    return AutoConfig.for_model(arch, **TINY, tie_word_embeddings=TINY_TIED[arch])
+
+
 def create_tiny_model(args):
     """One process writes a tiny model of --arch (same config class as the real models, small sizes) with seeded
     weights, in the format a downloaded model has: config.json and model.safetensors."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.for_model(args.arch, **TINY, tie_word_embeddings=TINY_TIED[args.arch])
+    from transformers import AutoModelForCausalLM
+    config = tiny_config(args.arch)
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(args.create_tiny_model)  # safetensors; a tied head is written once

@@ -264,6 +264,19 @@ def read_hf_table():
     return pd.read_csv(TABLE_CSV)
 
 
+def fits(table, model: str, layout: str, gpus: int = 4, seq_len: int = 1024) -> bool:
+    """Whether the table's plan of ``model`` in ``layout`` on ``gpus`` GPUs at ``seq_len`` fits (headroom >= 0).
+
+    Raises:
+        ConfigError: the table has no such row.
+    """
+    rows = table[(table["model"] == model) & (table["layout"] == layout) & (table["gpus"] == gpus)
+                 & (table["seq_len"] == seq_len)]
+    if rows.empty:
+        raise ConfigError(f"no plan for {model}, {layout}, {gpus} GPUs, seq_len {seq_len} in the table")
+    return bool(rows["fits"].iloc[0])
+
+
 def recommend_layout(table, model: str, gpus: int, seq_len: int) -> dict:
     """The full fine-tuning layout with the fewest memory savers that fits ``model`` on ``gpus`` GPUs at ``seq_len``
     (``FULL_FINE_TUNING`` order), else the LoRA layout if it fits: ``{"layout": name or None, "headroom_gib": ...,
@@ -306,4 +319,4 @@ if __name__ == "__main__":
 
 __all__ = ["SHIPPED", "LAYOUTS", "GPU_CAPACITY_BYTES", "model_folder", "load_hf_config", "plan_hf", "offloaded",
            "host_bytes",
-           "gpu_prediction_bytes", "hf_table", "read_hf_table", "recommend_layout", "HF_LAYOUTS"]
+           "gpu_prediction_bytes", "hf_table", "read_hf_table", "recommend_layout", "HF_LAYOUTS", "fits"]
