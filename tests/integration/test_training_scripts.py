@@ -21,12 +21,17 @@ def run(args, cwd, **kw):
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120, **kw)
 
 
+# A Hugging Face model's script may also use the Hugging Face libraries it builds on: transformers (and its
+# safetensors), peft for LoRA (imported only under --lora-rank).
+HUGGING_FACE = {"train_hf": {"transformers", "safetensors", "peft"}}
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_imports_only_torch_and_the_standard_library(name):
     tree = ast.parse((LESSONS_DIR / f"{name}.py").read_text())
     modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert modules - set(sys.stdlib_module_names) == {"torch"}
+    assert modules - set(sys.stdlib_module_names) == {"torch"} | HUGGING_FACE.get(name, set())
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -98,11 +103,15 @@ SMALL_ARGS = {
     "pipeline_parallel": ["--microbatches", 1, 2, "--input-dim", 16, "--hidden-dim", 32, "--batch-size", 8],
     "context_parallel_float8": ["--seq-len", 64],
     "train_lm": ["--max-steps", 2, "--n-layers", 1, "--d-model", 32, "--corpus-bytes", 65536],
+    "train_hf": ["--model", "tiny", "--max-steps", 2, "--seq-len", 32, "--corpus-bytes", 65536],
 }
+PREPARE = {"train_hf": ["--create-tiny-model", "tiny"]}  # run first in the same folder: the model folder it trains
 
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "sync_batchnorm"])
 def test_every_script_runs_as_plain_python(tmp_path, name):
+    if name in PREPARE:
+        assert run([LESSONS_DIR / f"{name}.py", *PREPARE[name]], tmp_path).returncode == 0
     out = run([LESSONS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list((tmp_path / "m").iterdir()), "it wrote its results"
