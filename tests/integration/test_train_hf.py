@@ -88,11 +88,43 @@ def test_the_plan_equals_every_ranks_measured_memory(runs):
         assert (tl.compare_plan(plan, snapshot)["relative_error"] <= 0.01).all()
 
 
-def test_lora_trains_the_adapters_only(runs):
-    lora = launch(runs["root"], "lora", [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2])
+def test_lora_trains_the_adapters_only_and_exports_them_merged(runs, tmp_path):
+    exported = tmp_path / "merged"
+    lora = launch(runs["root"], "lora", [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2,
+                                         "--export", exported])
     model = tl.read_rank_json(lora.run_dir, "model")[0]
     assert 0 < model["n_trainable"] < model["n_params"] / 5
     assert lora.metrics()["loss_global"].notna().all()
+    from safetensors.torch import load_file
+    before, after = load_file(f"{runs['tiny']}/model.safetensors"), load_file(exported / "model.safetensors")
+    assert set(after) == set(before)
+    frozen = [k for k in before if not any(t in k for t in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                            "up_proj", "down_proj"))]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen), "the base outside the adapters is frozen"
+    assert not torch.equal(before["model.layers.0.self_attn.q_proj.weight"],
+                           after["model.layers.0.self_attn.q_proj.weight"]), "the adapters were merged in"
+
+
+def test_export_is_a_folder_from_pretrained_reads_with_the_trained_weights(runs, tmp_path):
+    from transformers import AutoModelForCausalLM
+    import torch.distributed.checkpoint as dcp
+    checkpoint = tl.checkpoint_dir(runs["fsdp"].run_dir, step=4)
+    one = tl.run_in_process("train_hf", [*runs["common"], "--batch-size", 4, "--resume", checkpoint, "--max-steps", 5,
+                                         "--save-every", 5, "--export", tmp_path / "tuned"], runs_dir=runs["root"],
+                            label="export")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")
+    saved = {"app": {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}}
+    dcp.load(saved, checkpoint_id=tl.checkpoint_dir(one.run_dir, step=5))
+    assert all(torch.equal(saved["app"]["model"][k], v) for k, v in model.state_dict().items())
+
+
+def test_a_resume_with_another_seq_len_is_refused_naming_both(runs, tmp_path):
+    checkpoint = str(tl.checkpoint_dir(runs["fsdp"].run_dir, step=2))
+    args = [a for a in runs["common"]]
+    args[args.index("--seq-len") + 1] = 64
+    proc = subprocess.run([sys.executable, str(LESSONS_DIR / "train_hf.py"), *map(str, args), "--resume", checkpoint,
+                           "--metrics-dir", "m"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0 and "was saved with --seq-len 32; this run has --seq-len 64" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [

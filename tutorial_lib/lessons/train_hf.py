@@ -4,14 +4,14 @@ Run card
     # 4 x RTX 4090D (24 GB, PCIe): real weights in a local folder (config.json, *.safetensors, the tokenizer files),
     # e.g. downloaded once with `hf download Qwen/Qwen2.5-1.5B --local-dir ~/models/Qwen2.5-1.5B`
     torchrun --nproc-per-node 4 train_hf.py --model ~/models/Qwen2.5-1.5B --ac-mode selective --seq-len 2048 \
-        --batch-size 1 --max-steps 200 --save-every 50 --data my_corpus.txt
+        --batch-size 1 --max-steps 200 --save-every 50 --data my_corpus.txt --export ~/models/Qwen2.5-1.5B-tuned
     # a 7B base on the same cards: LoRA adapters on the frozen base (needs `pip install peft`)
     torchrun --nproc-per-node 4 train_hf.py --model ~/models/Qwen2.5-7B --ac-mode full --lora-rank 16
     # continue exactly where a run stopped (also on another number of GPUs)
     torchrun --nproc-per-node 4 train_hf.py --model ~/models/Qwen2.5-1.5B --resume latest
     # CPU ranks, no download: a tiny model of the same architecture, written here once, then trained the same way
     python train_hf.py --create-tiny-model tiny-qwen2 --arch qwen2
-    torchrun --nproc-per-node 2 train_hf.py --model tiny-qwen2 --max-steps 8
+    torchrun --nproc-per-node 2 train_hf.py --model tiny-qwen2 --max-steps 8 --save-every 4 --export tiny-tuned
 
 What it shows
     * ``transformers`` builds the architecture from ``config.json`` on the ``meta`` device (shapes, no memory);
@@ -26,6 +26,8 @@ What it shows
       activation checkpointing through the model's own ``gradient_checkpointing_enable`` (``full``, or
       ``selective``: matmul and attention outputs kept), FSDP's ``CPUOffloadPolicy`` (``--cpu-offload``: shards,
       gradients and the optimizer step on the CPU), LoRA adapters on a frozen base (``--lora-rank``, peft);
+    * ``--export FOLDER``: the trained model written back as a Hugging Face folder (LoRA merged), for
+      ``from_pretrained``, for inference servers, or as the next run's ``--model``;
     * DCP checkpoints of every rank's shards and an exact resume: the data position is global (windows consumed
       by all ranks), so a resume on another number of ranks reads each window once; there is no randomness in
       training (no dropout, a seeded data order), so no random state needs saving.
@@ -39,7 +41,7 @@ transformers (and peft for ``--lora-rank``), so the file can be copied to a clus
 """
 
 import argparse
-import functools
+import contextlib
 import json
 import math
 import os
@@ -108,6 +110,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", type=str, default="checkpoints", help="folder of step-N/ checkpoints")
     p.add_argument("--save-every", type=int, default=0, help="save every N steps and at the end (count; 0: never)")
     p.add_argument("--resume", type=str, default="none", help="none, latest, or a step-N/ checkpoint folder")
+    p.add_argument("--export", type=str, default="",
+                   help="at the end, write the trained model as a Hugging Face folder (config.json + model.safetensors; "
+                        "LoRA merged into the weights) that AutoModelForCausalLM.from_pretrained and --model read")
     p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step, as a job at its time limit")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when available")
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
@@ -350,6 +355,33 @@ def tiny_config(arch):
     return AutoConfig.for_model(arch, **TINY, tie_word_embeddings=TINY_TIED[arch])
 
 
+def export(model, config, folder, lora_scale):
+    """The trained model as a Hugging Face folder: every rank takes part in gathering the full state dict (to the
+    CPU, rank 0 only); rank 0 merges LoRA adapters into their base weights (W + scale B A, peft's merge), names the
+    tensors as the checkpoint it loaded named them, drops a tied head (it is the embedding) and writes config.json and
+    model.safetensors."""
+    from safetensors.torch import save_file
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return
+    out = {}
+    for name, tensor in full.items():
+        if "lora_A" in name or "lora_B" in name:
+            continue
+        if name.endswith(".base_layer.weight"):
+            prefix = name[:-len("base_layer.weight")]
+            a, b = full.get(prefix + "lora_A.default.weight"), full.get(prefix + "lora_B.default.weight")
+            if a is not None and b is not None:
+                tensor = tensor + lora_scale * (b @ a)
+        out[name.removeprefix("base_model.model.").replace(".base_layer.", ".")] = tensor.contiguous()
+    if getattr(config, "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    save_file(out, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+    sys.stdout.write(f"exported {len(out)} tensors to {folder} (config.json, model.safetensors)\n")
+
+
 def create_tiny_model(args):
     """One process writes a tiny model of --arch (same config class as the real models, small sizes) with seeded
     weights, in the format a downloaded model has: config.json and model.safetensors."""
@@ -397,12 +429,15 @@ class Windows(Stateful):
         self.n = (len(tokens) - 1) // seq_len
         self.epoch, self.consumed, self.order = 0, 0, None
 
+    def check(self, batch_size, world_size):
+        if batch_size * world_size > self.n:
+            sys.exit(f"the corpus holds {self.n} windows of {self.seq_len + 1} tokens, fewer than one global batch "
+                     f"({batch_size} x {world_size} ranks): use more data or a smaller --seq-len/--batch-size")
+
     def next(self, batch_size, rank, world_size, device):
         """This rank's (inputs, targets), each (batch_size, seq_len), of the next global batch."""
         global_batch = batch_size * world_size
-        if global_batch > self.n:
-            sys.exit(f"the corpus holds {self.n} windows of {self.seq_len + 1} tokens, fewer than one global batch "
-                     f"({batch_size} x {world_size} ranks): use more data or a smaller --seq-len/--batch-size")
+        self.check(batch_size, world_size)
         if self.consumed + global_batch > self.n:
             self.epoch, self.consumed, self.order = self.epoch + 1, 0, None
         if self.order is None:
@@ -454,14 +489,37 @@ class ModelAndOptimizer(Stateful):
 
 
 class TrainState(Stateful):
-    def __init__(self):
-        self.step = 0
+    """The step, and what a resume must agree with: the window length and LoRA rank (they decide what the data
+    position and the saved tensors mean) and the world size (it decides the global batch)."""
+
+    def __init__(self, args=None, world_size=1):
+        self.step, self.world_size = 0, world_size
+        self.seq_len, self.lora_rank = (args.seq_len, args.lora_rank) if args else (0, 0)
 
     def state_dict(self):
-        return {"step": self.step}
+        return {"step": self.step, "seq_len": self.seq_len, "lora_rank": self.lora_rank, "world_size": self.world_size}
 
     def load_state_dict(self, state):
-        self.step = int(state["step"])
+        self.step, self.seq_len = int(state["step"]), int(state["seq_len"])
+        self.lora_rank, self.world_size = int(state["lora_rank"]), int(state["world_size"])
+
+
+def check_resume(args, path, world_size, rank):
+    """Read the checkpoint's TrainState first: refuse one whose --seq-len or --lora-rank differ from this run's (its
+    data position counts other windows, its tensors have other names), and say what a new world size changes."""
+    saved = TrainState()
+    dcp.load({"train": saved}, checkpoint_id=path)
+    for flag, then, now in (("--seq-len", saved.seq_len, args.seq_len), ("--lora-rank", saved.lora_rank,
+                                                                           args.lora_rank)):
+        if then != now:
+            sys.exit(f"{path} was saved with {flag} {then}; this run has {flag} {now}: resume with {flag} {then}, or "
+                     "start afresh without --resume")
+    if saved.world_size != world_size and rank == 0:
+        sys.stdout.write(f"saved on {saved.world_size} ranks, now {world_size}: the data position carries on; the "
+                         f"global batch is now {args.batch_size} x {world_size} sequences (was "
+                         f"{args.batch_size} x {saved.world_size})\n")
+    if saved.step >= args.max_steps and rank == 0:
+        sys.stdout.write(f"{path} is at step {saved.step}, --max-steps is {args.max_steps}: nothing to train\n")
 
 
 def resume_path(args):
@@ -499,19 +557,25 @@ def train(args, rank, local_rank, world_size, device):
         sys.exit("--cpu-offload moves shards from the GPU to the CPU: it needs --device cuda")
     if world_size % args.replicate_degree:
         sys.exit(f"--replicate-degree {args.replicate_degree} must divide the world size {world_size}")
+    windows = Windows(read_tokens(args, args.model), args.seq_len, args.seed)  # before the model: a too-small
+    windows.check(args.batch_size, world_size)                                 # corpus fails in a second
+    path = resume_path(args)
+    if path is not None:
+        check_resume(args, path, world_size, rank)
+    elif args.resume == "latest" and rank == 0:
+        sys.stdout.write(f"--resume latest: no complete checkpoint in {args.checkpoint_dir}/, starting at step 0\n")
     mesh = make_mesh(args, world_size, device)
     model = build_model(args, config, device, mesh)
     load_weights(model, args.model, args.seed)
     optimizer = build_optimizer(args, model)
     warmup = max(args.warmup_steps, 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    windows = Windows(read_tokens(args, args.model), args.seq_len, args.seed)
-    train_state = TrainState()
+    train_state = TrainState(args, world_size)
     state = {"app": ModelAndOptimizer(model, optimizer), "scheduler": scheduler, "data": windows,
              "train": train_state}
-    path = resume_path(args)
     if path is not None:
         dcp.load(state, checkpoint_id=path)  # each rank reads its own shards, on any number of ranks
+        train_state.world_size = world_size  # saved from now on: this run's
         sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}\n")
     log = StepLog(args, rank, local_rank, world_size, device, model, optimizer, train_state.step)  # workbook
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
@@ -528,7 +592,9 @@ def train(args, rank, local_rank, world_size, device):
         loss_global /= world_size
         if args.save_every and (step % args.save_every == 0 or step == last_step):
             dcp.save(state, checkpoint_id=Path(args.checkpoint_dir) / f"step-{step}")
-        log.step_done(step, loss, loss_global, grad_norm, lr, windows.epoch, time.perf_counter() - t0)  # workbook: one JSON line
+        log.step_done(step, loss, loss_global, grad_norm, lr, windows.epoch, time.perf_counter() - t0)  # workbook
+    if args.export:
+        export(model, config, args.export, args.lora_alpha / max(args.lora_rank, 1))
     log.close()
     dist.barrier()  # nobody tears the process group down while a peer still uses it
 
@@ -567,6 +633,8 @@ def check_args(p, args):
         p.error("--track-memory tracks the second step: it needs --max-steps >= 2")
     if args.data and not Path(args.data).is_file():
         p.error(f"--data {args.data!r}: no such file")
+    if args.data and Path(args.data).stat().st_size == 0:
+        p.error(f"--data {args.data!r} is empty: give it the text to train on")
     return args
 
 
@@ -596,24 +664,18 @@ class StepLog:
             (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
                 "rank": 0, "n_params": n_params, "n_trainable": n_trainable, "args": vars(args)}))
 
-    @functools.cached_property
-    def _tracking_step(self):
-        return self.resumed_from + 2
-
+    @contextlib.contextmanager
     def tracking(self, step):
-        import contextlib
-
-        @contextlib.contextmanager
-        def track():
-            if not (self.args.track_memory and step == self._tracking_step):
-                yield
-                return
-            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-            tracker = FSDPMemTracker(self.model, self.optimizer)
-            with tracker:
-                yield
-            write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
-        return track()
+        """--track-memory: torch's FSDPMemTracker watches the second step of this run (the first one creates the
+        optimizer's state and FSDP's lazy initialisation), as train_lm.py's does."""
+        if not (self.args.track_memory and step == self.resumed_from + 2):
+            yield
+            return
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        tracker = FSDPMemTracker(self.model, self.optimizer)
+        with tracker:
+            yield
+        write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
 
     def step_done(self, step, loss, loss_global, grad_norm, lr, epoch, step_time_s):
         row = {"step": step, **self.static, "loss_local": loss.item(), "loss_global": loss_global.item(),

@@ -285,9 +285,12 @@ def recommend_layout(table, model: str, gpus: int, seq_len: int) -> dict:
     Raises:
         ConfigError: the table has no row for this model, GPU count and sequence length.
     """
+    model = str(model).lower()
     rows = table[(table["model"] == model) & (table["gpus"] == gpus) & (table["seq_len"] == seq_len)]
     if rows.empty:
-        raise ConfigError(f"no plan for {model} on {gpus} GPUs at seq_len {seq_len} in the table")
+        raise ConfigError(f"no plan for {model} on {gpus} GPUs at seq_len {seq_len} in the table; it has models "
+                          f"{sorted(set(table['model']))}, GPUs {sorted(set(table['gpus']))}, seq_len "
+                          f"{sorted(set(table['seq_len']))}: plan another case with plan_hf")
     for layout in (*FULL_FINE_TUNING, *[name for name in LAYOUTS if name not in FULL_FINE_TUNING]):
         row = rows[rows["layout"] == layout]
         if not row.empty and bool(row["fits"].iloc[0]):
