@@ -92,8 +92,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=2, help="linear warm-up steps (count)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (unitless)")
     p.add_argument("--clip-grad-norm", type=float, default=1.0, help="clip the global gradient norm (0: off)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
-                   help="compute dtype (default: bf16 on CUDA, fp32 on CPU; fp16 is refused: it needs a loss scaler); "
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
+                   help="compute dtype (default: bf16 on CUDA, fp32 on CPU; no fp16: it would need a loss scaler); "
                         "shards and optimizer state stay fp32")
     p.add_argument("--ac-mode", choices=["none", "full", "selective"], default="none",
                    help="activation checkpointing per decoder layer")
@@ -616,9 +616,6 @@ def check_args(p, args):
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): use "
                 "--device cpu, or a machine with a GPU and a CUDA build of torch")
-    if args.precision == "fp16":
-        p.error("--precision fp16 needs a loss scaler, which this script does not have: use bf16 (RTX 30xx/40xx, "
-                "A100, H100 all compute in bf16)")
     if not args.model and not args.create_tiny_model:
         p.error("--model FOLDER is required (a folder with config.json and *.safetensors), or --create-tiny-model")
     for name in ("seq_len", "batch_size", "max_steps", "corpus_bytes", "log_every", "replicate_degree"):
