@@ -31,7 +31,7 @@ LOCALE_DIR = PACKAGE / "i18n" / "locale"
 DOMAIN = "tutorial_lib"
 # The marking functions (tutorial_lib.i18n) and which arguments are the msgid (and plural).
 KEYWORDS = {"_": None, "N_": None, "Message": (1,), "ngettext": (1, 2), "Nn_": (1, 2)}
-SKIP = ("lessons/*", "child/*")  # programs run in other processes: they print English only
+SKIP = ("lessons/*", "child/*", "exercises/solutions/*")  # programs run in other processes: they print English only
 
 
 def extract(package: Path = PACKAGE) -> Catalog:

@@ -26,6 +26,7 @@ live view speak (``tl.set_language``) and the gettext catalogues that word them.
 """
 
 from .diagnosis.doctor import Diagnosis, diagnose
+from .exercises import Exercise, Verdict, exercise, exercises, progress
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
 from .i18n import language, set_language
@@ -98,4 +99,5 @@ __all__ += ["checkpoint_dir", "last_steps", "read_command", "read_loaded_state",
 __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavailable",
             "connect_slurm"]  # launches on SLURM (LaunchSpec(slurm=SlurmSpec(...))) and the cluster to use
 __all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
+__all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exercises: checked on real ranks
 __version__ = "0.1.0"

@@ -21,10 +21,11 @@ TESTS = ROOT / "tests"
 #   notebook/ checks and shows what a cell needs (parameters, a script's listing, figures), finding scripts in runs/;
 #   planning/ predicts memory from torch in fake mode, importing lesson scripts through notebook/;
 #   slurm/ speaks SLURM (its batch script, its commands, a local cluster), checking values through notebook/;
-#   the launcher (the kernel's job control) above them; the package's face (__init__, __main__) on top.
+#   the launcher (the kernel's job control) above them; exercises/ (checks that launch a learner's script) above
+#   the launcher; the package's face (__init__, __main__) on top.
 FLOORS = {"child": 0, "lessons": 0, "torchrun": 1, "errors": 2, "runs": 3, "probes": 3, "i18n": 3, "diagnosis": 4,
           "notebook": 4, "planning": 5,
-          "slurm": 5, "launcher": 6, "__init__": 7, "__main__": 7}
+          "slurm": 5, "launcher": 6, "exercises": 7, "__init__": 8, "__main__": 8}
 STILL_FLAT = 3
 # What may stand directly in tutorial_lib/: the face and the exception types; every other module is in a folder.
 AT_THE_TOP = {"__init__.py", "__main__.py", "errors.py"}
@@ -42,6 +43,9 @@ FOLDER_RULES = {
     "notebook": ({"errors", "runs", "notebook"}, STARTS_A_PROCESS),
     "planning": ({"errors", "runs", "notebook", "planning"}, STARTS_A_PROCESS | DISPLAYS),
     "slurm": ({"errors", "i18n", "notebook", "slurm"}, DISPLAYS),
+    # exercises/ launches a learner's script through the launcher, as a cell would; it starts nothing itself
+    "exercises": ({"errors", "i18n", "runs", "torchrun", "diagnosis", "notebook", "planning", "launcher", "exercises"},
+                  STARTS_A_PROCESS | DISPLAYS),
 }
 
 
