@@ -56,7 +56,7 @@ def unused_head_without_the_flag(ctx: Context) -> list[Difference]:
             differences.append(Difference(Message("steps trained"), [1, 2, 3, 4, 5], steps, rank))
         flags = {r.get("find_unused") for r in records.get(rank, [])}
         if True in flags:
-            differences.append(Difference(Message("find_unused_parameters"), False, True, rank, note=Message(
+            differences.append(Difference(Message("DDP's find_unused_parameters setting"), False, True, rank, note=Message(
                 "the flag works, but costs one more all_reduce every step: make every parameter get a gradient")))
     return differences
 

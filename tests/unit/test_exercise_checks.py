@@ -1,0 +1,104 @@
+"""The exercises' machinery without launches (issue 36): answers checked exactly and never revealed by a check, hints
+opened one at a time, progress kept beside the runs, bad input named, the verdict in the learner's language."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tutorial_lib as tl
+from tutorial_lib.exercises.core import SOLUTIONS, Context, load_all
+from tutorial_lib.exercises.store import progress_path
+
+
+@pytest.fixture(autouse=True)
+def english():
+    tl.set_language("en")
+    yield
+    tl.set_language("en")
+
+
+def test_the_workbook_has_at_least_35_exercises_13_of_them_launched_on_ranks_and_every_one_a_solution():
+    specs = load_all()
+    assert len(specs) >= 35, len(specs)
+    assert sum(s.kind == "script" for s in specs.values()) >= 13
+    notebooks = {s.notebook for s in specs.values()}
+    assert notebooks == {f"{n:02d}" for n in range(1, 14)}, notebooks
+    for notebook in notebooks:
+        mine = [s for s in specs.values() if s.notebook == notebook]
+        assert 2 <= len(mine) <= 4 and any(s.kind == "script" for s in mine), notebook
+        assert [s.number for s in mine] == list(range(1, len(mine) + 1)), notebook
+    assert all((SOLUTIONS / s.solution).is_file() and len(s.hints) == 2 for s in specs.values())
+
+
+def test_a_value_answer_is_checked_exactly_and_a_wrong_one_is_not_answered_for_the_learner(tmp_path):
+    ex = tl.exercise("01.2", tmp_path)
+    none = ex.check()
+    assert not none.solved and none.problem is not None and none.differences == []
+    wrong = ex.check(675_904)
+    assert not wrong.solved and "step counter" in str(wrong.differences[0].note)
+    off_by_one = ex.check(675_929)
+    assert not off_by_one.solved and off_by_one.differences[0].note is None
+    expected = ex.spec.expected(None)
+    for verdict in (none, wrong, off_by_one):
+        assert str(expected) not in str(verdict) and f"{expected:,}" not in str(verdict)
+    assert ex.check(expected).solved and ex.check(float(expected)).solved
+    table = tl.progress(tmp_path, notebook="01")
+    assert list(table.index) == ["01.1", "01.2", "01.3"]
+    assert table.loc["01.2", "checks"] == 5 and table.loc["01.2", "solved"] and table.loc["01.2", "first_solved"]
+    assert not table.loc["01.1", "solved"] and table.loc["01.1", "checks"] == 0
+
+
+def test_hints_open_one_at_a_time_then_point_to_the_solution_which_is_shown_only_on_request(tmp_path):
+    ex = tl.exercise("01.1", tmp_path)
+    first, second, third = ex.hint(), ex.hint(), ex.hint()
+    assert first.text == ex.spec.hints[0] and second.text == ex.spec.hints[1]
+    assert "ex1.solution()" in third.text
+    solution_text = (SOLUTIONS / ex.spec.solution).read_text()
+    assert all(solution_text not in str(h) for h in (first, second, third))
+    assert not tl.progress(tmp_path).loc["01.1", "solution_opened"]
+    assert ex.solution().text == solution_text
+    row = tl.progress(tmp_path).loc["01.1"]
+    assert row["hints_opened"] == 3 and row["solution_opened"]
+
+
+def test_a_script_exercise_before_its_cell_ran_says_what_to_do_and_launches_nothing(tmp_path):
+    verdict = tl.exercise("01.1", tmp_path).check()
+    assert not verdict.solved and verdict.run_dirs == [] and "%%writefile" in str(verdict.problem)
+    assert [p.name for p in tmp_path.iterdir()] == ["exercises"]
+
+
+def test_bad_ids_and_limits_are_named_before_anything_runs(tmp_path):
+    with pytest.raises(tl.ConfigError, match=r"no exercise '1\.1'.*01\.1, 01\.2"):
+        tl.exercise("1.1", tmp_path)
+    with pytest.raises(tl.ConfigError, match="notebook '99' has no exercises; these do: 01"):
+        tl.exercises("99", tmp_path)
+    with pytest.raises(tl.ConfigError, match="timeout_s=0"):
+        tl.exercise("01.1", tmp_path, timeout_s=0)
+    assert [e.id for e in tl.exercises("01_ddp", tmp_path)] == ["01.1", "01.2", "01.3"]
+
+
+def test_a_damaged_progress_file_is_named_and_kept_and_a_write_leaves_no_temporary_file(tmp_path):
+    tl.exercise("01.2", tmp_path).check(1)
+    path = progress_path(tmp_path)
+    assert json.loads(path.read_text())["01.2"]["checks"] == 1
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+    path.write_text("{not json")
+    with pytest.raises(tl.ConfigError, match="progress.json is not a readable progress file"):
+        tl.progress(tmp_path)
+    assert path.read_text() == "{not json"
+
+
+def test_the_check_reads_each_ranks_check_lines_and_skips_what_only_looks_like_one(tmp_path):
+    (tmp_path / "output.log").write_text(
+        '[default0]:check {"step": 1}\n[default1]:check {"step": 1}\n[default0]:step 2 loss 0.5\n'
+        '[default0]:check {"step": 2}\n[default1]:check {broken\nI1202 torchrun line\n')
+    assert Context.records(tmp_path) == {0: [{"step": 1}, {"step": 2}], 1: [{"step": 1}]}
+
+
+def test_the_verdict_and_the_hints_speak_chinese_in_the_chinese_edition(tmp_path):
+    tl.set_language("zh")
+    verdict = tl.exercise("01.2", tmp_path).check(675_904)
+    assert "练习 01.2" in str(verdict) and "尚未完成" in str(verdict) and "计数器" in str(verdict)
+    assert "提示" in str(tl.exercise("01.2", tmp_path).hint())
