@@ -361,3 +361,82 @@ def test_jupyterlab_runs_a_chinese_notebook_and_draws_its_text(tmp_path, artifac
     finally:
         lab.close()
     wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
+
+
+# The index (among all cells) of the cell whose nbformat id is given, from JupyterLab's model.
+CELL_INDEX_JS = """(id) => window.jupyterapp.shell.currentWidget.content.widgets.findIndex(cell => cell.model.id === id)"""
+
+
+def notebook_with_exercises_only(notebook_dir: Path) -> tuple[Path, nbformat.NotebookNode]:
+    """01_ddp.ipynb's setup cells and its exercises section (a copy; the lessons in between are left out)."""
+    nb = nbformat.read(ROOT / "notebooks" / "01_ddp.ipynb", as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("## Exercises"))
+    setup = next(i for i, c in enumerate(nb.cells) if "tl.setup_notebook" in c.source)
+    nb.cells = nb.cells[:setup + 1] + nb.cells[start:]
+    path = notebook_dir / "01_ddp_exercises.ipynb"
+    nbformat.write(nb, path)
+    return path, nb
+
+
+def test_a_learner_solves_exercise_1_of_01_in_jupyterlab(tmp_path, artifacts):
+    """Issue 36: the way a learner solves an exercise. Run All: the check of exercise 1 says "not solved yet" and what
+    differs; then, in the browser, the starter cell is edited with the keyboard (the line that scales the loss is
+    replaced by a comment), run (Shift+Enter writes the script), the check below it is run (Shift+Enter), and its
+    output says the exercise is solved; tl.progress in the kernel's runs folder records it."""
+    sync_playwright = sync_playwright_or_skip()
+    notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
+    notebook_dir.mkdir()
+    runs_dir.mkdir()
+    path, nb = notebook_with_exercises_only(notebook_dir)
+    starter_id = next(c.id for c in nb.cells if c.source.startswith("%%writefile {ex1.script}"))
+    buggy = next(line for line in nb.cells[[c.id for c in nb.cells].index(starter_id)].source.splitlines()
+                 if line.startswith("loss = loss / world_size"))
+    lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
+    try:
+        lab.wait_up()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+                lab.wait_kernel_idle(path.name)
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 240, "every code cell to run")
+                lab.wait_kernel_idle(path.name)
+                assert not any(page.evaluate(CELL_ERRORS_JS)), page.evaluate(CELL_ERRORS_JS)
+
+                index = page.evaluate(CELL_INDEX_JS, starter_id)
+                starter, check = page.locator(".jp-Cell").nth(index), page.locator(".jp-Cell").nth(index + 1)
+                before = check.locator(".jp-OutputArea").inner_text()
+                assert "not solved yet" in before and "0.5 times one process's" in before, before
+                check.scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "exercise_not_solved.png")
+
+                line = starter.locator(".cm-line", has_text=buggy.split("  #")[0])
+                line.click()  # into the editor, on the line with the mistake
+                page.keyboard.press("End")
+                page.keyboard.press("Shift+Home")
+                page.keyboard.type("# DDP already averages the gradients: no scaling")
+                page.keyboard.press("Shift+Enter")  # runs the %%writefile cell, moves to the check
+                page.keyboard.press("Shift+Enter")  # runs the check
+                wait_until(lambda: "solved" in (t := check.locator(".jp-OutputArea").inner_text())
+                           and "not solved" not in t, 120, "the check to say solved")
+                lab.wait_kernel_idle(path.name)
+                check.scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "exercise_solved.png")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=artifacts / "exercise_failure.png")
+                raise
+            finally:
+                browser.close()
+    finally:
+        lab.close()
+    written = (runs_dir / "exercises" / "01.1" / "train.py").read_text()
+    assert buggy not in written and "# DDP already averages the gradients: no scaling" in written
+    record = json.loads((runs_dir / "exercises" / "progress.json").read_text())["01.1"]
+    assert record["solved"] and record["checks"] == 2, record
+    wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
