@@ -40,7 +40,7 @@ FOLDER_RULES = {
     "i18n": ({"errors", "i18n"}, STARTS_A_PROCESS | DISPLAYS),
     # diagnosis/ names signals (signal.Signals(9).name), it sends none
     "diagnosis": ({"errors", "i18n", "runs", "torchrun", "diagnosis"}, (STARTS_A_PROCESS - {"signal"}) | DISPLAYS),
-    "notebook": ({"errors", "runs", "notebook"}, STARTS_A_PROCESS),
+    "notebook": ({"errors", "i18n", "runs", "notebook"}, STARTS_A_PROCESS),  # i18n: the figures' Chinese glosses
     "planning": ({"errors", "runs", "notebook", "planning"}, STARTS_A_PROCESS | DISPLAYS),
     "slurm": ({"errors", "i18n", "notebook", "slurm"}, DISPLAYS),
     # exercises/ launches a learner's script through the launcher, as a cell would; it starts nothing itself

@@ -109,3 +109,56 @@ def test_reshard_tradeoff_plot_draws_held_bytes_and_all_gathers_stacked_by_group
     assert bars == [(0, 0, 7), (1, 0, 8), (2, 0, 4), (3, 0, 4),  # groups of 4 first, at the bottom
                     (0, 7, 0), (1, 8, 0), (2, 4, 0), (3, 4, 4)], bars  # the int's backward all-gathers in pairs
     assert [t.get_text() for t in gathers.get_legend().get_texts()] == ["in groups of 4 ranks", "in groups of 2 ranks"]
+
+
+# --- the Chinese edition's glosses (issue 38 item 5) ---------------------------------------------------------------
+
+import warnings
+
+from tutorial_lib.launcher.sampler import PID_MISMATCH_NOTE
+from tutorial_lib.notebook import figure_text as plots
+
+
+@pytest.fixture
+def chinese():
+    tl.set_language("zh")
+    plots._warn_no_cjk_font.cache_clear()
+    yield
+    tl.set_language("en")
+    plots._warn_no_cjk_font.cache_clear()
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in [ax.title, *ax.texts]] + [fig._suptitle.get_text() if fig._suptitle else ""]
+
+
+def test_the_chinese_edition_glosses_sentence_titles_and_memory_notes_and_draws_them_with_a_cjk_font(chinese, samples):
+    assert plots.cjk_font() is not None, "a CJK font is installed here (.ci/run: fonts-wqy-microhei)"
+    table = pd.DataFrame({"label": ["a", "b"], "x": [1.0, 2.0], "y": [3.0, 1.0]})
+    fig = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    assert "activation checkpointing: memory vs time\n激活检查点：内存与时间的取舍" in _texts(fig)
+    memory = tl.plot_memory(samples, notes=[PID_MISMATCH_NOTE])
+    note = next(t for t in _texts(memory) if "NVML" in t)
+    assert note.startswith("no worker process matched") and "NVML 的进程列表里找不到" in note
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for a character it cannot draw
+        fig.canvas.draw()
+        memory.canvas.draw()
+    untranslated = tl.plot_tradeoff(table, "x", "y", title="my own title")
+    assert "my own title" in _texts(untranslated), "a title the catalogue does not know stays as given"
+
+
+def test_the_english_edition_and_a_machine_without_a_cjk_font_keep_english_and_say_which_font_to_install(
+        chinese, monkeypatch):
+    table = pd.DataFrame({"label": ["a"], "x": [1.0], "y": [2.0]})
+    monkeypatch.setattr(plots, "cjk_font", lambda: None)
+    with pytest.warns(UserWarning, match="fonts-wqy-microhei"):
+        fig = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    assert "activation checkpointing: memory vs time" in _texts(fig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per kernel, not on every figure
+        tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    tl.set_language("en")
+    monkeypatch.undo()
+    english = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    assert "activation checkpointing: memory vs time" in _texts(english)

@@ -31,17 +31,18 @@ from pathlib import Path
 
 import psutil
 
+from ..i18n import N_
 from .devices import parse_visible_devices
 from .processes import ProcessTree
 
 log = logging.getLogger(__name__)
 
-PID_MISMATCH_NOTE = ("no worker process matched NVML's process list (container without host PID namespace?): "
+PID_MISMATCH_NOTE = N_("no worker process matched NVML's process list (container without host PID namespace?): "
                      "GPU memory is per device, not per process")
-ORDER_NOTE = ("these GPUs are of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers the fastest "
+ORDER_NOTE = N_("these GPUs are of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers the fastest "
               "first, NVML by PCI bus; the GPU numbers of the samples assume PCI order (set "
               "CUDA_DEVICE_ORDER=PCI_BUS_ID in LaunchSpec env= to make them exact)")
-MIG_NOTE = "CUDA_VISIBLE_DEVICES names MIG instances: their memory is not sampled"
+MIG_NOTE = N_("CUDA_VISIBLE_DEVICES names MIG instances: their memory is not sampled")
 # A job's GPU counts as in use once NVML lists a process on it or its used memory grew this much
 # (a CUDA context alone is a few hundred MiB); only then does "no worker matched" mean something.
 ACTIVITY_BYTES = 256 * 2**20

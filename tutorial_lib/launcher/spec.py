@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import ConfigError, MetricsError
+from ..i18n import N_
 from ..notebook.parameters import check_positive_int
 from ..notebook.script_source import check_script_syntax
 from ..runs.metrics import read_memory_notes, read_memory_samples, read_metrics
@@ -322,6 +323,6 @@ class LaunchResult:
         return read_memory_notes(self.run_dir)
 
 
-SLURM_MEMORY_NOTE = ("a SLURM job's ranks run on the cluster's nodes, where this kernel cannot sample their memory (psutil "
+SLURM_MEMORY_NOTE = N_("a SLURM job's ranks run on the cluster's nodes, where this kernel cannot sample their memory (psutil "
                      "sees this machine's processes only): the memory plot shows the tensor bytes each rank logs per "
                      "step (metrics()), not RSS or GPU memory")

@@ -2,6 +2,9 @@
 
 No I/O and no pyplot state: figures are built with ``Figure()`` directly, so they work with the
 Agg backend, in tests, and in a notebook (where IPython renders a returned Figure inline).
+
+Axis labels, legends and short titles stay English in every edition; the Chinese edition's glosses of notes and
+sentence-like titles are ``figure_text``'s.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from .figure_text import gloss, set_title
+
 MIB = 2**20
-
-
 def _figure(ncols: int = 1, width_in: float = 5.0, height_in: float = 3.4) -> tuple[Figure, list]:
     fig = Figure(figsize=(width_in * ncols, height_in), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
@@ -79,8 +82,10 @@ def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame |
     if notes is None and samples is not None:
         notes = samples.attrs.get("notes")
     if notes:
-        ax.text(0.02, 0.98, "\n".join(textwrap.fill(note, 70) for note in notes), transform=ax.transAxes,
-                va="top", ha="left", fontsize=7, color="#b71c1c")
+        glossed = [gloss(note, 70) for note in notes]
+        props = next((p for _text, p in glossed if p), {})
+        ax.text(0.02, 0.98, "\n".join(text for text, _props in glossed), transform=ax.transAxes,
+                va="top", ha="left", fontsize=7, color="#b71c1c", **props)
     on_gpu = samples is not None and "gpu_used_bytes" in samples and samples["gpu_used_bytes"].notna().any()
     if not on_gpu and metrics is not None and len(metrics) and {"param_bytes", "grad_bytes"} <= set(metrics.columns):
         draw_tensor_bytes(ax, metrics)  # on CPU, RSS is mostly `import torch`: show what the lesson is about
@@ -203,7 +208,8 @@ def plot_index_assignment(assignment: pd.DataFrame, title: str = "") -> Figure:
         ax.set_ylabel("rank")
         ax.set_title(f"epoch {epoch}")
     if title:
-        fig.suptitle(title)
+        text, props = gloss(title)
+        fig.suptitle(text, **props)
     return fig
 
 
@@ -221,7 +227,7 @@ def plot_loss_scale(metrics: pd.DataFrame, title: str = "") -> Figure:
                label=f"skipped (inf/NaN gradients): {len(skipped)}")
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale")
-    ax.set_title(title, fontsize=9)
+    set_title(ax, title, fontsize=9)
     ax.legend(fontsize=8)
     return fig
 
@@ -242,7 +248,7 @@ def plot_memory_prediction(table: pd.DataFrame, title: str = "state per rank: pr
     ax.set_xticks(list(x))
     ax.set_xticklabels(table["label"], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("MiB")
-    ax.set_title(title)
+    set_title(ax, title)
     ax.legend(fontsize=8)
     return fig
 
@@ -262,7 +268,7 @@ def plot_tradeoff(table: pd.DataFrame, x: str, y: str, label: str = "label", xla
         ax.annotate(str(text), (xv, yv), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.set_xlabel(xlabel or (f"{x.removesuffix('_bytes')} (MiB)" if x.endswith("_bytes") else x))
     ax.set_ylabel(ylabel or (f"{y.removesuffix('_bytes')} (MiB)" if y.endswith("_bytes") else y))
-    ax.set_title(title)
+    set_title(ax, title)
     ax.margins(0.25)
     ax.set_xlim(left=0)  # both axes from zero (bytes and seconds): a small difference is not drawn as a large one
     ax.set_ylim(bottom=0)
@@ -294,7 +300,7 @@ def plot_resume(metrics: pd.DataFrame, reference: pd.DataFrame | None = None, ti
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("global loss")
-    ax.set_title(title or "loss across attempts")
+    set_title(ax, title or "loss across attempts")
     ax.legend(fontsize=8)
     return fig
 
@@ -337,7 +343,7 @@ def plot_timeline(intervals: pd.DataFrame, overlaps: pd.DataFrame | None = None,
     ax.set_yticks(list(rows.values()), [f"rank {rank} {lane}" for rank, lane in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms) from the first recorded step")
-    ax.set_title(title or "profiled steps per rank")
+    set_title(ax, title or "profiled steps per rank")
     return fig
 
 
@@ -379,7 +385,8 @@ def plot_reshard_tradeoff(table: pd.DataFrame, unsharded_bytes: float, title: st
     for ax in (held, gathers):
         ax.set_xticks(list(x), labels)
         ax.set_xlabel("reshard_after_forward")
-    fig.suptitle(title or "reshard_after_forward: memory held against all-gathers", fontsize=10)
+    text, props = gloss(title or "reshard_after_forward: memory held against all-gathers")
+    fig.suptitle(text, fontsize=10, **props)
     return fig
 
 
@@ -424,7 +431,7 @@ def plot_mesh(ranks: pd.DataFrame, shard_label: str = "", replicate_label: str =
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_title(title or f"DeviceMesh {n_rows} x {n_cols} (replicate, shard)")
+    set_title(ax, title or f"DeviceMesh {n_rows} x {n_cols} (replicate, shard)")
     return fig
 
 
@@ -468,5 +475,6 @@ def plot_pipeline_timeline(events: pd.DataFrame, unit: str = "slot", title: str 
     handles = [axes[0].broken_barh([], (0, 0), facecolors=c, label=label)
                for label, c in (("forward", PIPELINE_COLORS["F"]), ("backward", PIPELINE_COLORS["B"]))]
     fig.legend(handles=handles, fontsize=8, loc="outside upper right", ncols=2)
-    fig.suptitle(title or "pipeline schedule per stage")
+    text, props = gloss(title or "pipeline schedule per stage")
+    fig.suptitle(text, **props)
     return fig
