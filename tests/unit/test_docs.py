@@ -159,7 +159,8 @@ def test_the_checker_reports_what_has_rotted():
     good = ("Run `make workbook` and `make test WORKBOOK_ARGS=x`, read [the notebooks](docs/notebooks.md) and\n"
             "`tutorial_lib/lessons/train_lm.py`, open 01_ddp.ipynb and `notebooks/zh/NN_name.ipynb`.\n"
             "```bash\npython scripts/bench.py --only plan\npython -m tutorial_lib doctor RUN_DIR\n"
-            "python -m tutorial_lib.planning.memory_plan\n```\n[site](https://pytorch.org), [next](README.md#where-to-go-next)\n")
+            "python -m tutorial_lib.planning.memory_plan\n```\n"
+            "[site](https://pytorch.org), [next](README.md#where-to-go-next)\n")
     assert problems(good, README) == []
     bad = ("Run `make workbok`, read [the notebooks](docs/notebook.md) and `tutorial_lib/scripts/train_lm.py`,\n"
            "open 99_nowhere.ipynb and `tests/fixtures/run_dirs/torch-<nothing>/x`; see [next](README.md#nowhere).\n"
