@@ -216,7 +216,7 @@ def test_the_launchers_rendezvous_store_listens_on_loopback_only(run_root):
         # The ranks (gloo, GLOO_SOCKET_IFNAME=lo) listen on loopback too. torchrun's agents are not
         # checked: in torch 2.13 the agent of node 0 always hosts one TCPStore for the workers (static
         # store, or c10d's shared bootstrap store) and TCPStore has no bind address: it listens on every
-        # interface, on a port picked at random (measured; see README, "Benchmarks and reliability").
+        # interface, on a port picked at random (measured; see docs/benchmarks.md).
         for child in psutil.Process().children(recursive=True):
             cmdline = child.cmdline()
             if "torch.distributed.run" not in cmdline and any(part.endswith("ddp_train.py") for part in cmdline):

@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def corpus() -> str:
-    """Every notebook's sources, the scripts' help texts and the README, whitespace folded (prose wraps lines)."""
-    parts = [(ROOT / "README.md").read_text()]
+    """Every notebook's sources, the scripts' help texts, the README and its pages under docs/, whitespace folded
+    (prose wraps lines)."""
+    parts = [(ROOT / "README.md").read_text()] + [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
     parts += [p.read_text() for p in sorted((ROOT / "tutorial_lib" / "lessons").glob("*.py"))]
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         parts += [c.source for c in nbformat.read(path, as_version=4).cells]
