@@ -1,0 +1,28 @@
+import json
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+rank, world_size = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+# The fix: torch.amp.GradScaler("cpu"). Seed 000's torch.cuda.amp.GradScaler() is deprecated and CUDA-only: on a
+# machine without CUDA it warns and returns a *disabled* scaler (scale 1.0), so the fp16 backward ran unscaled and
+# every gradient below about 3e-8 rounded to 0. Scaled by 65536 they survive; unscale_ divides it out in fp32.
+scaler = torch.amp.GradScaler("cpu")
+LOSS_WEIGHT = 1e-8  # a weighted auxiliary loss: its gradients are tiny
+for step in range(1, 4):
+    x = torch.randn(16, 8)[rank::world_size]  # this rank's half of the global batch
+    with torch.autocast("cpu", dtype=torch.float16):  # the matmuls run in fp16
+        out = model(x)
+        loss = LOSS_WEIGHT * torch.nn.functional.mse_loss(out, x.sum(1, keepdim=True))
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # the gradients as the optimizer will see them
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    print("check", json.dumps({"step": step, "dtype": str(out.dtype), "scale": scaler.get_scale(),
+                               "zero_fraction": (grads == 0).float().mean().item()}))
+    scaler.step(optimizer)
+    scaler.update()
+dist.destroy_process_group()
