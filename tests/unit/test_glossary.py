@@ -7,7 +7,6 @@ paths, flags and identifiers are removed first, then each rule's accepted forms 
 激活检查点) are masked, then its rejected variants are searched. A variant made of ASCII letters matches as a whole
 word, case-insensitively; any other matches literally. A rule whose 范围 names an English word (``job``) applies only
 where the English text the Chinese renders (the English notebook's cell of the same id, or the msgid) holds it.
-Cells whose id starts with ``exercises-`` belong to the exercises and are not checked here.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ GLOSSARY = ROOT / "docs" / "zh" / "glossary.md"
 TWINS = ROOT / "notebooks" / "zh"
 CATALOGUE = ROOT / "tutorial_lib" / "i18n" / "locale" / "zh" / "LC_MESSAGES" / "tutorial_lib.po"
 HEADER = ["English", "译法", "不用", "范围", "说明"]
-SKIPPED_CELLS = "exercises-"
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ def twin_cells():
     for twin in sorted(TWINS.glob("[0-9][0-9]_*.ipynb")):
         english = {c.get("id"): c.source for c in nbformat.read(ROOT / "notebooks" / twin.name, as_version=4).cells}
         for cell in nbformat.read(twin, as_version=4).cells:
-            if cell.cell_type == "markdown" and not str(cell.get("id")).startswith(SKIPPED_CELLS):
+            if cell.cell_type == "markdown":
                 yield twin.name, cell.get("id"), cell.source, english.get(cell.get("id"), "")
 
 
