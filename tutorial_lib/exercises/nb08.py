@@ -44,27 +44,39 @@ def overlap_kept(ctx: Context) -> list[Difference]:
             differences.append(Difference(Message("steps trained"), [1, 2, 3], steps, rank))
             continue
         for record in mine[1:]:  # step 1 is DDP's first; it rebuilds its buckets after it
-            events = [e[0] for e in record["events"]]
-            sizes = [e[1] for e in record["events"] if e[0] == "all_reduce"]
-            if sum(sizes) != record["params"]:
-                differences.append(Difference(
-                    Message("gradient elements all-reduced in step {step}", {"step": record["step"]}),
-                    record["params"], sum(sizes), rank,
-                    note=Message("every parameter's gradient must be all-reduced once per step")))
-            if len(sizes) < 2:
-                differences.append(Difference(
-                    Message("all-reduces (buckets) in step {step}", {"step": record["step"]}), ">= 2", len(sizes),
-                    rank, note=Message("one bucket is all-reduced only when its last gradient is ready: after the "
-                                       "whole backward, with nothing left to overlap")))
-            if "input_layer_grad" not in events:
-                differences.append(Difference(
-                    Message("the input layer's gradient event in step {step}", {"step": record["step"]}), 1, 0, rank))
-            elif sizes and events.index("all_reduce") > events.index("input_layer_grad"):
-                differences.append(Difference(
-                    Message("events of step {step}, in order", {"step": record["step"]}),
-                    "all_reduce before input_layer_grad", " -> ".join(events), rank,
-                    note=Message("the first all-reduce must start while backward still computes the input layer's "
-                                 "gradient: that is the overlap")))
+            found = _step_differences(record, rank)
+            differences += found
+            if found:
+                break  # the first step that differs says it; later steps repeat it
+    return differences
+
+
+def _step_differences(record: dict, rank: int) -> list[Difference]:
+    """One step's record: every gradient all-reduced once, at least 2 buckets, the first before the input layer's
+    gradient."""
+    differences = []
+    pairs = [e for e in record.get("events") or [] if isinstance(e, list) and len(e) == 2]
+    events = [e[0] for e in pairs]
+    sizes = [e[1] for e in pairs if e[0] == "all_reduce"]
+    if sum(sizes) != record.get("params"):
+        differences.append(Difference(
+            Message("gradient elements all-reduced in step {step}", {"step": record["step"]}),
+            record.get("params"), sum(sizes), rank,
+            note=Message("every parameter's gradient must be all-reduced once per step")))
+    if len(sizes) < 2:
+        differences.append(Difference(
+            Message("all-reduces (buckets) in step {step}", {"step": record["step"]}), ">= 2", len(sizes),
+            rank, note=Message("one bucket is all-reduced only when its last gradient is ready: after the "
+                               "whole backward, with nothing left to overlap")))
+    if "input_layer_grad" not in events:
+        differences.append(Difference(
+            Message("the input layer's gradient event in step {step}", {"step": record["step"]}), 1, 0, rank))
+    elif sizes and events.index("all_reduce") > events.index("input_layer_grad"):
+        differences.append(Difference(
+            Message("events of step {step}, in order", {"step": record["step"]}),
+            "all_reduce before input_layer_grad", " -> ".join(events), rank,
+            note=Message("the first all-reduce must start while backward still computes the input layer's "
+                         "gradient: that is the overlap")))
     return differences
 
 

@@ -43,14 +43,14 @@ def one_reduce_scatter_per_unit(ctx: Context) -> list[Difference]:
     differences += missing
     if 0 not in single:
         return differences
-    reference = torch.tensor(single[0]["grad"])
+    reference = torch.tensor(single[0].get("grad") or [])
     for rank, record in sorted(pair.items()):
         if record.get("reduce_scatters") != UNITS_IN_THE_SCRIPT:
             differences.append(Difference(
                 Message("reduce-scatters in the accumulated step"), UNITS_IN_THE_SCRIPT, record.get("reduce_scatters"),
                 rank, note=Message("FSDP reduce-scatters after every backward unless told not to: one per unit and "
                                    "micro-batch. Gradient sync off until the last micro-batch: one per unit")))
-        grad = torch.tensor(record["grad"])
+        grad = torch.tensor(record.get("grad") or [])
         if grad.shape != reference.shape:
             differences.append(Difference(Message("gradient entries"), reference.numel(), grad.numel(), rank))
             continue
