@@ -1,5 +1,5 @@
 """Notebook 07's exercises (troubleshooting): a hang, first read (which rank is not in a collective, at which line),
-then fixed. The hang's script is exercise 2's starter; its collective timeout (3 s) turns the hang into an error, so
+then fixed; a collective inside ``if rank == 0:``. The hang's script is exercise 2's starter; its collective timeout (3 s) turns the hang into an error, so
 a check of the starter costs seconds, not the launch's limit."""
 
 from __future__ import annotations
@@ -79,6 +79,29 @@ def hang_fixed(ctx: Context) -> list[Difference]:
     return differences
 
 
+def global_loss_on_every_rank(ctx: Context) -> list[Difference]:
+    """07.3: the learner's script on 2 ranks trains its 5 steps on both, and rank 0 logs the global loss: the mean of
+    both ranks' local losses at every step (not rank 0's own)."""
+    records = ctx.records(ctx.launch(timeout_s=LIMIT_S))
+    differences = []
+    steps = {rank: [r.get("step") for r in records.get(rank, [])] for rank in range(2)}
+    for rank in range(2):
+        if steps[rank] != [1, 2, 3, 4, 5]:
+            differences.append(Difference(Message("steps trained"), [1, 2, 3, 4, 5], steps[rank], rank))
+    if differences:
+        return differences
+    local = {rank: {r["step"]: r.get("loss") for r in records[rank]} for rank in range(2)}
+    for record in records[0]:
+        step, logged = record["step"], record.get("global_loss")
+        mean = (local[0][step] + local[1][step]) / 2
+        if not isinstance(logged, (int, float)) or abs(logged - mean) > 1e-6 * max(abs(mean), 1.0):
+            differences.append(Difference(
+                Message("global loss rank 0 logged at step {step}", {"step": step}), mean, logged, 0,
+                note=Message("the global loss is the mean of every rank's loss: an all_reduce that every rank joins")))
+            break  # the first step that differs
+    return differences
+
+
 register(Spec("07.1", N_("Which rank hangs, and where"), solution="07_1.py", expected=hang_culprit,
               wrong={(0, _line("dist.barrier()  # wait until every")): N_(
                          "rank 0 is the rank named first: its barrier timed out while it waited. It is the victim; the "
@@ -96,3 +119,10 @@ register(Spec("07.2", N_("Fix the hang"), solution="07_2_train.py", verify=hang_
                         "file exists: each waits for the other. Which of the two must come first?"),
                      N_("Rank 0 writes the file, then every rank calls dist.barrier(), then every rank reads it: no "
                         "polling loop, no rank-dependent barrier. The barrier is the signal that the file is there."))))
+register(Spec("07.3", N_("A collective only rank 0 calls"), solution="07_3_train.py",
+              verify=global_loss_on_every_rank,
+              hints=(N_("Section 1: every collective is a rendezvous of all ranks. Which collective does rank 1 never "
+                        "call, and what is rank 1 doing when rank 0 waits in it?"),
+                     N_("Compute the global loss on every rank (dist.all_reduce outside the if), and keep only the "
+                        "logging inside if rank == 0. Do not drop the all_reduce: rank 0's own loss is not the "
+                        "global one."))))
