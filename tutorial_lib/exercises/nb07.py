@@ -45,21 +45,24 @@ def hang_culprit(ctx: Context) -> tuple[int, int]:
     """07.1: exercise 2's starter launched on 2 ranks: (the rank that was not in a collective when the job was
     stopped, the line of the script it was at), from the stacks the ranks printed (``LaunchError.where``). Measured
     once per process."""
-    if "hang" not in _measured:
+    for _attempt in range(2):  # a second try where a loaded machine made the first one fail elsewhere (its init)
+        if "hang" in _measured:
+            break
         folder = Path(tempfile.mkdtemp(prefix="exercise-07.1-"))
+        found: list[tuple[int, int]] = []
         try:
             (folder / "train.py").write_text(HANG)
             try:
                 ctx.launch([folder], script=folder / "train.py", timeout_s=LIMIT_S, live="off")
-                raise RuntimeError("exercise 07.1: the hang's script finished; it must time out")
             except LaunchError as e:
                 places = {rank: re.match(r"train\.py:(\d+) in <module>", where) for rank, where in e.where.items()}
                 found = [(rank, int(m[1])) for rank, m in sorted(places.items()) if m]
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        if len(found) != 1:
-            raise RuntimeError(f"exercise 07.1: expected one rank stopped in the script itself, found {found}")
-        _measured["hang"] = found[0]
+        if len(found) == 1:
+            _measured["hang"] = found[0]
+    if "hang" not in _measured:
+        raise RuntimeError("exercise 07.1: exercise 2's starter did not stop with one rank in the script itself")
     return _measured["hang"]
 
 
