@@ -1,7 +1,10 @@
 """Notebook 11's exercises (a transformer LM with FSDP2): the layout the stored plan picks for a GPT on 4 x 24 GB, and
-a held-out loss that must be the exact mean over every token whatever the world size."""
+a held-out loss that must be the exact mean over every token whatever the world size, a model built on meta and
+sharded that must start from one process's weights."""
 
 from __future__ import annotations
+
+import torch
 
 from ..i18n import N_, Message
 from ..planning.memory_plan import LAYOUTS, read_memory_table
@@ -42,6 +45,36 @@ def exact_held_out_mean(ctx: Context) -> list[Difference]:
     return differences
 
 
+def one_process_weights(ctx: Context) -> list[Difference]:
+    """11.3: the script's sharded model on 2 ranks holds the weights (and gives the loss) of the same script on 1 rank,
+    with its first Linear really sharded (half of its rows on each rank)."""
+    pair, differences = ctx.per_rank(ctx.launch(nproc_per_node=2), 2)
+    single, missing = ctx.per_rank(ctx.launch(nproc_per_node=1), 1)
+    differences += missing
+    if differences:
+        return differences
+    reference = torch.tensor(single[0]["weights"])
+    for rank, record in sorted(pair.items()):
+        if record.get("rows_here") != single[0]["rows_here"] // 2:
+            differences.append(Difference(Message("rows of the first weight on this rank (sharded: half of them)"),
+                                          single[0]["rows_here"] // 2, record.get("rows_here"), rank))
+        weights = torch.tensor(record.get("weights") or [])
+        if weights.shape != reference.shape:
+            differences.append(Difference(Message("weights (all of them, gathered)"), reference.numel(),
+                                          weights.numel(), rank))
+            continue
+        gap = (weights - reference).abs().max().item()
+        if gap > 1e-7:
+            differences.append(Difference(Message("largest |weight - one process's initial weight|"), "<= 1e-07", gap,
+                                          rank, note=Message(
+                "each rank initialised its own shard from the same seed, so every shard holds the same numbers: "
+                "start every layout from one set of whole weights (section 3's seed checkpoint)")))
+        loss = record.get("loss")
+        if not isinstance(loss, (int, float)) or abs(loss - single[0]["loss"]) > 1e-6 * max(abs(single[0]["loss"]), 1):
+            differences.append(Difference(Message("loss of the first batch"), single[0]["loss"], loss, rank))
+    return differences
+
+
 register(Spec("11.1", N_("The layout for a 1.3B GPT on 4 x 24 GB"), solution="11_1.py",
               expected=fewest_savers_that_fit,
               wrong={"DDP fp32": N_("DDP keeps the whole model and its AdamW state on every GPU: the plan of 1.3B "
@@ -59,3 +92,10 @@ register(Spec("11.2", N_("A held-out loss that does not depend on the world size
                         "hold different numbers of tokens: what does averaging their means weigh wrongly?"),
                      N_("Keep each rank's sum of token losses and its token count, all_reduce both (SUM), and divide "
                         "the total sum by the total count."))))
+register(Spec("11.3", N_("One process's weights in a model built on meta"), solution="11_3_init.py",
+              verify=one_process_weights,
+              hints=(N_("Section 3: a run on 2, 4 or 64 ranks must start from exactly the same weights. Print "
+                        "model[0].weight.full_tensor() on 2 ranks: what do rows 0 and 8 hold?"),
+                     N_("Let rank 0 build the whole model once (build().state_dict(); the other ranks pass {}) and "
+                        "load it with set_model_state_dict(model, seed, options=StateDictOptions("
+                        "full_state_dict=True, broadcast_from_rank0=True)) instead of reset_parameters()."))))
