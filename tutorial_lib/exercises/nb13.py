@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 from ..i18n import N_, Message
-from ..planning.hf_plan import read_hf_table, recommend_layout
+from ..planning.hf_plan import FULL_FINE_TUNING, read_hf_table, recommend_layout
 from .core import SOLUTIONS, Context, Difference, Spec, register
 
 MODEL_13_1, GPUS_13_1, SEQ_13_1 = "qwen2.5-1.5b", 4, 4096
 STEPS_13_2 = [1, 2, 3]
+MODEL_13_3, SEQ_13_3 = "qwen2.5-7b", 1024
 
 
 def recommended_layout(ctx: Context) -> str:
@@ -49,6 +50,15 @@ def materialized_like_the_checkpoint(ctx: Context) -> list[Difference]:
     return differences
 
 
+def fewest_gpus_without_offload(ctx: Context) -> int:
+    """13.3: the fewest GPUs of the stored table's counts on which a full fine-tuning layout that keeps the state on
+    the GPUs (no CPU offload) fits Qwen2.5-7B at 1024 tokens."""
+    table = read_hf_table()
+    on_gpu = [layout for layout in FULL_FINE_TUNING if "offload" not in layout]
+    rows = table[(table["model"] == MODEL_13_3) & (table["seq_len"] == SEQ_13_3) & table["layout"].isin(on_gpu)]
+    return int(rows[rows["fits"].astype(bool)]["gpus"].min())
+
+
 register(Spec("13.1", N_("The layout for Qwen2.5-1.5B on 4 x 24 GB at 4096 tokens"), solution="13_1.py",
               expected=recommended_layout,
               wrong={"fp32": N_("fp32 fits at 1024 tokens; at 4096 the activations are four times larger and it "
@@ -68,3 +78,13 @@ register(Spec("13.2", N_("What to_empty leaves undone"), solution="13_2_train.py
                         "buffers, and ask what to_empty does to two modules that share one Parameter."),
                      N_("After to_empty: tie the head to the embedding again (net.head.weight = net.embed.weight) and "
                         "compute inv_freq again, as __init__ does."))))
+register(Spec("13.3", N_("The fewest GPUs for Qwen2.5-7B without offload"), solution="13_3.py",
+              expected=fewest_gpus_without_offload,
+              wrong={4: N_("on 4 GPUs only offload or LoRA fit: the state alone, 16 bytes per parameter over 4 GPUs, "
+                           "is about 28 GiB per GPU"),
+                     2: N_("on 2 GPUs the state alone is about 57 GiB per GPU"),
+                     16: N_("the table plans 1, 2, 4 and 8 GPUs, and one of them is enough")},
+              hints=(N_("Section 3's table has the plans on 1, 2, 4 and 8 GPUs. Leave out the layouts with offload and "
+                        "LoRA (LoRA is not full fine-tuning)."),
+                     N_("Filter tl.read_hf_table() to qwen2.5-7b, seq_len 1024, the layouts fp32, bf16, bf16 + AC "
+                        "selective and bf16 + AC full, with fits True, and take the smallest gpus."))))
