@@ -41,12 +41,12 @@ def materialized_like_the_checkpoint(ctx: Context) -> list[Difference]:
         limit = 1e-5 * max(abs(r["loss"]) for r in ref)
         if not worst <= limit:
             first_ok = gaps[0] <= limit  # the same start, then apart: the weights, not the forward, differ
+            note = Message("the first step agrees and the later ones do not: two tensors that should be one "
+                           "trained apart") if first_ok else Message(
+                "a buffer the checkpoint does not hold (persistent=False) was never computed on meta, and to_empty "
+                "left it uninitialised: compute it again")
             differences.append(Difference(Message("largest |loss - the loaded model's loss| over the steps"),
-                                          "<= 1e-05 x loss", worst, rank, note=Message(
-                                              "the first step agrees and the later ones do not: two tensors that "
-                                              "should be one trained apart") if first_ok else Message(
-                                              "a buffer the checkpoint does not hold (persistent=False) was never "
-                                              "computed on meta, and to_empty left it uninitialised: compute it again")))
+                                          "<= 1e-05 x loss", worst, rank, note=note))
     return differences
 
 
@@ -67,8 +67,8 @@ register(Spec("13.1", N_("The layout for Qwen2.5-1.5B on 4 x 24 GB at 4096 token
                                           "takes the fewest memory savers"),
                      "LoRA r16, bf16 + AC full": N_("LoRA trains a small adapter, not the model: the recommendation "
                                                     "takes it only when no full fine-tuning layout fits")},
-              hints=(N_("Section 3: tl.read_hf_table() holds the plans, tl.recommend_layout(table, model, gpus, seq_len) "
-                        "picks from them. The model's name in the table is qwen2.5-1.5b."),
+              hints=(N_("Section 3: tl.read_hf_table() holds the plans, tl.recommend_layout(table, model, gpus, "
+                        "seq_len) picks from them. The model's name in the table is qwen2.5-1.5b."),
                      N_("Full fine-tuning layouts in order of memory savers: fp32, bf16, bf16 + AC selective, bf16 + "
                         "AC full, bf16 + AC full + offload. Answer the first whose plan fits at 4096 tokens on 4 "
                         "GPUs."))))

@@ -5,4 +5,5 @@ from tutorial_lib.planning.memory_plan import read_memory_table  # tl.read_memor
 table = read_memory_table()
 rows = table[(table["model"] == "1.3B") & (table["gpus"] == 4)].set_index("layout")
 # DDP fp32 does not fit (every GPU holds the whole model and its state); FSDP2 fp32 does, with headroom to spare.
-answer = next(layout for layout in ("DDP fp32", "FSDP2 fp32", "FSDP2 bf16", "FSDP2 bf16 + AC") if rows.loc[layout, "fits"])
+order = ("DDP fp32", "FSDP2 fp32", "FSDP2 bf16", "FSDP2 bf16 + AC")  # each adds a memory saver
+answer = next(layout for layout in order if rows.loc[layout, "fits"])

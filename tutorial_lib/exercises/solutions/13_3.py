@@ -4,5 +4,6 @@ from tutorial_lib.planning.hf_plan import read_hf_table  # tl.read_hf_table in t
 
 table = read_hf_table()
 on_gpu = ["fp32", "bf16", "bf16 + AC selective", "bf16 + AC full"]
-rows = table[(table["model"] == "qwen2.5-7b") & (table["seq_len"] == 1024) & table["layout"].isin(on_gpu) & table["fits"]]
+rows = table[(table["model"] == "qwen2.5-7b") & (table["seq_len"] == 1024) & table["layout"].isin(on_gpu)
+             & table["fits"]]
 answer = int(rows["gpus"].min())  # 8 (bf16 + AC selective, with half a GiB to spare)
