@@ -348,6 +348,8 @@ class Hint:
 
 
 def _equal(answer: object, expected: object, tolerance: float) -> bool:
+    if isinstance(expected, (list, tuple)) and isinstance(answer, (list, tuple)):  # (rank, line) or [rank, line]
+        return len(answer) == len(expected) and all(_equal(a, e, tolerance) for a, e in zip(answer, expected))
     if isinstance(expected, str) or isinstance(answer, str):
         return str(answer).strip().lower() == str(expected).strip().lower()
     if isinstance(expected, bool) or isinstance(answer, bool):
