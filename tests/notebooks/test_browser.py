@@ -440,3 +440,94 @@ def test_a_learner_solves_exercise_1_of_01_in_jupyterlab(tmp_path, artifacts):
     record = json.loads((runs_dir / "exercises" / "progress.json").read_text())["01.1"]
     assert record["solved"] and record["checks"] == 2, record
     wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
+
+
+class MakeLab(Lab):
+    """JupyterLab started by `make lab` itself (EDITION=en or zh), on this test's Python environment as the Makefile's
+    VENV (its install stamp marked up to date with `make -o`, so make installs nothing), on a free port with a token;
+    the Jupyter folders under ``base``. For EDITION=zh the Makefile points JUPYTERLAB_SETTINGS_DIR at LAB_SETTINGS_DIR
+    (here ``base/lab-settings-zh``) and writes the translation setting there."""
+
+    def __init__(self, base: Path, edition: str, log_path: Path) -> None:
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TUTORIAL_LIB_LIVE", "MAKEFLAGS")}
+        for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
+                    "JUPYTERLAB_WORKSPACES_DIR"):
+            env[var] = str(base / var.lower())
+            Path(env[var]).mkdir(parents=True)
+        self.settings_dir = base / "lab-settings-zh" if edition == "zh" else Path(env["JUPYTERLAB_SETTINGS_DIR"])
+        for name, values in LAB_SETTINGS.items():  # no news prompt; the translation setting is left to make
+            plugin, file = name.rsplit("/", 1)
+            (self.settings_dir / plugin).mkdir(parents=True, exist_ok=True)
+            (self.settings_dir / plugin / file).write_text(json.dumps(values))
+        venv = Path(sys.prefix)
+        command = ["make", "--no-print-directory", "-C", str(ROOT), "-o", f"{venv}/.installed", "lab",
+                   f"EDITION={edition}", f"VENV={venv}", f"LAB_SETTINGS_DIR={base / 'lab-settings-zh'}",
+                   f"LAB_ARGS=--no-browser --ServerApp.port={self.port} --ServerApp.port_retries=0 "
+                   f"--IdentityProvider.token={self.token}"]
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=set_parent_death_signal)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:  # make and the jupyter server it started: the whole process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # the server, if it outlived make
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        self.log.close()
+
+
+# JupyterLab's menu bar in English; in Chinese the first menu is 文件 and no label is an English one (the rest is
+# the language pack's wording, e.g. 标签页 for Tabs in 4.5.post3).
+MENUS_EN = ["File", "Edit", "View", "Run", "Kernel", "Tabs", "Settings", "Help"]
+
+
+@pytest.mark.parametrize("edition", ["zh", "en"])
+def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, tmp_path, artifacts):
+    """Issue 38: `make lab EDITION=zh` opens JupyterLab's own interface in Chinese (the zh_CN language pack of the
+    `lab-zh` and `test` extras, and the translation setting the Makefile writes into the Chinese lab's settings folder):
+    the first menu is 文件. The control: `make lab` (English), in the same environment with the pack installed, shows
+    File."""
+    sync_playwright = sync_playwright_or_skip()
+    import importlib.util
+
+    assert importlib.util.find_spec("jupyterlab_language_pack_zh_CN"), (
+        "JupyterLab's zh_CN language pack is not installed: pip install -e '.[test]' (the test extra has it)")
+    lab = MakeLab(tmp_path / "lab", edition, artifacts / f"make_lab_{edition}.log")
+    try:
+        lab.wait_up(timeout_s=120)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab?token={lab.token}")
+                labels = page.locator(".lm-MenuBar-itemLabel")
+                labels.first.wait_for()
+                wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
+                shown = [t.strip() for t in labels.all_inner_texts()]
+                page.screenshot(path=artifacts / f"make_lab_{edition}.png")
+            finally:
+                browser.close()
+    finally:
+        lab.close()
+    log = Path(lab.log.name).read_text()
+    if edition == "zh":
+        assert shown[0] == "文件" and not set(shown) & set(MENUS_EN), f"the Chinese lab's menu bar: {shown}"
+    else:
+        assert shown[:len(MENUS_EN)] == MENUS_EN, f"the English lab's menu bar: {shown}"
+    setting = lab.settings_dir / "@jupyterlab/translation-extension/plugin.jupyterlab-settings"
+    if edition == "zh":
+        assert json.loads(setting.read_text()) == {"locale": "zh_CN"}, "make wrote the Chinese lab's translation setting"
+        assert f'JUPYTERLAB_SETTINGS_DIR="{lab.settings_dir}"' in log, log
+    else:
+        assert not setting.exists() and "JUPYTERLAB_SETTINGS_DIR=" not in log, "the English lab's settings are left alone"
+    assert "Obtaining file:" not in log and "Collecting " not in log, f"make lab ran pip: {log}"
