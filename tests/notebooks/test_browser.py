@@ -1,16 +1,19 @@
 """What a person sees in JupyterLab, checked in a real browser (Debian's chromium, driven by playwright).
 
-Two tests. The first, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
+The first test, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
 folders; ``01_ddp.ipynb`` (a copy, with a failing run and a long run appended) opened in headless chromium;
 Run All; the live widget reaches the last step on every rank, the plot renders, no cell shows an error; the
 failing run's red box names the rank, the cause and the logs; then the long run is interrupted from the
 notebook toolbar, the cell says so, and no worker or torchrun process remains. The second: the Chinese edition's
 ``zh/00_environment_check.ipynb`` (issue 31) runs to the end the same way, its Chinese title on the page drawn with
 real CJK glyphs (a CJK font installed on the system: Debian's ``fonts-wqy-microhei``, which ``.ci/run`` installs).
+Then a learner solves exercise 01.1 with the keyboard (issue 36), and JupyterLab started by ``make lab EDITION=zh``
+shows its own menus in Chinese, ``make lab`` in English (issue 38).
 
 Screenshots and the server log go to ``<tmp_path>/artifacts`` and, when ``$TUTORIAL_LIB_ARTIFACTS_DIR`` is
 set, are copied there. The tests skip only where chromium (``apt-get install -y chromium``) or the
-``playwright`` package (the ``test`` extra) is missing; it never downloads a browser.
+``playwright`` package (the ``test`` extra) is missing; it never downloads a browser. The ``make lab`` test fails
+where JupyterLab's zh_CN language pack is missing (the ``test`` extra has it, so ``make install`` in ``.ci/run`` does).
 """
 
 from __future__ import annotations
