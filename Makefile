@@ -24,7 +24,10 @@ EDITION_DIR := $(if $(filter zh,$(EDITION)),notebooks/zh,$(if $(filter en,$(EDIT
 EDITION_OUT := $(if $(filter zh,$(EDITION)),outputs/zh,outputs)
 # `make lab EDITION=zh` opens JupyterLab's own interface in Chinese: the zh_CN language pack (installed on first use),
 # and a settings folder of its own (JUPYTERLAB_SETTINGS_DIR) whose translation setting is zh_CN, written once (a language
-# picked later in Settings > Language stays); `make lab` (English) keeps the user's settings and installs no pack.
+# picked later in Settings > Language stays). `make lab` (English) keeps the user's settings. JupyterLab's default
+# language is the server's locale (LC_CTYPE; the server translates the menus itself), so with the pack installed (the
+# test extra has it) a server with LANG=zh_CN.UTF-8 would open the English edition in Chinese: its server, and so its
+# kernels, run with LC_CTYPE=C.UTF-8 (UTF-8 as before; LC_TIME, LC_NUMERIC and the rest stay as they are).
 LAB_SETTINGS_DIR ?= $(abspath $(VENV))/lab-settings-zh
 comma := ,
 LAB_IMPORTS := jupyterlab$(if $(filter zh,$(EDITION)),$(comma) jupyterlab_language_pack_zh_CN)
@@ -74,8 +77,8 @@ lab: $(STAMP)  ## open JupyterLab on notebooks/ with the project's environment; 
 ifeq ($(EDITION),zh)
 	@test -f "$(LAB_LOCALE_FILE)" || { mkdir -p "$(dir $(LAB_LOCALE_FILE))" && echo '{"locale": "zh_CN"}' > "$(LAB_LOCALE_FILE)"; }
 endif
-	cd $(EDITION_DIR) && $(if $(filter zh,$(EDITION)),JUPYTERLAB_SETTINGS_DIR="$(LAB_SETTINGS_DIR)") $(abspath $(BIN))/jupyter lab \
-		--ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	cd $(EDITION_DIR) && $(if $(filter zh,$(EDITION)),JUPYTERLAB_SETTINGS_DIR="$(LAB_SETTINGS_DIR)",LC_CTYPE=C.UTF-8) \
+		$(abspath $(BIN))/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)  ## benchmarks as ratios (launcher, warm starts, metrics, memory, workbook; GPU when present)
 	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"

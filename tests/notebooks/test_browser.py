@@ -451,9 +451,10 @@ class MakeLab(Lab):
     the Jupyter folders under ``base``. For EDITION=zh the Makefile points JUPYTERLAB_SETTINGS_DIR at LAB_SETTINGS_DIR
     (here ``base/lab-settings-zh``) and writes the translation setting there."""
 
-    def __init__(self, base: Path, edition: str, log_path: Path) -> None:
+    def __init__(self, base: Path, edition: str, log_path: Path, env_extra: dict | None = None) -> None:
         self.port, self.token = free_port(), secrets.token_hex(16)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TUTORIAL_LIB_LIVE", "MAKEFLAGS")}
+        env.update(env_extra or {})
         for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
                     "JUPYTERLAB_WORKSPACES_DIR"):
             env[var] = str(base / var.lower())
@@ -493,18 +494,36 @@ class MakeLab(Lab):
 MENUS_EN = ["File", "Edit", "View", "Run", "Kernel", "Tabs", "Settings", "Help"]
 
 
-@pytest.mark.parametrize("edition", ["zh", "en"])
-def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, tmp_path, artifacts):
+def chinese_server_locale(folder: Path) -> dict:
+    """LANG=zh_CN.UTF-8 for a server process, compiled into ``folder`` with glibc's localedef (LOCPATH), since
+    containers seldom have it generated; skips where localedef or the zh_CN source is missing."""
+    if not shutil.which("localedef") or not Path("/usr/share/i18n/locales/zh_CN").exists():
+        pytest.skip("no localedef or /usr/share/i18n/locales/zh_CN to make a zh_CN.UTF-8 locale")
+    folder.mkdir(parents=True)
+    made = subprocess.run(["localedef", "-i", "zh_CN", "-f", "UTF-8", str(folder / "zh_CN.UTF-8")],
+                          capture_output=True, text=True)  # exit 1 for warnings; the probe below decides
+    env = {"LOCPATH": str(folder), "LANG": "zh_CN.UTF-8", "LC_ALL": ""}
+    probe = subprocess.run([sys.executable, "-c", "import locale; print(locale.getlocale()[0])"],
+                           env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "zh_CN", (probe, made)
+    return env
+
+
+@pytest.mark.parametrize("edition, server_locale", [("zh", None), ("en", None), ("en", "zh_CN.UTF-8")],
+                         ids=["zh", "en", "en-on-a-zh_CN-server"])
+def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, server_locale, tmp_path, artifacts):
     """Issue 38: `make lab EDITION=zh` opens JupyterLab's own interface in Chinese (the zh_CN language pack of the
     `lab-zh` and `test` extras, and the translation setting the Makefile writes into the Chinese lab's settings folder):
-    the first menu is 文件. The control: `make lab` (English), in the same environment with the pack installed, shows
-    File."""
+    the first menu is 文件. The controls: `make lab` (English), in the same environment with the pack installed, shows
+    File, also on a server whose locale is zh_CN.UTF-8 (JupyterLab's own default language is the server's locale,
+    which with the pack installed shows Chinese menus: the Makefile runs the English lab with LC_CTYPE=C.UTF-8)."""
     sync_playwright = sync_playwright_or_skip()
     import importlib.util
 
     assert importlib.util.find_spec("jupyterlab_language_pack_zh_CN"), (
         "JupyterLab's zh_CN language pack is not installed: pip install -e '.[test]' (the test extra has it)")
-    lab = MakeLab(tmp_path / "lab", edition, artifacts / f"make_lab_{edition}.log")
+    env_extra = chinese_server_locale(tmp_path / "locale") if server_locale else {}
+    lab = MakeLab(tmp_path / "lab", edition, artifacts / f"make_lab_{edition}.log", env_extra)
     try:
         lab.wait_up(timeout_s=120)
         with sync_playwright() as pw:
@@ -533,4 +552,5 @@ def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, tmp_path, arti
         assert f'JUPYTERLAB_SETTINGS_DIR="{lab.settings_dir}"' in log, log
     else:
         assert not setting.exists() and "JUPYTERLAB_SETTINGS_DIR=" not in log, "the English lab's settings are left alone"
+        assert "LC_CTYPE=C.UTF-8" in log, log
     assert "Obtaining file:" not in log and "Collecting " not in log, f"make lab ran pip: {log}"
