@@ -22,6 +22,24 @@ EDITION ?= en
 EDITION_DIR := $(if $(filter zh,$(EDITION)),notebooks/zh,$(if $(filter en,$(EDITION)),notebooks,$(error EDITION='$(EDITION)' \
 	is not an edition: use EDITION=en (notebooks/, the default) or EDITION=zh (notebooks/zh/, 中文版))))
 EDITION_OUT := $(if $(filter zh,$(EDITION)),outputs/zh,outputs)
+# `make lab EDITION=zh` opens JupyterLab's own interface in Chinese: the zh_CN language pack (installed on first use),
+# and a settings folder of its own (JUPYTERLAB_SETTINGS_DIR) whose translation setting is zh_CN, written once (a language
+# picked later in Settings > Language stays). `make lab` (English) keeps the user's settings. JupyterLab's default
+# language is the server's locale (LC_CTYPE; the server translates the menus itself), so with the pack installed (the
+# test extra has it) a server with LANG=zh_CN.UTF-8 would open the English edition in Chinese: its server, and so its
+# kernels, run with LC_CTYPE=C.UTF-8 (UTF-8 as before; LC_TIME, LC_NUMERIC and the rest stay as they are).
+LAB_SETTINGS_DIR ?= $(abspath $(VENV))/lab-settings-zh
+comma := ,
+LAB_IMPORTS := jupyterlab$(if $(filter zh,$(EDITION)),$(comma) jupyterlab_language_pack_zh_CN)
+LAB_EXTRA := $(if $(filter zh,$(EDITION)),lab-zh,lab)
+LAB_LOCALE_FILE := $(LAB_SETTINGS_DIR)/@jupyterlab/translation-extension/plugin.jupyterlab-settings
+
+# A PyPI mirror: pip reads PIP_INDEX_URL (and PIP_EXTRA_INDEX_URL) from the environment and make hands its environment
+# to every recipe; no recipe here names an index. `make` says which index pip is given (any user:password@ masked).
+ifneq ($(strip $(PIP_INDEX_URL)),)
+$(info pip index (PIP_INDEX_URL): $(shell printf '%s' '$(PIP_INDEX_URL)' | sed -E 's#//[^/@]*@#//***@#')$(if \
+	$(strip $(PIP_EXTRA_INDEX_URL)), and PIP_EXTRA_INDEX_URL: $(shell printf '%s' '$(PIP_EXTRA_INDEX_URL)' | sed -E 's#//[^/@ ]*@#//***@#g')))
+endif
 
 .PHONY: help install workbook test lab env bench compat slurm slurm-down clean-outputs
 
@@ -54,9 +72,13 @@ compat: $(COMPAT_STAMP)  ## the whole workbook on torch 2.8 + Python 3.10 (COMPA
 	$(COMPAT_VENV)/bin/python -m pip install --quiet "$(COMPAT_TORCH_SPEC)"
 	$(COMPAT_VENV)/bin/python scripts/run_workbook.py --output-dir outputs/compat $(WORKBOOK_ARGS)
 
-lab: $(STAMP)  ## open JupyterLab on notebooks/ with the project's environment; EDITION=zh: the Chinese edition, notebooks/zh/
-	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -e ".[lab]"
-	cd $(EDITION_DIR) && $(abspath $(BIN))/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+lab: $(STAMP)  ## open JupyterLab on notebooks/ with the project's environment; EDITION=zh: notebooks/zh/, JupyterLab in Chinese
+	$(BIN)/python -c "import $(LAB_IMPORTS)" 2>/dev/null || $(BIN)/python -m pip install -e ".[$(LAB_EXTRA)]"
+ifeq ($(EDITION),zh)
+	@test -f "$(LAB_LOCALE_FILE)" || { mkdir -p "$(dir $(LAB_LOCALE_FILE))" && echo '{"locale": "zh_CN"}' > "$(LAB_LOCALE_FILE)"; }
+endif
+	cd $(EDITION_DIR) && $(if $(filter zh,$(EDITION)),JUPYTERLAB_SETTINGS_DIR="$(LAB_SETTINGS_DIR)",LC_CTYPE=C.UTF-8) \
+		$(abspath $(BIN))/jupyter lab --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)  ## benchmarks as ratios (launcher, warm starts, metrics, memory, workbook; GPU when present)
 	$(BIN)/python -c "import accelerate" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"

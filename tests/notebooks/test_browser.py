@@ -1,16 +1,19 @@
 """What a person sees in JupyterLab, checked in a real browser (Debian's chromium, driven by playwright).
 
-Two tests. The first, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
+The first test, end to end: JupyterLab on loopback with a token and its own config/data/runtime/settings/workspace
 folders; ``01_ddp.ipynb`` (a copy, with a failing run and a long run appended) opened in headless chromium;
 Run All; the live widget reaches the last step on every rank, the plot renders, no cell shows an error; the
 failing run's red box names the rank, the cause and the logs; then the long run is interrupted from the
 notebook toolbar, the cell says so, and no worker or torchrun process remains. The second: the Chinese edition's
 ``zh/00_environment_check.ipynb`` (issue 31) runs to the end the same way, its Chinese title on the page drawn with
 real CJK glyphs (a CJK font installed on the system: Debian's ``fonts-wqy-microhei``, which ``.ci/run`` installs).
+Then a learner solves exercise 01.1 with the keyboard (issue 36), and JupyterLab started by ``make lab EDITION=zh``
+shows its own menus in Chinese, ``make lab`` in English (issue 38).
 
 Screenshots and the server log go to ``<tmp_path>/artifacts`` and, when ``$TUTORIAL_LIB_ARTIFACTS_DIR`` is
 set, are copied there. The tests skip only where chromium (``apt-get install -y chromium``) or the
-``playwright`` package (the ``test`` extra) is missing; it never downloads a browser.
+``playwright`` package (the ``test`` extra) is missing; it never downloads a browser. The ``make lab`` test fails
+where JupyterLab's zh_CN language pack is missing (the ``test`` extra has it, so ``make install`` in ``.ci/run`` does).
 """
 
 from __future__ import annotations
@@ -440,3 +443,114 @@ def test_a_learner_solves_exercise_1_of_01_in_jupyterlab(tmp_path, artifacts):
     record = json.loads((runs_dir / "exercises" / "progress.json").read_text())["01.1"]
     assert record["solved"] and record["checks"] == 2, record
     wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
+
+
+class MakeLab(Lab):
+    """JupyterLab started by `make lab` itself (EDITION=en or zh), on this test's Python environment as the Makefile's
+    VENV (its install stamp marked up to date with `make -o`, so make installs nothing), on a free port with a token;
+    the Jupyter folders under ``base``. For EDITION=zh the Makefile points JUPYTERLAB_SETTINGS_DIR at LAB_SETTINGS_DIR
+    (here ``base/lab-settings-zh``) and writes the translation setting there."""
+
+    def __init__(self, base: Path, edition: str, log_path: Path, env_extra: dict | None = None) -> None:
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TUTORIAL_LIB_LIVE", "MAKEFLAGS")}
+        env.update(env_extra or {})
+        for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
+                    "JUPYTERLAB_WORKSPACES_DIR"):
+            env[var] = str(base / var.lower())
+            Path(env[var]).mkdir(parents=True)
+        self.settings_dir = base / "lab-settings-zh" if edition == "zh" else Path(env["JUPYTERLAB_SETTINGS_DIR"])
+        for name, values in LAB_SETTINGS.items():  # no news prompt; the translation setting is left to make
+            plugin, file = name.rsplit("/", 1)
+            (self.settings_dir / plugin).mkdir(parents=True, exist_ok=True)
+            (self.settings_dir / plugin / file).write_text(json.dumps(values))
+        venv = Path(sys.prefix)
+        command = ["make", "--no-print-directory", "-C", str(ROOT), "-o", f"{venv}/.installed", "lab",
+                   f"EDITION={edition}", f"VENV={venv}", f"LAB_SETTINGS_DIR={base / 'lab-settings-zh'}",
+                   f"LAB_ARGS=--no-browser --ServerApp.port={self.port} --ServerApp.port_retries=0 "
+                   f"--IdentityProvider.token={self.token}"]
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=set_parent_death_signal)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:  # make and the jupyter server it started: the whole process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # the server, if it outlived make
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        self.log.close()
+
+
+# JupyterLab's menu bar in English; in Chinese the first menu is 文件 and no label is an English one (the rest is
+# the language pack's wording, e.g. 标签页 for Tabs in 4.5.post3).
+MENUS_EN = ["File", "Edit", "View", "Run", "Kernel", "Tabs", "Settings", "Help"]
+
+
+def chinese_server_locale(folder: Path) -> dict:
+    """LANG=zh_CN.UTF-8 for a server process, compiled into ``folder`` with glibc's localedef (LOCPATH), since
+    containers seldom have it generated; skips where localedef or the zh_CN source is missing."""
+    if not shutil.which("localedef") or not Path("/usr/share/i18n/locales/zh_CN").exists():
+        pytest.skip("no localedef or /usr/share/i18n/locales/zh_CN to make a zh_CN.UTF-8 locale")
+    folder.mkdir(parents=True)
+    made = subprocess.run(["localedef", "-i", "zh_CN", "-f", "UTF-8", str(folder / "zh_CN.UTF-8")],
+                          capture_output=True, text=True)  # exit 1 for warnings; the probe below decides
+    env = {"LOCPATH": str(folder), "LANG": "zh_CN.UTF-8", "LC_ALL": ""}
+    probe = subprocess.run([sys.executable, "-c", "import locale; print(locale.getlocale()[0])"],
+                           env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "zh_CN", (probe, made)
+    return env
+
+
+@pytest.mark.parametrize("edition, server_locale", [("zh", None), ("en", None), ("en", "zh_CN.UTF-8")],
+                         ids=["zh", "en", "en-on-a-zh_CN-server"])
+def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, server_locale, tmp_path, artifacts):
+    """Issue 38: `make lab EDITION=zh` opens JupyterLab's own interface in Chinese (the zh_CN language pack of the
+    `lab-zh` and `test` extras, and the translation setting the Makefile writes into the Chinese lab's settings folder):
+    the first menu is 文件. The controls: `make lab` (English), in the same environment with the pack installed, shows
+    File, also on a server whose locale is zh_CN.UTF-8 (JupyterLab's own default language is the server's locale,
+    which with the pack installed shows Chinese menus: the Makefile runs the English lab with LC_CTYPE=C.UTF-8)."""
+    sync_playwright = sync_playwright_or_skip()
+    import importlib.util
+
+    assert importlib.util.find_spec("jupyterlab_language_pack_zh_CN"), (
+        "JupyterLab's zh_CN language pack is not installed: pip install -e '.[test]' (the test extra has it)")
+    env_extra = chinese_server_locale(tmp_path / "locale") if server_locale else {}
+    lab = MakeLab(tmp_path / "lab", edition, artifacts / f"make_lab_{edition}.log", env_extra)
+    try:
+        lab.wait_up(timeout_s=120)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab?token={lab.token}")
+                labels = page.locator(".lm-MenuBar-itemLabel")
+                labels.first.wait_for()
+                wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
+                shown = [t.strip() for t in labels.all_inner_texts()]
+                page.screenshot(path=artifacts / f"make_lab_{edition}.png")
+            finally:
+                browser.close()
+    finally:
+        lab.close()
+    log = Path(lab.log.name).read_text()
+    if edition == "zh":
+        assert shown[0] == "文件" and not set(shown) & set(MENUS_EN), f"the Chinese lab's menu bar: {shown}"
+    else:
+        assert shown[:len(MENUS_EN)] == MENUS_EN, f"the English lab's menu bar: {shown}"
+    setting = lab.settings_dir / "@jupyterlab/translation-extension/plugin.jupyterlab-settings"
+    if edition == "zh":
+        assert json.loads(setting.read_text()) == {"locale": "zh_CN"}, "make wrote the Chinese lab's translation setting"
+        assert f'JUPYTERLAB_SETTINGS_DIR="{lab.settings_dir}"' in log, log
+    else:
+        assert not setting.exists() and "JUPYTERLAB_SETTINGS_DIR=" not in log, "the English lab's settings are left alone"
+        assert "LC_CTYPE=C.UTF-8" in log, log
+    assert "Obtaining file:" not in log and "Collecting " not in log, f"make lab ran pip: {log}"
