@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+README_ZH = ROOT / "README.zh-CN.md"
 README_MAX_LINES = 200
 
 # Where a repository path starts: a code token naming one of these is checked.
@@ -137,12 +138,22 @@ def test_the_docs_exist():
 
 
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_docs_page_is_linked_from_the_readme(page):
-    links = {(ROOT / target.split("#")[0]).resolve() for target in LINK.findall(README.read_text())}
-    assert page.resolve() in links, f"README.md does not link {page.relative_to(ROOT)}"
+def test_every_docs_page_is_linked_from_the_readme_of_its_language(page):
+    """An English page from README.md; a Chinese one (docs/zh/) from README.zh-CN.md, the Chinese readers' first page."""
+    readme = README_ZH if page.parent.name == "zh" else README
+    links = {(ROOT / target.split("#")[0]).resolve() for target in LINK.findall(readme.read_text())}
+    assert page.resolve() in links, f"{readme.name} does not link {page.relative_to(ROOT)}"
 
 
-@pytest.mark.parametrize("page", [README, *doc_pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_english_page_has_its_chinese_page():
+    """Issue 38: the same docs/ pages in Chinese (docs/zh/), each linking back to its English page."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        twin = ROOT / "docs" / "zh" / page.name
+        assert twin.is_file(), f"{page.relative_to(ROOT)} has no Chinese page {twin.relative_to(ROOT)}"
+        assert f"(../{page.name})" in twin.read_text(), f"{twin.relative_to(ROOT)} does not link its English page"
+
+
+@pytest.mark.parametrize("page", [README, README_ZH, *doc_pages()], ids=lambda p: str(p.relative_to(ROOT)))
 def test_what_a_page_names_exists(page):
     assert problems(page.read_text(), page) == []
 

@@ -102,3 +102,14 @@ def test_the_verdict_and_the_hints_speak_chinese_in_the_chinese_edition(tmp_path
     verdict = tl.exercise("01.2", tmp_path).check(675_904)
     assert "练习 01.2" in str(verdict) and "尚未完成" in str(verdict) and "计数器" in str(verdict)
     assert "提示" in str(tl.exercise("01.2", tmp_path).hint())
+
+
+def test_the_exercises_page_lists_every_exercise_by_id_kind_and_title():
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "exercises.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines() if line.startswith("| ") and "." in line[:8]}
+    specs = load_all()
+    assert sorted(rows) == sorted(specs)
+    for exercise_id, spec in specs.items():
+        assert f"| {spec.kind} | {spec.title} |" in rows[exercise_id], exercise_id
