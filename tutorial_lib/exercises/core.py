@@ -10,6 +10,7 @@ must hold and what was measured. A value exercise's ``ex.check(answer)`` compare
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import importlib
 import json
@@ -229,6 +230,34 @@ class Verdict:
         return f'<div style="border-left: 4px solid {colour}; padding-left: 8px; font-family: monospace">{body}</div>'
 
 
+def notes_once(differences: list[Difference]) -> list[Difference]:
+    """``differences`` with each kind of note (its msgid) kept on its first difference only: two ranks that fail the
+    same way are two lines, one explanation."""
+    said, out = set(), []
+    for d in differences:
+        if d.note is not None and d.note.msgid in said:
+            d = dataclasses.replace(d, note=None)
+        elif d.note is not None:
+            said.add(d.note.msgid)
+        out.append(d)
+    return out
+
+
+def steps_reported(records: dict[int, list[dict]], steps: int,
+                   nproc_per_node: int = 2) -> tuple[dict[int, list[dict]], list[Difference]]:
+    """``({rank: its records}, differences)``: the ranks whose ``check`` records carry steps 1..``steps`` in order, and
+    a ``Difference`` for each rank that reported other steps (or none)."""
+    want, found, differences = list(range(1, steps + 1)), {}, []
+    for rank in range(nproc_per_node):
+        mine = records.get(rank, [])
+        if [r.get("step") for r in mine] != want:
+            differences.append(Difference(Message("steps reported (check ...)"), want,
+                                          [r.get("step") for r in mine], rank))
+        else:
+            found[rank] = mine
+    return found, differences
+
+
 def _show(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -302,7 +331,7 @@ class Exercise:
             return Verdict(spec.id, False, problem=Message(
                 "no script at {path} yet: run the %%writefile cell above first", {"path": ctx.script}))
         try:
-            differences = spec.verify(ctx)
+            differences = notes_once(spec.verify(ctx))
         except LaunchError as e:
             return Verdict(spec.id, False, failure=diagnose(e))
         return Verdict(spec.id, not differences, differences)

@@ -3,8 +3,6 @@ repeats, gradient accumulation with one all-reduce per optimizer step."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -21,17 +19,6 @@ def _shard(n: int, ranks: int, rank: int, epoch: int, seed: int = 0) -> list[int
     sampler.set_epoch(epoch)
     return list(sampler)
 
-
-def _notes_once(differences: list[Difference]) -> list[Difference]:
-    """``differences`` with each kind of note (its msgid) kept on its first difference only: one lesson, said once."""
-    said, out = set(), []
-    for d in differences:
-        if d.note is not None and d.note.msgid in said:
-            d = dataclasses.replace(d, note=None)
-        elif d.note is not None:
-            said.add(d.note.msgid)
-        out.append(d)
-    return out
 
 
 def sampler_reshuffles_every_epoch(ctx: Context) -> list[Difference]:
@@ -59,7 +46,7 @@ def sampler_reshuffles_every_epoch(ctx: Context) -> list[Difference]:
                                "epochs is wrong")
             differences.append(Difference(Message("indices read in epoch {epoch}", {"epoch": epoch}),
                                           expected, measured, rank, note=note))
-    return _notes_once(differences)
+    return differences
 
 
 def padded_repeats(ctx: Context) -> int:
@@ -104,7 +91,7 @@ def accumulation_with_no_sync(ctx: Context) -> list[Difference]:
                     "<= 1e-06", gap, rank,
                     note=Message("every micro-batch's gradient must reach the sum: keep its backward(), and let the "
                                  "last one all-reduce what the others accumulated")))
-    return _notes_once(differences)
+    return differences
 
 
 register(Spec("02.1", N_("A sampler that reshuffles every epoch"), solution="02_1_train.py",

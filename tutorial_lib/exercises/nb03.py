@@ -3,41 +3,16 @@ skips, clipping after ``unscale_``."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from ..i18n import N_, Message
-from .core import Context, Difference, Spec, register
+from .core import Context, Difference, Spec, register, steps_reported
 
 STEPS_31, STEPS_33 = 3, 5  # the steps 03.1's and 03.3's scripts train
 OVERFLOW_FIRST_SCALE, OVERFLOW_GRAD = 2.0**24, 0.5  # 03.2's question
 MAX_NORM = 1.0  # 03.3's clipping threshold (the script's MAX_NORM)
 
 
-def _notes_once(differences: list[Difference]) -> list[Difference]:
-    """``differences`` with each kind of note (its msgid) kept on its first difference only."""
-    said, out = set(), []
-    for d in differences:
-        if d.note is not None and d.note.msgid in said:
-            d = dataclasses.replace(d, note=None)
-        elif d.note is not None:
-            said.add(d.note.msgid)
-        out.append(d)
-    return out
-
-
-def _steps(records: dict[int, list[dict]], steps: int) -> tuple[dict[int, list[dict]], list[Difference]]:
-    """Each rank's records when it reported steps 1..steps in order, else a Difference for that rank."""
-    want, found, differences = list(range(1, steps + 1)), {}, []
-    for rank in range(2):
-        mine = records.get(rank, [])
-        if [r.get("step") for r in mine] != want:
-            differences.append(Difference(Message("steps reported (check ...)"), want,
-                                          [r.get("step") for r in mine], rank))
-        else:
-            found[rank] = mine
-    return found, differences
 
 
 def _round(values: list) -> list:
@@ -47,7 +22,7 @@ def _round(values: list) -> list:
 
 def scaler_that_scales(ctx: Context) -> list[Difference]:
     """03.1: an fp16 run with a tiny loss weight keeps its gradients: a scale above 1, no gradient rounded to 0."""
-    found, differences = _steps(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_31)
+    found, differences = steps_reported(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_31)
     default_scale = torch.amp.GradScaler("cpu").get_scale()  # what an enabled scaler starts at (65536)
     for rank, mine in sorted(found.items()):
         dtypes = [r.get("dtype") for r in mine]
@@ -67,7 +42,7 @@ def scaler_that_scales(ctx: Context) -> list[Difference]:
                 Message("fraction of the gradients that are exactly 0, per step"), [0.0] * len(mine), _round(zeros),
                 rank, note=Message("fp16 rounds anything below about 3e-8 to 0: the loss must be scaled up before "
                                    "backward(), and the gradients unscaled in fp32")))
-    return _notes_once(differences)
+    return differences
 
 
 def overflow_skips(ctx: Context) -> int:
@@ -82,7 +57,7 @@ def overflow_skips(ctx: Context) -> int:
 def clip_after_unscale(ctx: Context) -> list[Difference]:
     """03.3: every step the optimizer applies a gradient of norm min(true norm, MAX_NORM), and clipping measured the
     true norm (which exceeds MAX_NORM at least once: clipping really acts)."""
-    found, differences = _steps(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_33)
+    found, differences = steps_reported(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_33)
     for rank, mine in sorted(found.items()):
         scales = [r.get("scale") for r in mine]
         if not all(isinstance(s, (int, float)) and s > 1 for s in scales):
@@ -106,7 +81,7 @@ def clip_after_unscale(ctx: Context) -> list[Difference]:
                                    "clip_grad_norm_ measured the gradients while they were still multiplied by it. "
                                    "Call scaler.unscale_(optimizer) before clipping",
                                    {"ratio": ratio, "scale": scales[0]})))
-    return _notes_once(differences)
+    return differences
 
 
 register(Spec("03.1", N_("A loss scaler that really scales"), solution="03_1_train.py", verify=scaler_that_scales,

@@ -3,43 +3,18 @@ block (2U - 1 all-gathers, U reduce-scatters, 1/N of the state)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from torch import nn
 
 from ..i18n import N_, Message
 from ..notebook.script_source import import_script
 from ..planning.memory_model import predict_state_bytes
-from .core import Context, Difference, Spec, register
+from .core import Context, Difference, Spec, register, steps_reported
 
 STEPS_41, STEPS_43 = 3, 2  # the steps 04.1's and 04.3's scripts train
 BLOCKS_43 = 4  # 04.3's blocks: one unit each, plus the root
 LAYERS_42 = 6  # 04.2's question: fsdp_train.py --n-layers 6 --wrap fine
 
 
-def _notes_once(differences: list[Difference]) -> list[Difference]:
-    """``differences`` with each kind of note (its msgid) kept on its first difference only."""
-    said, out = set(), []
-    for d in differences:
-        if d.note is not None and d.note.msgid in said:
-            d = dataclasses.replace(d, note=None)
-        elif d.note is not None:
-            said.add(d.note.msgid)
-        out.append(d)
-    return out
-
-
-def _steps(records: dict[int, list[dict]], steps: int) -> tuple[dict[int, list[dict]], list[Difference]]:
-    """Each rank's records when it reported steps 1..steps in order, else a Difference for that rank."""
-    want, found, differences = list(range(1, steps + 1)), {}, []
-    for rank in range(2):
-        mine = records.get(rank, [])
-        if [r.get("step") for r in mine] != want:
-            differences.append(Difference(Message("steps reported (check ...)"), want,
-                                          [r.get("step") for r in mine], rank))
-        else:
-            found[rank] = mine
-    return found, differences
 
 
 def _shapes(model: nn.Module) -> dict[str, list[int]]:
@@ -60,7 +35,7 @@ def _model_43() -> nn.Module:
 def optimizer_sees_the_shards(ctx: Context) -> list[Difference]:
     """04.1: on 2 ranks each rank holds half the parameters and AdamW's state for its shards exactly (the
     planner's FSDP2 prediction), and the loss goes down."""
-    found, differences = _steps(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_41)
+    found, differences = steps_reported(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_41)
     shapes = _shapes(_model_41())
     for rank, mine in sorted(found.items()):
         want = predict_state_bytes(shapes, strategy="fsdp2", world_size=2, rank=rank)
@@ -79,7 +54,7 @@ def optimizer_sees_the_shards(ctx: Context) -> list[Difference]:
             first = losses[0] if isinstance(losses[0], (int, float)) else None
             differences.append(Difference(Message("the last step's loss (below the first step's)"),
                                           f"< {first:.6g}" if first is not None else "< first", losses[-1], rank))
-    return _notes_once(differences)
+    return differences
 
 
 def fine_wrap_all_gathers(ctx: Context) -> int:
@@ -95,7 +70,7 @@ def fine_wrap_all_gathers(ctx: Context) -> int:
 def one_unit_per_block(ctx: Context) -> list[Difference]:
     """04.3: one unit per block and the root: 2U - 1 all-gathers and U reduce-scatters per step, U = blocks + 1,
     and each rank holds its FSDP2 shard of the parameters."""
-    found, differences = _steps(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_43)
+    found, differences = steps_reported(ctx.records(ctx.launch(nproc_per_node=2)), STEPS_43)
     units = BLOCKS_43 + 1
     shapes = _shapes(_model_43())
     for rank, mine in sorted(found.items()):
@@ -114,7 +89,7 @@ def one_unit_per_block(ctx: Context) -> list[Difference]:
         if mine[-1].get("param_bytes") != want.param_bytes:
             differences.append(Difference(Message("parameter bytes"), want.param_bytes,
                                           mine[-1].get("param_bytes"), rank))
-    return _notes_once(differences)
+    return differences
 
 
 register(Spec("04.1", N_("An optimizer that sees the shards"), solution="04_1_train.py",

@@ -9,7 +9,6 @@ sentence-like titles are ``figure_text``'s.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
