@@ -159,6 +159,21 @@ def test_twin_prose_uses_the_glossary(twin):
     assert not problems, "rejected variants (docs/zh/glossary.md):\n" + "\n".join(problems)
 
 
+ZH_PAGES = [ROOT / "README.zh-CN.md", *sorted((ROOT / "docs" / "zh").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", [p for p in ZH_PAGES if p.name != "glossary.md"], ids=lambda p: p.name)
+def test_the_chinese_readme_and_pages_use_the_glossary(page):
+    """The Chinese README and docs/zh/ pages, paragraph by paragraph, against their English page where there is one
+    (a scoped rule such as job's then applies where that page says "job")."""
+    english = ROOT / "docs" / page.name if page.parent.name == "zh" else ROOT / "README.md"
+    scope = prose(english.read_text(encoding="utf-8")) if english.is_file() else None
+    text = prose(page.read_text(encoding="utf-8")).replace("distributed-workbook", "")  # the project's name
+    problems = [f"{page.name}: {variant!r} in {paragraph[:60]!r}"
+                for paragraph in text.split("\n\n") for variant in rejected_in(paragraph, scope)]
+    assert not problems, "rejected variants (docs/zh/glossary.md):\n" + "\n".join(problems)
+
+
 def test_catalogue_uses_the_glossary():
     problems = [f"msgid {msgid[:70]!r}: {variant!r}"
                 for msgid, msgstr in catalogue_messages() if msgstr
