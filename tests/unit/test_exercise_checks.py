@@ -46,7 +46,8 @@ def test_a_value_answer_is_checked_exactly_and_a_wrong_one_is_not_answered_for_t
     assert ex.check(expected).solved and ex.check(float(expected)).solved
     table = tl.progress(tmp_path, notebook="01")
     assert list(table.index) == ["01.1", "01.2", "01.3"]
-    assert table.loc["01.2", "checks"] == 5 and table.loc["01.2", "solved"] and table.loc["01.2", "first_solved"]
+    assert table.loc["01.2", "checks"] == 4, "no answer (None) is not a check"
+    assert table.loc["01.2", "solved"] and table.loc["01.2", "first_solved"]
     assert not table.loc["01.1", "solved"] and table.loc["01.1", "checks"] == 0
 
 
@@ -60,7 +61,7 @@ def test_hints_open_one_at_a_time_then_point_to_the_solution_which_is_shown_only
     assert not tl.progress(tmp_path).loc["01.1", "solution_opened"]
     assert ex.solution().text == solution_text
     row = tl.progress(tmp_path).loc["01.1"]
-    assert row["hints_opened"] == 3 and row["solution_opened"]
+    assert row["hints_opened"] == 2 and row["solution_opened"], "'no more hints' opens none"
 
 
 def test_a_script_exercise_before_its_cell_ran_says_what_to_do_and_launches_nothing(tmp_path):
@@ -113,3 +114,67 @@ def test_the_exercises_page_lists_every_exercise_by_id_kind_and_title():
     assert sorted(rows) == sorted(specs)
     for exercise_id, spec in specs.items():
         assert f"| {spec.kind} | {spec.title} |" in rows[exercise_id], exercise_id
+
+
+def test_a_numpy_value_or_a_one_row_series_is_taken_as_the_number_it_holds(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    ex = tl.exercise("01.2", tmp_path)
+    expected = ex.spec.expected(None)
+    assert ex.check(np.int64(expected)).solved and ex.check(np.array([expected])).solved
+    assert ex.check(pd.Series([expected])).solved and not ex.check(np.array([expected, 1])).solved
+
+
+def test_a_damaged_record_never_costs_the_verdict_and_malformed_entries_start_afresh(tmp_path):
+    path = progress_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("{oops")
+    ex = tl.exercise("01.2", tmp_path)
+    verdict = ex.check(ex.spec.expected(None))
+    assert verdict.solved and "not recorded" in str(verdict) and "progress.json" in str(verdict)
+    path.write_text(json.dumps({"01.2": {"checks": "many", "solved": 5}, "01.1": 7}))
+    assert ex.check(1).differences and tl.progress(tmp_path).loc["01.2", "checks"] == 1
+    assert tl.progress(tmp_path).loc["01.1", "checks"] == 0
+
+
+def test_an_unwritable_runs_folder_and_a_notebook_without_exercises_are_named(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(tl.ConfigError, match="pass a writable RUNS_DIR"):
+        tl.exercise("01.1", blocker / "runs").script
+    verdict = tl.exercise("01.2", blocker / "runs").check(3)
+    assert not verdict.solved and "not recorded" in str(verdict)
+    with pytest.raises(tl.ConfigError, match="notebook '99' has no exercises"):
+        tl.progress(tmp_path, notebook="99")
+
+
+def test_two_kernels_recording_at_once_lose_no_update(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, tutorial_lib as tl\n"
+            "for _ in range(40): tl.exercise('01.2', sys.argv[1]).check(1)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)]) for _ in range(3)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    assert tl.progress(tmp_path).loc["01.2", "checks"] == 120
+
+
+def test_check_lines_that_are_not_what_the_check_reads_are_named_not_raised(tmp_path, monkeypatch):
+    from tutorial_lib.exercises import core
+
+    spec = core.REGISTRY["01.1"]
+    monkeypatch.setitem(core.REGISTRY, "01.1", core.dataclasses.replace(
+        spec, verify=lambda ctx: [core.Difference(core.Message("x"), 1, {"grad": None}["grad"][0])]))
+    ex = tl.exercise("01.1", tmp_path)
+    ex.script.write_text("print('check', 5)\n")
+    verdict = ex.check()
+    assert not verdict.solved and "TypeError" in str(verdict.problem) and "check" in str(verdict.problem)
+
+
+def test_a_script_with_a_syntax_error_is_not_solved_and_says_where_without_launching(tmp_path):
+    ex = tl.exercise("01.1", tmp_path)
+    ex.script.write_text("import json\nprint('check', json.dumps({})\n")
+    verdict = ex.check()
+    assert not verdict.solved and verdict.run_dirs == [] and "SyntaxError" in str(verdict.problem)
+    assert "train.py:2" in str(verdict.problem), str(verdict.problem)

@@ -162,9 +162,11 @@ class Context:
         for rank, text in rank_lines(read_output_log(run_dir)):
             if rank is not None and text.startswith(RECORD_PREFIX):
                 try:
-                    found.setdefault(rank, []).append(json.loads(text[len(RECORD_PREFIX):]))
+                    record = json.loads(text[len(RECORD_PREFIX):])
                 except json.JSONDecodeError:
                     continue  # a line the learner printed that only looks like one
+                if isinstance(record, dict):
+                    found.setdefault(rank, []).append(record)
         return found
 
 
@@ -180,6 +182,9 @@ class Verdict:
         problem: why nothing could be checked (no script written yet, no answer given), else ``None``.
         run_dirs: the run directories the check launched (the first is the learner's).
         answer: a value exercise's answer as given.
+        attempted: ``False`` when there was nothing to check yet (no answer given, no script written): not counted
+            as a check in the progress record.
+        warning: why the attempt could not be recorded (an unwritable or damaged progress file), else ``None``.
     """
 
     id: str
@@ -189,6 +194,8 @@ class Verdict:
     problem: Message | None = None
     run_dirs: list[Path] = field(default_factory=list)
     answer: object = None
+    attempted: bool = True
+    warning: Message | None = None
 
     def lines(self) -> list[str]:
         """The verdict as a few lines in the language in use (what ``print`` and the notebook show)."""
@@ -217,6 +224,8 @@ class Verdict:
             out.append("  " + _("a hint, when you want one: ex{n}.hint()", n=spec.number))
         if self.run_dirs:
             out.append("  " + _("run directory: {path}", path=self.run_dirs[0]))
+        if self.warning is not None:
+            out.append("  " + render(self.warning))
         return out
 
     def __str__(self) -> str:
@@ -297,7 +306,11 @@ class Exercise:
     def script(self) -> Path:
         """The learner's copy of the script (``%%writefile {ex.script}``); its folder is created."""
         folder = self.runs_root / "exercises" / self.id
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the exercise's folder {str(folder)!r} ({e.strerror}): pass a writable "
+                              "RUNS_DIR to tl.exercises") from e
         return (folder / self.spec.script_name).resolve()
 
     def check(self, answer: object = MISSING, *, timeout_s: float | None = None) -> Verdict:
@@ -310,10 +323,15 @@ class Exercise:
             A ``Verdict``; never raises for a wrong answer, a failed launch (the doctor's report is in the verdict)
             or a script not yet written.
         """
-        ctx = Context(self.spec, self.script, self.runs_root, timeout_s or self.timeout_s)
+        script = self.script if self.spec.kind == "script" else self.runs_root / "exercises" / self.id / "-"
+        ctx = Context(self.spec, script, self.runs_root, timeout_s or self.timeout_s)
         verdict = self._verdict(ctx, answer)
         verdict.run_dirs = list(ctx.runs)
-        store.record_attempt(self.runs_root, self.id, verdict.solved)
+        if verdict.attempted:
+            try:
+                store.record_attempt(self.runs_root, self.id, verdict.solved)
+            except ConfigError as e:  # the verdict stands; only its record is lost
+                verdict.warning = Message("this check was not recorded in your progress: {error}", {"error": str(e)})
         return verdict
 
     def _verdict(self, ctx: Context, answer: object) -> Verdict:
@@ -321,25 +339,36 @@ class Exercise:
         if spec.kind == "value":
             if answer is MISSING or answer is None:
                 return Verdict(spec.id, False, problem=Message("no answer yet: give yours, ex{n}.check(answer)",
-                                                               {"n": spec.number}), answer=answer)
-            expected = spec.expected(ctx)
+                                                               {"n": spec.number}), answer=answer, attempted=False)
+            try:
+                expected = spec.expected(ctx)
+            except (LaunchError, RuntimeError) as e:  # an answer measured on ranks (07.1) on a machine too busy
+                return Verdict(spec.id, False, problem=Message(
+                    "the check could not work the answer out this time ({error}): run it again", {"error": str(e)[:300]}),
+                    answer=answer, attempted=False)
             if _equal(answer, expected, spec.tolerance):
                 return Verdict(spec.id, True, answer=answer)
             note = next((Message(msg) for value, msg in spec.wrong.items() if _equal(answer, value, 0)), None)
             return Verdict(spec.id, False, [Difference(Message("your answer"), HIDDEN, answer, note=note)], answer=answer)
         if not ctx.script.is_file() or not ctx.script.read_text().strip():
             return Verdict(spec.id, False, problem=Message(
-                "no script at {path} yet: run the %%writefile cell above first", {"path": ctx.script}))
+                "no script at {path} yet: run the %%writefile cell above first", {"path": ctx.script}), attempted=False)
         try:
             differences = notes_once(spec.verify(ctx))
         except LaunchError as e:
             return Verdict(spec.id, False, failure=diagnose(e))
+        except ConfigError as e:  # refused before anything ran: a syntax error in the script, say
+            return Verdict(spec.id, False, problem=Message("your script was not launched: {error}", {"error": str(e)}))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # check lines it cannot read
+            return Verdict(spec.id, False, problem=Message(
+                "the check lines your script printed do not hold what the check reads ({error}): keep the "
+                "starter's print(\"check\", ...) lines as they are", {"error": type(e).__name__ + ": " + str(e)}))
         return Verdict(spec.id, not differences, differences)
 
     def hint(self) -> Hint:
         """The next hint: the first call shows a hint, the second a stronger one, later calls say where the solution
         is (``solution()``). Recorded in the progress store."""
-        shown = store.record_hint(self.runs_root, self.id)
+        shown = store.record_hint(self.runs_root, self.id, len(self.spec.hints))
         if shown <= len(self.spec.hints):
             return Hint(_("Hint {k} of {n} for exercise {id}:", k=shown, n=len(self.spec.hints), id=self.id),
                         _(self.spec.hints[shown - 1]))
@@ -377,6 +406,10 @@ class Hint:
 
 
 def _equal(answer: object, expected: object, tolerance: float) -> bool:
+    if hasattr(answer, "tolist") and not isinstance(answer, (str, bytes)):  # a numpy value or array, a pandas Series
+        answer = answer.tolist()
+    if isinstance(answer, list) and len(answer) == 1 and not isinstance(expected, (list, tuple)):
+        answer = answer[0]  # the one row a filter left
     if isinstance(expected, (list, tuple)) and isinstance(answer, (list, tuple)):  # (rank, line) or [rank, line]
         return len(answer) == len(expected) and all(_equal(a, e, tolerance) for a, e in zip(answer, expected))
     if isinstance(expected, str) or isinstance(answer, str):
@@ -425,16 +458,17 @@ def progress(runs_dir: str | os.PathLike | None = None, notebook: str | None = N
         ``df.attrs["path"]`` is the file it was read from.
     """
     data = store.read_store(runs_dir)
+    specs = load_all()
+    if notebook is not None and not any(s.notebook == str(notebook).split("_")[0].zfill(2) for s in specs.values()):
+        have = sorted({s.notebook for s in specs.values()})
+        raise ConfigError(f"notebook {notebook!r} has no exercises; these do: {', '.join(have)}")
     rows = []
-    for exercise_id, spec in load_all().items():
+    for exercise_id, spec in specs.items():
         if notebook is not None and spec.notebook != str(notebook).split("_")[0].zfill(2):
             continue
-        entry = data.get(exercise_id, {})
-        rows.append({"exercise": exercise_id, "title": _(spec.title), "kind": spec.kind,
-                     "solved": bool(entry.get("solved", False)), "checks": int(entry.get("checks", 0)),
-                     "hints_opened": int(entry.get("hints_opened", 0)),
-                     "solution_opened": bool(entry.get("solution_opened", False)),
-                     "first_solved": entry.get("first_solved")})
-    table = pd.DataFrame(rows).set_index("exercise")
+        entry = store.entry_of(data, exercise_id)
+        rows.append({"exercise": exercise_id, "title": _(spec.title), "kind": spec.kind, **entry})
+    table = pd.DataFrame(rows, columns=["exercise", "title", "kind", *store.DEFAULTS]).set_index("exercise")
+    table["first_solved"] = table["first_solved"].astype(object).where(table["first_solved"].notna(), None)
     table.attrs["path"] = str(store.progress_path(runs_dir))
     return table

@@ -110,7 +110,8 @@ register(Spec("07.1", N_("Which rank hangs, and where"), solution="07_1.py", exp
                          "rank 0 is the rank named first: its barrier timed out while it waited. It is the victim; the "
                          "culprit is the rank that never reached a collective"),
                      (1, _line("else:") + 2): N_(
-                         "rank 1 never got to its barrier: its stack shows the line it was at when it was stopped"),
+                         "line 13 of train.py is rank 1's barrier, which it never reached: its stack shows the line it was at. If you "
+                         "counted the cell's lines, %%writefile is line 1 there; the doctor names lines of train.py"),
                      (0, _line("    torch.save(")): N_(
                          "rank 0 never got to torch.save: it was waiting in the barrier above it")},
               hints=(N_("Run ex2.check() and read the doctor's verdict: the rank named first is the one whose "

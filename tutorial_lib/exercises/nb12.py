@@ -91,14 +91,14 @@ register(Spec("12.1", N_("Micro-batches for a bubble of at most 1/5 on 4 stages"
               expected=fewest_microbatches,
               wrong={15: N_("that makes (p - 1) / m at most 1/5; the step is m + p - 1 slots long, not m"),
                      4: N_("that is the answer for 2 stages; here each of the 4 GPUs is a stage"),
-                     13: N_("one more than needed: at the smallest m the idle share equals 1/5 exactly")},
+                     13: N_("that leaves each stage idle less than 1/5 of the step, but a smaller m does too")},
               hints=(N_("Section 4: with equal forwards and backwards, GPipe and 1F1B leave each stage idle for "
                         "(p - 1) / (m + p - 1) of the step (p stages, m micro-batches)."),
                      N_("Solve (4 - 1) / (m + 4 - 1) <= 1/5 for the smallest whole m: 3 x 5 <= m + 3."))))
 register(Spec("12.2", N_("Activations in flight on a 1F1B stage"), solution="12_2.py", expected=peak_in_flight,
               wrong={8: N_("that is GPipe: every forward before any backward, all m micro-batches held at once"),
                      4: N_("that is stage 0: stage s warms up with p - s forwards, and this is stage 1"),
-                     2: N_("stages count from 0: stage 1 is the second of the four, with p - s = 3")},
+                     2: N_("stages count from 0: stage 1 is the second of the four stages")},
               hints=(N_("Section 4's memory table: 1F1B starts backward on stage s after p - s forwards, then "
                         "alternates one forward and one backward."),
                      N_("In flight on stage s: min(m, p - s). Here p = 4, m = 8, s = 1."))))

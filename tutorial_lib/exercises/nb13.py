@@ -61,7 +61,9 @@ def fewest_gpus_without_offload(ctx: Context) -> int:
 
 register(Spec("13.1", N_("The layout for Qwen2.5-1.5B on 4 x 24 GB at 4096 tokens"), solution="13_1.py",
               expected=recommended_layout,
-              wrong={"fp32": N_("fp32 fits at 1024 tokens; at 4096 the activations are four times larger and it "
+              wrong={"bf16": N_("bf16 halves the parameters and activations, but at 4096 tokens the activations "
+                                "still do not fit: something must recompute them"),
+                     "fp32": N_("fp32 fits at 1024 tokens; at 4096 the activations are four times larger and it "
                                 "no longer fits"),
                      "bf16 + AC full": N_("it fits, but a layout that recomputes less fits too: the recommendation "
                                           "takes the fewest memory savers"),

@@ -8,6 +8,8 @@ reads it into one table beside every exercise that exists.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
@@ -17,6 +19,8 @@ from ..errors import ConfigError
 from ..runs.rundir import default_runs_root
 
 FILE = Path("exercises") / "progress.json"
+TYPES = {"checks": int, "solved": bool, "first_solved": str, "hints_opened": int, "solution_opened": bool}
+DEFAULTS = {"checks": 0, "solved": False, "first_solved": None, "hints_opened": 0, "solution_opened": False}
 
 
 def progress_path(runs_root: str | os.PathLike | None = None) -> Path:
@@ -42,16 +46,39 @@ def read_store(runs_root: str | os.PathLike | None = None) -> dict[str, dict]:
     return data
 
 
+def entry_of(data: dict, exercise_id: str) -> dict:
+    """``exercise_id``'s record in ``data`` with every field present and of its type: a field that is missing, or
+    that a person edited into something else, starts afresh (``DEFAULTS``)."""
+    found = data.get(exercise_id)
+    entry = dict(DEFAULTS)
+    if isinstance(found, dict):
+        entry.update({k: v for k, v in found.items() if k in TYPES and isinstance(v, TYPES[k])})
+    return entry
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``<path>.lock`` (fcntl.flock): two kernels updating the record one after the other."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(f".{path.name}.lock"), "a")
+    except OSError as e:
+        raise ConfigError(f"cannot write the exercises' folder {str(path.parent)!r} ({e.strerror}): pass a writable "
+                          "RUNS_DIR") from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _update(runs_root: str | os.PathLike, exercise_id: str, change) -> dict:
-    data = read_store(runs_root)
-    entry = data.setdefault(exercise_id, {"checks": 0, "solved": False, "first_solved": None, "hints_opened": 0,
-                                          "solution_opened": False})
-    change(entry)
     path = progress_path(runs_root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    with _locked(path):
+        data = read_store(runs_root)
+        entry = data[exercise_id] = entry_of(data, exercise_id)
+        change(entry)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
     return entry
 
 
@@ -64,9 +91,17 @@ def record_attempt(runs_root: str | os.PathLike, exercise_id: str, solved: bool)
     _update(runs_root, exercise_id, change)
 
 
-def record_hint(runs_root: str | os.PathLike, exercise_id: str) -> int:
-    """One more hint of ``exercise_id`` opened; returns how many have been opened now (1 for the first)."""
-    return _update(runs_root, exercise_id, lambda e: e.__setitem__("hints_opened", e["hints_opened"] + 1))["hints_opened"]
+def record_hint(runs_root: str | os.PathLike, exercise_id: str, available: int) -> int:
+    """One more of ``exercise_id``'s ``available`` hints opened; returns the number of the one to show now (1 for
+    the first; ``available + 1`` once all were shown, which opens nothing more)."""
+    shown = []
+
+    def change(entry):
+        shown.append(entry["hints_opened"] + 1)
+        entry["hints_opened"] = min(entry["hints_opened"] + 1, available)
+
+    _update(runs_root, exercise_id, change)
+    return shown[0]
 
 
 def record_solution_opened(runs_root: str | os.PathLike, exercise_id: str) -> None:
