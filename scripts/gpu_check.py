@@ -57,6 +57,9 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "collective_mismatch": ((), SUCCESS_IS_THE_CHECK + "; gloo and CPU tensors even with GPUs visible"),
     "collectives_check": (("--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10),
                           "all_reduce, all_gather and broadcast right on every rank over nccl; busbw per size"),
+    "compile_train": (("--compile-backend", "inductor", "--max-steps", 4),
+                      SUCCESS_IS_THE_CHECK + "; DDP(torch.compile(model)) with inductor's Triton kernels over nccl "
+                      "(notebook 14 asserts graph counts and the order of events)"),
     "dataloader_bench": (("--num-workers", 0, 4), "pin_memory=True configurations are measured (CUDA only)"),
     "ddp_knobs": ((), SUCCESS_IS_THE_CHECK + " over nccl (bf16_compress_hook accepted on a CUDA build; notebook 10 "
                       "asserts the counts, bytes and failures)"),

@@ -1,10 +1,11 @@
 """torch.compile across ranks: which wrapping compiles, how DDP cuts the graph, when its all-reduces start, what breaks.
 
 Run card
-    torchrun --nproc-per-node 2 compile_train.py --wrap compile-then-ddp     # DDP(torch.compile(model)): compiles
-    torchrun --nproc-per-node 2 compile_train.py --wrap ddp-then-compile     # torch.compile(DDP(model))
-    torchrun --nproc-per-node 2 compile_train.py --wrap per-block            # each block compiled, then DDP
-    torchrun --nproc-per-node 2 compile_train.py --parallel fsdp --wrap per-block  # each block, then fully_shard
+    python compile_train.py --max-steps 2                                   # one process, a world of one
+    torchrun --nproc-per-node 2 compile_train.py --compile-form compile-then-ddp     # DDP(torch.compile(model)): compiles
+    torchrun --nproc-per-node 2 compile_train.py --compile-form ddp-then-compile     # torch.compile(DDP(model))
+    torchrun --nproc-per-node 2 compile_train.py --compile-form per-block            # each block compiled, then DDP
+    torchrun --nproc-per-node 2 compile_train.py --strategy fsdp2 --compile-form per-block  # each block, then fully_shard
     torchrun --nproc-per-node 2 compile_train.py --no-optimize-ddp           # one graph, no split at DDP's buckets
     torchrun --nproc-per-node 2 compile_train.py --graph-break item --fullgraph          # fails: a graph break
     torchrun --nproc-per-node 2 compile_train.py --vary-seq --no-dynamic --fullgraph    # fails: recompile limit
@@ -22,7 +23,7 @@ What it shows
       counted per step; ``fullgraph=True`` turns a break into an error, a recompile limit into another;
     * a rank whose input shape differs recompiles alone while the others wait for it in the next all-reduce.
 
-One JSON line per step per rank in ``<metrics-dir>/rank<RANK>.jsonl``. Only torch and the standard library.
+One JSON line per step per rank in ``<metrics-dir>/compile_rank<RANK>.jsonl``. Only torch and the standard library.
 """
 
 import argparse
@@ -39,20 +40,20 @@ import torch.nn as nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-WRAPS = ["eager", "compile-then-ddp", "ddp-then-compile", "per-block"]
+FORMS = ["eager", "compile-then-ddp", "ddp-then-compile", "per-block"]
 EVENTS = []  # (what, time.perf_counter()) of this step: backward graphs run, all-reduces started
 GRAPHS = []  # one entry per graph the backend compiled (a recompile or a DDP split adds one)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="ddp: replicas; fsdp: fully_shard")
-    p.add_argument("--wrap", choices=WRAPS, default="compile-then-ddp",
+    p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp", help="ddp: replicas; fsdp2: fully_shard")
+    p.add_argument("--compile-form", choices=FORMS, default="compile-then-ddp",
                    help="how compile and the wrapper are combined (per-block: each block compiled, then wrapped)")
     p.add_argument("--compile-backend", type=str, default="aot_eager",
                    help="torch.compile's backend: aot_eager (graphs only, quick) or inductor (kernels; a C++ compiler)")
-    p.add_argument("--n-blocks", type=int, default=8, help="blocks of Linear + ReLU (count)")
-    p.add_argument("--width", type=int, default=256, help="features per token (count)")
+    p.add_argument("--n-layers", type=int, default=8, help="blocks of Linear + ReLU (count)")
+    p.add_argument("--dim", type=int, default=256, help="features per token (count)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step (count)")
     p.add_argument("--seq-len", type=int, default=8, help="tokens per sample (count)")
     p.add_argument("--max-steps", type=int, default=4, help="optimizer steps (count)")
@@ -70,11 +71,16 @@ def parse_args(argv=None):
     p.add_argument("--rank-shape-step", type=int, default=0,
                    help="at this step rank 1's sequence is one token longer: it alone recompiles (0: never)")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for compile_rank<RANK>.jsonl (created)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
     args = p.parse_args(argv)
-    if args.parallel == "fsdp" and args.wrap not in ("per-block", "eager"):
-        p.error(f"--parallel fsdp takes --wrap per-block or eager, got --wrap {args.wrap}")
+    for name in ("n_layers", "dim", "batch_size", "seq_len", "max_steps", "recompile_limit"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if not args.bucket_cap_mb > 0 or not args.pg_timeout_s > 0:
+        p.error(f"--bucket-cap-mb and --pg-timeout-s must be > 0, got {args.bucket_cap_mb} and {args.pg_timeout_s}")
+    if args.strategy == "fsdp2" and args.compile_form not in ("per-block", "eager"):
+        p.error(f"--strategy fsdp2 takes --compile-form per-block or eager, got --compile-form {args.compile_form}")
     return args
 
 
@@ -94,8 +100,8 @@ class Block(nn.Module):
 class Model(nn.Module):
     def __init__(self, args):
         super().__init__()
-        self.blocks = nn.ModuleList(Block(args.width, args.graph_break if i == 0 else "none")
-                                    for i in range(args.n_blocks))
+        self.blocks = nn.ModuleList(Block(args.dim, args.graph_break if i == 0 else "none")
+                                    for i in range(args.n_layers))
 
     def forward(self, x):
         for block in self.blocks:
@@ -137,12 +143,12 @@ def build(args, device):
         torch._dynamo.config.optimize_ddp = False  # DDP's split at bucket boundaries off: one graph
     compile_kw = dict(backend=counting_backend(args.compile_backend), fullgraph=args.fullgraph,
                       dynamic=False if args.no_dynamic else None)
-    if args.wrap == "per-block":
+    if args.compile_form == "per-block":
         for block in model.blocks:
             block.compile(**compile_kw)  # in place, before wrapping (torchtitan's order: compile, then shard)
-    elif args.wrap == "compile-then-ddp":
+    elif args.compile_form == "compile-then-ddp":
         model.compile(**compile_kw)  # in place: DDP wraps the compiled model, and its state_dict keeps its names
-    if args.parallel == "fsdp":
+    if args.strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:
             fully_shard(block)
@@ -150,7 +156,7 @@ def build(args, device):
     else:
         model = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
         model.register_comm_hook(None, timed_allreduce)  # records when each bucket's all-reduce starts
-    if args.wrap == "ddp-then-compile":
+    if args.compile_form == "ddp-then-compile":
         model = torch.compile(model, **compile_kw)
     return model
 
@@ -169,10 +175,10 @@ def sequence_length(args, rank, step):
 def train(args, rank, world_size, device):
     model = build(args, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    out = open(Path(args.metrics_dir) / f"rank{rank}.jsonl", "w", buffering=1)
+    out = open(Path(args.metrics_dir) / f"compile_rank{rank}.jsonl", "w", buffering=1)
     for step in range(1, args.max_steps + 1):
         g = torch.Generator().manual_seed(args.seed * 1000 + step * 10 + rank)
-        x = torch.randn(args.batch_size, sequence_length(args, rank, step), args.width, generator=g).to(device)
+        x = torch.randn(args.batch_size, sequence_length(args, rank, step), args.dim, generator=g).to(device)
         graphs_before, t0 = len(GRAPHS), time.perf_counter()
         EVENTS.clear()
         loss = model(x)
