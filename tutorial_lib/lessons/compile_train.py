@@ -23,7 +23,8 @@ What it shows
       counted per step; ``fullgraph=True`` turns a break into an error, a recompile limit into another;
     * a rank whose input shape differs recompiles alone while the others wait for it in the next all-reduce.
 
-One JSON line per step per rank in ``<metrics-dir>/compile_rank<RANK>.jsonl``. Only torch and the standard library.
+Each rank writes its steps (one row per form and step: graphs, events) to ``<metrics-dir>/compile_rank<RANK>.json``
+at the end. Only torch and the standard library.
 """
 
 import argparse
@@ -48,8 +49,9 @@ GRAPHS = []  # one entry per graph the backend compiled (a recompile or a DDP sp
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp", help="ddp: replicas; fsdp2: fully_shard")
-    p.add_argument("--compile-form", choices=FORMS, default="compile-then-ddp",
-                   help="how compile and the wrapper are combined (per-block: each block compiled, then wrapped)")
+    p.add_argument("--compile-form", choices=FORMS, nargs="+", default=["compile-then-ddp"],
+                   help="how compile and the wrapper are combined (per-block: each block compiled, then wrapped); "
+                        "several: each in turn, from scratch")
     p.add_argument("--compile-backend", type=str, default="aot_eager",
                    help="torch.compile's backend: aot_eager (graphs only, quick) or inductor (kernels; a C++ compiler)")
     p.add_argument("--n-layers", type=int, default=8, help="blocks of Linear + ReLU (count)")
@@ -79,7 +81,7 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if not args.bucket_cap_mb > 0 or not args.pg_timeout_s > 0:
         p.error(f"--bucket-cap-mb and --pg-timeout-s must be > 0, got {args.bucket_cap_mb} and {args.pg_timeout_s}")
-    if args.strategy == "fsdp2" and args.compile_form not in ("per-block", "eager"):
+    if args.strategy == "fsdp2" and set(args.compile_form) - {"per-block", "eager"}:
         p.error(f"--strategy fsdp2 takes --compile-form per-block or eager, got --compile-form {args.compile_form}")
     return args
 
@@ -135,7 +137,7 @@ def counting_backend(name):
     return backend
 
 
-def build(args, device):
+def build(args, form, device):
     torch.manual_seed(args.seed)
     model = Model(args).to(device)
     torch._dynamo.config.recompile_limit = args.recompile_limit
@@ -143,10 +145,10 @@ def build(args, device):
         torch._dynamo.config.optimize_ddp = False  # DDP's split at bucket boundaries off: one graph
     compile_kw = dict(backend=counting_backend(args.compile_backend), fullgraph=args.fullgraph,
                       dynamic=False if args.no_dynamic else None)
-    if args.compile_form == "per-block":
+    if form == "per-block":
         for block in model.blocks:
             block.compile(**compile_kw)  # in place, before wrapping (torchtitan's order: compile, then shard)
-    elif args.compile_form == "compile-then-ddp":
+    elif form == "compile-then-ddp":
         model.compile(**compile_kw)  # in place: DDP wraps the compiled model, and its state_dict keeps its names
     if args.strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
@@ -156,7 +158,7 @@ def build(args, device):
     else:
         model = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
         model.register_comm_hook(None, timed_allreduce)  # records when each bucket's all-reduce starts
-    if args.compile_form == "ddp-then-compile":
+    if form == "ddp-then-compile":
         model = torch.compile(model, **compile_kw)
     return model
 
@@ -173,32 +175,36 @@ def sequence_length(args, rank, step):
 
 
 def train(args, rank, world_size, device):
-    model = build(args, device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    out = open(Path(args.metrics_dir) / f"compile_rank{rank}.jsonl", "w", buffering=1)
-    for step in range(1, args.max_steps + 1):
-        g = torch.Generator().manual_seed(args.seed * 1000 + step * 10 + rank)
-        x = torch.randn(args.batch_size, sequence_length(args, rank, step), args.dim, generator=g).to(device)
-        graphs_before, t0 = len(GRAPHS), time.perf_counter()
-        EVENTS.clear()
-        loss = model(x)
-        EVENTS.append(("backward_call", time.perf_counter()))
-        loss.backward()  # DDP all-reduces (FSDP reduce-scatters) the gradients here
-        EVENTS.append(("backward_return", time.perf_counter()))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_global = loss.detach().clone()
-        dist.all_reduce(loss_global)
-        row = {"step": step, "rank": rank, "world_size": world_size, "loss_global": loss_global.item() / world_size,
-               "step_time_s": time.perf_counter() - t0, "graphs": len(GRAPHS),
-               "graphs_compiled": len(GRAPHS) - graphs_before, "seq_len": x.shape[1],
-               "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
-               "events": [[what, t - t0] for what, t in EVENTS]}
-        out.write(json.dumps(row) + "\n")
-        sys.stdout.write(f"rank {rank} step {step} loss_global {row['loss_global']:.5f} graphs {len(GRAPHS)} "
-                         f"step_time_s {row['step_time_s']:.3f}\n")
-    out.close()
-    dist.barrier()
+    rows = []
+    for form in args.compile_form:  # each form from scratch: dynamo's caches emptied, the same seed
+        torch._dynamo.reset()
+        GRAPHS.clear()
+        model = build(args, form, device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for step in range(1, args.max_steps + 1):
+            g = torch.Generator().manual_seed(args.seed * 1000 + step * 10 + rank)
+            x = torch.randn(args.batch_size, sequence_length(args, rank, step), args.dim, generator=g).to(device)
+            graphs_before, t0 = len(GRAPHS), time.perf_counter()
+            EVENTS.clear()
+            loss = model(x)
+            EVENTS.append(("backward_call", time.perf_counter()))
+            loss.backward()  # DDP all-reduces (FSDP reduce-scatters) the gradients here
+            EVENTS.append(("backward_return", time.perf_counter()))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_global = loss.detach().clone()
+            dist.all_reduce(loss_global)
+            row = {"form": form, "step": step, "rank": rank, "world_size": world_size,
+                   "loss_global": loss_global.item() / world_size, "step_time_s": time.perf_counter() - t0,
+                   "graphs": len(GRAPHS), "graphs_compiled": len(GRAPHS) - graphs_before, "seq_len": x.shape[1],
+                   "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
+                   "events": [[what, t - t0] for what, t in EVENTS]}
+            rows.append(row)
+            sys.stdout.write(f"rank {rank} {form} step {step} loss_global {row['loss_global']:.5f} graphs "
+                             f"{len(GRAPHS)} step_time_s {row['step_time_s']:.3f}\n")
+        dist.barrier()
+    path = Path(args.metrics_dir) / f"compile_rank{rank}.json"
+    path.write_text(json.dumps({"rank": rank, "torch": torch.__version__, "rows": rows}))
 
 
 @record
