@@ -130,6 +130,9 @@ NOTEBOOK_ASSERTS = {
     "10_ddp_in_depth": "all-reduces per step against bucket_cap_mb, gradients as bucket views (and the CUDA memory "
                        "they save), static_graph, compression hooks halving the bytes (bf16_compress_hook accepted "
                        "on CUDA), the returned-but-unused head under static_graph and its fixes",
+    "14_compile": "DDP + compile over nccl (aot_eager): graphs = DDP's buckets as predicted, the order of backward "
+                  "graphs and all-reduces with and without the split, FSDP2 compiled per block runs eager's "
+                  "collectives; the compile failures named on 2 CPU ranks",
     "13_your_model_on_your_gpus": "config errors refused; plans of the shipped models; to_empty's control; the tiny "
                                   "Qwen2 on the GPUs: FSDP2 = one process, bitwise resume, the plan vs every rank "
                                   "(CPU plan against CUDA runs: the 1% check may fail there, which is the finding)",
