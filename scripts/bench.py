@@ -448,7 +448,7 @@ def bench_compile(root: Path, nanogpt: Path, steps: int, threads: int) -> list[d
                                        f"--max_iters={steps + SKIP_STEPS}"]}
     tokens_per_s, commands = {}, {}
     for name, command in runs.items():
-        cwd = nanogpt if name.startswith("nanoGPT") else root / name.replace(" ", "_")
+        cwd = nanogpt if name.startswith("nanoGPT") else root / name.replace(" --", "_").replace(" ", "_")
         cwd.mkdir(exist_ok=True)
         out = timed_run(command, cwd, threads)
         if name.startswith("nanoGPT"):
