@@ -22,6 +22,12 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                where the kernel's own work is a larger share of a shorter whole]
     gpu        when CUDA exists: nccl all_reduce bus bandwidth for a size sweep, bf16 vs fp32 step time,
                FSDP2 vs DDP peak allocated memory per GPU
+    compile    (only when asked: ``--only compile``, about 10 minutes on 2 cores) train_lm.py --compile (inductor, one
+               CPU process) tokens/s against its own eager run and against nanoGPT's ``train.py --compile=True`` at
+               nanoGPT's small configuration (``config/train_shakespeare_char.py``), ``OMP_NUM_THREADS`` equal, on the
+               same bytes; the two ratios printed with the commands used (no target: measured, never promised).
+               nanoGPT is read from ``--nanogpt-dir`` (a checkout of karpathy/nanoGPT; the README's comparison
+               used 3adf61e)
     soak       (only when asked: ``--only soak``, about 40 minutes at the defaults) ``--soak-launches`` back-to-back
                launches of a short lesson script and as many of a plain script that ends the way the seeds'
                do (``destroy_process_group()`` and return): spurious failures [<= 0], and every exit abort
@@ -55,7 +61,7 @@ from tutorial_lib.launcher.environment import build_env  # noqa: E402
 from tutorial_lib.launcher.job import free_port  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
-SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu", "soak", "matrix")
+SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu", "soak", "matrix", "compile")
 DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
 
 
@@ -394,6 +400,73 @@ def failure_matrix(root: Path, repeats: int) -> list[dict]:
     return rows
 
 
+# nanoGPT's small configuration (config/train_shakespeare_char.py: 6 layers, width 384, 6 heads, 256-token windows,
+# batch 64, dropout 0.2), fp32, one CPU process; train_lm.py with the same shape (the README's eager comparison).
+NANOGPT_ARGS = ["config/train_shakespeare_char.py", "--dataset=stdlib", "--device=cpu", "--dtype=float32",
+                "--eval_iters=1", "--eval_interval=100000", "--log_interval=1", "--always_save_checkpoint=False"]
+TRAIN_LM_ARGS = ["--parallel", "none", "--n-layers", 6, "--d-model", 384, "--n-heads", 6, "--block-size", 256,
+                 "--batch-size", 64, "--dropout", 0.2, "--precision", "fp32", "--lr", 1e-3, "--warmup-steps", 100,
+                 "--eval-windows", 1]
+NANOGPT_ITER = r"iter (\d+): loss [\d.]+, time ([\d.]+)ms"
+SKIP_STEPS = 2  # the first steps compile (and recompile): tokens/s counts the steps after them
+
+
+def write_nanogpt_data(nanogpt: Path) -> None:
+    """train_lm.py's corpus (the standard-library bytes) in nanoGPT's format: data/stdlib/{train,val}.bin, meta.pkl."""
+    import pickle
+
+    import numpy as np
+    data = tl.import_script("train_lm").read_corpus(1 << 20)
+    n_val = int(len(data) * 0.1)  # train_lm.py's --val-fraction
+    folder = nanogpt / "data" / "stdlib"
+    folder.mkdir(parents=True, exist_ok=True)
+    np.asarray(list(data[:-n_val]), dtype=np.uint16).tofile(folder / "train.bin")
+    np.asarray(list(data[-n_val:]), dtype=np.uint16).tofile(folder / "val.bin")
+    (folder / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 256}))
+
+
+def timed_run(command: list, cwd: Path, threads: int) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(map(str, command))} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def bench_compile(root: Path, nanogpt: Path, steps: int, threads: int) -> list[dict]:
+    """tokens/s after compiling: train_lm.py --compile vs its eager run, and vs nanoGPT's train.py --compile=True."""
+    import re
+    if not (nanogpt / "train.py").is_file() or not (nanogpt / "config" / "train_shakespeare_char.py").is_file():
+        print(f"[bench] compile: no nanoGPT checkout in {nanogpt}: git clone https://github.com/karpathy/nanoGPT "
+              f"{nanogpt} (the README's comparison used commit 3adf61e)", flush=True)
+        return [row("compile: nanoGPT checkout missing (--nanogpt-dir)", 0.0, None, unit="-")]
+    write_nanogpt_data(nanogpt)
+    lm = [sys.executable, ROOT / "tutorial_lib" / "lessons" / "train_lm.py", *TRAIN_LM_ARGS, "--max-steps",
+          steps + SKIP_STEPS]
+    runs = {"train_lm eager": lm, "train_lm --compile": [*lm, "--compile"],
+            "nanoGPT --compile=True": [sys.executable, "train.py", *NANOGPT_ARGS, "--compile=True",
+                                       f"--max_iters={steps + SKIP_STEPS}"]}
+    tokens_per_s, commands = {}, {}
+    for name, command in runs.items():
+        cwd = nanogpt if name.startswith("nanoGPT") else root / name.replace(" --", "_").replace(" ", "_")
+        cwd.mkdir(exist_ok=True)
+        out = timed_run(command, cwd, threads)
+        if name.startswith("nanoGPT"):
+            times = [float(t) / 1000 for i, t in re.findall(NANOGPT_ITER, out) if int(i) >= SKIP_STEPS]
+            tokens_per_s[name] = 64 * 256 / statistics.median(times)  # batch 64 x block 256, no accumulation
+        else:
+            rows_ = [json.loads(line) for line in (cwd / "metrics" / "rank0.jsonl").read_text().splitlines()]
+            tokens_per_s[name] = statistics.median(r["tokens_per_s"] for r in rows_ if r["step"] > SKIP_STEPS)
+        commands[name] = f"cd {cwd} && OMP_NUM_THREADS={threads} " + " ".join(map(str, command))
+        print(f"[bench] compile: {name}: {tokens_per_s[name]:.0f} tokens/s\n    {commands[name]}", flush=True)
+    compiled = tokens_per_s["train_lm --compile"]
+    note = ", ".join(f"{k} {v:.0f} tokens/s" for k, v in tokens_per_s.items()) + f" (median of steps after {SKIP_STEPS})"
+    return [row("compile: train_lm --compile / train_lm eager", compiled / tokens_per_s["train_lm eager"], None,
+                note=note),
+            row("compile: train_lm --compile / nanoGPT --compile=True", compiled / tokens_per_s["nanoGPT --compile=True"],
+                None, note=f"OMP_NUM_THREADS={threads} each; the commands are printed above")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS))
@@ -401,8 +474,12 @@ def main() -> int:
     parser.add_argument("--soak-repeats", type=int, default=10, help="soak: runs of each notebook failure (count)")
     parser.add_argument("--reps", type=int, default=5, help="alternating repetitions per timed pair (count)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table as JSON here")
+    parser.add_argument("--nanogpt-dir", type=Path, default=Path(os.environ.get("NANOGPT_DIR", "/tmp/nanoGPT")),
+                        help="compile: a checkout of karpathy/nanoGPT (default $NANOGPT_DIR or /tmp/nanoGPT)")
+    parser.add_argument("--compile-steps", type=int, default=4, help="compile: steps measured after the first 2")
+    parser.add_argument("--threads", type=int, default=1, help="compile: OMP_NUM_THREADS of each process (count)")
     args = parser.parse_args()
-    for name in ("reps", "soak_launches", "soak_repeats"):
+    for name in ("reps", "soak_launches", "soak_repeats", "compile_steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     os.environ.setdefault("TUTORIAL_LIB_LIVE", "off")
@@ -421,6 +498,7 @@ def main() -> int:
                   "gpu": lambda: bench_gpu(root),
                   "soak": lambda: soak_launches(root, args.soak_launches) + failure_matrix(root, args.soak_repeats),
                   "matrix": lambda: failure_matrix(root, args.soak_repeats),
+                  "compile": lambda: bench_compile(root, args.nanogpt_dir, args.compile_steps, args.threads),
                   }[section]
             rows += fn()
             print(f"[bench] {section} done in {time.monotonic() - start:.0f} s", flush=True)

@@ -1,7 +1,7 @@
 """Keep the run directories of the workbook's failures as doctor test fixtures, one folder per torch version.
 
     .venv-torch2.8/bin/python scripts/run_workbook.py --output-dir /tmp/wb28 --only 01_ddp 02_data_and_accumulation \
-        05_checkpointing 06_multi_node 07_troubleshooting
+        05_checkpointing 06_multi_node 07_troubleshooting 14_compile
     .venv-torch2.8/bin/python scripts/capture_doctor_runs.py /tmp/wb28/runs      # -> tests/fixtures/run_dirs/torch-2.8/
 
 Each failure the notebooks make on purpose (``CASES``: name -> a regular expression over the run's
@@ -41,6 +41,10 @@ CASES = {
     "07-detail-mismatch": r"collective_mismatch\.py --fail-rank",
     "07-crashing-rank": r"--fail-mode raise",
     "07-out-of-memory": r"--fail-mode oom",
+    "14-compile-bucket-split": r"compile_train\.py .*--bucket-cap-mb 0\.5",
+    "14-compile-no-cxx": r"CXX=no-such-g\+\+ .*compile_train\.py",
+    "14-compile-recompile-limit": r"compile_train\.py .*--recompile-limit",
+    "14-compile-fullgraph-break": r"compile_train\.py .*--graph-break print --fullgraph",
 }
 KEEP = ("command.txt", "run.json", "output.log", "metrics/*.jsonl", "logs/**/error.json", "logs/**/stderr.log")
 

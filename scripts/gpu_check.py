@@ -57,6 +57,9 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "collective_mismatch": ((), SUCCESS_IS_THE_CHECK + "; gloo and CPU tensors even with GPUs visible"),
     "collectives_check": (("--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10),
                           "all_reduce, all_gather and broadcast right on every rank over nccl; busbw per size"),
+    "compile_train": (("--compile-backend", "inductor", "--max-steps", 4),
+                      SUCCESS_IS_THE_CHECK + "; DDP(torch.compile(model)) with inductor's Triton kernels over nccl "
+                      "(notebook 14 asserts graph counts and the order of events)"),
     "dataloader_bench": (("--num-workers", 0, 4), "pin_memory=True configurations are measured (CUDA only)"),
     "ddp_knobs": ((), SUCCESS_IS_THE_CHECK + " over nccl (bf16_compress_hook accepted on a CUDA build; notebook 10 "
                       "asserts the counts, bytes and failures)"),
@@ -127,6 +130,9 @@ NOTEBOOK_ASSERTS = {
     "10_ddp_in_depth": "all-reduces per step against bucket_cap_mb, gradients as bucket views (and the CUDA memory "
                        "they save), static_graph, compression hooks halving the bytes (bf16_compress_hook accepted "
                        "on CUDA), the returned-but-unused head under static_graph and its fixes",
+    "14_compile": "DDP + compile over nccl (aot_eager): graphs = DDP's buckets as predicted, the order of backward "
+                  "graphs and all-reduces with and without the split, FSDP2 compiled per block runs eager's "
+                  "collectives; the compile failures named on 2 CPU ranks",
     "13_your_model_on_your_gpus": "config errors refused; plans of the shipped models; to_empty's control; the tiny "
                                   "Qwen2 on the GPUs: FSDP2 = one process, bitwise resume, the plan vs every rank "
                                   "(CPU plan against CUDA runs: the 1% check may fail there, which is the finding)",

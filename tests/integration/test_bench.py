@@ -15,3 +15,26 @@ def test_the_benchmark_runs_and_prints_its_ratio_table(tmp_path):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     ratio = next(r for r in rows if r["benchmark"].startswith("memory: FSDP2"))["value"]
     assert 0 < ratio < 1
+
+
+def test_the_compile_benchmark_without_a_nanogpt_checkout_says_how_to_get_one(tmp_path):
+    """--only compile reads nanoGPT from --nanogpt-dir; without a checkout it names the clone command and measures
+    nothing (the measured run takes about 10 minutes on 2 cores: run by hand)."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "compile", "--nanogpt-dir",
+                          str(tmp_path / "none")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"git clone https://github.com/karpathy/nanoGPT {tmp_path / 'none'}" in out.stdout, out.stdout
+    assert "compile: nanoGPT checkout missing (--nanogpt-dir)" in out.stdout
+
+
+def test_the_compile_benchmark_writes_train_lms_corpus_in_nanogpts_format(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    bench.write_nanogpt_data(tmp_path)
+    folder = tmp_path / "data" / "stdlib"
+    train, val = (folder / "train.bin").stat().st_size, (folder / "val.bin").stat().st_size
+    assert (train + val) // 2 == 1 << 20 and val // 2 == int((1 << 20) * 0.1), (train, val)
+    assert (folder / "meta.pkl").is_file()

@@ -83,6 +83,7 @@ def test_collectives_check_runs_as_a_world_of_one(tmp_path):
     (["--pg-timeout-s", "0"], "--pg-timeout-s must be > 0"),
     (["--optimizer", "lion"], "invalid choice: 'lion'"),
     (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be > 0 (MiB), got 0.0"),
+    (["--no-optimize-ddp"], "--no-optimize-ddp changes how torch.compile splits the graph: it needs --compile"),
 ])
 def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
     out = run([LESSONS_DIR / "ddp_train.py", *args], tmp_path)
@@ -103,6 +104,7 @@ SMALL_ARGS = {
     "pipeline_parallel": ["--microbatches", 1, 2, "--input-dim", 16, "--hidden-dim", 32, "--batch-size", 8],
     "context_parallel_float8": ["--seq-len", 64],
     "train_lm": ["--max-steps", 2, "--n-layers", 1, "--d-model", 32, "--corpus-bytes", 65536],
+    "compile_train": ["--max-steps", 2, "--n-layers", 2, "--dim", 16],
     "train_hf": ["--model", "tiny", "--max-steps", 2, "--seq-len", 32, "--corpus-bytes", 65536],
 }
 PREPARE = {"train_hf": ["--create-tiny-model", "tiny"]}  # run first in the same folder: the model folder it trains

@@ -98,6 +98,13 @@ FIXTURES = {
     "ddp compile buckets": ([], 0, 1, traceback_of("AssertionError: First bucket should be smaller/equal to other "
                                                    "buckets to get comms warmed up ASAP"),
                             "DDP + torch.compile bucket split"),
+    "inductor without a compiler": ([], 0, 1, traceback_of("torch._inductor.exc.InductorError: InvalidCxxCompiler: No "
+                                                           "working C++ compiler found in torch._inductor.config.cpp.cxx:"
+                                                           " (None, 'g++')"), "no C++ compiler for inductor"),
+    "recompile limit": ([], 1, 1, traceback_of("torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to "
+                                               "fullgraph=True"), "torch.compile recompile limit"),
+    "fullgraph break": ([], 0, 1, traceback_of("torch._dynamo.exc.Unsupported: Failed to trace builtin operator"),
+                        "graph break under fullgraph=True"),
     "gloo timeout": ([], 0, 1, traceback_of("RuntimeError: [unbound_buffer.cc:78] Timed out waiting 5000ms for recv "
                                             "operation to complete"), "collective timeout (hang)"),
     "nccl watchdog": (["[default0]:[rank0]:[E1130 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
@@ -318,6 +325,8 @@ def test_the_causes_are_checked_specific_first():
     assert names.index("out of memory") < names.index("collective timeout (hang)")
     assert names.index("collective mismatch") < names.index("collective timeout (hang)")
     assert names.index("collective timeout (hang)") < names.index("NCCL error"), "a NCCL watchdog timeout is a hang"
+    # torch 2.13 raises FailOnRecompileLimitHit from dynamo's Unsupported: the chain shows both
+    assert names.index("torch.compile recompile limit") < names.index("graph break under fullgraph=True")
 
 
 def test_c_plus_plus_info_lines_are_not_evidence(tmp_path):

@@ -39,6 +39,11 @@ EXPECTED = {
     "07-detail-mismatch": dict(cause="collective mismatch", exit_code=1),
     "07-crashing-rank": dict(cause="Python exception (RuntimeError)", rank=FAIL_RANK, exit_code=1),
     "07-out-of-memory": dict(cause="out of memory", rank=FAIL_RANK, exit_code=1),
+    # notebook 14's compile failures (compile_train.py); every rank fails alike, so which is named first is open
+    "14-compile-bucket-split": dict(cause="DDP + torch.compile bucket split", exit_code=1),
+    "14-compile-no-cxx": dict(cause="no C++ compiler for inductor", exit_code=1),
+    "14-compile-recompile-limit": dict(cause="torch.compile recompile limit", exit_code=1),
+    "14-compile-fullgraph-break": dict(cause="graph break under fullgraph=True", exit_code=1),
 }
 
 
@@ -68,8 +73,19 @@ def test_the_doctor_recognises_each_notebook_failure_on_each_version(tmp_path, v
     for name in ("rank", "exit_code"):
         if name in want:
             assert getattr(d, name) == want[name], f"{name}: {d}"
-    assert d.fix and "(0" in d.fix, "every fix points to a notebook section"
+    assert d.fix and re.search(r"\((0\d|1\d), section", d.fix), "every fix points to a notebook section"
     assert "[Gloo] Rank" not in d.evidence, "start-up noise is never evidence"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_compile_failure_of_a_lesson_script_gets_the_fix_in_its_own_flags(tmp_path, version):
+    """inductor without a C++ compiler: compile_train.py is told its flag (--compile-backend aot_eager); the fix of
+    every compile cause is worded in Chinese too."""
+    d = tl.diagnose(restore(version, "14-compile-no-cxx", tmp_path))
+    assert "--compile-backend aot_eager" in d.fix and "no-such-g++" in d.evidence, str(d)
+    for case in ("14-compile-no-cxx", "14-compile-recompile-limit", "14-compile-fullgraph-break"):
+        d = tl.diagnose(restore(version, case, tmp_path / "zh"))
+        assert d.fix_text.render("zh") != d.fix and "14" in d.fix_text.render("zh"), case
 
 
 @pytest.mark.parametrize("version", VERSIONS)

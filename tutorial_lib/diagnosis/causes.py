@@ -32,6 +32,9 @@ class CauseId(str, Enum):
     COLLECTIVE_MISMATCH = "collective_mismatch"
     ABORT_AT_EXIT = "abort_at_exit"
     COMPILE_BUCKET_SPLIT = "compile_bucket_split"
+    COMPILE_NO_CXX = "compile_no_cxx"
+    COMPILE_RECOMPILE_LIMIT = "compile_recompile_limit"
+    COMPILE_GRAPH_BREAK = "compile_graph_break"
     UNUSED_PARAMETERS = "unused_parameters"
     NO_GPU = "no_gpu"
     INVALID_DEVICE_ORDINAL = "invalid_device_ordinal"
@@ -203,13 +206,54 @@ CAUSES = (
              "rank's work is done; end main() with dist.destroy_process_group() in a finally (it makes the abort rarer, "
              "not impossible), not with os._exit, which skips atexit handlers and a running dcp.async_save; the "
              "launcher's rank runner leaves with os._exit for you (07, section 2 'A crashing rank')")),
-    # dynamo's DDPOptimizer splits a compiled graph at DDP's bucket boundaries and insists that the first bucket is
-    # no larger than the others; a small bucket_cap_mb breaks that (torch 2.8 and 2.13 alike).
+    # dynamo's DDPOptimizer splits a compiled graph at DDP's bucket boundaries and insists that the first bucket (1 MiB)
+    # is no larger than the others; a bucket_cap_mb below 1 breaks that (torch 2.8 and 2.13 alike). Measured with
+    # optimize_ddp = False (notebook 14, aot_eager, 2.8 and 2.13): a whole-model graph's all-reduces all start after its
+    # backward graph returns; per-block graphs interleave with them.
     Cause(CauseId.COMPILE_BUCKET_SPLIT, N_("DDP + torch.compile bucket split"), re.compile(r"First bucket should be smaller/equal to other buckets"),
-          N_("torch.compile under DDP with a small bucket_cap_mb: dynamo's DDPOptimizer cannot split the graph at "
-             "these buckets. Set torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py "
-             "--no-optimize-ddp: one graph, DDP's buckets still overlap backward) or use a larger bucket_cap_mb "
-             "(11, section 9 'Notes')")),
+          N_("torch.compile under DDP with a bucket_cap_mb below DDP's first bucket (1 MiB): dynamo's DDPOptimizer "
+             "cannot split the graph at these buckets. Use a bucket_cap_mb of at least 1, or set "
+             "torch._dynamo.config.optimize_ddp = False before compiling (train_lm.py --no-optimize-ddp): no split, "
+             "so a model compiled whole is one graph whose backward yields every gradient at once and DDP's "
+             "all-reduces start only after it (no overlap with backward); compiled block by block (as train_lm.py "
+             "does) each block's all-reduce still starts while the earlier blocks' backward runs (14, section 4 "
+             "'Buckets too small for the split')")),
+    # inductor writes C++ kernels on CPU and compiles them with torch._inductor.config.cpp.cxx, read from $CXX (else
+    # g++) when inductor is imported: "InvalidCxxCompiler: No working C++ compiler found in
+    # torch._inductor.config.cpp.cxx: (None, 'g++')" (torch 2.8 and 2.13, measured with CXX naming no compiler).
+    Cause(CauseId.COMPILE_NO_CXX, N_("no C++ compiler for inductor"),
+          re.compile(r"InvalidCxxCompiler|No working C\+\+ compiler found"),
+          N_("torch.compile's default backend, inductor, generates C++ kernels on CPU and found no working compiler "
+             "(torch._inductor.config.cpp.cxx: the CXX environment variable, else g++): install one (apt-get install "
+             "g++, or conda install gxx) or set CXX to one in the environment the ranks start in; or compile with "
+             "backend=\"aot_eager\", which traces the graphs and runs them without generating kernels (14, section 8 "
+             "'What compiling costs and buys')"),
+          script_fixes=tuple((name, N_(
+              "inductor (--compile-backend inductor, the default of train_lm.py) generates C++ kernels on CPU and "
+              "found no working compiler (the CXX environment variable, else g++): install one (apt-get install g++, "
+              "or conda install gxx) or set CXX to one, or run with --compile-backend aot_eager, which traces the "
+              "graphs and runs them without generating kernels (14, section 8 'What compiling costs and buys')"))
+              for name in ("train_lm", "ddp_train", "fsdp_train", "compile_train"))),
+    # fullgraph=True (or torch._dynamo.config.fail_on_recompile_limit_hit) turns dynamo's recompile limit into an
+    # error: "FailOnRecompileLimitHit: Hard failure due to fullgraph=True" (2.13), "recompile_limit reached with
+    # one_graph=True" (2.8). Before the graph-break cause: on 2.13 it is raised from an Unsupported.
+    Cause(CauseId.COMPILE_RECOMPILE_LIMIT, N_("torch.compile recompile limit"), re.compile(r"FailOnRecompileLimitHit"),
+          N_("dynamo compiled the same function recompile_limit times (a new graph for each new input shape, dtype "
+             "or guarded Python value) and, under fullgraph=True, stopped instead of running it eagerly: find what "
+             "changes with TORCH_LOGS=recompiles; give a length that varies a few fixed, padded values, or let it "
+             "be dynamic (dynamic=None, the default, or torch._dynamo.mark_dynamic); raise "
+             "torch._dynamo.config.recompile_limit only if the recompilations are wanted (14, section 6 'Graph "
+             "breaks and recompilations')")),
+    # A graph break where none is allowed: torch.compile(fullgraph=True) raises dynamo's Unsupported ("Failed to
+    # trace builtin operator" for a print on 2.13; its gb_type names the construct) on 2.8 and 2.13 alike.
+    Cause(CauseId.COMPILE_GRAPH_BREAK, N_("graph break under fullgraph=True"),
+          re.compile(r"torch\._dynamo\.exc\.Unsupported\b"),
+          N_("torch.compile(fullgraph=True) met code it cannot put in the graph (a print, a Python number read from "
+             "a tensor with .item(), a call dynamo cannot trace): the traceback's 'from user code' lines name it. "
+             "Move it out of the compiled module (print after the step), keep it in the graph "
+             "(torch._dynamo.config.capture_scalar_outputs = True for .item()), or drop fullgraph=True and let it "
+             "run as a graph break; torch._dynamo.explain(model)(inputs) lists every break (14, section 6 'Graph "
+             "breaks and recompilations')")),
     Cause(CauseId.UNUSED_PARAMETERS, N_("DDP unused parameters"), re.compile(r"Expected to have finished reduction"),
           N_("a parameter got no gradient: use every module in the loss, or DDP(find_unused_parameters=True) "
              "(01, section 6 'A parameter without a gradient')")),

@@ -14,6 +14,7 @@ Run card
                                                              # skip-collective or oom
     torchrun --standalone --nproc-per-node 2 ddp_train.py --profile-steps 3
                                                              # torch.profiler: a Chrome trace per rank (notebook 08)
+    torchrun --nproc-per-node 2 ddp_train.py --compile       # DDP(torch.compile(model)) (notebook 14)
 
 What it shows
     * the device comes from LOCAL_RANK (the GPU index on *this* node), never from the global RANK;
@@ -81,6 +82,13 @@ def parse_args(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb: the largest gradient bucket it all-reduces at once (MiB); default: "
                         "DDP's own (25 MiB, the first bucket 1 MiB)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (in place) before DDP wraps it: DDP(torch.compile(model))")
+    p.add_argument("--compile-backend", type=str, default="inductor",
+                   help="torch.compile's backend: inductor (generates kernels; needs a C++ compiler on CPU), or "
+                        "aot_eager (traces forward and backward, runs them eagerly: quick to compile)")
+    p.add_argument("--no-optimize-ddp", action="store_true",
+                   help="with --compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
     add_workbook_flags(p)
     return check_args(p, p.parse_args(argv))
 
@@ -171,6 +179,13 @@ def make_model(args, local_rank, device):
     # and a single-process reference run must start from the same weights.
     torch.manual_seed(args.seed)
     model = MLP(args.input_dim, args.hidden_dim, args.output_dim).to(device)  # fp32 weights in every precision
+    if args.compile:
+        # Compile first, then wrap: DDP(torch.compile(model)). Dynamo's DDPOptimizer cuts the graph where DDP's
+        # gradient buckets end, so each bucket's all-reduce starts while backward goes on (notebook 14); with
+        # optimize_ddp = False the model is one graph and every all-reduce starts after its backward.
+        if args.no_optimize_ddp:
+            torch._dynamo.config.optimize_ddp = False  # no split at DDP's buckets: one graph
+        model.compile(backend=args.compile_backend)  # in place: the state_dict keeps its names
     if dist.is_initialized():
         # DDP broadcasts rank 0's parameters, then hooks backward() to all-reduce (average) the gradients.
         # bucket_cap_mb=None is DDP's default: gradients are all-reduced in buckets of 25 MiB, the first one 1 MiB,
@@ -296,6 +311,8 @@ def check_args(p, args):
                 f"(the first {PROFILE_SKIP_STEPS} steps are not recorded), got --max-steps {args.max_steps}")
     if args.clip_grad_norm < 0:
         p.error(f"--clip-grad-norm must be >= 0 (0: off), got {args.clip_grad_norm}")
+    if args.no_optimize_ddp and not args.compile:
+        p.error("--no-optimize-ddp changes how torch.compile splits the graph: it needs --compile")
     if args.clip_before_unscale and not args.clip_grad_norm:
         p.error("--clip-before-unscale needs --clip-grad-norm > 0")
     if args.batch_size > args.dataset_size:

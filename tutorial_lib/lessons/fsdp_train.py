@@ -7,6 +7,7 @@ Run card
     torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp2 --precision bf16 --activation-checkpointing
     torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp1 --wrap fine      # the seed's min_num_params=100
     torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp2 --precision fp16 # CUDA only, with a GradScaler
+    torchrun --nproc-per-node 2 fsdp_train.py --strategy fsdp2 --compile      # each block compiled, then sharded
 
 What it shows
     * DDP keeps the whole model, its gradients and the optimizer state on every rank; FSDP shards all
@@ -87,6 +88,14 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                    help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
                         "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (in place) before wrapping: torchtitan's order (checkpoint, "
+                        "compile, shard); ddp and fsdp2")
+    p.add_argument("--compile-backend", type=str, default="inductor",
+                   help="torch.compile's backend: inductor (generates kernels; needs a C++ compiler on CPU), or "
+                        "aot_eager (traces forward and backward, runs them eagerly: quick to compile)")
+    p.add_argument("--no-optimize-ddp", action="store_true",
+                   help="ddp + compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
     add_workbook_flags(p)
     return check_args(p, p.parse_args(argv))
 
@@ -249,6 +258,13 @@ def build(args, device):
     shapes = {name: list(p.shape) for name, p in model.named_parameters()}  # workbook: for the memory model
     if args.activation_checkpointing:
         apply_checkpointing(model)  # before wrapping: FSDP then shards the wrapped blocks
+    if args.compile:
+        if args.no_optimize_ddp:
+            torch._dynamo.config.optimize_ddp = False  # no split at DDP's buckets: one graph
+        for block in model.blocks:
+            # In place, before sharding: FSDP2's hooks stay outside each block's graph, so a compiled block
+            # all-gathers and reduce-scatters exactly as the eager one does (notebook 14 counts them).
+            block.compile(backend=args.compile_backend)
     if args.strategy == "ddp":
         if dist.is_initialized():
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -354,6 +370,10 @@ def check_args(p, args):
         p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
     if args.pg_timeout_s <= 0:
         p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.compile and args.strategy == "fsdp1":
+        p.error("--compile is implemented for --strategy ddp and fsdp2 (each block compiled, then wrapped), got fsdp1")
+    if args.no_optimize_ddp and not (args.compile and args.strategy == "ddp"):
+        p.error("--no-optimize-ddp changes how torch.compile splits DDP's graph: it needs --compile --strategy ddp")
     if args.cpu_offload and args.strategy != "fsdp2":
         p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
