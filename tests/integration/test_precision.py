@@ -267,7 +267,9 @@ def test_no_deprecated_amp_api_in_code_or_notebooks():
         found += _deprecated_uses(path.read_text(), path.relative_to(ROOT))
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
-            if cell.cell_type == "code":
+            # An exercise's starter may hold the deprecated call as the mistake to fix (03.1: torch.cuda.amp's
+            # GradScaler, disabled on a machine without CUDA); its solution, scanned above, uses torch.amp.
+            if cell.cell_type == "code" and "exercise-starter" not in cell.metadata.get("tags", []):
                 found += _deprecated_uses(python_of(cell.source), f"{path.name} cell {i}")
     assert not found, found
     assert _deprecated_uses("scaler = torch.cuda.amp.GradScaler()", "probe"), "the scan finds a real use"
