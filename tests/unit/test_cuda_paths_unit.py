@@ -68,7 +68,7 @@ def test_dataloader_bench_sets_the_device_before_joining_the_nccl_group(fake_cud
     assert fake_cuda == [("set_device", cuda1), ("init", "nccl", cuda1)]
 
 
-WORLD_OF_ONE = ["collectives_check", "ddp_knobs", "fsdp_knobs", "fsdp_train", "uneven_inputs", "unused_params", "sync_batchnorm",
+WORLD_OF_ONE = ["collectives_check", "compile_train", "ddp_knobs", "fsdp_knobs", "fsdp_train", "uneven_inputs", "unused_params", "sync_batchnorm",
                 "tensor_parallel", "pipeline_parallel", "context_parallel_float8", "train_lm", "train_hf"]
 
 

@@ -54,6 +54,9 @@ def parse_args(argv=None):
                         "several: each in turn, from scratch")
     p.add_argument("--compile-backend", type=str, default="aot_eager",
                    help="torch.compile's backend: aot_eager (graphs only, quick) or inductor (kernels; a C++ compiler)")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="process-group backend; auto: nccl on cuda, gloo on cpu (gloo also moves cuda tensors: "
+                        "tl.run_in_process uses it so no NCCL runs inside a notebook's kernel)")
     p.add_argument("--n-layers", type=int, default=8, help="blocks of Linear + ReLU (count)")
     p.add_argument("--dim", type=int, default=256, help="features per token (count)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per rank per step (count)")
@@ -216,11 +219,11 @@ def main():
     if device.type == "cuda":
         torch.cuda.set_device(device)
     Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+    backend = ("nccl" if device.type == "cuda" else "gloo") if args.backend == "auto" else args.backend
     if "RANK" in os.environ:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=args.pg_timeout_s))
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout_s))
     else:  # one process: a world of one over an in-memory store
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         train(args, rank, world_size, device)
     finally:
