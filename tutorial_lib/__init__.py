@@ -46,8 +46,8 @@ from .notebook.plots import (plot_bandwidth, plot_compare, plot_index_assignment
 from .notebook.script_source import import_script, show_script
 from .planning import hf_plan, memory_plan  # tl.memory_plan.table_args (notebook 11), tl.hf_plan (notebook 13)
 from .planning.memory_model import StateBytes, block_units, bytes_per_parameter, predict_state_bytes
-from .planning.memory_plan import (MemoryPlan, compare_plan, largest_fitting, memory_table, plan_memory,
-                                   read_memory_snapshots, read_memory_table)
+from .planning.memory_plan import (MemoryPlan, compare_plan, largest_fitting, matches_plan, memory_table,
+                                   plan_memory, read_memory_snapshots, read_memory_table)
 from .planning.memory_plan_tp import TP_LAYOUTS, compare_tp_plan, plan_tp_memory, read_tp_memory
 from .planning.hf_plan import (HF_LAYOUTS, gpu_prediction_bytes, host_bytes, load_hf_config, plan_hf, read_hf_table,
                                recommend_layout)
@@ -84,8 +84,8 @@ __all__ = [
 ]
 __all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "order_violations", "pipeline_events",
             "plot_pipeline_timeline", "replay_slots"]  # pipeline: what a pipeline's stages did
-__all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "memory_table", "plan_memory",
-            "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
+__all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "matches_plan", "memory_table",
+            "plan_memory", "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
 __all__ += ["TP_LAYOUTS", "compare_tp_plan", "plan_tp_memory", "read_tp_memory"]  # memory_plan_tp: the same for TP
 __all__ += ["HF_LAYOUTS", "gpu_prediction_bytes", "host_bytes", "load_hf_config", "plan_hf", "read_hf_table",
             "recommend_layout"]  # hf_plan: your Hugging Face model on your GPUs (train_hf.py's step, fake mode)

@@ -139,8 +139,10 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
             scores and probabilities materialised and saved).
 
     Returns:
-        A ``MemoryPlan`` with ``parallel`` "fsdp" (or "hsdp"), the peak by category (bytes), ``n_params``, and in
-        ``notes`` the layout and, under offload, the host bytes.
+        A ``MemoryPlan`` with ``parallel`` "fsdp" (or "hsdp"), the peak by category (bytes), ``n_params``, in
+        ``notes`` the layout and, under offload, the host bytes, and ``collective_buffer_bytes``
+        (``largest_collective_bytes``). Unlike ``plan_memory``, its headroom does not count that buffer
+        (``unsimulated_bytes`` 0, as the shipped table was made; no CUDA run has shown it held longer).
 
     Raises:
         ConfigError: a bad config (see ``load_hf_config``), layout or size; a GPU count the mesh cannot use; a process
@@ -188,6 +190,7 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
             n_params = sum(p.numel() for p in net.parameters())
             n_trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
+            buffer = largest_collective_bytes(net, 2 if "bf16" in flags else 4)
     peak = categories_of(snapshot)
     shards = world_size // replicate_degree
     # fp32 shards of every parameter (4 bytes); fp32 gradients (4) and AdamW's two moments (8) of the trainable ones.
@@ -197,8 +200,27 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
                       parallel="hsdp" if replicate_degree > 1 else "fsdp", world_size=world_size,
                       n_params=n_params, peak_bytes=peak, state_bytes_analytic=analytic,
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      notes=tuple(notes))
+                      notes=tuple(notes), collective_buffer_bytes=buffer)
     return offloaded(plan) if offload else plan
+
+
+def largest_collective_bytes(net, param_bytes: int) -> int:
+    """The largest buffer one FSDP2 collective of ``net``'s step holds (bytes): per unit (a module ``fully_shard``
+    made, with its own parameters, not its sub-units'), its all-gather output (every parameter, unsharded, in the
+    compute dtype: ``param_bytes`` per element) or its reduce-scatter input (the trainable ones' gradients, unsharded,
+    fp32); the largest over units. ``MemoryPlan.collective_buffer_bytes``: a real gloo run can hold one such buffer a
+    moment longer than the plan."""
+    from torch.distributed.fsdp import FSDPModule
+    units = [m for m in net.modules() if isinstance(m, FSDPModule)]
+    largest = 0
+    for unit in units:
+        nested = {id(p) for sub in unit.modules() if sub is not unit and isinstance(sub, FSDPModule)
+                  for p in sub.parameters()}
+        own = [p for p in unit.parameters() if id(p) not in nested]
+        gathered = param_bytes * sum(p.numel() for p in own)
+        reduced = 4 * sum(p.numel() for p in own if p.requires_grad)
+        largest = max(largest, gathered, reduced)
+    return largest
 
 
 def offloaded(plan: MemoryPlan) -> MemoryPlan:
