@@ -1,7 +1,10 @@
 """The memory plan against real gloo runs where rank 0's plan was not every rank's (issue 35).
 
 * 3 FSDP2 ranks and parameters whose first dimension 3 does not divide: the last rank holds a smaller shard and less
-  AdamW state; each rank's measured peak equals its own plan (``compare_plan(..., rank=r)``) byte for byte.
+  AdamW state; each rank's measured parameters and optimizer state equal its own plan (``rank=r``) byte for byte,
+  and its peak lies within one collective buffer above the plan (``tl.matches_plan``: usually every category is equal;
+  rank 1 was 86016 bytes above in 3 of 45 rank-runs beside three busy loops, gloo's worker thread freeing a buffer
+  late; see ``MemoryPlan.collective_buffer_bytes``).
 * DDP with its peak in backward (a large vocabulary, one window): the plan used to add DDP's buckets on top of the
   gradients the one-process trace already held (4 x parameters bytes too many); it now equals the run.
 """
@@ -28,9 +31,10 @@ def test_three_fsdp_ranks_each_equal_their_own_plan(tmp_path):
     plan = tl.plan_memory([*UNEVEN, "--parallel", "fsdp"], world_size=3)
     assert len(measured) == 3 and plan.peak_rank == 0
     for rank, snapshot in enumerate(measured):
-        assert (tl.compare_plan(plan, snapshot, rank=rank)["difference_bytes"] == 0).all(), rank
+        assert tl.matches_plan(plan, snapshot, rank=rank), (rank, tl.compare_plan(plan, snapshot, rank=rank))
     assert measured[2]["optimizer state"] < measured[0]["optimizer state"]
     assert tl.compare_plan(plan, measured[2]).loc["optimizer state", "relative_error"] > 0.01, "rank 0's plan is not 2's"
+    assert not tl.matches_plan(plan, measured[2]), "the control: rank 0's plan does not pass for rank 2"
 
 
 def test_a_ddp_plan_with_its_peak_in_backward_equals_the_run(tmp_path):

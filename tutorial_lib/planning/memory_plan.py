@@ -13,8 +13,8 @@ optimizer state, activations, all-gather and reduce-scatter buffers, temporaries
 ``torch.chunk`` gives the remainder rows to the first ranks, so when the world size does not divide a parameter's
 first dimension the ranks hold different shards. FSDP2 pads every rank's parameter storage to the largest shard, but
 AdamW's state follows the unpadded shard: in issue 35's trial, 3 ranks, rank 2's optimizer state was 1.22% below rank
-0's plan; a 3-rank gloo run here equals each rank's own plan byte for byte (tests/integration/
-test_memory_plan_ranks.py, torch 2.8 and 2.13). Ranks
+0's plan; a 3-rank gloo run here equals each rank's own plan byte for byte, or one collective buffer above it
+(``matches_plan``; tests/integration/test_memory_plan_ranks.py, torch 2.8 and 2.13). Ranks
 with the same shard sizes have the same plan, so the step is traced once per distinct set of shard sizes (once when
 the world size divides every first dimension), on a fake process group whose rank is that set's first rank.
 ``MemoryPlan.rank_peak_bytes`` holds every rank's
