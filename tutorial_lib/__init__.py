@@ -85,7 +85,7 @@ __all__ = [
 __all__ += ["gpipe_bubble", "idle_fractions", "in_flight", "measured_idle", "order_violations", "pipeline_events",
             "plot_pipeline_timeline", "replay_slots"]  # pipeline: what a pipeline's stages did
 __all__ += ["MemoryPlan", "compare_plan", "largest_fitting", "loss_curves", "matches_plan", "memory_table",
-            "plan_memory", "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, from torch's tracker in fake mode
+            "plan_memory", "read_memory_snapshots", "read_memory_table"]  # memory_plan: what fits, torch's tracker
 __all__ += ["TP_LAYOUTS", "compare_tp_plan", "plan_tp_memory", "read_tp_memory"]  # memory_plan_tp: the same for TP
 __all__ += ["HF_LAYOUTS", "gpu_prediction_bytes", "host_bytes", "load_hf_config", "plan_hf", "read_hf_table",
             "recommend_layout"]  # hf_plan: your Hugging Face model on your GPUs (train_hf.py's step, fake mode)

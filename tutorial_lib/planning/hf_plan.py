@@ -190,7 +190,7 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
             n_params = sum(p.numel() for p in net.parameters())
             n_trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
-            buffer = largest_collective_bytes(net, 2 if "bf16" in flags else 4)
+            buffer = largest_collective_bytes(net, script.compute_dtype(args, device).itemsize)
     peak = categories_of(snapshot)
     shards = world_size // replicate_degree
     # fp32 shards of every parameter (4 bytes); fp32 gradients (4) and AdamW's two moments (8) of the trainable ones.

@@ -381,7 +381,6 @@ def compare_plan(plan: MemoryPlan, measured: Mapping[str, int], rank: int | None
     return table
 
 
-
 def matches_plan(plan: MemoryPlan, measured: Mapping[str, int], rank: int | None = None) -> bool:
     """Whether one rank's measured peak (a ``read_memory_snapshots`` entry) is what ``plan`` allows: parameters and
     optimizer state equal byte for byte, the total in ``[plan, plan + plan.collective_buffer_bytes]`` (see
@@ -390,6 +389,7 @@ def matches_plan(plan: MemoryPlan, measured: Mapping[str, int], rank: int | None
     exact = bool((table.loc[["parameters", "optimizer state"], "difference_bytes"] == 0).all())
     extra_bytes = -int(table.loc["total", "difference_bytes"])
     return exact and 0 <= extra_bytes <= plan.collective_buffer_bytes
+
 
 # GPT-3's family (Brown et al., 2020, table 2.1): layers, width, heads; with a 50304-token vocabulary (GPT-2's,
 # padded to a multiple of 64) and 1024-token windows. n_params is what the script builds (untied head).
@@ -467,9 +467,10 @@ def largest_fitting(table, layout: str, gpus: int) -> str | None:
     return None if fitting.empty else fitting.sort_values("n_params")["model"].iloc[-1]
 
 
-__all__ = ["MemoryPlan", "plan_memory", "read_memory_snapshots", "compare_plan", "matches_plan", "memory_table", "table_args",
-           "read_memory_table", "largest_fitting", "categories_of", "counted_as_cuda", "device_snapshot", "GPT_SIZES",
-           "LAYOUTS", "CONTEXT_MARGIN_BYTES", "FRAGMENTATION_MARGIN", "USABLE_GIB_4090D", "CUDA_MIN_ALLOCATE", "DEVICES"]
+__all__ = ["MemoryPlan", "plan_memory", "read_memory_snapshots", "compare_plan", "matches_plan", "memory_table",
+           "table_args", "read_memory_table", "largest_fitting", "categories_of", "counted_as_cuda",
+           "device_snapshot", "GPT_SIZES", "LAYOUTS", "CONTEXT_MARGIN_BYTES", "FRAGMENTATION_MARGIN",
+           "USABLE_GIB_4090D", "CUDA_MIN_ALLOCATE", "DEVICES"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

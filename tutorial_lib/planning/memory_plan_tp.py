@@ -103,7 +103,8 @@ def plan_tp_memory(args: Sequence[object] = (), *, world_size: int = 2, layout: 
     return MemoryPlan(args=tuple(argv), parallel=layout, world_size=world_size, n_params=n_params,
                       peak_bytes=peak, state_bytes_analytic=float(per_element * local_numel),
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      unsimulated_bytes=buffer, collective_buffer_bytes=buffer, rank_peak_bytes={r: peak for r in range(world_size)}, device=device,
+                      unsimulated_bytes=buffer, collective_buffer_bytes=buffer,
+                      rank_peak_bytes={r: peak for r in range(world_size)}, device=device,
                       notes=(f"tensor parallel over {world_size} ranks ({layout}); every rank's peak is rank 0's",
                              f"not in the peak: one collective's buffer, {buffer} bytes, which a real run can hold "
                              "a moment longer (the headroom counts it)"))
