@@ -1,9 +1,13 @@
-"""pyproject.toml and environment.yml list the same dependencies; CI keeps torch on the CPU pin."""
+"""pyproject.toml and environment.yml list the same dependencies; CI keeps torch on the CPU pin; every install takes
+the lock (requirements/lock.txt), and `make install` installed exactly its versions."""
 
+import importlib.util
 import re
+import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,3 +54,106 @@ def test_the_torch_floor_is_the_oldest_torch_ci_runs():
     versions = (ROOT / "docs" / "torch-versions.md").read_text()  # the README links it
     assert f"torch {pinned[1]}.{pinned[2]}" in versions and "make compat" in versions, \
         "docs/torch-versions.md states what CI covers"
+
+
+# The lock (issue 43): requirements/lock.txt, made by `make lock` (uv, universal, torch left out), used by every install.
+# scripts/check_lock.py holds the comparison (a compat venv, without pytest, runs it too).
+_spec = importlib.util.spec_from_file_location("check_lock", ROOT / "scripts" / "check_lock.py")
+check_lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_lock)
+LOCK = ROOT / "requirements" / "lock.txt"
+
+
+def lock_environment(python: str) -> dict:
+    """packaging's marker environment of CPython ``python`` ("3.10.13") on Linux x86_64."""
+    from packaging.markers import default_environment
+    return {**default_environment(), "python_version": python.rsplit(".", 1)[0], "python_full_version": python,
+            "implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+
+
+def locked_for(python: str) -> dict[str, str]:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        text = line.split("#", 1)[0].strip()
+        if text:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate(lock_environment(python)):
+                pins[canonicalize_name(requirement.name)] = next(iter(requirement.specifier)).version
+    return pins
+
+
+@pytest.mark.parametrize("python", ["3.10.13", "3.11.7", "3.12.1"])
+def test_the_lock_pins_every_dependency_within_the_projects_floors_and_never_torch(python):
+    """The floors stay in pyproject.toml for a `pip install` into one's own environment; the lock, within them,
+    holds one version of each for the seeds' Python 3.10, CI's 3.11 and a newer one."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = locked_for(python)
+    assert "torch" not in pins, "the lock must never replace the torch a user has"
+    for line in project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if name == "torch":
+            continue
+        assert name in pins, f"{name} is not locked for Python {python}: make lock"
+        assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside pyproject's {line}"
+
+
+def test_every_install_of_the_makefile_takes_the_lock():
+    makefile = (ROOT / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if "pip install" in line and " -e " in line]
+    assert len(installs) >= 4, installs  # make install, compat, lab, bench
+    assert all("$(LOCK_ARGS)" in line for line in installs), installs
+    assert re.search(r"^LOCK \?= requirements/lock\.txt$", makefile, re.M)
+    assert "$(STAMP): pyproject.toml $(LOCK)" in makefile and "$(COMPAT_STAMP): pyproject.toml $(LOCK)" in makefile
+
+
+def test_make_install_installed_exactly_the_locked_versions():
+    """Every distribution the project and its test extra need, through their dependencies (torch's excepted), at
+    the version of the lock this venv's stamp names (`make install` writes it)."""
+    lock = check_lock.stamped_lock()
+    if lock is None:
+        pytest.skip(f"{sys.prefix} was not made by `make install` from a lock (no .installed stamp naming one)")
+    checked = check_lock.required_distributions()
+    assert {"transformers", "pandas", "nbval", "jupyterlab", "huggingface-hub"} <= set(checked), sorted(checked)
+    assert check_lock.differences(lock) == []
+    print(f"{len(checked)} distributions equal {lock.relative_to(ROOT)}")
+
+
+def test_the_lock_check_names_a_version_that_differs_and_a_package_the_lock_lacks(tmp_path):
+    """The control of the test above: the same comparison against a lock with one version changed and one line
+    removed must name both."""
+    import pandas
+    import transformers
+    lines = []
+    for line in LOCK.read_text().splitlines():
+        if line.startswith(f"pandas=={pandas.__version__}"):
+            line = line.replace(f"pandas=={pandas.__version__}", "pandas==0.0.1")
+        if line.startswith(f"transformers=={transformers.__version__}"):
+            continue
+        lines.append(line)
+    changed = tmp_path / "lock.txt"
+    changed.write_text("\n".join(lines) + "\n")
+    found = {d["name"]: d for d in check_lock.differences(changed)}
+    assert found["pandas"] == {"name": "pandas", "installed": pandas.__version__, "locked": "0.0.1"}
+    assert found["transformers"]["locked"] is None
+    (tmp_path / "bad.txt").write_text("pandas>=2\n")
+    with pytest.raises(ValueError, match=r"bad.txt:1: 'pandas>=2' is not name==version"):
+        check_lock.locked_versions(tmp_path / "bad.txt")
+
+
+def test_every_test_module_has_a_name_no_other_has():
+    """pytest imports test modules by their file name (rootdir-relative, no packages here): two files of one name in
+    tests/unit and tests/integration stop the whole collection of ``make test`` ("import file mismatch"), which a run
+    of one folder alone never shows."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if "fixtures" in path.relative_to(ROOT / "tests").parts:
+            continue
+        by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    repeated = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not repeated, f"test modules sharing a name (rename one): {repeated}"

@@ -49,6 +49,7 @@ import resource
 import sys
 import sysconfig
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -670,8 +671,18 @@ class StepLog:
             return
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         tracker = FSDPMemTracker(self.model, self.optimizer)
-        with tracker:
-            yield
+        # With the kernels package (a dependency from transformers 5.25 on), transformers calls its rotary embedding
+        # through two modules of one class name, "Func", that are not the model's submodules: the tracker takes the
+        # inner call for the outer one entered again and warns "module hierarchy tracking maybe be messed up". The
+        # bytes it counts do not depend on module names; that warning alone is dropped (and the warning format the
+        # tracker replaces for the whole process is put back).
+        formatwarning = warnings.formatwarning
+        try:
+            with tracker, warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+                yield
+        finally:
+            warnings.formatwarning = formatwarning
         write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
 
     def step_done(self, step, loss, loss_global, grad_norm, lr, epoch, step_time_s):

@@ -31,6 +31,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..notebook.script_source import import_script
 from .memory_plan import GIB, MemoryPlan, categories_of, fake_world
+from .tracker_counting import hierarchy_warning_silenced
 
 CONFIGS_DIR = Path(__file__).parent / "data" / "hf_configs"
 # The shipped configs: the published config.json numbers of these models (their Hugging Face model cards'
@@ -185,7 +186,7 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
             script.train_step(net, optimizer, windows, args, 0, world_size, device)  # warm-up: state, caches
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
             tracker = FSDPMemTracker(net, optimizer)
-            with tracker:
+            with tracker, hierarchy_warning_silenced():  # transformers' kernels "Func" modules: see its docstring
                 script.train_step(net, optimizer, windows, args, 0, world_size, device)
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
             n_params = sum(p.numel() for p in net.parameters())

@@ -7,11 +7,14 @@ up to 512 bytes (``_PYTORCH_MIN_ALLOCATE`` in ``torch/distributed/_tools/mem_tra
 ``_WeakRefInfo._calculate_mem_consumed``, torch 2.8 and 2.13) and filed under a ``cuda`` device, except AdamW's
 ``step`` counters, which a CUDA run keeps on the CPU (``foreach`` off, not ``capturable`` or ``fused``).
 ``device_snapshot``: one device's categories from the tracker's snapshot.
+``hierarchy_warning_silenced``: the tracker's "module hierarchy tracking maybe be messed up" warning, which a
+transformers model built with the ``kernels`` package raises for no fault of the plan, kept out of a learner's cell.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 
 CUDA_MIN_ALLOCATE = 512  # torch's MemTracker rounds every CUDA storage up to this (mem_tracker._PYTORCH_MIN_ALLOCATE)
@@ -33,6 +36,37 @@ def fake_world(world_size: int, rank: int = 0):
         finally:
             dist.destroy_process_group()
     return world()
+
+
+# torch/distributed/_tools/mod_tracker.py (torch 2.8 and 2.13), ModTracker._get_append_fn: the text of the one warning
+# hierarchy_warning_silenced drops.
+HIERARCHY_WARNING = "The module hierarchy tracking maybe be messed up"
+
+
+@contextlib.contextmanager
+def hierarchy_warning_silenced():
+    """Run torch's memory trackers without their "The module hierarchy tracking maybe be messed up" warning (only
+    that one, only from ``torch.distributed._tools.mod_tracker``), and restore ``warnings.formatwarning``, which the
+    tracker replaces for the whole process before it warns.
+
+    Why the plan stays right: with the ``kernels`` package installed (a dependency of transformers from 5.25 on,
+    an option before), ``apply_rotary_pos_emb`` is an ``nn.Module`` of class ``Func`` shared by every model
+    (transformers' ``use_kernel_forward_from_hub("rotary_pos_emb")``), and each attention layer holds a private
+    ``Func`` it dispatches to (``use_kernelized_func``), so the shared one's forward calls the private one's.
+    Neither is a submodule of the model, so torch's ``ModTracker`` names both by their class, "Func", and takes the
+    inner call for the outer module entered again: it warns once per attention layer per forward. ``Func`` modules hold no parameters and no buffers,
+    and the tracker files memory by what a tensor is (parameter, gradient, activation, ...), not by module name: the
+    bytes are the same (``tests/integration/test_transformers_versions.py`` plans with and without ``kernels``
+    and compares every category). Any other warning still shows.
+    """
+    formatwarning = warnings.formatwarning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=HIERARCHY_WARNING, category=UserWarning,
+                                module=r"torch\.distributed\._tools\.mod_tracker")
+        try:
+            yield
+        finally:
+            warnings.formatwarning = formatwarning
 
 
 def device_snapshot(peak: Mapping, device: str) -> dict:
