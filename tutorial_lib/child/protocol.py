@@ -8,7 +8,9 @@ copy in each, held equal by a test). Standard library only.
 * the parent-death signal (``set_parent_death_signal``);
 * the marks the rank runner puts on a line a rank redraws with carriage returns (``REDRAWN_END``, ...), which the
   launcher's output reader turns back into the line's latest state;
-* the record of how a rank's script ended (``EXIT_RECORD``), which the root-cause reader reads;
+* the record of which rank a torchrun rank folder holds (``RANK_RECORD``), which the launcher's output reader reads,
+  and of how a rank's script ended (``EXIT_RECORD``), which the root-cause reader reads;
+* the variable that turns the observer on (``OBSERVE_ENV``: ``observer.py`` records what each rank did);
 * the warm-start helper's socket variable, its ``ready`` line, its pid registry and its folder;
 * which environment variables Python or torch read at start-up (a child forked from the helper would not see a
   changed value: such a job goes cold).
@@ -47,8 +49,9 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
-# A line a rank redraws with carriage returns (``\r`` not followed by ``\n``: a tqdm progress bar) reaches torchrun's
-# ``--tee``, which reads the rank's log as text and would make a line break of each bare ``\r``. The rank runner
+# A line a rank redraws with carriage returns (``\r`` not followed by ``\n``: a tqdm progress bar) reaches the rank's
+# log, which the launcher reads as text line by line (as torchrun's ``--tee`` does), where a bare ``\r`` ends a line
+# (``tutorial_lib.torchrun.rank_logs``): 50 updates would read as 50 printed lines. The rank runner
 # writes each ``\r`` as ``REDRAWN_END`` + newline, starts the text written next with ``REDRAW_START`` and puts
 # ``REDRAW_DONE`` before the newline that ends the line. A terminal draws them as it draws ``\r`` (column 1; next
 # line, cursor up; erase the rest of the line); the launcher shows the line's latest state.
@@ -58,6 +61,17 @@ REDRAWN_END, REDRAW_START, REDRAW_DONE = "\x1b[G", "\x1b[A", "\x1b[K"
 # "time_ns": ...}``) next to torchrun's error file for that rank (the folder of ``$TORCHELASTIC_ERROR_FILE``): torchrun
 # reports no rank that exits 0, and only the failures it saw first. A rank killed by a signal writes none.
 EXIT_RECORD = "exit.json"
+
+# Set by the launcher for a launch with ``observe=True``: the folder where each rank's observer (``observer.py``,
+# started by the rank runner) writes its record. Unset (every other launch), the runner never loads the observer. Not
+# a start-up variable: a warm-started rank reads it as it starts its script, so warm and cold starts observe alike.
+OBSERVE_ENV = "TUTORIAL_LIB_OBSERVE"
+
+# Which rank a torchrun rank folder holds (``{"rank": 3, "local_rank": 1}``), written by the rank runner before the
+# script runs, in the same folder. torchrun names the folder by local rank; on several nodes the global rank comes
+# from the rendezvous, and the launcher reads it here to attribute the lines of the folder's ``stdout.log`` and
+# ``stderr.log`` (``tutorial_lib.torchrun.rank_logs``). Written before the script runs: its lines come after it.
+RANK_RECORD = "rank.json"
 
 # The warm-start helper: the kernel starts ``python warm_start.py serve SOCKET_PATH``, which prints ``READY_LINE``
 # once it has imported torch; clients (``python warm_start.py run ARGV``) find it through ``SOCKET_ENV``.

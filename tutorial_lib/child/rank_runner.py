@@ -20,18 +20,23 @@ otherwise each need to write themselves:
   (the launcher asks for it before it stops a job that hangs) and on SIGTERM (torchrun stops the other ranks with
   it when one fails), then SIGTERM terminates as before: after a collective timeout the rank that caused it shows
   where it was, and a native crash shows the Python line that called into it.
-* It records how the script ended (its exit code; ``protocol.EXIT_RECORD``) in torchrun's folder for the rank:
-  torchrun reports no rank that exits 0, and only the failures it sees first.
+* It records which rank it is (``protocol.RANK_RECORD``) in torchrun's folder for the rank before the script runs
+  (on several nodes the launcher attributes the folder's logs by it), and how the script ended (its exit code;
+  ``protocol.EXIT_RECORD``): torchrun reports no rank that exits 0, and only the failures it sees first.
 * An uncaught exception's traceback starts at the script's first frame, as ``python`` prints it (the runner's
   own frames left out).
+* With ``$TUTORIAL_LIB_OBSERVE`` set (``LaunchSpec(observe=True)``), the observer (``observer.py``) records what the
+  rank did, from torch itself, into ``<that folder>/rank<R>.jsonl``: started before the script, ended after it and its
+  ``atexit`` handlers (``run``). Unset, nothing of it is loaded.
 * On Linux the rank dies with torchrun (``PR_SET_PDEATHSIG``): a killed launcher leaves no orphan rank.
 * A line redrawn with carriage returns (``\\r`` not followed by ``\\n``: a tqdm progress bar) written through
   ``sys.stdout`` or ``sys.stderr`` reaches the rank's log with marks a terminal draws exactly as before (``cat``
   of the log included): each ``\\r`` as ``ESC[G`` + newline (cursor to column 1, next line), the next text
   written after it preceded by ``ESC[A`` (cursor up: back onto the line), and the newline that ends the line
-  preceded by ``ESC[K`` (erase the rest of the line). torchrun's ``--tee`` reads the logs as text, which turns a
-  bare ``\\r`` into a line break, so without the marks the launcher could not tell a redrawn line from 50
-  printed ones; with them, the cell shows each rank's latest state of the line (``tutorial_lib.torchrun.tee.Redraws``).
+  preceded by ``ESC[K`` (erase the rest of the line). The launcher reads the logs line by line as text, as
+  torchrun's ``--tee`` does, where a bare ``\\r`` ends a line (``tutorial_lib.torchrun.rank_logs``), so without the
+  marks it could not tell a redrawn line from 50 printed ones; with them, the cell shows each rank's latest state of
+  the line (``tutorial_lib.torchrun.tee.Redraws``).
   A bar drawn one line below the cursor (tqdm's ``position=N``: newline, ``\\r``, the bar, cursor up ``ESC[A``) is
   such a line: the cursor-up and the newline that comes back down are left out.
   Bytes written to the streams' ``buffer`` or file descriptor pass unchanged.
@@ -210,12 +215,13 @@ def _watch_process_groups() -> None:
         sys.meta_path.insert(0, _OnC10dImport())
 
 
-def run(argv: list[str]) -> int:
+def run(argv: list[str], observer=None) -> int:
     """Run ``argv`` as ``python ARGV`` would: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]`` as ``__main__``.
 
     The exit status ``python`` would give: 0, the ``SystemExit`` code (1 with the message on stderr for a
     non-integer one), 1 with the traceback printed for an uncaught exception, ``-SIGINT`` for an uncaught
     ``KeyboardInterrupt``; ``atexit`` handlers run. Shared by this runner and the warm-start helper's children.
+    ``observer``: the rank's observer (``_start_observer``), told how the script ended after its ``atexit`` handlers.
 
     What the script leaves is not freed: its namespace (and an uncaught exception's frames) stays referenced
     until the caller's ``os._exit``. Freeing a DDP model there after ``destroy_process_group()`` drops the last
@@ -259,7 +265,26 @@ def run(argv: list[str]) -> int:
         sys.excepthook(type(e), *_cut(e))
         code = 1
     atexit._run_exitfuncs()  # what the interpreter runs before its teardown
+    if observer is not None:
+        observer.finish(code)
     return code
+
+
+def _start_observer(argv: list[str]):
+    """The observer of this rank when ``$TUTORIAL_LIB_OBSERVE`` names its folder (``observer.start``), else ``None``.
+
+    Started by ``main`` only, the rank: a warm start runs torchrun's agent through ``run`` too, and its ranks inherit
+    the agent's environment. The variable is then taken out of the environment, so the processes the script starts do
+    not observe. A record that cannot be opened is said on stderr; the script then runs unobserved (the reader finds
+    no record)."""
+    folder = os.environ.pop(protocol.OBSERVE_ENV, "")
+    if not folder:
+        return None
+    try:
+        return load_sibling("observer").start(folder, argv)
+    except (OSError, ValueError) as e:
+        print(f"[observer] not observing this rank: no record in {folder} ({e})", file=sys.stderr)
+        return None
 
 
 def leave(code: int) -> None:
@@ -272,23 +297,35 @@ def leave(code: int) -> None:
     os._exit(code & 0xFF)
 
 
-def record_exit(code: int) -> None:
-    """Write how the script ended (``protocol.EXIT_RECORD``: global and local rank, exit code, time) next to torchrun's
-    error file for this rank (the folder of ``$TORCHELASTIC_ERROR_FILE``), so a rank that finished (torchrun reports
-    none that exit 0) or that torchrun did not report is known; nothing outside torchrun or without its folder."""
+def _write_record(name: str, **fields) -> None:
+    """Write ``{"rank", "local_rank", **fields}`` as ``name`` next to torchrun's error file for this rank (the folder
+    of ``$TORCHELASTIC_ERROR_FILE``), whole or not at all (a temporary file, then a rename); nothing outside torchrun
+    or without its folder."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
     folder = os.path.dirname(error_file)
     if not error_file or not os.path.isdir(folder):
         return
-    path = os.path.join(folder, protocol.EXIT_RECORD)
+    path = os.path.join(folder, name)
     try:
-        record = {"rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]), "exit_code": code,
-                  "time_ns": time.time_ns()}
+        record = {"rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]), **fields}
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
     except (KeyError, ValueError, OSError):
         pass
+
+
+def record_rank() -> None:
+    """Write which rank torchrun's folder for this rank holds (``protocol.RANK_RECORD``: global and local rank), before
+    the script runs: on several nodes the launcher reads the global rank of the folder's logs there."""
+    _write_record(protocol.RANK_RECORD)
+
+
+def record_exit(code: int) -> None:
+    """Write how the script ended (``protocol.EXIT_RECORD``: global and local rank, exit code, time) next to torchrun's
+    error file for this rank, so a rank that finished (torchrun reports none that exit 0) or that torchrun did not
+    report is known."""
+    _write_record(protocol.EXIT_RECORD, exit_code=code, time_ns=time.time_ns())
 
 
 def main() -> None:
@@ -300,7 +337,8 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     sys.stdout, sys.stderr = _mark_redraws(sys.stdout), _mark_redraws(sys.stderr)
-    code = run(sys.argv[1:])
+    record_rank()
+    code = run(sys.argv[1:], observer=_start_observer(sys.argv[1:]))
     record_exit(code)
     leave(code)
 

@@ -1,40 +1,44 @@
-"""An exercise: its definition (``Spec``), the handle a notebook holds (``Exercise``) and a check's answer (``Verdict``).
+"""An exercise's definition (``Spec``), what its check works with (``Context``) and what it finds (``Difference``).
 
-A notebook cell asks for its exercises with ``exercises("01", RUNS_DIR)`` and gets one ``Exercise`` each. A script
-exercise's learner edits ``ex.script`` (a ``%%writefile {ex.script}`` cell) and calls ``ex.check()``: the script is
-launched on 2 CPU ranks (gloo) as ``tl.run_script`` launches a script of yours, and the exercise's ``verify`` reads what
-each rank printed (``check {json}`` lines: ``Context.records``) into the ``Difference`` s between what the lesson says
-must hold and what was measured. A value exercise's ``ex.check(answer)`` compares the answer with the value its
-``expected`` function derives, exactly. Neither raises for a wrong answer.
+A notebook cell asks for its exercises with ``exercises("01", RUNS_DIR)`` and gets one ``Exercise`` each
+(``handle``). A script exercise's learner edits ``ex.script`` (a ``%%writefile {ex.script}`` cell) and calls
+``ex.check()``: the script is launched on CPU ranks (gloo) as ``tl.run_script`` launches a script of yours
+(``Context.launch``, which says before each launch what it starts and for how long at most), observed, and the
+exercise's ``verify`` (an ``observing.ObservedCheck``) turns what each rank's observer recorded into the
+``Difference`` s between what the lesson says must hold and what was measured. A value exercise's ``ex.check(answer)`` reads the answer
+(``answers``) and compares it with the value its ``expected`` function derives. Neither raises for a wrong answer.
+
+A ``Difference`` says what differs, on which rank, by how much, and (its note) what that means the run did; it never
+says which line to write: that is what the hints are for (``Spec.hints``: where to look, then which API), and then
+the solution (``ex.solution()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import html
 import importlib
 import json
-import math
 import os
 import pkgutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
+import torch
 
-from ..diagnosis.doctor import Diagnosis, diagnose
-from ..errors import ConfigError, LaunchError
-from ..i18n import Message, _, render
+from ..diagnosis.causes import CauseId
+from ..i18n import Message, Nn_, render
 from ..launcher.run import run_script
 from ..launcher.spec import LaunchResult
 from ..runs.run_logs import read_output_log
-from ..runs.rundir import default_runs_root
-from ..torchrun.tee import rank_lines
-from . import store
+from ..torchrun.output_lines import rank_lines
 
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
 RECORD_PREFIX = "check "  # a rank's line the check reads: check {"step": 1, "grad_norm": 0.5}
+# The live view's progress from the check lines: a line with a step and then a loss is a point of the rank's progress.
+CHECK_PROGRESS_PATTERN = (r'^check \{.*?"step": (?P<step>\d+)\b.*?"loss": '
+                          r"(?P<loss>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|NaN|-?Infinity)")
 MISSING = object()  # ex.check() without an answer
 HIDDEN = object()  # a value exercise's expected answer: not shown next to a wrong one
 REGISTRY: dict[str, Spec] = {}
@@ -66,12 +70,19 @@ class Spec:
     Attributes:
         id: ``"<notebook>.<n>"``, e.g. ``"01.1"``: the notebook's number and the exercise's number under its heading.
         title: the exercise's title (a gettext msgid: ``N_("...")``).
-        hints: a hint, then a stronger hint (msgids); the solution comes after them, from ``solutions/``.
+        hints: two levels of hints (msgids): where to look (the section, the measurement to compare), then which API
+            or idea fixes it. A third level, the same for every exercise, says the solution is one call away
+            (``ex.solution()``).
         verify: a script exercise's check: ``verify(ctx) -> list[Difference]`` (launches with ``ctx.launch``);
             ``None`` for a value exercise.
         expected: a value exercise's answer, derived: ``expected(ctx) -> value``; ``None`` for a script exercise.
         wrong: a value exercise's known wrong answers and what each one means (a msgid), shown when given.
         tolerance: a value exercise's relative tolerance (``0``: exact, the default).
+        byte_count: a value exercise whose answer counts bytes: units (KiB, MB, ...) are read (``answers``).
+        launches: the launches a script exercise's check makes (said before it starts them).
+        withheld_fixes: the doctor's causes (``CauseId``) whose fix is what the exercise asks for: a failed launch with
+            one of them shows the doctor's report without its fix line (the hints have it).
+        limit_s: a script exercise's own limit per launch, seconds, when below the handle's (``None``: the handle's).
         script_name: a script exercise's file name in its folder (``<runs>/exercises/<id>/<script_name>``).
         solution: the file in ``solutions/`` (a script exercise's whole fixed script; a value exercise's ``answer =``).
     """
@@ -84,6 +95,10 @@ class Spec:
     expected: Callable[[Context], object] | None = None
     wrong: Mapping[object, str] = field(default_factory=dict)
     tolerance: float = 0.0
+    byte_count: bool = False
+    launches: int = 0
+    withheld_fixes: tuple[CauseId, ...] = ()
+    limit_s: float | None = None
     script_name: str = "train.py"
 
     @property
@@ -96,7 +111,12 @@ class Spec:
 
     @property
     def kind(self) -> str:
-        return "script" if self.verify is not None else "value"
+        """``"script"``, ``"value"``, or the kind of its ``verify`` record when it has one of its own: ``"predict"``
+        (``predicting.Prediction``), ``"find-bug"`` (``bugs.FindTheBug``), ``"challenge"``
+        (``challenges.Challenge``)."""
+        if self.verify is None:
+            return "value"
+        return getattr(self.verify, "kind", "script")
 
 
 def register(spec: Spec) -> Spec:
@@ -107,6 +127,10 @@ def register(spec: Spec) -> Spec:
         raise ValueError(f"exercise {spec.id}: give verify (a script exercise) or expected (a value exercise)")
     if not (SOLUTIONS / spec.solution).is_file():
         raise ValueError(f"exercise {spec.id}: no solution file {SOLUTIONS / spec.solution}")
+    if spec.kind != "value" and spec.launches < 1 and hasattr(spec.verify, "launches"):
+        spec = dataclasses.replace(spec, launches=spec.verify.launches)  # an ObservedCheck knows its launches
+    if spec.kind != "value" and spec.launches < 1:
+        raise ValueError(f"exercise {spec.id}: say how many launches its check makes (launches=1 or more)")
     REGISTRY[spec.id] = spec
     return spec
 
@@ -128,6 +152,7 @@ class Context:
         script: the learner's script (``Exercise.script``).
         runs_root: the runs folder (run directories and ``exercises/`` go there).
         timeout_s: the limit of each launch, seconds.
+        runs: the run directories of the launches made so far, in order.
     """
 
     spec: Spec
@@ -137,26 +162,48 @@ class Context:
     runs: list[Path] = field(default_factory=list)
 
     def launch(self, args: Sequence[object] = (), *, nproc_per_node: int = 2, script: str | os.PathLike | None = None,
-               **spec: object) -> LaunchResult:
-        """Launch the learner's script (or ``script``: a shipped lesson's name, a reference run) on CPU ranks (gloo),
-        as ``tl.run_script`` does; raises its ``LaunchError`` (the check turns it into the doctor's verdict)."""
+               what: Message | None = None, **spec: object) -> LaunchResult:
+        """Launch the learner's script (or ``script``: a reference run, e.g. a shipped solution) on CPU ranks (gloo),
+        as ``tl.run_script`` does, after one line that says which launch of the check this is, what it runs (``what``:
+        how to name ``script`` when it is not a reference run) and its limit; the ranks' progress is the launcher's
+        live view (the check lines' steps and losses are its points). Raises its ``LaunchError`` (the check turns it
+        into the doctor's verdict)."""
         spec.setdefault("timeout_s", self.timeout_s)
+        spec.setdefault("loss_pattern", CHECK_PROGRESS_PATTERN)
+        ranks = nproc_per_node * int(spec.get("nnodes", 1))
+        n, limit_s = len(self.runs) + 1, format(spec["timeout_s"], "g")
+        if what is None:
+            what = Message("your script") if script is None else Message("a reference run ({name})",
+                                                                         {"name": Path(script).name})
+        singular, plural = Nn_("[check {id}] launch {n} of {total}: {what} on {ranks} CPU rank (gloo), stopped after "
+                               "{limit_s} s at most; its output and progress follow",
+                               "[check {id}] launch {n} of {total}: {what} on {ranks} CPU ranks (gloo), stopped after "
+                               "{limit_s} s at most; their output and progress follow")
+        print(render(Message(singular, {"id": self.spec.id, "n": n, "total": max(n, self.spec.launches),
+                                        "what": what, "ranks": ranks, "limit_s": limit_s}, plural, ranks)),
+              file=sys.stdout, flush=True)
         result = run_script(script if script is not None else self.script, list(args), runs_dir=self.runs_root,
                             label=f"exercise-{self.spec.id}", nproc_per_node=nproc_per_node, device="cpu", **spec)
         self.runs.append(result.run_dir)
         return result
 
-    def per_rank(self, result: LaunchResult, nproc_per_node: int) -> tuple[dict[int, dict], list[Difference]]:
-        """``({rank: its last check record}, differences)``: a rank that printed no ``check {json}`` line is a
-        ``Difference`` (expected 1 line, measured 0), so a check can compare the ranks that did."""
-        found = self.records(result)
-        missing = [Difference(Message("lines the check reads (check ...) printed"), ">= 1", 0, rank=rank)
-                   for rank in range(nproc_per_node) if not found.get(rank)]
-        return {rank: lines[-1] for rank, lines in found.items() if lines}, missing
+    def note_reused(self, run_dir: Path, what: Message | None = None) -> None:
+        """Count ``run_dir`` (a reference run kept from an earlier check of the same variant; ``what``: another kind of
+        kept run, a challenge's baseline) as this check's next launch, saying so instead of launching it again."""
+        n = len(self.runs) + 1
+        fields = {"id": self.spec.id, "n": n, "total": max(n, self.spec.launches), "path": run_dir}
+        if what is None:
+            print(render(Message("[check {id}] launch {n} of {total}: the reference run on the same inputs, kept from "
+                                 "an earlier check ({path})", fields)), file=sys.stdout, flush=True)
+        else:
+            print(render(Message("[check {id}] launch {n} of {total}: {what} on the same inputs, kept from an earlier "
+                                 "check ({path})", {**fields, "what": what})), file=sys.stdout, flush=True)
+        self.runs.append(run_dir)
 
     @staticmethod
     def records(result: LaunchResult | str | os.PathLike) -> dict[int, list[dict]]:
-        """``{rank: [record, ...]}``: every ``check {json}`` line each rank printed, in order, parsed."""
+        """``{rank: [record, ...]}``: every ``check {json}`` line each rank printed, in order, parsed (what a script
+        of the lessons prints for its live progress; the launcher's tests read it; no exercise check does)."""
         run_dir = result.run_dir if isinstance(result, LaunchResult) else Path(result)
         found: dict[int, list[dict]] = {}
         for rank, text in rank_lines(read_output_log(run_dir)):
@@ -168,75 +215,6 @@ class Context:
                 if isinstance(record, dict):
                     found.setdefault(rank, []).append(record)
         return found
-
-
-@dataclass
-class Verdict:
-    """What a check found. A notebook shows it (text, or HTML in JupyterLab); programs read its fields.
-
-    Attributes:
-        id: the exercise (``"01.1"``).
-        solved: whether every comparison held.
-        differences: what differs (empty when solved, and when the launch failed).
-        failure: the doctor's report when the learner's launch failed (``solved`` is then False), else ``None``.
-        problem: why nothing could be checked (no script written yet, no answer given), else ``None``.
-        run_dirs: the run directories the check launched (the first is the learner's).
-        answer: a value exercise's answer as given.
-        attempted: ``False`` when there was nothing to check yet (no answer given, no script written): not counted
-            as a check in the progress record.
-        warning: why the attempt could not be recorded (an unwritable or damaged progress file), else ``None``.
-    """
-
-    id: str
-    solved: bool
-    differences: list[Difference] = field(default_factory=list)
-    failure: Diagnosis | None = None
-    problem: Message | None = None
-    run_dirs: list[Path] = field(default_factory=list)
-    answer: object = None
-    attempted: bool = True
-    warning: Message | None = None
-
-    def lines(self) -> list[str]:
-        """The verdict as a few lines in the language in use (what ``print`` and the notebook show)."""
-        spec = REGISTRY[self.id]
-        head = _("Exercise {id} ({title}): ", id=self.id, title=_(spec.title))
-        if self.solved:
-            out = [head + _("solved")]
-        else:
-            out = [head + _("not solved yet")]
-            if self.problem is not None:
-                out.append("  " + render(self.problem))
-            if self.failure is not None:
-                out.append("  " + _("the launch failed; the doctor:"))
-                out += ["    " + line for line in str(self.failure).splitlines()[:8]]
-                out.append("  " + _("full log: {path}", path=self.failure.run_dir / "output.log"))
-            for d in self.differences:
-                fields = dict(what=render(d.what), expected=_show(d.expected), measured=_show(d.measured), rank=d.rank)
-                if d.expected is HIDDEN:
-                    out.append("  " + _("{what}: {measured} is not it", **fields))
-                elif d.rank is not None:
-                    out.append("  " + _("{what} on rank {rank}: expected {expected}, measured {measured}", **fields))
-                else:
-                    out.append("  " + _("{what}: expected {expected}, measured {measured}", **fields))
-                if d.note is not None:
-                    out.append("    " + render(d.note))
-            out.append("  " + _("a hint, when you want one: ex{n}.hint()", n=spec.number))
-        if self.run_dirs:
-            out.append("  " + _("run directory: {path}", path=self.run_dirs[0]))
-        if self.warning is not None:
-            out.append("  " + render(self.warning))
-        return out
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines())
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        colour = "#1a7f37" if self.solved else "#9a6700"
-        body = "<br>".join(html.escape(line).replace("  ", "&nbsp;&nbsp;") for line in self.lines())
-        return f'<div style="border-left: 4px solid {colour}; padding-left: 8px; font-family: monospace">{body}</div>'
 
 
 def notes_once(differences: list[Difference]) -> list[Difference]:
@@ -252,223 +230,24 @@ def notes_once(differences: list[Difference]) -> list[Difference]:
     return out
 
 
-def steps_reported(records: dict[int, list[dict]], steps: int,
-                   nproc_per_node: int = 2) -> tuple[dict[int, list[dict]], list[Difference]]:
-    """``({rank: its records}, differences)``: the ranks whose ``check`` records carry steps 1..``steps`` in order, and
-    a ``Difference`` for each rank that reported other steps (or none)."""
-    want, found, differences = list(range(1, steps + 1)), {}, []
-    for rank in range(nproc_per_node):
-        mine = records.get(rank, [])
-        if [r.get("step") for r in mine] != want:
-            differences.append(Difference(Message("steps reported (check ...)"), want,
-                                          [r.get("step") for r in mine], rank))
-        else:
-            found[rank] = mine
-    return found, differences
+def rounding_tolerance(dtype: torch.dtype, terms: int, scale: float = 1.0) -> float:
+    """The largest difference rounding alone can make between two results of one reduction computed in ``dtype`` in
+    different orders: two runs that split it differently over the ranks (2 ranks, then 1), each correct.
 
-
-def _show(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (list, tuple)) and len(value) > 12:
-        return f"{list(value[:12])}... ({len(value)})"
-    return str(value)
-
-
-class Exercise:
-    """The handle a notebook holds for one exercise: where its script goes, its check, its hints, its solution.
+    A sum of ``n`` terms in floating point is off by at most ``(n - 1) u sum|x_i|`` (u = eps / 2: Higham, Accuracy and
+    Stability of Numerical Algorithms, 2nd ed., eq. 4.4); two orders differ by at most twice that. With ``terms`` the
+    values the reduction adds (and the roundings after it: a division, an all-reduce's additions) and ``scale`` the size
+    of the result (a mean of non-negative terms: the mean itself), the bound is ``terms x eps x scale``.
 
     Args:
-        exercise_id: ``"<notebook>.<n>"`` (``"01.1"``).
-        runs_dir: the runs folder (``None``: ``$TUTORIAL_LIB_RUNS_DIR`` or ``./runs``); the learner's scripts go to
-            ``<runs_dir>/exercises/<id>/``, progress to ``<runs_dir>/exercises/progress.json``.
-        timeout_s: the limit of each launch a check makes, seconds.
+        dtype: the dtype the reduction runs in (``torch.float32``: the learner's script may keep it there).
+        terms: the values added, plus the roundings after the sum (> 0).
+        scale: the magnitude the error is relative to (> 0; the result, or its largest entry).
 
     Raises:
-        ConfigError: an exercise id that does not exist (names the ones that do).
+        ValueError: ``dtype`` not a floating dtype, ``terms`` or ``scale`` not > 0.
     """
-
-    def __init__(self, exercise_id: str, runs_dir: str | os.PathLike | None = None, timeout_s: float = 120.0) -> None:
-        specs = load_all()
-        if exercise_id not in specs:
-            raise ConfigError(f"no exercise {exercise_id!r}; the exercises are {', '.join(specs)}")
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ConfigError(f"timeout_s={timeout_s!r}: a limit per launch in seconds, > 0 (e.g. 120)")
-        self.spec = specs[exercise_id]
-        self.runs_root = Path(runs_dir) if runs_dir is not None else default_runs_root()
-        self.timeout_s = float(timeout_s)
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def script(self) -> Path:
-        """The learner's copy of the script (``%%writefile {ex.script}``); its folder is created."""
-        folder = self.runs_root / "exercises" / self.id
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot create the exercise's folder {str(folder)!r} ({e.strerror}): pass a writable "
-                              "RUNS_DIR to tl.exercises") from e
-        return (folder / self.spec.script_name).resolve()
-
-    def check(self, answer: object = MISSING, *, timeout_s: float | None = None) -> Verdict:
-        """Check the learner's work and record the attempt (``tl.progress()``).
-
-        A script exercise launches ``self.script`` (write it first) on 2 CPU ranks and compares what its ranks
-        printed with what the lesson says must hold; a value exercise compares ``answer`` with the derived value.
-
-        Returns:
-            A ``Verdict``; never raises for a wrong answer, a failed launch (the doctor's report is in the verdict)
-            or a script not yet written.
-        """
-        script = self.script if self.spec.kind == "script" else self.runs_root / "exercises" / self.id / "-"
-        ctx = Context(self.spec, script, self.runs_root, timeout_s or self.timeout_s)
-        verdict = self._verdict(ctx, answer)
-        verdict.run_dirs = list(ctx.runs)
-        if verdict.attempted:
-            try:
-                store.record_attempt(self.runs_root, self.id, verdict.solved)
-            except ConfigError as e:  # the verdict stands; only its record is lost
-                verdict.warning = Message("this check was not recorded in your progress: {error}", {"error": str(e)})
-        return verdict
-
-    def _verdict(self, ctx: Context, answer: object) -> Verdict:
-        spec = self.spec
-        if spec.kind == "value":
-            if answer is MISSING or answer is None:
-                return Verdict(spec.id, False, problem=Message("no answer yet: give yours, ex{n}.check(answer)",
-                                                               {"n": spec.number}), answer=answer, attempted=False)
-            try:
-                expected = spec.expected(ctx)
-            except (LaunchError, RuntimeError) as e:  # an answer measured on ranks (07.1) on a machine too busy
-                return Verdict(spec.id, False, problem=Message(
-                    "the check could not work the answer out this time ({error}): run it again", {"error": str(e)[:300]}),
-                    answer=answer, attempted=False)
-            if _equal(answer, expected, spec.tolerance):
-                return Verdict(spec.id, True, answer=answer)
-            note = next((Message(msg) for value, msg in spec.wrong.items() if _equal(answer, value, 0)), None)
-            return Verdict(spec.id, False, [Difference(Message("your answer"), HIDDEN, answer, note=note)], answer=answer)
-        if not ctx.script.is_file() or not ctx.script.read_text().strip():
-            return Verdict(spec.id, False, problem=Message(
-                "no script at {path} yet: run the %%writefile cell above first", {"path": ctx.script}), attempted=False)
-        try:
-            differences = notes_once(spec.verify(ctx))
-        except LaunchError as e:
-            return Verdict(spec.id, False, failure=diagnose(e))
-        except ConfigError as e:  # refused before anything ran: a syntax error in the script, say
-            return Verdict(spec.id, False, problem=Message("your script was not launched: {error}", {"error": str(e)}))
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # check lines it cannot read
-            return Verdict(spec.id, False, problem=Message(
-                "the check lines your script printed do not hold what the check reads ({error}): keep the "
-                "starter's print(\"check\", ...) lines as they are", {"error": type(e).__name__ + ": " + str(e)}))
-        return Verdict(spec.id, not differences, differences)
-
-    def hint(self) -> Hint:
-        """The next hint: the first call shows a hint, the second a stronger one, later calls say where the solution
-        is (``solution()``). Recorded in the progress store."""
-        shown = store.record_hint(self.runs_root, self.id, len(self.spec.hints))
-        if shown <= len(self.spec.hints):
-            return Hint(_("Hint {k} of {n} for exercise {id}:", k=shown, n=len(self.spec.hints), id=self.id),
-                        _(self.spec.hints[shown - 1]))
-        return Hint(_("No more hints for exercise {id}.", id=self.id),
-                    _("The solution, when you want it: ex{n}.solution()", n=self.spec.number))
-
-    def solution(self) -> Hint:
-        """The solution (the file in ``tutorial_lib/exercises/solutions/``), shown on purpose; recorded."""
-        store.record_solution_opened(self.runs_root, self.id)
-        path = SOLUTIONS / self.spec.solution
-        return Hint(_("Solution of exercise {id} ({path}):", id=self.id, path=path), path.read_text(), code=True)
-
-    def __repr__(self) -> str:
-        what = (_("edit {path} (the %%writefile cell), then ex{n}.check()", path=self.script, n=self.spec.number)
-                if self.spec.kind == "script" else _("answer with ex{n}.check(answer)", n=self.spec.number))
-        return _("Exercise {id}: {title}", id=self.id, title=_(self.spec.title)) + "\n  " + what
-
-
-@dataclass(frozen=True)
-class Hint:
-    """A hint or a solution, as shown: a heading line and its text (``code``: shown as a listing)."""
-
-    heading: str
-    text: str
-    code: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.heading}\n{self.text}"
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        body = f"<pre>{html.escape(self.text)}</pre>" if self.code else f"<p>{html.escape(self.text)}</p>"
-        return f"<b>{html.escape(self.heading)}</b>{body}"
-
-
-def _equal(answer: object, expected: object, tolerance: float) -> bool:
-    if hasattr(answer, "tolist") and not isinstance(answer, (str, bytes)):  # a numpy value or array, a pandas Series
-        answer = answer.tolist()
-    if isinstance(answer, list) and len(answer) == 1 and not isinstance(expected, (list, tuple)):
-        answer = answer[0]  # the one row a filter left
-    if isinstance(expected, (list, tuple)) and isinstance(answer, (list, tuple)):  # (rank, line) or [rank, line]
-        return len(answer) == len(expected) and all(_equal(a, e, tolerance) for a, e in zip(answer, expected))
-    if isinstance(expected, str) or isinstance(answer, str):
-        return str(answer).strip().lower() == str(expected).strip().lower()
-    if isinstance(expected, bool) or isinstance(answer, bool):
-        return answer is expected
-    if isinstance(expected, (int, float)) and isinstance(answer, (int, float)):
-        return math.isclose(answer, expected, rel_tol=tolerance, abs_tol=0) if tolerance else answer == expected
-    return answer == expected
-
-
-def exercise(exercise_id: str, runs_dir: str | os.PathLike | None = None, timeout_s: float = 120.0) -> Exercise:
-    """One exercise's handle (``Exercise``): ``tl.exercise("01.2", RUNS_DIR)``."""
-    return Exercise(exercise_id, runs_dir, timeout_s)
-
-
-def exercises(notebook: str, runs_dir: str | os.PathLike | None = None, timeout_s: float = 120.0) -> list[Exercise]:
-    """The handles of one notebook's exercises in order: ``ex1, ex2, ex3 = tl.exercises("01", RUNS_DIR)``.
-
-    Args:
-        notebook: the notebook's number, ``"01"`` ... ``"13"`` (or its file name, ``"01_ddp"``).
-        runs_dir, timeout_s: as ``Exercise``.
-
-    Raises:
-        ConfigError: a notebook without exercises (names those with).
-    """
-    number = str(notebook).split("_")[0].zfill(2)
-    found = [i for i, s in load_all().items() if s.notebook == number]
-    if not found:
-        have = sorted({s.notebook for s in REGISTRY.values()})
-        raise ConfigError(f"notebook {notebook!r} has no exercises; these do: {', '.join(have)}")
-    return [Exercise(i, runs_dir, timeout_s) for i in found]
-
-
-def progress(runs_dir: str | os.PathLike | None = None, notebook: str | None = None) -> pd.DataFrame:
-    """Every exercise of the workbook and where this learner is with it: ``tl.progress(RUNS_DIR)``.
-
-    Args:
-        runs_dir: the runs folder the notebooks used (``None``: ``$TUTORIAL_LIB_RUNS_DIR`` or ``./runs``).
-        notebook: only this notebook's exercises (``"01"``), else all of them.
-
-    Returns:
-        One row per exercise, indexed by its id (``"01.1"``), in order, with columns ``title``, ``kind``
-        (``"script"``: launched on ranks; ``"value"``: an answer), ``solved`` (bool), ``checks`` (checks run),
-        ``hints_opened``, ``solution_opened`` and ``first_solved`` (local time, or ``None``).
-        ``df.attrs["path"]`` is the file it was read from.
-    """
-    data = store.read_store(runs_dir)
-    specs = load_all()
-    if notebook is not None and not any(s.notebook == str(notebook).split("_")[0].zfill(2) for s in specs.values()):
-        have = sorted({s.notebook for s in specs.values()})
-        raise ConfigError(f"notebook {notebook!r} has no exercises; these do: {', '.join(have)}")
-    rows = []
-    for exercise_id, spec in specs.items():
-        if notebook is not None and spec.notebook != str(notebook).split("_")[0].zfill(2):
-            continue
-        entry = store.entry_of(data, exercise_id)
-        rows.append({"exercise": exercise_id, "title": _(spec.title), "kind": spec.kind, **entry})
-    table = pd.DataFrame(rows, columns=["exercise", "title", "kind", *store.DEFAULTS]).set_index("exercise")
-    table["first_solved"] = table["first_solved"].astype(object).where(table["first_solved"].notna(), None)
-    table.attrs["path"] = str(store.progress_path(runs_dir))
-    return table
+    if not dtype.is_floating_point or terms <= 0 or not scale > 0:
+        raise ValueError(f"rounding_tolerance({dtype}, terms={terms!r}, scale={scale!r}): a floating dtype, terms > 0 "
+                         "and scale > 0")
+    return terms * torch.finfo(dtype).eps * scale

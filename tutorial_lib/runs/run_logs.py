@@ -18,7 +18,7 @@ from .rundir import LOGS, OUTPUT_LOG, node_log_dirs
 from ..torchrun.attempts import attempts, last_attempt_error_files, read_error_file
 from ..torchrun.formats import COLLECTIVE_FINGERPRINT, FAULTHANDLER_FRAME
 from ..torchrun.root_cause import AGENT_FAILED, PEER_LOST
-from ..torchrun.tee import rank_lines
+from ..torchrun.output_lines import rank_lines
 
 
 def read_output_log(run_dir: str | os.PathLike) -> str:

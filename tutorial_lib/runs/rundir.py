@@ -13,13 +13,16 @@ ever overwritten. What is in it, by the names below:
 ``metrics/``          ``rank<R>.jsonl``, one JSON line per step per rank, and what else a script reports
                       (``tutorial_lib.runs.metrics``)
 ``samples/``          the launcher's memory samples: ``rss.jsonl``, ``gpu.jsonl``, ``gpu_info.json``
+``observed/``         a launch with ``observe=True``: ``rank<R>.jsonl``, what each rank did as torch saw it (its
+                      collectives, wraps, optimizer steps, losses), written by the rank runner's observer and read by
+                      ``tutorial_lib.runs.observed``; absent from every other launch
 ``checkpoints/``      ``checkpoint_train.py``'s ``step-N/`` folders (its ``--checkpoint-dir``; ``tutorial_lib.runs.checkpoints``)
 ====================  =====================================================================================
 
 A notebook names these with calls, never with ``run_dir / "..."`` paths: ``script_path`` and ``read_command`` (here),
 ``read_output_log`` and ``workers_started`` (``run_logs``), ``read_metrics``, ``read_rank_json``, ``read_rank_tensors``
-and ``last_steps`` (``metrics``), ``trace_files`` (``profiling``), ``checkpoint_dir`` and ``read_loaded_state``
-(``checkpoints``).
+and ``last_steps`` (``metrics``), ``read_observed`` (``observed``), ``trace_files`` (``profiling``), ``checkpoint_dir``
+and ``read_loaded_state`` (``checkpoints``).
 
 ``run.json``: how a launch ended, one schema, written in one place.
 
@@ -44,7 +47,7 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
                       ``tutorial_lib.launcher.warm``) or ``"cold"`` (each imported torch itself)
 ``slurm_job``         a launch on SLURM: ``job_id``, ``state``, ``reason``, ``exit_code``, ``signal``, ``nodes`` (names,
                       in SLURM's order: node N is ``nodes[N]``, its files ``*-node<N>.out`` and ``logs/node<N>/``),
-                      ``node_ranks`` (``{N: global ranks}``, from each node's labelled lines), ``never_starts`` (the
+                      ``node_ranks`` (``{N: global ranks}``, from each node's rank folders), ``never_starts`` (the
                       pending reason it was cancelled for, if any); ``None`` otherwise
 ``submit_error``      what ``sbatch`` said when it refused the job (``status == "refused"`` only; ``""`` otherwise)
 ``stopped_by``        the exception's class that stopped the launch (``status == "stopped"`` only; ``""`` otherwise)
@@ -75,8 +78,9 @@ LOGS = "logs"
 METRICS_SUBDIR = "metrics"
 SAMPLES_SUBDIR = "samples"
 CHECKPOINTS_SUBDIR = "checkpoints"
+OBSERVED_SUBDIR = "observed"
 # What a launch writes into its run directory: a folder holding any of them is refused (``launch_outputs_in``).
-LAUNCH_OUTPUTS = (COMMAND_TXT, OUTPUT_LOG, RUN_RECORD, LOGS, METRICS_SUBDIR, SAMPLES_SUBDIR)
+LAUNCH_OUTPUTS = (COMMAND_TXT, OUTPUT_LOG, RUN_RECORD, LOGS, METRICS_SUBDIR, SAMPLES_SUBDIR, OBSERVED_SUBDIR)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _STAMPED_RE = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9][A-Za-z0-9._-]{0,80}(-\d+)?$")  # new_run_dir's folder names
 
@@ -108,7 +112,8 @@ def closest_script(name: object) -> str:
 
 def launch_outputs_in(run_dir: str | os.PathLike) -> list[str]:
     """The names of ``LAUNCH_OUTPUTS`` (``command.txt``, ``output.log``, ``run.json``, ``logs/``, ``metrics/``,
-    ``samples/``) already present in ``run_dir``: a launch there would overwrite them, or read them as its own."""
+    ``samples/``, ``observed/``) already present in ``run_dir``: a launch there would overwrite them, or read them as
+    its own."""
     return [name for name in LAUNCH_OUTPUTS if os.path.lexists(Path(run_dir) / name)]
 
 
@@ -258,6 +263,18 @@ def read_command(run_dir: str | os.PathLike, node: int | None = None) -> str:
     if node not in by_node:
         raise ConfigError(f"{str(path)!r} has no command for node {node!r}; nodes: {sorted(by_node)}")
     return by_node[node]
+
+
+def observed_dir(run_dir: str | os.PathLike) -> Path:
+    """The folder of an observed launch's records, ``<run_dir>/observed`` (the launcher names it to the ranks)."""
+    return Path(run_dir) / OBSERVED_SUBDIR
+
+
+def observed_name(rank: int, restart: int = 0) -> str:
+    """The record of global rank ``rank`` in torchrun's attempt ``restart``: ``rank<R>.jsonl``, after a restart
+    ``rank<R>.restart<N>.jsonl``. The rank runner's observer (``child/observer.py``, ``record_name``) writes the same
+    names; a test holds the two equal."""
+    return f"rank{rank}.jsonl" if restart == 0 else f"rank{rank}.restart{restart}.jsonl"
 
 
 def node_log_dir(run_dir: str | os.PathLike, node: int, nnodes: int) -> Path:

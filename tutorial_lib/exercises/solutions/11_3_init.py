@@ -1,4 +1,4 @@
-import json
+import argparse
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -6,9 +6,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import fully_shard
 def build():  # a small MLP; train_lm.py's GPT is built, sharded and initialised the same way
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+parser = argparse.ArgumentParser()
+parser.add_argument("--seed", type=int, default=0)
+args = parser.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-torch.manual_seed(0)
+torch.manual_seed(args.seed)
 with torch.device("meta"):
     model = build()  # shapes only: no memory, no random numbers
 for layer in (model[0], model[2]):
@@ -20,9 +23,8 @@ model.to_empty(device="cpu")  # storage for this rank's shards, uninitialised
 # on its rank draws the same numbers on every rank (on CPU): a model no single process would build.
 seed = build().state_dict() if rank == 0 else {}
 set_model_state_dict(model, seed, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))  # the same batch on every rank
+x = torch.randn(4, 8, generator=torch.Generator().manual_seed(args.seed))  # the same batch on every rank
 loss = model(x).square().mean()
 loss.backward()
-weights = torch.cat([p.full_tensor().flatten() for p in model.parameters()]).tolist()
-print("check", json.dumps({"weights": weights, "loss": loss.item(), "rows_here": model[0].weight.to_local().shape[0]}))
+print(f"rank {rank}: loss {loss.item():.6f}, rows of the first weight here: {model[0].weight.to_local().shape[0]}")
 dist.destroy_process_group()

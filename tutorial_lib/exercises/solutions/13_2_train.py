@@ -1,4 +1,4 @@
-import json
+import argparse
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -12,8 +12,13 @@ class TinyLM(nn.Module):  # as Qwen2: the output head tied to the embedding, and
     def forward(self, tokens):
         angles = torch.arange(tokens.shape[1]).float()[:, None] * self.inv_freq  # (tokens, dim / 2)
         return self.head(self.embed(tokens) * torch.cat([angles.cos(), angles.sin()], dim=-1))
+parser = argparse.ArgumentParser()
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--steps", type=int, default=3)
+args = parser.parse_args()
 dist.init_process_group("gloo")
-torch.manual_seed(0)
+rank = dist.get_rank()
+torch.manual_seed(args.seed)
 checkpoint = TinyLM().state_dict()  # the downloaded weights: inv_freq is not in it (persistent=False)
 with torch.device("meta"):
     net = TinyLM()  # shapes only: no memory, no initialisation
@@ -25,9 +30,9 @@ net.inv_freq = 1.0 / 10000.0 ** (torch.arange(0, 16, 2).float() / 16)
 net.load_state_dict(checkpoint)
 model = DDP(net)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-tokens = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(dist.get_rank()))  # this rank's batch
-for step in range(1, 4):
+tokens = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(args.seed + rank))  # this rank's batch
+for step in range(1, args.steps + 1):
     loss = nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     optimizer.zero_grad(); loss.backward(); optimizer.step()
-    print("check", json.dumps({"step": step, "loss": loss.item(), "tied": net.head.weight is net.embed.weight}))
+    print(f"rank {rank} step {step}: loss {loss.item():.4f}")
 dist.destroy_process_group()

@@ -1,0 +1,29 @@
+import argparse
+import torch
+import torch.distributed as dist
+class Pooled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(64, 32), torch.nn.Linear(32, 1)
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        self.peak = h.abs().max().item()  # for the log line
+        return self.head(h.mean(dim=1))
+parser = argparse.ArgumentParser()
+parser.add_argument("--seed", type=int, default=1)  # the seed of the model and of the data
+args = parser.parse_args()
+dist.init_process_group("gloo")
+torch.manual_seed(args.seed)
+model = Pooled()
+model.compile(backend="aot_eager", dynamic=False)  # compile, then wrap (section 1)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+data = torch.Generator().manual_seed(args.seed * 100 + dist.get_rank())  # each rank's own batches
+for step in range(1, 7):
+    tokens = torch.randint(0, 64, (8, 8 + step), generator=data)  # 9, 10, ..., 14 tokens long
+    loss = (ddp(tokens) - (tokens.float().mean(dim=1, keepdim=True) - 31.5) / 18).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.4f} peak {model.peak:.3f}")
+dist.destroy_process_group()
