@@ -12,6 +12,10 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                process; ``pip install -e .[bench]``): warm / bare [<= 0.45], warm / notebook_launcher [<= 1.1];
                and, with ``workbook`` also asked for, the whole workbook on each path: warm / cold [<= 0.6]
     metrics    ddp_train.py (hidden width 1024) with per-step metrics vs ``--no-metrics``, both launched [<= 1.02]
+    observe    a launch with ``observe=True`` (the rank runner's observer records every collective, wrap, optimizer step
+               and loss from torch) vs the same launch without, alternating, median wall time: ddp_train.py 20 steps
+               and fsdp_train.py (FSDP2) 5 steps, 2 ranks, warm starts [<= 1.3 each: about 10 ns per parameter element
+               and step on a rank, hashing and measuring each gradient and value, plus one record per collective]
     memory     fsdp_train.py at 2 ranks: FSDP2 per-rank parameter + gradient + AdamW bytes vs DDP [<= 0.52],
                and the analytic model's largest relative error vs measurement [<= 10%]
     plan       tl.plan_memory of a 6.7 B GPT on 8 ranks (FSDP2, bf16, activation checkpointing), seconds [<= 30];
@@ -62,8 +66,9 @@ from tutorial_lib.launcher.environment import build_env  # noqa: E402
 from tutorial_lib.launcher.job import free_port  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
-SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu", "soak", "matrix", "compile")
-DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "memory", "plan", "workbook", "gpu")  # soak (launches + matrix), matrix: when asked for
+SECTIONS = ("launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu", "soak", "matrix", "compile")
+# soak (launches + matrix), matrix, compile: when asked for
+DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu")
 
 
 def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
@@ -178,6 +183,34 @@ def bench_metrics(root: Path, reps: int) -> list[dict]:
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
     return [row("metrics overhead: per-step metrics on / off", on / off, 1.02,
                 note=f"median {on:.2f} s vs {off:.2f} s for {steps} steps: {(on - off) / steps * 1e3:+.2f} ms per step")]
+
+
+OBSERVE_JOBS = {"ddp_train.py, 20 steps": ("ddp_train", ["--max-steps", 20, "--log-every", 20]),
+                "fsdp_train.py (FSDP2), 5 steps": ("fsdp_train", ["--max-steps", 5])}
+
+
+def bench_observe(root: Path, reps: int) -> list[dict]:
+    """What observing costs a launch: median wall time with ``observe=True`` over without, alternating, on the
+    notebooks' path (warm starts); every observed run's records are read back and must be complete."""
+    rows = []
+    for label, (script, args) in OBSERVE_JOBS.items():
+        tl.run_script(script, ["--max-steps", 1], runs_dir=root, label="bench-observe-warmup", device="cpu",
+                      nproc_per_node=2, live="off")
+        times, record_bytes = {"off": [], "on": []}, []
+        for i in range(reps):
+            for mode in ("off", "on"):
+                result = tl.run_script(script, args, runs_dir=root, label=f"bench-observe-{mode}{i}", device="cpu",
+                                       nproc_per_node=2, live="off", observe=mode == "on")
+                times[mode].append(result.wall_time_s)
+                if mode == "on" and not all(rank.complete for rank in result.observed()):
+                    raise RuntimeError(f"{script}: a rank's observed record has no end ({result.run_dir / 'observed'})")
+                if mode == "on":
+                    record_bytes.append(sum(p.stat().st_size for p in (result.run_dir / "observed").iterdir()))
+        on, off = statistics.median(times["on"]), statistics.median(times["off"])
+        rows.append(row(f"observer: {label}, observed / not observed", on / off, 1.3,
+                        note=f"median {on:.2f} s vs {off:.2f} s ({reps} each); records "
+                             f"{statistics.median(record_bytes) / 2**10:.0f} KiB per run"))
+    return rows
 
 
 def bench_memory(root: Path) -> list[dict]:
@@ -499,6 +532,7 @@ def main() -> int:
         for section in args.only:
             start = time.monotonic()
             fn = {"launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
+                  "observe": lambda: bench_observe(root, args.reps),
                   "memory": lambda: bench_memory(root), "plan": bench_plan, "workbook": lambda: bench_workbook(root, ("warm", "cold") if "warm" in args.only else ("warm",)),
                   "warm": lambda: bench_warm(root, args.reps),
                   "gpu": lambda: bench_gpu(root),

@@ -4,7 +4,8 @@ Every text the library words for a learner is a gettext message in the code: ``_
 ``N_("...")`` (a text kept in a table, worded when shown), ``Nn_(singular, plural)`` and ``Message(...)``. Babel
 extracts them (https://babel.pocoo.org/en/latest/messages.html); this script holds the catalogues against them:
 
-    python scripts/catalogue.py check            # every message translated in every catalogue, fields kept, compiles
+    python scripts/catalogue.py check            # every message translated in every catalogue, fields kept, compiles,
+                                                 # header filled in, msgfmt --check-format passes (if installed)
     python scripts/catalogue.py update           # add new messages (untranslated) to every catalogue, drop removed ones
     python scripts/catalogue.py init LANG        # a new language: a catalogue with every message, to translate
 
@@ -16,7 +17,9 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import shutil
 import string
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +34,7 @@ LOCALE_DIR = PACKAGE / "i18n" / "locale"
 DOMAIN = "tutorial_lib"
 # The marking functions (tutorial_lib.i18n) and which arguments are the msgid (and plural).
 KEYWORDS = {"_": None, "N_": None, "Message": (1,), "ngettext": (1, 2), "Nn_": (1, 2)}
-SKIP = ("lessons/*", "child/*", "exercises/solutions/*")  # programs run in other processes: they print English only
+SKIP = ("lessons/*", "child/*", "exercises/solutions/*", "exercises/programs/*")  # run in other processes: English only
 
 
 def extract(package: Path = PACKAGE) -> Catalog:
@@ -96,17 +99,57 @@ def problems(template: Catalog, catalog: Catalog, lang: str) -> list[str]:
     return found
 
 
+# Header fields a translator fills (init leaves Babel's placeholders in them): a catalogue still holding one of these is
+# reported by check.
+HEADER_PLACEHOLDERS = {"PO-Revision-Date": "YEAR-MO-DA", "Last-Translator": "FULL NAME", "Language-Team": "<LL@li.org>"}
+
+
+def header_problems(path: Path, lang: str) -> list[str]:
+    """The header fields of the catalogue at ``path`` that still hold Babel's placeholder (``HEADER_PLACEHOLDERS``)."""
+    text = path.read_text(encoding="utf-8")
+    return [f"{lang}: the header field {name} is not filled in (it says {value!r}): set it to the date of the last "
+            f"translation, the translator or team" for name, value in HEADER_PLACEHOLDERS.items()
+            if re.search(rf'^"{re.escape(name)}: [^\n]*{re.escape(value)}', text, re.M)]
+
+
+def msgfmt_problems(path: Path, lang: str) -> list[str]:
+    """What GNU gettext's ``msgfmt --check-format`` finds in the catalogue at ``path`` (a flag such as
+    ``python-format`` on a message whose ``%`` is not a directive fails it); none where msgfmt is not installed."""
+    msgfmt = shutil.which("msgfmt")
+    if msgfmt is None:
+        return []
+    result = subprocess.run([msgfmt, "--check-format", "-o", "/dev/null", str(path)], capture_output=True, text=True)
+    if result.returncode == 0:
+        return []
+    return [f"{lang}: msgfmt --check-format: {line}" for line in result.stderr.splitlines()
+            if line.strip() and not re.search(r"found \d+ fatal errors?$", line)]  # not its count of them
+
+
 def check(locale_dir: Path = LOCALE_DIR) -> list[str]:
-    """Every catalogue under ``locale_dir`` against the code's messages (``problems``)."""
+    """Every catalogue under ``locale_dir`` against the code's messages (``problems``), its header filled in, and
+    ``msgfmt --check-format`` where gettext is installed."""
     template = extract()
     found = []
     for path in sorted(locale_dir.glob(f"*/LC_MESSAGES/{DOMAIN}.po")):
-        found += problems(template, read(path), path.parents[1].name)
+        lang = path.parents[1].name
+        found += problems(template, read(path), lang) + header_problems(path, lang) + msgfmt_problems(path, lang)
     return found
+
+
+def format_flags(catalog: Catalog) -> None:
+    """No message is a %-format (the library fills fields with ``str.format``): Babel flags ``python-format`` on any
+    msgid with a ``%`` that reads as a directive (``sinfo -o '%N %c %m'``, ``%%writefile``, ``within {percent:g}% of``),
+    so msgfmt would check the msgstr's ``%`` against it. Such a message is flagged ``no-python-format`` instead, on
+    every write (Babel adds the flag again whenever it reads or extracts the message)."""
+    for message in catalog:
+        if message.id and "python-format" in message.flags:
+            message.flags.discard("python-format")
+            message.flags.add("no-python-format")
 
 
 def write(path: Path, catalog: Catalog) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    format_flags(catalog)
     with open(path, "wb") as f:
         write_po(f, catalog, width=120, omit_header=False, sort_output=False, include_lineno=False)
 

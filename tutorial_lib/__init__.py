@@ -15,8 +15,8 @@ The package's folders say what their files may do, and ``tests/unit/test_archite
 ``launcher/`` is the kernel's job control; ``torchrun/`` reads what torchrun prints and leaves behind; ``child/``
 holds the programs run by path in other processes, and ``lessons/`` the scripts a learner copies (neither imports
 the package); ``runs/`` lays out a run directory and reads a finished run into values (``rundir``, ``metrics``,
-``printed_metrics``, ``run_logs``, ``profiling``, ``checkpoints``, ``pipeline``); ``probes/`` measures this
-machine's torch in the kernel (``env``, ``precision``, ``attention``); ``notebook/`` checks and shows what a cell
+``printed_metrics``, ``run_logs``, ``profiling``, ``checkpoints``, ``pipeline``, ``observed``); ``probes/`` measures
+this machine's torch in the kernel (``env``, ``precision``, ``attention``); ``notebook/`` checks and shows what a cell
 needs (``parameters``, ``script_source``, ``plots``: data in, figure out); ``planning/`` predicts a training step's
 memory before anything launches (``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored
 table); ``slurm/`` speaks SLURM (``batch``: the batch script and per-node commands, as text; ``commands``; a local
@@ -58,6 +58,7 @@ from .runs.checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_file
                                list_checkpoints, load_checkpoint_state, read_loaded_state)
 from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples,
                            read_metrics, read_rank_json, read_rank_tensors, summarize_runs)
+from .runs.observed import ObservedRank, ObservedRun, read_observed
 from .runs.pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations, pipeline_events,
                             replay_slots)
 from .runs.printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
@@ -100,4 +101,5 @@ __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavaila
             "connect_slurm"]  # launches on SLURM (LaunchSpec(slurm=SlurmSpec(...))) and the cluster to use
 __all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
 __all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exercises: checked on real ranks
+__all__ += ["ObservedRank", "ObservedRun", "read_observed"]  # observe=True: what each rank did, as torch saw it
 __version__ = "0.1.0"

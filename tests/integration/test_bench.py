@@ -17,6 +17,18 @@ def test_the_benchmark_runs_and_prints_its_ratio_table(tmp_path):
     assert 0 < ratio < 1
 
 
+def test_the_observe_benchmark_times_observed_launches_against_plain_ones(tmp_path):
+    """--only observe: each job launched with and without observe=True (one repetition here); every observed run's
+    records are read back complete, or the section fails."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--only", "observe", "--reps", "1",
+                          "--out", str(tmp_path / "bench.json")], capture_output=True, text=True, timeout=600)
+    assert out.returncode in (0, 1), out.stdout[-2000:] + out.stderr[-2000:]  # 1: a ratio over its target (load)
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [r["benchmark"] for r in rows] == ["observer: ddp_train.py, 20 steps, observed / not observed",
+                                              "observer: fsdp_train.py (FSDP2), 5 steps, observed / not observed"]
+    assert all(r["value"] > 0 and "KiB per run" in r["note"] for r in rows)
+
+
 def test_the_compile_benchmark_without_a_nanogpt_checkout_says_how_to_get_one(tmp_path):
     """--only compile reads nanoGPT from --nanogpt-dir; without a checkout it names the clone command and measures
     nothing (the measured run takes about 10 minutes on 2 cores: run by hand)."""

@@ -174,8 +174,9 @@ def test_fsdp2_with_torch_amp_grad_scaler_skips_the_step_on_every_rank_when_one_
     run_dir = tl.new_run_dir("fsdp2-grad-scaler", run_root)
     script = shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "fsdp2_grad_scaler_inf.py", run_dir)
     result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off", timeout_s=120))
-    reports = sorted((json.loads(line.split(":", 1)[1]) for line in (result.run_dir / "output.log").read_text().splitlines()
-                      if '"stepped"' in line), key=lambda r: r["rank"])
+    log = (result.run_dir / "output.log").read_text().splitlines()
+    reports = sorted((json.loads(line.split("] ", 1)[1]) for line in log if '"stepped"' in line),
+                     key=lambda r: r["rank"])
     assert reports == [{"rank": 0, "stepped": False, "scale": 512.0}, {"rank": 1, "stepped": False, "scale": 512.0}]
 
 

@@ -19,6 +19,8 @@ import pytest
 from conftest import printed_before_stacks
 
 import tutorial_lib as tl
+from tutorial_lib.exercises.core import Context
+from tutorial_lib.torchrun.output_lines import rank_lines
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -56,7 +58,25 @@ def test_two_rank_ddp_run_streams_by_rank_and_writes_metrics(run_root, capsys):
     assert (m.groupby("step")["loss_local"].nunique() == 2).all(), "local losses differ: different samples"
     command = (run_dir / "command.txt").read_text()
     assert command.startswith(f"cd {run_dir} && ") and "--nproc-per-node 2" in command and "--max-steps 6" in command
-    assert "[default1]:step 6/6" in (run_dir / "output.log").read_text()
+    assert "[rank 1] step 6/6" in (run_dir / "output.log").read_text()
+
+
+def test_a_rank_cannot_write_another_ranks_lines(run_root, capsys):
+    """Issue 44: rank 0 prints rank 1's torchrun prefix (and output.log's own label) at the start of lines, with print
+    and with os.write, and inside a line, as exercise check lines too. The cell, output.log read back, and the
+    exercise checks' records all give those lines to rank 0; rank 1 has its own line only."""
+    script = fixture_script(run_root, "forged_prefixes.py")
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, timeout_s=120, live="off"))
+    forged = ["[default1]:forged", '[default1]:check {"forged": "print"}', '[default1]:check {"forged": "os.write"}',
+              "[default1]:forged on stderr", 'x[default1]:check {"forged": "mid-line"}',
+              'x[rank1]:check {"forged": "mid-line, several nodes"}', '[rank 1] check {"forged": "label"}']
+    shown = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[launcher]")]
+    assert sorted(line for line in shown if "forged" in line) == sorted(f"[rank 0] {text}" for text in forged), shown
+    assert [line for line in shown if line.startswith("[rank 1]")] == ['[rank 1] check {"rank": 1}'], shown
+    lines = rank_lines(tl.read_output_log(result.run_dir))
+    assert sorted(text for rank, text in lines if rank == 0) == sorted([*forged, 'check {"rank": 0}'])
+    assert [text for rank, text in lines if rank == 1] == ['check {"rank": 1}'], lines
+    assert Context.records(result) == {0: [{"rank": 0}], 1: [{"rank": 1}]}
 
 
 def test_a_rank_that_raises_surfaces_as_launch_error_with_its_traceback(run_root):
@@ -139,7 +159,7 @@ def test_output_flood_is_throttled_on_screen_but_complete_in_the_log(run_root, c
     assert len(shown) < 200, len(shown)
     assert any("not shown to keep the output small" in line for line in shown)
     log = (result.run_dir / "output.log").read_text()
-    assert log.count("[default0]:rank 0 line") == 3000 and log.count("[default1]:rank 1 line") == 3000
+    assert log.count("[rank 0] rank 0 line") == 3000 and log.count("[rank 1] rank 1 line") == 3000
 
 
 def test_a_torch_versions_start_up_noise_stays_in_the_log_not_on_screen(run_root, capsys):
@@ -150,8 +170,8 @@ def test_a_torch_versions_start_up_noise_stays_in_the_log_not_on_screen(run_root
     assert "[rank 0] rank 0 trained" in shown and "[rank 1] rank 1 trained" in shown
     assert "[Gloo]" not in shown and "TypedStorage" not in shown and "tensor.storage()" not in shown
     log = (result.run_dir / "output.log").read_text()
-    assert "[default0]:[Gloo] Rank 0 is connected to 1 peer ranks" in log
-    assert "[default1]:[Gloo] Rank 1 is connected to 1 peer ranks" in log
+    assert "[rank 0] [Gloo] Rank 0 is connected to 1 peer ranks" in log
+    assert "[rank 1] [Gloo] Rank 1 is connected to 1 peer ranks" in log
     assert log.count("UserWarning: TypedStorage is deprecated") == 2 and log.count("tensor.storage().size()") == 2
 
 
@@ -215,27 +235,27 @@ def wait_for_steps(run_dir, child=None, timeout_s=60):
 
 def test_progress_bars_drawn_with_carriage_returns_show_each_ranks_final_state_only(run_root, capsys):
     """Issue 17, input 1: two ranks draw a progress bar on stderr as tqdm does (``\\r`` before each of 50 updates, one
-    ``\\n`` at the end). torchrun's --tee turns every ``\\r`` into a line break (its reader opens the rank's log as
-    text; torch 2.8 and 2.13) and writes a rank's unfinished line and the next chunk of any rank on one line. The cell
-    (the printer's lines) shows each rank's final state once, with its rank, and none of the 49 earlier ones;
-    output.log keeps all 50 per rank, each a line of its own rank."""
+    ``\\n`` at the end). A rank's log is read as text, where every ``\\r`` ends a line (torchrun's --tee reader, and the
+    launcher's, torch 2.8 and 2.13); the rank runner's marks tell the 50 states from 50 lines. The cell (the printer's
+    lines) shows each rank's final state once, with its rank, and none of the 49 earlier ones; output.log keeps all 50
+    per rank, each a line of its own rank."""
     script = fixture_script(run_root, "progress_bars.py")
     result = tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, timeout_s=120, live="off",
                                      max_output_lines_per_s=1000))
     shown = capsys.readouterr().out.splitlines()
     log = (result.run_dir / "output.log").read_text().splitlines()
-    assert not [line for line in log if re.search(r".\[default\d\]:", line)], "no rank's prefix inside a line"
+    assert not [line for line in log if re.search(r".\[rank \d\] ", line)], "no rank's label inside a line"
     assert not [line for line in log if "\x1b" in line], "the rank runner's marks are not in output.log"
     for rank in (0, 1):
-        mine = [line for line in log if line.startswith(f"[default{rank}]:")]
+        mine = [line for line in log if line.startswith(f"[rank {rank}] ")]
         assert all(f"r{1 - rank} " not in line for line in mine), f"rank {1 - rank}'s progress in rank {rank}'s lines"
-        assert [line for line in mine if line.startswith(f"[default{rank}]:r{rank} ")] == [
-            f"[default{rank}]:r{rank} {i}/50" for i in range(1, 51)], "output.log: every state, in order"
-        assert f"[default{rank}]:rank {rank} done" in mine
+        assert [line for line in mine if line.startswith(f"[rank {rank}] r{rank} ")] == [
+            f"[rank {rank}] r{rank} {i}/50" for i in range(1, 51)], "output.log: every state, in order"
+        assert f"[rank {rank}] rank {rank} done" in mine
         on_screen = [line for line in shown if line.startswith(f"[rank {rank}] ")]
         assert [line for line in on_screen if line.startswith(f"[rank {rank}] r{rank} ")] == [
             f"[rank {rank}] r{rank} 50/50"], "on screen: the final state only"
         assert f"[rank {rank}] rank {rank} done" in on_screen
-        assert all(f"r{1 - rank} " not in line and "[default" not in line for line in on_screen), on_screen
+        assert all(f"r{1 - rank} " not in line for line in on_screen), on_screen
     assert not [line for line in shown if re.search(r"r\d \d+/50", line) and not line.startswith("[rank ")], shown
-    assert sum(line.endswith("]:") for line in log) <= 2, "the empty pieces that end an unfinished chunk are dropped"
+    assert not [line for line in log if line.endswith("] ")], "no empty piece of an unfinished line"

@@ -46,7 +46,7 @@ def test_a_flood_of_lines_leaves_papermill_a_small_notebook(tmp_path, run_root, 
     cell = nbformat.read(out, as_version=4).cells[-1]
     shown = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
     log = (run_dir / "output.log").read_text()
-    assert log.count("[default0]:rank 0 line") == 3000 and log.count("[default1]:rank 1 line") == 3000
+    assert log.count("[rank 0] rank 0 line") == 3000 and log.count("[rank 1] rank 1 line") == 3000
     print(f"live={live}: notebook {size} bytes, {len(shown.splitlines())} stream lines, output.log {len(log)} bytes")
     assert size < 60_000, f"the executed notebook is {size} bytes (the unthrottled output alone is {len(log)})"
     assert len(log) > 100_000, "the flood is big enough that an unthrottled cell would exceed the bound"

@@ -2,6 +2,7 @@
 
 import faulthandler
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,10 +14,12 @@ import tutorial_lib as tl
 from tutorial_lib.launcher.devices import DevicePlan
 from tutorial_lib.torchrun.stacks import innermost_frame
 from tutorial_lib import LaunchSpec
+from tutorial_lib.exercises.core import Context
 from tutorial_lib.launcher.job import catches_signal
 from tutorial_lib.launcher.outcome import explain_agent_failure
 from tutorial_lib.launcher.plan import build_command, command_port
 from tutorial_lib.launcher.processes import ProcessTree
+from tutorial_lib.torchrun.output_lines import rank_lines
 
 CPU2 = DevicePlan(device="cpu", backend="gloo", nproc_per_node=2, gpu_count=0)
 
@@ -154,6 +157,25 @@ def test_two_simulated_nodes_make_one_world_of_four(run_root, capsys):
     out = capsys.readouterr().out
     assert "[rank 3]" in out and "Error waiting on exit barrier" not in out
     assert (result.run_dir / "command.txt").read_text().count("--rdzv-backend c10d") == 2
+
+
+@pytest.mark.integration
+def test_on_two_nodes_a_rank_cannot_write_another_ranks_lines(run_root, capsys):
+    """Issue 44 on simulated nodes, where each node's ranks get their global ranks from the rendezvous (the rank
+    runner records them in torchrun's folders): rank 0's forged prefixes stay rank 0's, in the cell, in output.log
+    read back and in the exercise checks' records."""
+    folder = tl.new_run_dir("prefixes", run_root)
+    script = Path(shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "forged_prefixes.py", folder))
+    result = tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, nnodes=2, timeout_s=120, live="off"))
+    shown = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[launcher]")]
+    assert len([line for line in shown if "forged" in line]) == 7
+    assert all(line.startswith("[rank 0] ") for line in shown if "forged" in line), shown
+    assert [line for line in shown if line.startswith("[rank 1]")] == ['[rank 1] check {"rank": 1}'], shown
+    lines = rank_lines(tl.read_output_log(result.run_dir))
+    assert len([text for rank, text in lines if rank == 0 and "forged" in text]) == 7
+    assert {rank: [text for r, text in lines if r == rank] for rank in (1, 2, 3)} == {
+        rank: [f'check {{"rank": {rank}}}'] for rank in (1, 2, 3)}, lines
+    assert Context.records(result) == {rank: [{"rank": rank}] for rank in range(4)}
 
 
 @pytest.mark.integration

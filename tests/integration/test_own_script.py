@@ -57,7 +57,7 @@ def test_your_own_script_launches_twice_in_place_from_its_folder_with_its_printe
     for result in results:
         log = (result.run_dir / "output.log").read_text()
         for rank in (0, 1):  # each rank found data/values.txt: it ran in the script's folder
-            assert f"[default{rank}]:rank {rank} works in {project}" in log, log[-2000:]
+            assert f"[rank {rank}] rank {rank} works in {project}" in log, log[-2000:]
         command = (result.run_dir / "command.txt").read_text()
         assert command.startswith(f"# ranks run in {project}; logs, metrics, run.json: {result.run_dir}\n")
         assert f"cd '{project}' && " in command and f"'{project / 'train.py'}' --max_iters=6" in command

@@ -4,7 +4,7 @@ The Chinese README tells readers behind a slow route to PyPI to export ``PIP_IND
 mirror) before ``make``: pip reads it from the environment, make hands its environment to every recipe, and no
 recipe names an index of its own. Here the mirror is a stand-in: a small HTTP server on 127.0.0.1 that answers
 every PEP 503 project page with an empty list (a mirror that has not synced yet) and logs what pip asked for.
-``make install`` runs in a copy of the Makefile and pyproject.toml with a fresh VENV and no pip configuration
+``make install`` runs in a copy of the Makefile, pyproject.toml and the lock with a fresh VENV and no pip configuration
 file (this machine's own indexes out of the way); it creates the venv, then its first pip asks the stand-in and
 stops there, so nothing is downloaded.
 """
@@ -74,6 +74,9 @@ def test_make_install_asks_the_index_in_pip_index_url(tmp_path):
     project.mkdir()
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, project / name)
+    shutil.copytree(ROOT / "requirements", project / "requirements")  # the lock every install takes (-c)
+    (project / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "check_index.py", project / "scripts")  # make asks the index first
     venv = tmp_path / "fresh-venv"
     dropped = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "PYTHONPATH", "PYTHONWARNINGS")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in dropped}

@@ -124,7 +124,7 @@ def test_a_learners_plain_ddp_script_runs_through_the_launcher(run_root):
     """))
     result = tl.launch(tl.LaunchSpec(script, device="cpu", live="off", timeout_s=120))
     log = (result.run_dir / "output.log").read_text()
-    assert result.returncode == 0 and "[default0]:rank 0 done" in log and "[default1]:rank 1 done" in log
+    assert result.returncode == 0 and "[rank 0] rank 0 done" in log and "[rank 1] rank 1 done" in log
     assert "rank_runner.py" in (result.run_dir / "command.txt").read_text(), "command.txt reruns it the same way"
 
 

@@ -144,7 +144,7 @@ def test_failure_trials_raise_the_right_error_and_leave_no_process(run_root, tri
         # answered with its stack; on a very busy machine a rank can still be starting at 20 s, and then has none.
         log = (run_dir / "output.log").read_text().splitlines()
         dump = next(i for i, line in enumerate(log) if "(most recent call first)" in line)  # the launcher asked
-        asleep = {rank for rank in (0, 1) if f"[default{rank}]:sleeping" in log[:dump]}
+        asleep = {rank for rank in (0, 1) if f"[rank {rank}] sleeping" in log[:dump]}
         assert asleep, "no rank started within 20 s"
         assert {r: w for r, w in info.value.where.items() if r in asleep} == {r: f"sleeper.py:{line} in main" for r in asleep}
     elif kind == "crash":

@@ -19,8 +19,10 @@ import pytest
 from conftest import private_slurm_cluster, wait_no_job_processes
 
 import tutorial_lib as tl
+from tutorial_lib.exercises.core import Context
 from tutorial_lib.slurm import JobState, NeverStarts, cancel, queue, submit, wait_for_state
 from tutorial_lib.torchrun.attempts import last_attempt
+from tutorial_lib.torchrun.output_lines import rank_lines
 
 JOB_TIMEOUT_S = 300  # each launch's limit; the jobs take 10-60 s on this 2-core machine, depending on its load
 CANCEL_S = 120  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
@@ -68,7 +70,7 @@ def test_a_two_node_ddp_launch_streams_every_rank_and_leaves_a_run_directory_lik
     for rank in range(4):
         assert re.search(rf"^\[rank {rank}\] step 6/6 ", shown, re.M), shown[-2000:]
     log = (run_dir / "output.log").read_text()
-    assert {int(r) for r in re.findall(r"^\[rank(\d+)\]:step 6/6", log, re.M)} == {0, 1, 2, 3}
+    assert {int(r) for r in re.findall(r"^\[rank (\d+)\] step 6/6", log, re.M)} == {0, 1, 2, 3}
     # The run directory: the sbatch command and the batch script, per-node logs in the local layout, run.json.
     command = (run_dir / "command.txt").read_text()
     assert re.search(r"^cd \S+ && .*SLURM_CONF=\S+ sbatch --parsable job\.sh$", command, re.M), command[:500]
@@ -83,6 +85,30 @@ def test_a_two_node_ddp_launch_streams_every_rank_and_leaves_a_run_directory_lik
     with pytest.raises(tl.MetricsError, match="cannot sample their memory"):
         result.memory_samples()
     assert_nothing_left(slurm_cluster, run_dir)
+
+
+@pytest.mark.integration
+def test_on_slurm_a_rank_cannot_write_another_ranks_lines(slurm_cluster, run_root, capsys):
+    """Issue 44 on SLURM, where the launcher reads each rank's files under logs/node<N>/ and each node's torchrun
+    output from SLURM's file: rank 0's forged prefixes stay rank 0's, in the cell, in output.log read back and in the
+    exercise checks' records; torchrun's file holds none of the ranks' lines."""
+    folder = tl.new_run_dir("prefixes", run_root)
+    script = Path(shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "forged_prefixes.py", folder))
+    result = tl.launch(tl.LaunchSpec(script, nnodes=2, nproc_per_node=2, timeout_s=JOB_TIMEOUT_S, live="text",
+                                     slurm=on_cluster(slurm_cluster)))
+    shown = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[launcher]")]
+    assert len([line for line in shown if "forged" in line]) == 7
+    assert all(line.startswith("[rank 0] ") for line in shown if "forged" in line), shown
+    assert [line for line in shown if line.startswith("[rank 1]")] == ['[rank 1] check {"rank": 1}'], shown
+    lines = rank_lines(tl.read_output_log(result.run_dir))
+    assert len([text for rank, text in lines if rank == 0 and "forged" in text]) == 7
+    assert {rank: [text for r, text in lines if r == rank] for rank in (1, 2, 3)} == {
+        rank: [f'check {{"rank": {rank}}}'] for rank in (1, 2, 3)}, lines
+    assert Context.records(result) == {rank: [{"rank": rank}] for rank in range(4)}
+    assert sorted(result.job.node_ranks.values()) == [[0, 1], [2, 3]]
+    for node in (0, 1):
+        assert "forged" not in (result.run_dir / f"forged_prefixes-{result.job.job_id}-node{node}.out").read_text()
+    assert_nothing_left(slurm_cluster, result.run_dir)
 
 
 @pytest.fixture(scope="module")

@@ -155,9 +155,13 @@ def test_the_doctor_names_the_cause_rank_and_exit_code_of_each_fixture_run(tmp_p
     ("nccl watchdog", {"nnodes": 1, "nproc_per_node": 1, "device": "cuda"}, False),  # one GPU: no peer to reach
     ("nccl watchdog", None, False),  # nothing says how many ranks ran
     ("gloo timeout", {"nnodes": 1, "nproc_per_node": 2, "device": "cpu"}, False),  # not NCCL
+    ("nccl error", {"nnodes": 1, "nproc_per_node": 2, "device": "cuda"}, True),  # issue 45 item 16
+    ("nccl error", "--nproc-per-node 2", True),
+    ("nccl error", {"nnodes": 1, "nproc_per_node": 1, "device": "cuda"}, False),
 ])
 def test_an_nccl_timeout_with_several_gpus_on_the_machine_suggests_disabling_p2p(tmp_path, case, shape, hint):
-    """Issue 15 item 4: consumer boards (RTX 4090, no NVLink) with broken P2P hang NCCL like a missing peer does."""
+    """Issue 15 item 4: consumer boards (RTX 4090, no NVLink) with broken P2P hang NCCL like a missing peer does; they
+    also fail its collectives with an NCCL error (issue 45 item 16): the same hint there."""
     lines, rank, exit_code, traceback, cause = FIXTURES[case]
     run_dir = make_run(tmp_path, lines=lines, rank=rank, exit_code=exit_code, traceback=traceback)
     if isinstance(shape, dict):
@@ -395,7 +399,7 @@ def test_a_skipped_collective_is_caught_by_gloo_at_once(run_root):
     log = (e.run_dir / "output.log").read_text()
     # Rank 0 receives the wrong size and gloo aborts it (SIGABRT, no error file); rank 1 then fails on the reset
     # connection within the same second, so either can be named first: the evidence is in rank 0's log.
-    assert re.search(r"^\[default0\]:.*doesn't match expected size", log, re.M) and "(SIGABRT)" in log
+    assert re.search(r"^\[rank 0\] .*doesn't match expected size", log, re.M) and "(SIGABRT)" in log
     assert e.rank == d.rank and e.rank in (0, 1)
 
 

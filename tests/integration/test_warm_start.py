@@ -179,6 +179,21 @@ def test_a_start_up_variable_the_helper_lacks_runs_cold_and_says_so_once(run_roo
     assert out.count("warm start off") == 1 and "PYTHONHASHSEED" in out
 
 
+def test_a_variable_only_an_earlier_launchs_env_set_is_named_as_the_helpers_with_that_launch(run_root, capsys):
+    """Issue 45: 04's launches set MALLOC_MMAP_THRESHOLD_ with env=; a launch without it ran cold saying it *set*
+    that variable. It now says the helper has it, from which launch's env=, and that this launch does not set it."""
+    warm.shutdown()
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    first = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True,
+                          env=env)
+    second = tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="text", warm=True)
+    assert [RunRecord.read(r.run_dir).start for r in (first, second)] == ["warm", "cold"]
+    out = capsys.readouterr().out
+    assert ("MALLOC_MMAP_THRESHOLD_=131072 is the helper's, from the launch's own env= when it was started for the "
+            f"launch in {first.run_dir}; this launch does not set it") in out
+    assert "the job sets start-up variables" not in out
+
+
 def test_a_dead_helper_is_restarted(run_root):
     tl.run_script("ddp_train", ["--max-steps", 1], runs_dir=run_root, device="cpu", live="off", warm=True)
     old = warm.current_helper().pid

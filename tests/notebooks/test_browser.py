@@ -7,8 +7,9 @@ failing run's red box names the rank, the cause and the logs; then the long run 
 notebook toolbar, the cell says so, and no worker or torchrun process remains. The second: the Chinese edition's
 ``zh/00_environment_check.ipynb`` (issue 31) runs to the end the same way, its Chinese title on the page drawn with
 real CJK glyphs (a CJK font installed on the system: Debian's ``fonts-wqy-microhei``, which ``.ci/run`` installs).
-Then a learner solves exercise 01.1 with the keyboard (issue 36), and JupyterLab started by ``make lab EDITION=zh``
-shows its own menus in Chinese, ``make lab`` in English (issue 38).
+Then a learner solves exercise 01.1 with the keyboard (issue 36), then 01.1 and 04.4's predict-then-run exercise
+(issue 44: the prediction worked out from the inputs the page shows, typed, recorded, checked), and JupyterLab started
+by ``make lab EDITION=zh`` shows its own menus in Chinese, ``make lab`` in English (issue 38).
 
 Screenshots and the server log go to ``<tmp_path>/artifacts`` and, when ``$TUTORIAL_LIB_ARTIFACTS_DIR`` is
 set, are copied there. The tests skip only where chromium (``apt-get install -y chromium``) or the
@@ -447,11 +448,14 @@ def test_a_learner_solves_exercise_1_of_01_in_jupyterlab(tmp_path, artifacts):
 
 class MakeLab(Lab):
     """JupyterLab started by `make lab` itself (EDITION=en or zh), on this test's Python environment as the Makefile's
-    VENV (its install stamp marked up to date with `make -o`, so make installs nothing), on a free port with a token;
-    the Jupyter folders under ``base``. For EDITION=zh the Makefile points JUPYTERLAB_SETTINGS_DIR at LAB_SETTINGS_DIR
-    (here ``base/lab-settings-zh``) and writes the translation setting there."""
+    VENV (its install stamp marked up to date with `make -o`, so make installs nothing), or on ``venv`` (a venv `make
+    env` made: make runs as it would for a user), on a free port with a token; the Jupyter folders, the learner's
+    working copy of the notebooks (LAB_DIR) and the lab's workspaces under ``base``. For EDITION=zh the Makefile
+    points JUPYTERLAB_SETTINGS_DIR at LAB_SETTINGS_DIR (here ``base/lab-settings-zh``) and writes the translation
+    setting there."""
 
-    def __init__(self, base: Path, edition: str, log_path: Path, env_extra: dict | None = None) -> None:
+    def __init__(self, base: Path, edition: str, log_path: Path, env_extra: dict | None = None,
+                 venv: Path | None = None) -> None:
         self.port, self.token = free_port(), secrets.token_hex(16)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TUTORIAL_LIB_LIVE", "MAKEFLAGS")}
         env.update(env_extra or {})
@@ -464,11 +468,13 @@ class MakeLab(Lab):
             plugin, file = name.rsplit("/", 1)
             (self.settings_dir / plugin).mkdir(parents=True, exist_ok=True)
             (self.settings_dir / plugin / file).write_text(json.dumps(values))
-        venv = Path(sys.prefix)
-        command = ["make", "--no-print-directory", "-C", str(ROOT), "-o", f"{venv}/.installed", "lab",
-                   f"EDITION={edition}", f"VENV={venv}", f"LAB_SETTINGS_DIR={base / 'lab-settings-zh'}",
+        self.lab_dir = base / "my-notebooks"
+        installed = [] if venv is not None else ["-o", f"{sys.prefix}/.installed"]
+        command = ["make", "--no-print-directory", "-C", str(ROOT), *installed, "lab",
+                   f"EDITION={edition}", f"VENV={venv or sys.prefix}", f"LAB_SETTINGS_DIR={base / 'lab-settings-zh'}",
+                   f"LAB_DIR={self.lab_dir}", f"LAB_WORKSPACES_DIR={env['JUPYTERLAB_WORKSPACES_DIR']}",
                    f"LAB_ARGS=--no-browser --ServerApp.port={self.port} --ServerApp.port_retries=0 "
-                   f"--IdentityProvider.token={self.token}"]
+                   f"--IdentityProvider.token={self.token} --LabApp.expose_app_in_browser=True"]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
@@ -554,3 +560,197 @@ def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, server_locale,
         assert not setting.exists() and "JUPYTERLAB_SETTINGS_DIR=" not in log, "the English lab's settings are left alone"
         assert "LC_CTYPE=C.UTF-8" in log, log
     assert "Obtaining file:" not in log and "Collecting " not in log, f"make lab ran pip: {log}"
+
+
+def autodl_style_base(folder: Path) -> Path:
+    """A stand-in for an AutoDL-style image's base interpreter (conda's, under /root/miniconda3 there): a prefix that
+    holds torch and serves its own JupyterLab. Made as a hard-linked copy of this Python's base installation
+    (``sys.base_prefix``, which holds the torch CI installs; pip writes new files and unlinks old ones, so the original
+    is never changed), with JupyterLab installed into it at the locked version, the case where pip finds the venv's
+    JupyterLab "already satisfied" and writes none into the venv. Skips where the copy cannot be hard-linked."""
+    prefix = folder / "base"
+    made = subprocess.run(["cp", "-al", sys.base_prefix, str(prefix)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot hard-link a copy of {sys.base_prefix} under {folder}: {made.stderr.strip()[:200]}")
+    python = prefix / "bin" / "python3"
+    probe = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True)
+    assert probe.returncode == 0, f"the base interpreter's copy imports no torch: {probe.stderr[-500:]}"
+    quiet = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # pip's own deprecations are not ours
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-c", str(ROOT / "requirements" /
+                                "lock.txt"), "jupyterlab"], capture_output=True, text=True, timeout=600, env=quiet)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return prefix
+
+
+@pytest.mark.timeout(1200)
+def test_the_zh_readme_on_an_autodl_style_image_serves_jupyterlab_in_chinese_and_leaves_git_clean(tmp_path, artifacts):
+    """Issue 45: the Chinese README's commands on an image whose base interpreter (found on PATH) holds torch and its
+    own JupyterLab. An unreachable mirror fails at once, naming it; `make env` (no PYTHON=) makes the venv from that
+    interpreter, reusing its torch, and the venv gets no `jupyter` script of its own (the review's mechanism); `make
+    lab EDITION=zh` still serves JupyterLab, in Chinese, on the learner's copy of the notebooks; a notebook edited,
+    run and saved there leaves `git status` of the checkout as it was."""
+    sync_playwright = sync_playwright_or_skip()
+    base = autodl_style_base(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "PYTHONWARNINGS", "VIRTUAL_ENV")}
+    env["PATH"] = f"{base / 'bin'}:{env['PATH']}"
+    git_status = ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=all"]
+    status_before = subprocess.run(git_status, capture_output=True, text=True, check=True).stdout
+
+    unreachable = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "env", f"VENV={tmp_path / 'v0'}"],
+                                 env={**env, "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}, capture_output=True,
+                                 text=True, timeout=120)
+    assert unreachable.returncode != 0 and not (tmp_path / "v0" / ".installed").exists()
+    assert "PIP_INDEX_URL=http://127.0.0.1:9/simple could not be reached" in unreachable.stderr, unreachable.stderr
+    assert "Collecting" not in unreachable.stdout, "pip ran against an index that does not answer"
+
+    venv = tmp_path / "venv"
+    made = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "env", f"VENV={venv}"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    (artifacts / "make_env.log").write_text(made.stdout + made.stderr)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    assert f"making {venv} from {base / 'bin' / 'python'}: Python" in made.stdout, made.stdout[:2000]
+    assert "torch" in made.stdout and "is reused" in made.stdout
+    assert not (venv / "bin" / "jupyter").exists(), "JupyterLab came from the base: the venv has no script of its own"
+
+    lab = MakeLab(tmp_path / "lab", "zh", artifacts / "make_lab_autodl.log", {"PATH": env["PATH"]}, venv=venv)
+    notebook = "01_ddp.ipynb"
+    try:
+        lab.wait_up(timeout_s=300)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}")
+                labels = page.locator(".lm-MenuBar-itemLabel")
+                labels.first.wait_for()
+                wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
+                shown = [t.strip() for t in labels.all_inner_texts()]
+                first_code = page.locator(".jp-Notebook .jp-CodeCell").first
+                first_code.wait_for()
+                lab.wait_kernel_idle(notebook, timeout_s=120)
+                first_code.locator(".cm-content").click()
+                page.keyboard.press("Control+End")
+                page.keyboard.type("\nprint('edited in the working copy')")
+                page.keyboard.press("Shift+Enter")
+                wait_until(lambda: "edited in the working copy" in first_code.locator(".jp-OutputArea").inner_text(),
+                           120, "the edited cell's output")
+                page.keyboard.press("Control+s")
+                wait_until(lambda: "edited in the working copy" in (lab.lab_dir / "zh" / notebook).read_text(), 30,
+                           "the notebook saved in the working copy")
+                page.screenshot(path=artifacts / "make_lab_autodl.png")
+            finally:
+                browser.close()
+    finally:
+        lab.close()
+    assert shown[0] == "文件" and not set(shown) & set(MENUS_EN), f"the Chinese lab's menu bar: {shown}"
+    assert "edited in the working copy" not in (ROOT / "notebooks" / "zh" / notebook).read_text()
+    status_after = subprocess.run(git_status, capture_output=True, text=True, check=True).stdout
+    assert status_after == status_before, f"the session changed the checkout:\n{status_after}"
+
+
+def notebook_with_a_script_and_a_prediction(notebook_dir: Path) -> tuple[Path, nbformat.NotebookNode]:
+    """01_ddp.ipynb's setup cells and its exercises section, then exercise 4 of 04_fsdp.ipynb (predict, then run): its
+    cells as notebook 04 has them, after a cell that makes its handle (a copy; the repository is not modified)."""
+    path, nb = notebook_with_exercises_only(notebook_dir)
+    nb04 = nbformat.read(ROOT / "notebooks" / "04_fsdp.ipynb", as_version=4)
+    start = next(i for i, c in enumerate(nb04.cells) if c.source.startswith("### Exercise 4"))
+    handle = nbformat.v4.new_code_cell('ex4 = tl.exercise("04.4", RUNS_DIR)  # notebook 04\'s exercise 4')
+    nb.cells += [handle, *nb04.cells[start:start + 3]]
+    path = path.with_name("01_ddp_and_a_prediction.ipynb")
+    nbformat.write(nb, path)
+    return path, nb
+
+
+def cell_output(page, index: int) -> str:
+    return page.locator(".jp-Cell").nth(index).locator(".jp-OutputArea").inner_text()
+
+
+def test_a_learner_solves_a_script_exercise_and_a_predict_then_run_exercise_in_jupyterlab(tmp_path, artifacts):
+    """Issue 44: the two kinds a learner meets first, as a learner solves them. Run All: 01.1's check says "not solved
+    yet"; 04.4's prediction cell shows this round's inputs and its check says to predict first, running nothing. Then,
+    with the keyboard: 01.1's starter is fixed (Shift+Enter writes it, Shift+Enter checks it: solved); the number of
+    all-gathers is worked out from the inputs the page shows (2 per block that reshards after its forward, 1 per block
+    that does not, 1 for the root) and typed into ex4.predict(...), Shift+Enter records it, Shift+Enter runs the check:
+    solved, the prediction beside the measurement. progress.json records both, with the prediction and the measurement
+    of 04.4's round."""
+    sync_playwright = sync_playwright_or_skip()
+    notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
+    notebook_dir.mkdir()
+    runs_dir.mkdir()
+    path, nb = notebook_with_a_script_and_a_prediction(notebook_dir)
+    ids = [c.id for c in nb.cells]
+    starter_id = next(c.id for c in nb.cells if c.source.startswith("%%writefile {ex1.script}"))
+    predict_id = next(c.id for c in nb.cells if c.source.startswith("ex4.predict(None)"))
+    buggy = next(line for line in nb.cells[ids.index(starter_id)].source.splitlines()
+                 if line.startswith("loss = loss / world_size"))
+    lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
+    try:
+        lab.wait_up()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+                lab.wait_kernel_idle(path.name)
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+                wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 240, "every code cell to run")
+                lab.wait_kernel_idle(path.name)
+                assert not any(page.evaluate(CELL_ERRORS_JS)), page.evaluate(CELL_ERRORS_JS)
+
+                starter, predict = page.evaluate(CELL_INDEX_JS, starter_id), page.evaluate(CELL_INDEX_JS, predict_id)
+                assert "not solved yet" in cell_output(page, starter + 1)
+                shown = cell_output(page, predict)
+                found = re.search(r"This round: 04_4_units\.py --blocks (\d+) --reshard-after-forward (true|false) "
+                                  r"on 2 ranks", shown)
+                assert found and "no prediction yet" in shown, shown
+                assert "predict first" in cell_output(page, predict + 1) and "Nothing was run" in cell_output(
+                    page, predict + 1)
+
+                line = page.locator(".jp-Cell").nth(starter).locator(".cm-line", has_text=buggy.split("  #")[0])
+                line.click()  # 01.1: the line that scales the loss, replaced by a comment
+                page.keyboard.press("End")
+                page.keyboard.press("Shift+Home")
+                page.keyboard.type("# DDP already averages the gradients: no scaling")
+                page.keyboard.press("Shift+Enter")  # writes the script, moves to the check
+                page.keyboard.press("Shift+Enter")  # runs the check
+                wait_until(lambda: "solved" in (t := cell_output(page, starter + 1)) and "not solved" not in t, 120,
+                           "01.1's check to say solved")
+                lab.wait_kernel_idle(path.name)
+
+                blocks, reshard = int(found[1]), found[2] == "true"
+                prediction = (2 if reshard else 1) * blocks + 1  # what the lesson's section 6 says, worked out
+                cell = page.locator(".jp-Cell").nth(predict)
+                cell.locator(".cm-line", has_text="ex4.predict(None)").click()
+                page.keyboard.press("End")
+                page.keyboard.press("Shift+Home")
+                page.keyboard.type(f"ex4.predict({prediction})  # my prediction")
+                page.keyboard.press("Shift+Enter")  # records it, moves to the check
+                wait_until(lambda: "recorded for" in cell_output(page, predict), 60, "the prediction to be recorded")
+                page.keyboard.press("Shift+Enter")  # runs the program and shows the measurement
+                wait_until(lambda: "solved" in (t := cell_output(page, predict + 1)) and "not solved" not in t, 120,
+                           "04.4's check to say solved")
+                lab.wait_kernel_idle(path.name)
+                checked = cell_output(page, predict + 1)
+                assert f"your prediction: {prediction}" in checked, checked
+                assert f"measured: {prediction} all-gathers on rank 1" in checked, checked
+                page.locator(".jp-Cell").nth(predict + 1).scroll_into_view_if_needed()
+                page.screenshot(path=artifacts / "prediction_solved.png")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=artifacts / "prediction_failure.png")
+                raise
+            finally:
+                browser.close()
+    finally:
+        lab.close()
+    record = json.loads((runs_dir / "exercises" / "progress.json").read_text())
+    assert record["01.1"]["solved"] and record["01.1"]["checks"] == 2, record["01.1"]
+    mine = record["04.4"]
+    assert mine["solved"] and mine["checks"] == 1 and mine["prediction"] == mine["measured"] == prediction, mine
+    assert [(p["value"], p["counts"]) for p in mine["predictions"]] == [(prediction, True)], mine["predictions"]
+    assert [m["agrees"] for m in mine["measurements"]] == [True] and mine["round"]["revealed"], mine
+    wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")

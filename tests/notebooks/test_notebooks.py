@@ -29,7 +29,12 @@ def test_notebook_is_thin_and_parameterised(path):
     starters = [c for c in code if "exercise-starter" in c.metadata.get("tags", [])]
     assert all(len(c.source.splitlines()) <= 15 for c in code if c not in starters), \
         "cells stay short: the logic is in tutorial_lib"
-    assert all(len(c.source.splitlines()) <= 30 for c in starters), "an exercise's script is short enough to read whole"
+    # A starter is a whole training script with --seed and the sizes a check varies: one screen, read whole (40 lines);
+    # 12.4 hands over two transformer blocks to write a whole TP plan for (60).
+    longest = {("12_tensor_and_pipeline_parallel", "{ex4.script}"): 60}
+    for c in starters:
+        limit = longest.get((path.stem.split("/")[-1], c.source.split()[1]), 40)
+        assert len(c.source.splitlines()) <= limit, f"an exercise's script is short enough to read whole: {c.source[:40]}"
     checked = [c for c in code if "nbval-check-output" in c.metadata.get("tags", [])]
     assert not any("NBVAL_" in c.source for c in code), "nbval's cell tags, not comments in the code a learner reads"
     assert checked, "claims are checked by nbval"

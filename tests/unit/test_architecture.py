@@ -107,8 +107,8 @@ def test_the_child_programs_and_the_lessons_import_nothing_of_the_package():
 
 
 def test_the_child_programs_load_their_shared_protocol_with_one_loader_held_equal():
-    """rank_runner.py and warm_start.py each carry ``load_sibling`` (they cannot import it: it is what loads the
-    shared protocol), and the copies must not drift."""
+    """rank_runner.py, warm_start.py and observer.py each carry ``load_sibling`` (they cannot import it: it is what
+    loads the shared protocol, and the observer's own sibling), and the copies must not drift."""
     def loader(path: Path) -> str:
         tree = ast.parse(path.read_text())
         node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "load_sibling")
@@ -116,6 +116,7 @@ def test_the_child_programs_load_their_shared_protocol_with_one_loader_held_equa
         return ast.dump(node)
 
     assert loader(PACKAGE / "child" / "rank_runner.py") == loader(PACKAGE / "child" / "warm_start.py")
+    assert loader(PACKAGE / "child" / "rank_runner.py") == loader(PACKAGE / "child" / "observer.py")
     for name in ("rank_runner.py", "warm_start.py"):
         assert 'protocol = load_sibling("protocol")' in (PACKAGE / "child" / name).read_text(), name
 

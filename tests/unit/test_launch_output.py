@@ -2,7 +2,9 @@
 run.json, and the error a failed job raises."""
 
 import io
+import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -15,6 +17,7 @@ from tutorial_lib.launcher.outcome import failure_error
 from tutorial_lib.launcher.output import OutputPump, ThrottledPrinter
 from tutorial_lib.launcher.plan import plan_launch
 from tutorial_lib.runs.rundir import RunRecord, RunStatus
+from tutorial_lib.torchrun.output_lines import rank_lines
 from tutorial_lib.torchrun.noise import NoiseFilter
 
 
@@ -36,6 +39,36 @@ def test_printer_throttles_a_flood_but_keeps_every_rank_tail(monkeypatch):
     lines = out.getvalue().splitlines()
     assert "980 line(s) not shown" in lines[-2] and lines[-1] == "[torchrun] torchrun says hi"
     assert printer.tail(1) == [f"line {i}" for i in range(991, 1000, 2)]
+
+
+def test_the_full_log_is_named_once_per_launch_and_a_count_is_never_zero(monkeypatch):
+    """Issue 45: 07's cell printed the log's path with every count, then '0 line(s) not shown' before the last lines."""
+    import tutorial_lib.launcher.output as output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    printer = ThrottledPrinter(out, max_lines_per_s=1, log_name="run/output.log")
+    for burst in range(3):  # each burst: 2 lines shown, 3 held back, counted when the next line gets through
+        for i in range(5):
+            printer.emit(0, f"burst {burst} line {i}")
+        clock[0] += 2.0
+    printer.show_last_lines()
+    notes = [line for line in out.getvalue().splitlines() if line.startswith("[launcher]")]
+    assert notes == ["[launcher] 3 line(s) not shown to keep the output small; all lines are in run/output.log",
+                     "[launcher] 3 more line(s) not shown",
+                     "[launcher] 3 more line(s) not shown; the last lines of each rank:"], notes
+    assert out.getvalue().count("run/output.log") == 1
+    clock[0] += 2.0
+    for i in range(5):  # rank 0 floods again; rank 1's line gets through later and the count comes before it
+        printer.emit(0, f"late {i}")
+    clock[0] += 2.0
+    printer.emit(1, "rank 1 done")
+    printer.show_last_lines()  # rank 0's held-back lines were counted already: no "0 line(s)"
+    lines = out.getvalue().splitlines()
+    assert lines[-6:] == ["[launcher] 3 more line(s) not shown", "[rank 1] rank 1 done",
+                          "[launcher] the last lines of each rank, held back above:", "[rank 0] late 2",
+                          "[rank 0] late 3", "[rank 0] late 4"], lines[-6:]
 
 
 def test_sigint_during_cleanup_is_held_back_then_raised():
@@ -80,15 +113,40 @@ def _plan(tmp_path, **spec):
     return plan_launch(LaunchSpec(script, device="cpu", nproc_per_node=2, **spec))
 
 
-def test_the_pump_logs_every_piece_keeps_transcripts_and_labels_a_nodes_agent_lines(tmp_path):
-    pump, log = _pump_for(tmp_path, nodes=(0, 1), nnodes=2)
-    pump.lines.put((1, "[rank2]:step 1"))
+def rank_folder(log_dir, local_rank, attempt=0, rank=None):
+    """torchrun's folder of one rank (``--log-dir log_dir``), with its two empty logs and, if ``rank`` is given, the
+    rank runner's record of its global rank."""
+    folder = log_dir / "run_x1" / f"attempt_{attempt}" / str(local_rank)
+    folder.mkdir(parents=True)
+    for stream in ("stdout", "stderr"):
+        (folder / f"{stream}.log").touch()
+    if rank is not None:
+        (folder / "rank.json").write_text(json.dumps({"rank": rank, "local_rank": local_rank}))
+    return folder
+
+
+def append(path, text):
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def test_the_pump_reads_each_ranks_lines_from_its_own_files_and_torchruns_from_its_output(tmp_path):
+    """Issue 44: a rank's lines are its own files' lines, whatever they say; torchrun's own lines come from its
+    output, labelled with their node. output.log labels each line with who wrote it."""
+    logs = {node: tmp_path / "logs" / f"node{node}" for node in (0, 1)}
+    log = io.StringIO()
+    pump = OutputPump(2, tmp_path, [0, 1], ThrottledPrinter(io.StringIO()), log, log_dirs=logs)
+    folder = rank_folder(logs[1], 0, rank=2)
+    append(folder / "stdout.log", "step 1\n[rank 3] a line of rank 2\n[default3]:and another\n")
     pump.lines.put((0, "I1130 agent line"))
     pump.lines.put((0, None))
     assert pump.read_lines(0.01) and pump.open_streams == {1}
-    assert log.getvalue() == "[rank2]:step 1\nI1130 agent line\n"
-    assert pump.node_transcripts == {0: ["I1130 agent line"], 1: ["[rank2]:step 1"]}
-    assert pump.ranked == [(2, "step 1"), (None, "I1130 agent line")]
+    assert log.getvalue() == ("[torchrun node 0] I1130 agent line\n[rank 2] step 1\n"
+                              "[rank 2] [rank 3] a line of rank 2\n[rank 2] [default3]:and another\n")
+    assert pump.ranked == [(None, "I1130 agent line"), (2, "step 1"), (2, "[rank 3] a line of rank 2"),
+                           (2, "[default3]:and another")]
+    assert pump.transcript == log.getvalue().splitlines()
+    assert rank_lines(log.getvalue()) == pump.ranked, "output.log reads back as it was attributed"
     assert not pump.read_lines(0.01), "nothing more arrived"
 
 
@@ -119,32 +177,54 @@ def test_the_failure_outcome_names_the_rank_whose_error_file_torchrun_summarised
 
 
 def test_a_redrawn_line_is_shown_once_in_its_final_state_and_in_place_in_the_widget_view(tmp_path):
-    """What torchrun's --tee passes on from two ranks' marked progress bars (an unfinished chunk, its end mark arriving
-    later, a line of the rank's stdout in between): the printer shows each rank's final state once, attributed to its
-    rank; the widget view's output area shows the latest state in place meanwhile; output.log keeps every state."""
+    """Two ranks' progress bars as the rank runner marks them in their stderr.log (each ``\\r`` as ESC[G and a
+    newline, the next state after ESC[A, ESC[K before the final newline), a line of rank 0's stdout, and a line rank 1
+    writes in two pieces: the printer shows each rank's final state once, attributed to its rank; the widget view's
+    output area shows the latest state in place meanwhile, also one the rank has not ended yet; output.log keeps every
+    state, and an unfinished line only once it ends, whole."""
+    def job(printer, log):
+        pump = OutputPump(1, tmp_path, [0], printer, log, log_dirs={0: tmp_path / "logs"})
+        r0, r1 = rank_folder(tmp_path / "logs", 0), rank_folder(tmp_path / "logs", 1)
+        append(r0 / "stderr.log", "\x1b[G\n\x1b[Ar0 1/50\x1b[G\n\x1b[Ar0 2/50")
+        append(r1 / "stderr.log", "\x1b[G\n\x1b[Ar1 1/50\x1b[G\n\x1b[Ar1 2/50")
+        append(r0 / "stdout.log", "rank 0 done\n")
+        append(r1 / "stdout.log", "loading... ")
+        yield pump
+        append(r0 / "stderr.log", "\x1b[G\n\x1b[Ar0 3/50\x1b[K\n")  # rank 0's bar ends: its final state, a line
+        append(r1 / "stdout.log", "done\n")
+        yield pump
+
     buffer, log = LogBuffer(), io.StringIO()
-    pump = OutputPump(1, tmp_path, [0], ThrottledPrinter(buffer), log)
-    raw = ["[default0]:\x1b[G", "[default0]:\x1b[Ar0 1/50\x1b[G", "[default0]:\x1b[Ar0 2/50[default1]:\x1b[G",
-           "[default1]:\x1b[Ar1 1/50\x1b[G", "[default0]:\x1b[G", "[default0]:rank 0 done", "[default1]:\x1b[Ar1 2/50"]
-    for line in raw:
-        pump.take(0, line)
+    steps = job(ThrottledPrinter(buffer), log)
+    pump = next(steps)
+    assert pump.read_rank_logs()
     assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 2/50", "[rank 1] r1 2/50"], "latest states, in place"
-    pump.take(0, "[default0]:\x1b[Ar0 3/50\x1b[K")  # rank 0's bar ends: its final state becomes a line
-    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 3/50", "[rank 1] r1 2/50"]
-    pump.finish()  # the job ended while rank 1 was still redrawing: its latest state is its last word
-    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 3/50", "[rank 1] r1 2/50"]
-    assert pump.printer.tail(1) == ["r1 2/50"] and pump.printer.tail(0) == ["rank 0 done", "r0 3/50"]
-    assert log.getvalue().splitlines() == ["[default0]:r0 1/50", "[default0]:r0 2/50", "[default1]:r1 1/50",
-                                           "[default0]:rank 0 done", "[default1]:r1 2/50", "[default0]:r0 3/50"]
+    next(steps)
+    assert pump.read_rank_logs()
+    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 3/50", "[rank 1] loading... done",
+                              "[rank 1] r1 2/50"]
+    pump.read_rank_logs(final=True)  # the job ended while rank 1 was still redrawing: its latest state
+    logged = log.getvalue()
+    pump.close()
+    pump.finish()  # ... is its last word
+    assert buffer.lines() == ["[rank 0] rank 0 done", "[rank 0] r0 3/50", "[rank 1] loading... done",
+                              "[rank 1] r1 2/50"]
+    assert pump.printer.tail(1) == ["loading... done", "r1 2/50"] and pump.printer.tail(0) == ["rank 0 done", "r0 3/50"]
+    assert logged.splitlines() == ["[rank 0] rank 0 done", "[rank 0] r0 1/50", "[rank 1] r1 1/50",
+                                   "[rank 0] r0 2/50", "[rank 0] r0 3/50", "[rank 1] loading... done",
+                                   "[rank 1] r1 2/50"]
 
     # A text-mode cell (stdout): no line in place, only the final states, as lines.
+    shutil.rmtree(tmp_path / "logs")
     out = io.StringIO()
-    pump = OutputPump(1, tmp_path, [0], ThrottledPrinter(out), io.StringIO())
-    for line in raw + ["[default0]:\x1b[Ar0 3/50\x1b[K"]:
-        pump.take(0, line)
-    assert out.getvalue() == "[rank 0] rank 0 done\n[rank 0] r0 3/50\n"
+    steps = job(ThrottledPrinter(out), io.StringIO())
+    pump = next(steps)
+    pump.read_rank_logs()
+    next(steps)
+    pump.read_rank_logs(final=True)
+    assert out.getvalue() == "[rank 0] rank 0 done\n[rank 0] r0 3/50\n[rank 1] loading... done\n"
     pump.finish()
-    assert out.getvalue() == "[rank 0] rank 0 done\n[rank 0] r0 3/50\n[rank 1] r1 2/50\n"
+    assert out.getvalue() == "[rank 0] rank 0 done\n[rank 0] r0 3/50\n[rank 1] loading... done\n[rank 1] r1 2/50\n"
 
 
 def test_the_screen_skips_stack_dumps_and_always_shows_the_error_line():

@@ -15,14 +15,17 @@ from tutorial_lib.launcher.plan import build_command, command_text, plan_launch
 CPU2 = DevicePlan("cpu", "gloo", 2, 0)
 
 
-def test_command_runs_torchrun_module_on_loopback_with_tee_and_script_args(tmp_path):
+def test_command_runs_torchrun_module_on_loopback_with_each_ranks_output_in_its_own_files_and_script_args(tmp_path):
+    """Issue 44: the ranks' output goes only to their own files (--redirects 3), never through torchrun's output
+    behind a prefix a rank can print too (--tee)."""
     cmd = build_command(tmp_path / "x.py", ["--max-steps", 5, "--lr", 0.1], CPU2, master_port=29555,
                         log_dir=tmp_path / "logs")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     joined = shlex.join(cmd)
     for part in ["--nproc-per-node 2", "--master-addr 127.0.0.1", "--master-port 29555", "--max-restarts 0",
-                 "--tee 3", f"--log-dir {tmp_path / 'logs'}", "--nnodes 1"]:
+                 "--redirects 3", f"--log-dir {tmp_path / 'logs'}", "--nnodes 1"]:
         assert part in joined
+    assert "--tee" not in cmd
     assert cmd[-5:] == [str(tmp_path / "x.py"), "--max-steps", "5", "--lr", "0.1"]
 
 
@@ -30,7 +33,7 @@ def test_restarts_use_the_c10d_rendezvous_so_each_attempt_gets_fresh_store_keys(
     """Issue 6: with the static rendezvous a restarted group read the dead attempt's gloo addresses."""
     cmd = build_command(tmp_path / "x.py", [], CPU2, master_port=29555, log_dir=tmp_path / "logs", max_restarts=1)
     joined = shlex.join(cmd)
-    for part in ["--rdzv-backend c10d", "--rdzv-endpoint 127.0.0.1:29555", "--max-restarts 1", "--tee 3"]:
+    for part in ["--rdzv-backend c10d", "--rdzv-endpoint 127.0.0.1:29555", "--max-restarts 1", "--redirects 3"]:
         assert part in joined
     assert "--master-port" not in joined and "--master-addr" not in joined
 
@@ -151,12 +154,11 @@ def test_the_plan_is_pure_it_builds_each_nodes_command_and_environment_and_write
     assert shlex.join(command) in plan.command_txt({0: command})
 
 
-def test_simulated_nodes_get_their_own_log_folder_line_prefix_and_command_block(tmp_path):
+def test_simulated_nodes_get_their_own_log_folder_and_command_block(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("")
     plan = plan_launch(LaunchSpec(script, nnodes=2, start_nodes=[1], nproc_per_node=1, device="cpu"))
     assert plan.nodes == (1,) and plan.node_log_dir(1) == tmp_path.resolve() / "logs" / "node1"
-    assert plan.node_envs[1]["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
     commands = plan.commands(29512)
     assert list(commands) == [1] and "--rdzv-endpoint" in commands[1]
     assert plan.command_txt(commands).startswith("# node 1\n")

@@ -29,7 +29,7 @@ def test_loss_plot_has_one_line_per_rank_and_the_global_mean(metrics):
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
     labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["rank 0 (local)", "rank 1 (local)", "global mean"]
+    assert labels == ["rank 0 local (loss_local)", "rank 1 local (loss_local)", "global (loss_global)"]
     assert list(ax.get_lines()[2].get_ydata()) == list(metrics.groupby("step")["loss_global"].first())
 
 
@@ -115,6 +115,7 @@ def test_reshard_tradeoff_plot_draws_held_bytes_and_all_gathers_stacked_by_group
 
 import warnings
 
+from tutorial_lib.i18n import has_cjk
 from tutorial_lib.launcher.sampler import PID_MISMATCH_NOTE
 from tutorial_lib.notebook import figure_text as plots
 
@@ -152,13 +153,92 @@ def test_the_english_edition_and_a_machine_without_a_cjk_font_keep_english_and_s
         chinese, monkeypatch):
     table = pd.DataFrame({"label": ["a"], "x": [1.0], "y": [2.0]})
     monkeypatch.setattr(plots, "cjk_font", lambda: None)
-    with pytest.warns(UserWarning, match="fonts-wqy-microhei"):
+    with pytest.warns(UserWarning, match="apt-get install fonts-wqy-microhei") as warned:
         fig = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
     assert "activation checkpointing: memory vs time" in _texts(fig)
+    said = str(warned[0].message)  # issue 45 item 17: the Chinese edition's reader is told in Chinese
+    assert has_cjk(said) and "Jupyter 内核" in said and "CJK" in said, said
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per kernel, not on every figure
         tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    with pytest.warns(UserWarning, match="^no CJK font is installed"):  # once per language, in that language
+        plots._warn_no_cjk_font("en")
     tl.set_language("en")
     monkeypatch.undo()
     english = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
     assert "activation checkpointing: memory vs time" in _texts(english)
+
+
+# --- readable figures (issue 45 item 3): legends off the data, whole steps, local and global named ---------------
+
+
+def _four_steps():
+    rows = [{"step": step, "rank": rank, "loss_local": 1 / step + 0.1 * rank, "loss_global": 1 / step + 0.05,
+             "param_bytes": 4 * 2**20, "grad_bytes": 4 * 2**20, "optimizer_state_bytes": 8 * 2**20,
+             "rss_bytes": 300 * 2**20, "loss_scale": 2.0**(16 - step), "step_skipped": step == 2,
+             "attempt": 0, "resumed_from_step": 0}
+            for rank in (0, 1) for step in range(1, 5)]
+    return pd.DataFrame(rows)
+
+
+def _figures_with_legends(metrics):
+    table = pd.DataFrame({"label": ["DDP rank 0", "FSDP rank 0"], "predicted_bytes": [2**24, 2**23],
+                          "measured_bytes": [2**24, 2**23]})
+    return {"plot_run": tl.plot_run(metrics), "plot_loss": tl.plot_loss(metrics),
+            "plot_memory": tl.plot_memory(None, metrics.drop(columns=["param_bytes", "grad_bytes"])),
+            "plot_tensor_bytes": tl.plot_tensor_bytes(metrics),
+            "plot_compare": tl.plot_compare({"a": metrics, "b": metrics.assign(loss_global=0.0)}),
+            "plot_loss_scale": tl.plot_loss_scale(metrics), "plot_memory_prediction": tl.plot_memory_prediction(table),
+            "plot_resume": tl.plot_resume(metrics, reference=metrics)}
+
+
+def test_no_legend_covers_the_data_and_none_leaves_the_figure():
+    for name, fig in _figures_with_legends(_four_steps()).items():
+        fig.draw_without_rendering()  # lays the figure out (constrained layout) as a display would
+        legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_legend() is not None]
+        assert legends, name
+        for ax, legend in legends:
+            box, data = legend.get_window_extent(), ax.get_window_extent()  # the axes hold all the data drawn
+            assert not box.overlaps(data), (name, box, data)
+            assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 <= box.y1 <= fig.bbox.y1, \
+                (name, "the legend is cut off")
+
+
+def _shown_ticks(ax):
+    low, high = sorted(ax.get_xlim())
+    return [t for t in ax.get_xticks() if low <= t <= high]
+
+
+def test_a_four_step_run_has_whole_step_ticks_on_every_step_axis():
+    """A 4-step run's memory panel ticked 1.0, 1.5, 2.0, ... (its stacked tensor bytes had no integer locator)."""
+    metrics = _four_steps()
+    figures = _figures_with_legends(metrics)
+    axes = [*figures["plot_run"].axes, figures["plot_loss"].axes[0], figures["plot_memory"].axes[0],
+            figures["plot_compare"].axes[0], figures["plot_loss_scale"].axes[0], figures["plot_resume"].axes[0]]
+    for ax in axes:
+        assert ax.get_xlabel() == "step"
+        ticks = _shown_ticks(ax)
+        assert ticks == [1, 2, 3, 4] and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+    one = tl.plot_run(metrics[metrics["step"] == 3])
+    assert [list(ax.get_xticks()) for ax in one.axes] == [[3], [3]], "one step: that step, the only tick"
+
+
+def test_the_loss_legend_says_which_line_is_a_ranks_own_loss_and_which_the_mean_over_ranks():
+    legend = tl.plot_run(_four_steps()).axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "rank 0 local (loss_local)", "rank 1 local (loss_local)", "global (loss_global)"]
+    assert legend.get_title().get_text() == ("local: a rank's loss on its own samples\n"
+                                             "global: the mean of all ranks' losses")
+    only_local = tl.plot_loss(_four_steps().drop(columns=["loss_global"])).axes[0].get_legend()
+    assert only_local.get_title().get_text() == "", "no global line: nothing to tell apart"
+
+
+def test_the_chinese_edition_glosses_the_loss_legends_key_with_a_cjk_font(chinese):
+    fig = tl.plot_run(_four_steps())
+    title = fig.axes[0].get_legend().get_title()
+    assert title.get_text() == ("local: a rank's loss on its own samples\nglobal: the mean of all ranks' losses\n"
+                                "local：每个 rank 在自己样本上的损失\nglobal：所有 rank 损失的平均值")
+    assert plots.cjk_font() in title.get_fontfamily()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a glyph the font cannot draw warns
+        fig.canvas.draw()

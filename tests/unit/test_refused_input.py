@@ -53,7 +53,7 @@ def test_each_name_a_launch_writes_is_refused_as_a_file_or_a_folder(tmp_path, na
 def test_the_launcher_writes_names_come_from_rundir():
     rundir = tl.runs.rundir
     assert set(LAUNCH_OUTPUTS) == {rundir.COMMAND_TXT, rundir.OUTPUT_LOG, rundir.RUN_RECORD, rundir.LOGS,
-                                   rundir.METRICS_SUBDIR, rundir.SAMPLES_SUBDIR}
+                                   rundir.METRICS_SUBDIR, rundir.SAMPLES_SUBDIR, rundir.OBSERVED_SUBDIR}
 
 
 def test_a_fresh_run_dir_holding_only_the_copied_script_is_accepted(tmp_path):

@@ -5,9 +5,11 @@ import os
 
 from conftest import FIXTURES
 from tutorial_lib.torchrun.noise import NoiseFilter
+from tutorial_lib.torchrun.output_lines import label_line, rank_lines, torchrun_output
+from tutorial_lib.torchrun.rank_logs import NodeLogs
 from tutorial_lib.torchrun.root_cause import find_root_cause
 from tutorial_lib.torchrun.stacks import innermost_frame, stacks_by_rank, without_tracebacks
-from tutorial_lib.torchrun.tee import RankTails, TeeSplitter, rank_lines, split_rank_prefix, split_tee_line
+from tutorial_lib.torchrun.tee import RankTails, TeeSplitter, split_rank_prefix, split_tee_line
 
 
 def test_rank_prefix_is_split_and_torchrun_lines_have_no_rank():
@@ -186,8 +188,9 @@ def _terminal(text: str) -> list[str]:
 
 
 def test_the_rank_runner_marks_a_line_redrawn_with_carriage_returns_as_a_terminal_draws_it():
-    """torchrun's --tee turns a bare ``\\r`` into a line break, so the rank runner marks redrawn lines (issue 17, input
-    1); a terminal (``cat`` of a rank's log) shows the marked bytes exactly as it shows the script's own."""
+    """A rank's log is read as text where a bare ``\\r`` ends a line (torchrun's --tee and the launcher's rank_logs), so
+    the rank runner marks redrawn lines (issue 17, input 1); a terminal (``cat`` of a rank's log) shows the marked
+    bytes exactly as it shows the script's own."""
     import io
 
     from tutorial_lib.child.rank_runner import RedrawMarkingStream
@@ -200,7 +203,7 @@ def test_the_rank_runner_marks_a_line_redrawn_with_carriage_returns_as_a_termina
     assert marked == ("epoch 1\n\x1b[G\n\x1b[A  0%|\x1b[G\n\x1b[A 50%|#####\x1b[G\n\x1b[A100%|##########|\x1b[K\n"
                       "done\na\r\n\x1b[G\n\x1b[Ab\x1b[K\n")
     assert _terminal(marked) == _terminal("".join(writes)) == ["epoch 1", "100%|##########|", "done", "a", "b", ""]
-    assert "\r" not in marked.replace("\r\n", ""), "no bare \\r left for torchrun's reader to turn into a line break"
+    assert "\r" not in marked.replace("\r\n", ""), "no bare \\r left for a reader of the log to turn into a line break"
 
 
 def _rank_folder(log_dir, local_rank, attempt=0):
@@ -246,3 +249,108 @@ def test_a_fatal_signal_in_a_ranks_log_beats_the_peer_torchrun_reported_first(tm
     assert (failure.rank, failure.exit_code, failure.signal, failure.how) == (1, -11, "SIGSEGV", "killed by a signal")
     assert failure.fatal_error.splitlines()[0] == "Fatal Python error: Segmentation fault"
     assert "segv.py" in failure.fatal_error and "rank_runner" not in failure.fatal_error, "the runner's frames cut"
+
+
+# --- every rank's lines from its own files (rank_logs), and output.log's labelled lines (output_lines) ----------------
+
+
+def _append(path, data):
+    with open(path, "ab") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def _texts(lines):
+    return [(line.rank, line.stream, line.text) for line in lines if line.complete]
+
+
+def test_a_ranks_lines_are_its_files_lines_whatever_they_say_and_output_log_reads_them_back_so():
+    """Issue 44: rank 0 printed rank 1's --tee prefix at the start of a line and inside one, and the current label:
+    all of it is rank 0's, in the log file and read back from output.log; the same text in an older --tee output.log
+    was split and credited to rank 1 (which is why the launcher no longer reads that)."""
+    printed = ["[default1]:forged", 'x[default1]:check {"a": 1}', "[rank 1] forged",
+               "a\x0c[default1]:b\u2028[rank 1] c"]
+    log = "".join(label_line(0, text) + "\n" for text in printed) + label_line(None, "W1130 agent line") + "\n"
+    assert rank_lines(log) == [(0, text) for text in printed] + [(None, "W1130 agent line")]
+    assert torchrun_output(log) == "W1130 agent line"
+    old = "[default0]:" + "\n[default0]:".join(printed[:2]) + "\nW1130 agent line\n"
+    assert rank_lines(old) == [(0, "[default1]:forged"), (0, "x"), (1, 'check {"a": 1}'), (None, "W1130 agent line")]
+    assert torchrun_output(old) == old, "the older format: torchrun's readers read it whole, as before"
+    assert rank_lines(label_line(1, "[rank1]: Traceback (most recent call last):")) == [
+        (1, "Traceback (most recent call last):")], "torch's own label of the same rank, said once"
+    assert rank_lines(label_line(None, "x", node=1) + "\n[batch] srun: error") == [(None, "x"), (None, "srun: error")]
+
+
+def test_a_rank_files_lines_are_read_as_they_grow_with_their_line_ends_and_characters_whole(tmp_path):
+    """One node: the folder's local rank is the rank. A line is complete at \\n, \\r\\n or a bare \\r (as torchrun's own
+    text reader has it), even when "\\r\\n" or a UTF-8 character is split between two reads; what is written of an
+    unfinished line is reported as such, and again, whole, when it ends; the final read ends it."""
+    folder = _rank_folder(tmp_path, 1)
+    logs = NodeLogs(tmp_path, one_node=True)
+    assert logs.read() == [], "no file yet: nothing, no error"
+    _append(folder / "stdout.log", "step 1\nhalf\r")
+    _append(folder / "stderr.log", b"caf\xc3")  # the first byte of a two-byte character
+    lines = logs.read()
+    assert _texts(lines) == [(1, "stdout", "step 1")]
+    assert [(line.text, line.complete) for line in lines if not line.complete] == [("half", False), ("caf", False)]
+    _append(folder / "stdout.log", "\nbare\rcr\x0cstays\u2028inside\n")
+    _append(folder / "stderr.log", b"\xa9 ok\nno end")
+    assert _texts(logs.read()) == [(1, "stdout", "half"), (1, "stdout", "bare"),
+                                   (1, "stdout", "cr\x0cstays\u2028inside"), (1, "stderr", "caf\u00e9 ok")]
+    assert logs.read() == [], "the unfinished line, unchanged, is not reported again"
+    assert _texts(logs.read(final=True)) == [(1, "stderr", "no end")]
+    assert logs.ranks() == {1}
+
+
+def test_on_several_nodes_a_folders_lines_wait_for_the_rank_runners_record_of_its_global_rank(tmp_path):
+    """The rendezvous decides a node's global ranks: node 1 may run ranks 0 and 1. A folder's lines are held until the
+    rank runner's record (written before the script runs) says its rank; a folder without one takes it from its
+    attempt's other folders; at the end, lines nothing attributes come with rank None."""
+    logs = NodeLogs(tmp_path, one_node=False)
+    first, second = _rank_folder(tmp_path, 0), _rank_folder(tmp_path, 1)
+    _append(first / "stdout.log", "early\n")
+    assert logs.read() == [], "no record yet: held"
+    (first / "rank.json").write_text(json.dumps({"rank": 2, "local_rank": 0}))
+    _append(second / "stderr.log", "from local rank 1\n")
+    assert _texts(logs.read()) == [(2, "stdout", "early"), (3, "stderr", "from local rank 1")]
+    assert logs.ranks() == {2, 3}
+    other = NodeLogs(tmp_path / "other", one_node=False)
+    _append(_rank_folder(tmp_path / "other", 0) / "stderr.log", "python: can't open file\n")
+    (_rank_folder(tmp_path / "other", 0) / "rank.json").write_text(json.dumps({"rank": 5, "local_rank": 1}))
+    assert other.read() == [], "a record naming another local rank is not this folder's"
+    assert [(line.rank, line.local_rank, line.text) for line in other.read(final=True)] == [
+        (None, 0, "python: can't open file")]
+
+
+def test_a_restart_starts_a_new_attempt_and_the_last_one_is_read_to_its_end(tmp_path):
+    """torchrun stops an attempt's ranks before it makes the next attempt's folder (--max-restarts): the first
+    attempt's unfinished line ends there, and its files are closed."""
+    logs = NodeLogs(tmp_path, one_node=True)
+    _append(_rank_folder(tmp_path, 0) / "stdout.log", "attempt 0\nkilled mid-")
+    assert _texts(logs.read()) == [(0, "stdout", "attempt 0")]
+    _append(_rank_folder(tmp_path, 0, attempt=1) / "stdout.log", "attempt 1\n")
+    assert [(line.attempt, line.text) for line in logs.read()] == [(0, "killed mid-"), (1, "attempt 1")]
+    assert logs.read(final=True) == []
+
+
+def test_a_restarted_ranks_lines_say_their_attempt_and_the_doctor_takes_the_earlier_attempts_as_evidence():
+    """The launcher reads the ranks' files attempt by attempt while torchrun's own lines reach output.log as printed:
+    torchrun's "failed (exitcode: -9)" can come before the killed rank's last line. The label says the attempt, and
+    the doctor's evidence of a run that finished after a restart is what the earlier attempts printed, wherever the
+    lines stand (a 05-style crash in the middle of a save, reproduced from a real run's order)."""
+    from tutorial_lib.torchrun.root_cause import before_the_last_attempt
+    from tutorial_lib.torchrun.output_lines import attempt_lines, label_line
+    assert label_line(1, "x") == "[rank 1] x" and label_line(1, "x", attempt=2) == "[rank 1 attempt 2] x"
+    output = "\n".join([
+        "[torchrun] E1205 04:16:37.375000 21805 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 21809) of "
+        "binary: /usr/bin/python",
+        label_line(0, "step 3: saved step-3"), label_line(1, "step 3: saved step-3"),
+        label_line(1, "rank 1: killed by SIGKILL in the middle of the step-6 save"),
+        label_line(0, "attempt 1: resumed from step-3", attempt=1), label_line(1, "[default0]:forged", attempt=1),
+        label_line(1, "step 12: saved step-12", attempt=1)]) + "\n"
+    assert [(r, a) for r, a, _ in attempt_lines(output)] == [(None, None), (0, 0), (1, 0), (1, 0), (0, 1), (1, 1),
+                                                              (1, 1)]
+    assert attempt_lines(output)[5][2] == "[default0]:forged", "a label is read first, the text never split"
+    evidence = attempt_lines(before_the_last_attempt(output))
+    assert [t for r, _, t in evidence if r == 1][-1] == "rank 1: killed by SIGKILL in the middle of the step-6 save"
+    assert not any("attempt 1" in t or "step-12" in t for _, _, t in evidence), evidence
+    assert before_the_last_attempt(output.split("\n", 1)[1]) == output.split("\n", 1)[1], "no failure: all of it"

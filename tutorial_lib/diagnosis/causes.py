@@ -326,7 +326,9 @@ FINISHED_FIX = Nn_("rank {rank} returned (exit code 0) while rank {waiting} wait
                    "(07, section 1c 'One rank skips a collective'; uneven inputs: 02, section 4)")
 SIGNAL_FIXES = {
     "SIGKILL": N_("killed with SIGKILL: most likely the Linux OOM killer (compare the peak RSS with the machine's "
-                  "memory; dmesg says 'Out of memory: Killed process') or a manual kill (07, section 4 'Out of memory')"),
+                  "memory, or the container's limit; dmesg says 'Out of memory: Killed process', but inside a "
+                  "container dmesg is often not readable and the kill is the cgroup's: read the host's or the "
+                  "platform's OOM records) or a manual kill (07, section 4 'Out of memory')"),
     "SIGSEGV": N_("a crash in native code (C++/CUDA): the faulthandler stack in the rank's log shows the Python line "
                   "that called it (07, section 1d: DDP under TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo crashes so)"),
     "SIGABRT": N_("a native abort: often gloo or NCCL aborting on a broken collective, or a C++ exception; read the "
@@ -364,9 +366,10 @@ EXIT_FIX = (N_("rank {rank} ended itself with exit code {code} and left no trace
                 "'A crashing rank')"))
 # NCCL's watchdog on a timed-out collective ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)").
 NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|WorkNCCL\(.*\) ran for")
+# Added to the fix of an NCCL timeout or NCCL error when several ranks ran on one machine (doctor._match_cause).
 P2P_HINT = (N_("; with several consumer GPUs in one machine (no NVLink, e.g. RTX 4090) a broken peer-to-peer path hangs "
-                "NCCL's collectives the same way: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} (run_script / LaunchSpec "
-                "env=); `python -m tutorial_lib env` lists the GPU pairs without peer access"))
+                "NCCL's collectives or fails them with an NCCL error: rerun with env={\"NCCL_P2P_DISABLE\": \"1\"} "
+                "(run_script / LaunchSpec env=); `python -m tutorial_lib env` lists the GPU pairs without peer access"))
 NO_ERROR_FIX = (N_("the rank left no traceback and torchrun reported no exit code for it while its peers lost the "
                     "connection: most likely killed by a signal (SIGKILL from the OOM killer or kill -9); its last log "
                     "lines say what it was doing (07, section 4 'Out of memory')"))

@@ -24,9 +24,10 @@ from ..torchrun.attempts import attempts, read_error_file
 from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, FAULTHANDLER_FRAME, NPROC_PER_NODE_ARG,
                                 SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_FRAME, TRACEBACK_START)
 from ..torchrun.noise import NoiseFilter
-from ..torchrun.root_cause import AGENT_FAILED, FINISHED, LOST_PEER, STOPPED, find_root_cause
+from ..torchrun.root_cause import FINISHED, LOST_PEER, STOPPED, before_the_last_attempt, find_root_cause
 from ..torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
-from ..torchrun.tee import RankTails, rank_lines
+from ..torchrun.output_lines import rank_lines, torchrun_output
+from ..torchrun.tee import RankTails
 from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
                      NCCL_TIMEOUT, NEVER_STARTS_FIX, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
                      SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
@@ -191,19 +192,12 @@ def _read_output(run_dir: Path, error: LaunchError | None) -> str:
     return output
 
 
-def _evidence_output(output: str, recovered: bool) -> str:
-    """The output that is evidence: all of it, or for a run that finished after a restart, the output up to the
-    agent's last "failed (exitcode: ...)" line (what the restarted attempt printed is not evidence)."""
-    agent_failures = list(AGENT_FAILED.finditer(output)) if recovered else []
-    return output[:output.find("\n", agent_failures[-1].end()) + 1 or None] if agent_failures else output
-
-
 def _split_ranks(output: str) -> _RankOutput:
     """``output`` rank by rank (see ``_RankOutput``)."""
     ranks = _RankOutput()
     noise = NoiseFilter()
     frame_indent: dict[int | None, int | None] = {}  # each rank's previous line's _frame_indent
-    for rank, text in rank_lines(output):  # output.log of an older launch has ranks' chunks on one line
+    for rank, text in rank_lines(output):  # either format (output_lines): labelled lines, or an older launch's --tee
         ranks.ranked.append((rank, text))
         if noise.kind(rank, text) == NoiseFilter.VERSION:
             continue  # e.g. DCP's TypedStorage warning: a rank's last words are what it printed before it
@@ -217,9 +211,11 @@ def _split_ranks(output: str) -> _RankOutput:
 
 def _run_failed(error: LaunchError | None, timed_out: bool, failure: RankFailure | None,
                 error_files: dict[int | None, str], output: str) -> bool:
-    """Whether anything says the run failed: an error, a timeout, a root cause, an error file, a traceback."""
+    """Whether anything says the run failed: an error, a timeout, a root cause, an error file, torchrun's traceback
+    (``output``: the run's output.log, either format)."""
+    said = torchrun_output(output)
     return (error is not None or timed_out or failure is not None or bool(error_files)
-            or CHILD_FAILED in output or TRACEBACK_START.search(output) is not None)
+            or CHILD_FAILED in said or TRACEBACK_START.search(said) is not None)
 
 
 def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
@@ -295,9 +291,9 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
                 diagnosis.cause_id, diagnosis.evidence = cause.id, evidence
                 diagnosis.fix_text = Message(cause.fix_for(_script(diagnosis.run_dir)))
                 nccl_timeout = cause.id == CauseId.COLLECTIVE_TIMEOUT and any(map(NCCL_TIMEOUT.search, texts))
-                if nccl_timeout and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir))
-                                     or 0) > 1:
-                    # NCCL (so GPUs), several ranks on one machine: P2P between them
+                nccl = nccl_timeout or cause.id == CauseId.NCCL_ERROR
+                if nccl and (_ranks_on_this_machine(diagnosis.run_dir, RunRecord.read(diagnosis.run_dir)) or 0) > 1:
+                    # NCCL (so GPUs), several ranks on one machine: P2P between them can hang or fail a collective
                     diagnosis.fix_text = diagnosis.fix_text + Message(P2P_HINT)
                 return True
     return False
@@ -464,7 +460,7 @@ def examine(run: str | os.PathLike | LaunchError) -> Diagnosis:
     # run.json: a timeout is diagnosed from the folder alone, a run finished after a restart by what it recovered from
     record = RunRecord.read(run_dir) if error is None else None
     recovered = record is not None and record.status == RunStatus.FINISHED and record.returncode == 0
-    ranks = _split_ranks(_evidence_output(output, recovered))
+    ranks = _split_ranks(before_the_last_attempt(output) if recovered else output)  # the restart is no evidence
     if record is not None and record.status in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
         return _stopped_diagnosis(run_dir, record, ranks, _run_last_steps(run_dir, None))
     failure = error.failure if error is not None else find_root_cause(

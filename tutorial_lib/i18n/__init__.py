@@ -11,7 +11,8 @@ form), and each other language is one catalogue, ``locale/<lang>/LC_MESSAGES/tut
 ``locale/zh/``). A language is one new ``.po`` file: ``languages()`` lists every catalogue found, and
 ``python scripts/catalogue.py init LANG`` writes a new one with every message to translate (Babel extracts them from
 the code; ``scripts/catalogue.py check`` and ``tests/unit/test_i18n.py`` fail on a message without its translation, a
-translation that drops a field, or a catalogue that does not compile). A catalogue is compiled when it is first used,
+translation that drops a field, a header left unfilled, or a catalogue that does not compile or that ``msgfmt
+--check-format`` refuses). A catalogue is compiled when it is first used,
 with Babel, in memory: no ``.mo`` file is built, installed or left stale, and an editable install or a source
 checkout reads the same text.
 

@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 
+from ..child import protocol
 from ..errors import ConfigError
 from .devices import DevicePlan
 
@@ -88,4 +89,14 @@ def build_env(plan: DevicePlan, extra: Mapping[str, str] = (), *, base: Mapping[
     for key, value in defaults.items():
         env.setdefault(key, value)
     env.update(extra)
+    return env
+
+
+def with_observer(env: Mapping[str, str], folder: str | os.PathLike | None) -> dict[str, str]:
+    """``env`` with the rank runner's observer on, writing into ``folder`` (``protocol.OBSERVE_ENV``), or off
+    (``folder=None``: the variable removed, whatever the caller's environment held)."""
+    env = dict(env)
+    env.pop(protocol.OBSERVE_ENV, None)
+    if folder is not None:
+        env[protocol.OBSERVE_ENV] = str(folder)
     return env

@@ -24,11 +24,13 @@ import psutil
 
 from ..child.protocol import SOCKET_ENV, set_parent_death_signal
 from ..errors import ConfigError
+from ..i18n import Message, render
 from ..runs.metrics import JsonlTail
 from ..runs.printed_metrics import PrintedMetricsWriter, compile_loss_pattern
 from ..runs.rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
 from ..torchrun.formats import STACK_LINE
 from . import warm
+from .environment import rank_env
 from .live import safe_draw
 from .output import OutputPump, ThrottledPrinter
 from .plan import LOOPBACK, RANK_RUNNER, LaunchPlan
@@ -88,16 +90,21 @@ def start_commands(plan: LaunchPlan, commands: dict[int, list[str]], printer: Th
     cold = {node: (commands[node], dict(plan.node_envs[node])) for node in plan.nodes}
     if not plan.warm:
         return cold, "cold"
-    socket_path, reason = warm.warm_path(plan.node_envs[plan.nodes[0]], wait_s=wait_s)
+    env = plan.node_envs[plan.nodes[0]]
+    sources = warm.env_sources(env, plan.spec.env, rank_env())
+    started_for = Message(warm.STARTED_FOR_LAUNCH, {"run_dir": plan.run_dir})
+    socket_path, reason = warm.warm_path(env, wait_s=wait_s, sources=sources, started_for=started_for)
     if socket_path is None:
         if warm.say_once(reason):
-            printer.note(f"warm start off ({reason}): torchrun and the ranks start cold, importing torch each")
+            printer.note(render(Message("warm start off ({reason}): torchrun and the ranks start cold, importing "
+                                        "torch each", {"reason": reason})))
         return cold, "cold"
     return {node: (warm.warm_command(commands[node], RANK_RUNNER), {**plan.node_envs[node], SOCKET_ENV: socket_path})
             for node in plan.nodes}, "warm"
 
 
 def _reader(stream, out: queue.Queue, node: int = 0) -> None:
+    """Put each line of ``node``'s torchrun output (its own lines: the ranks' are in their files) on ``out``."""
     for raw in iter(stream.readline, b""):
         out.put((node, raw.decode("utf-8", errors="replace").rstrip("\r\n")))
     out.put((node, None))
@@ -164,7 +171,8 @@ def start_job(plan: LaunchPlan, view, printer: ThrottledPrinter) -> RunningJob:
     store, port = host_rendezvous(plan)
     commands = plan.commands(port)
     write_command_txt(plan, commands)
-    pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, printer, open(plan.run_dir / OUTPUT_LOG, "w"))
+    pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, printer, open(plan.run_dir / OUTPUT_LOG, "w"),
+                      log_dirs={node: plan.node_log_dir(node) for node in plan.nodes})
     safe_draw(view.start)
     procs: dict[int, subprocess.Popen] = {}
     try:
@@ -174,16 +182,16 @@ def start_job(plan: LaunchPlan, view, printer: ThrottledPrinter) -> RunningJob:
                 starts[node][0], cwd=plan.cwd, env=starts[node][1], stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its kernel
-                # died stopped its ranks, then hung at exit joining its tee threads (never told to stop), an orphan
-                # for good. Its ranks die with it all the same (the rank runner's own PDEATHSIG). The signal fires
-                # when the thread that starts the agent ends: this one, which waits for the job until every agent
-                # is gone (launch returns, or raises, only then), so never while the job runs.
+                # died stopped its ranks, then hung at exit joining its tee threads (never told to stop; it ran with
+                # --tee 3 then), an orphan for good. Its ranks die with it all the same (the rank runner's own
+                # PDEATHSIG). The signal fires when the thread that starts the agent ends: this one, which waits for
+                # the job until every agent is gone (launch returns, or raises, only then), so never while it runs.
                 preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
             )
     except BaseException:
         for proc in procs.values():
             ProcessTree(proc.pid).stop(proc, plan.spec.shutdown_grace_s)
-        pump.output_log.close()
+        pump.close()
         raise
     return RunningJob(plan, pump, view, procs, commands, start, store, started_at)
 
@@ -294,17 +302,19 @@ class RunningJob:
                 stacks = self.dump_stacks()
         with sigint_deferred():  # a second interrupt must not cut the cleanup short
             killed = self.tree.stop(list(self.procs.values()), self.plan.spec.shutdown_grace_s)
+            self.pump.read_rank_logs(final=True)  # every rank is gone: what they printed as they stopped, to the end
         return ranks_running, stacks, killed
 
     def close(self) -> None:
-        """On every path: stop sampling, kill leftovers, read the last lines, close the log, the pipes and the
-        rendezvous store."""
+        """On every path: stop sampling, kill leftovers, read the last lines (torchrun's, and the ranks' files to their
+        end), close the log, the files, the pipes and the rendezvous store."""
         self.sampler.stop()
         self.tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
         for reader in self.readers:
             reader.join(timeout=5)
         self.pump.read_lines(0)  # lines that arrived after the loop ended
-        self.pump.output_log.close()
+        self.pump.read_rank_logs(final=True)  # nothing of the job runs any more: the ranks' files are complete
+        self.pump.close()
         for proc in self.procs.values():
             if proc.stdout:
                 proc.stdout.close()

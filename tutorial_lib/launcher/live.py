@@ -194,9 +194,10 @@ class NotebookView(LiveView):
         steps = {r.get("step") for r in self.records}
         if len(steps) < MIN_PLOT_STEPS:  # one dot is no curve: a 1-step or early-failed run draws no figure
             if final:
-                self._plot.update(_Text("(no per-step metrics: this script writes none)" if not self.records else
-                                        f"({len(steps)} step logged: too few for a curve; metrics in "
-                                        f"{Path(self.run_dir) / 'metrics' if self.run_dir else 'metrics/'})"))
+                metrics = Path(self.run_dir) / "metrics" if self.run_dir else "metrics/"
+                self._plot.update(_Text(_("(no per-step metrics: this script writes none)") if not self.records else
+                                        _("({n} step logged: too few for a curve; metrics in {path})", n=len(steps),
+                                          path=metrics)))
             return
         fig = plot_run(pd.DataFrame(self.records), pd.DataFrame(rss_samples) if rss_samples else None)
         self._plot.update(fig)
@@ -266,7 +267,7 @@ class TextNotebookView(NotebookView):
     def _start_progress(self) -> None:
         from IPython.display import display
 
-        self._progress = display(_Text("starting torchrun ..."), display_id=True)
+        self._progress = display(_Text(_("starting torchrun ...")), display_id=True)
 
     def _draw_progress(self, elapsed_s, outcome=None):
         status = _("elapsed {elapsed_s:.1f} s", elapsed_s=elapsed_s) + (f" - {outcome.text}" if outcome else "")
@@ -295,17 +296,16 @@ class WidgetNotebookView(NotebookView):
         import ipywidgets as w
         from IPython.display import display
 
-        self._header = w.HTML("<b>starting torchrun ...</b>")
+        self._header = w.HTML(f"<b>{html.escape(_('starting torchrun ...'))}</b>")
         self._where = html.escape(f" · {where_ranks_run(self.cwd)}") if self.cwd is not None else ""
         self._rows = w.VBox([])
         self._alert = w.HTML(layout=w.Layout(display="none"))
         self._log = w.HTML(_log_html([]))
-        where = f"; every line in {Path(self.run_dir) / 'output.log'}" if self.run_dir else ""
-        title = f"output, rank-prefixed (last {self.log_stream.maxlen} lines{where})"  # plain text, not HTML
+        title = _output_title(self.log_stream.maxlen, self.run_dir)  # plain text, not HTML
         self._log_box = w.Accordion(children=[self._log], titles=(title,), selected_index=0)
         self._box = w.VBox([self._header, self._rows, self._alert, self._log_box], layout=w.Layout(width="100%"))
         self._box.add_class("tutorial-lib-live")
-        self._box_handle = display(self._widget_bundle("starting torchrun ..."), raw=True, display_id=True)
+        self._box_handle = display(self._widget_bundle(_("starting torchrun ...")), raw=True, display_id=True)
 
     def _widget_bundle(self, text: str) -> dict:
         """The box's display data. Its ``text/plain`` is what a notebook saved without widget state shows (plain
@@ -314,8 +314,7 @@ class WidgetNotebookView(NotebookView):
         data = self._box._repr_mimebundle_()
         lines, head = self.log_stream.lines(), [text]
         if lines:
-            where = f"; every line in {Path(self.run_dir) / 'output.log'}" if self.run_dir else ""
-            head.append(f"output, rank-prefixed (the last {self.log_stream.maxlen} lines{where}):")
+            head.append(_output_title(self.log_stream.maxlen, self.run_dir) + ":")
         data["text/plain"] = "\n".join(head + lines)
         return data
 
@@ -399,7 +398,7 @@ class LogBuffer:
 
 def _log_html(lines: list[str]) -> str:
     """Lines in a scrolling box about 12 lines high that stays scrolled to the newest line (column-reverse)."""
-    text = html.escape("\n".join(lines)) if lines else "(no output lines yet)"
+    text = html.escape("\n".join(lines) if lines else _("(no output lines yet)"))
     return ("<div class='tutorial-lib-log' style='display:flex;flex-direction:column-reverse;max-height:15em;"
             "overflow-y:auto'><pre style='flex:none;overflow:visible;margin:0;font-size:12px;line-height:1.25'>" + text + "</pre></div>")
 
@@ -414,9 +413,17 @@ class _Text:
         return self.text
 
 
+def _output_title(maxlen: int, run_dir: str | os.PathLike | None) -> str:
+    """The output area's title: how many of the ranks' last lines it keeps, and where every line is."""
+    if run_dir is None:
+        return _("output, rank-prefixed (the last {n} lines)", n=maxlen)
+    return _("output, rank-prefixed (the last {n} lines; every line in {path})", n=maxlen,
+             path=Path(run_dir) / "output.log")
+
+
 def where_ranks_run(cwd: str | os.PathLike) -> str:
-    """The status's words for the ranks' working folder."""
-    return f"ranks run in {cwd}"
+    """The status's words for the ranks' working folder, in the language in use."""
+    return _("ranks run in {cwd}", cwd=cwd)
 
 
 def make_view(mode: str = "auto", run_dir: str | os.PathLike | None = None,

@@ -17,7 +17,7 @@ from ..torchrun.root_cause import find_root_cause
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import FINISHED, SIGNAL, RankFailure
 from ..torchrun.stacks import innermost_frame, learner_stack, stopped_ranks_stacks
-from ..torchrun.tee import split_rank_prefix
+from ..torchrun.output_lines import parse_line, torchrun_output
 from .live import Outcome
 from .output import OutputPump
 from .plan import LOOPBACK, LaunchPlan, command_port
@@ -124,7 +124,8 @@ def output_tail(transcript: Sequence[str], n: int = 30) -> list[str]:
     error's ``stacks``, its runner frames left out; the dumps stay in ``output.log``)."""
     noise, kept = NoiseFilter(), []
     for line in transcript:
-        if noise.kind(split_rank_prefix(line)[0], split_rank_prefix(line)[1]) != NoiseFilter.STACK:
+        rank, text = parse_line(line) or (None, line)  # a launch's transcript: labelled lines (output_lines)
+        if noise.kind(rank, text) != NoiseFilter.STACK:
             kept.append(line)
     return kept[-n:]
 
@@ -155,7 +156,8 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
         fields = {"script": script.name, "code": returncode, "node": failed[0]}
         headline = (Message(N_("{script} failed: torchrun (node {node}) exited with code {code}"), fields)
                     if spec.nnodes > 1 else Message(N_("{script} failed: torchrun exited with code {code}"), fields))
-        reason = explain_agent_failure("\n".join(pump.transcript), spec, plan.nodes, command_port(command))
+        reason = explain_agent_failure(torchrun_output("\n".join(pump.transcript)), spec, plan.nodes,
+                                       command_port(command))
         if reason is not None:
             headline = Message(N_("{failed}: {reason}"), {"failed": headline, "reason": reason})
     summary = str(headline)

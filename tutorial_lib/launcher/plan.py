@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runs.rundir import node_log_dir
+from ..runs.rundir import node_log_dir, observed_dir
 from .devices import DevicePlan, node_visible_devices
-from .environment import build_env
+from .environment import build_env, with_observer
 from .spec import LaunchSpec
 from .warm import warm_enabled
 
@@ -40,9 +40,10 @@ class LaunchPlan:
             a lesson's run directory a fresh one), absolute.
         cwd: the ranks' (and torchrun's) working folder (``spec.cwd``, else the script's folder), absolute.
         nodes: the node ranks this launch starts (``spec.start_nodes``, else every node).
-        job_env: the environment of the job (``build_env``): torchrun's and every rank's.
-        node_envs: each started node's environment (``job_env`` plus, on several nodes, its rank prefix
-            template and, on CUDA, its own slice of the GPUs).
+        job_env: the environment of the job (``build_env``): torchrun's and every rank's; with ``spec.observe``, the
+            folder of the ranks' records (``with_observer``: ``<run_dir>/observed``).
+        node_envs: each started node's environment (``job_env`` plus, on several CUDA nodes, its own slice of the
+            GPUs).
         warm: whether to start the job from the kernel's warm-start helper (``spec.warm``, else
             ``$TUTORIAL_LIB_WARM``): decided here, once; the start step falls back to cold starts, saying why,
             when the helper cannot serve the job.
@@ -99,15 +100,13 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
     cwd = spec.working_folder()
     nodes = tuple(spec.start_nodes) if spec.start_nodes is not None else tuple(range(spec.nnodes))
     job_env = build_env(device_plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
+    job_env = with_observer(job_env, observed_dir(run_dir) if spec.observe else None)  # the ranks' observer, or none
     node_envs = {}
     for node in nodes:
         env = node_envs[node] = dict(job_env)
-        if spec.nnodes > 1:
-            # Node ranks come from the rendezvous, so lines are labelled with the global rank.
-            env.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
-            if device_plan.device == "cuda":  # each simulated node its own GPUs
-                env["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, device_plan.nproc_per_node,
-                                                                   device_plan.gpu_count)
+        if spec.nnodes > 1 and device_plan.device == "cuda":  # each simulated node its own GPUs
+            env["CUDA_VISIBLE_DEVICES"] = node_visible_devices(job_env, node, device_plan.nproc_per_node,
+                                                               device_plan.gpu_count)
     return LaunchPlan(spec, device_plan, script, run_dir, cwd, nodes, job_env, node_envs, warm)
 
 
@@ -116,8 +115,11 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
                   nnodes: int = 1, rendezvous_id: str = "tutorial_lib", rendezvous_timeout_s: float = 60.0) -> list[str]:
     """The torchrun argv of one node on loopback; pure (launches nothing).
 
-    ``--tee 3`` copies each worker's stdout and stderr to ``log_dir`` and to torchrun's stdout with a
-    ``[default<local_rank>]:`` prefix, written a whole line at a time. Each worker runs ``RANK_RUNNER SCRIPT ARGS``
+    ``--redirects 3`` sends each worker's stdout and stderr to its own files under ``log_dir`` and nowhere else
+    (``<log_dir>/<run id>_*/attempt_<N>/<local rank>/stdout.log``, ``stderr.log``): the launcher reads each rank's
+    lines from them (``tutorial_lib.torchrun.rank_logs``), so torchrun's own output holds only its own lines. (``--tee
+    3`` would also copy them to torchrun's output behind a ``[default<local rank>]:`` prefix, which a rank can print
+    too: a line of rank 0 could pass for rank 1's.) Each worker runs ``RANK_RUNNER SCRIPT ARGS``
     (``tutorial_lib/child/rank_runner.py``: the script as ``python SCRIPT ARGS`` runs it, then a clean exit). The
     rendezvous:
 
@@ -146,7 +148,7 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
         "--nproc-per-node", str(plan.nproc_per_node),
         "--max-restarts", str(max_restarts),
         "--log-dir", str(log_dir),
-        "--tee", "3",
+        "--redirects", "3",
         str(RANK_RUNNER), str(script), *map(str, args),
     ]
 

@@ -262,8 +262,9 @@ def setup_notebook(rank_env: Mapping[str, object] | None = None) -> None:
         ConfigError: a bad ``rank_env`` (``set_rank_env``), a bad ``$TUTORIAL_LIB_WARM`` or ``$TUTORIAL_LIB_LANG``.
     """
     lang = notebook_language()  # checked before anything is set: a bad $TUTORIAL_LIB_LANG changes nothing
-    set_rank_env(rank_env)
+    variables = set_rank_env(rank_env)
     set_language(lang)
     enable_inline_figures()
     if warm.warm_enabled(None):
-        warm.prestart(build_env(DevicePlan("cpu", "gloo", 1, 0)))  # the start-up variables a CPU launch will have
+        env = build_env(DevicePlan("cpu", "gloo", 1, 0))  # the start-up variables a CPU launch will have
+        warm.prestart(env, sources=warm.env_sources(env, rank_env=variables))

@@ -4,20 +4,22 @@ by hand (``tl.slurm_script``), watched from the kernel through the files the job
 ``launch(LaunchSpec(script, nnodes=2, slurm=SlurmSpec(...)))`` comes here (``plan_slurm_launch``, then
 ``run_slurm_plan``). The run directory, which must be on the filesystem every node shares (it is the job's
 ``--chdir``), then holds what a local launch leaves: ``command.txt`` (the sbatch command and the batch script, also
-written as ``job.sh``), ``output.log`` (every rank's lines, prefixed, and the batch script's own as ``[batch] ...``),
+written as ``job.sh``), ``output.log`` (every rank's lines as ``[rank R] ...``, each node's torchrun's as ``[torchrun
+node N] ...``, the batch script's own as ``[batch] ...``),
 ``logs/node<N>/`` (node N's torchrun ``--log-dir``: N is SLURM's index of the node, ``$SLURM_NODEID``; torchrun's node
 rank, ``GROUP_RANK``, comes from the c10d rendezvous and may differ), ``metrics/`` and ``run.json`` (with
-``slurm_job``), plus SLURM's own files ``<job>-<id>.out`` (the batch script) and ``<job>-<id>-node<N>.out`` (node
-N's torchrun, every line labelled ``[rank<R>]:``).
+``slurm_job``), plus SLURM's own files ``<job>-<id>.out`` (the batch script) and ``<job>-<id>-node<N>.out`` (node N's
+torchrun's own lines; its ranks' are in their files under ``logs/node<N>/``, ``--redirects 3``).
 
 While the job waits in the queue the view says so, with SLURM's reason (``live.Queued``: "pending: SLURM job N waits
 in the queue (Resources)"); a reason after which it never starts (``NeverStarts``: 64 CPUs per task on 2-CPU nodes is
 ``PartitionConfig``) has it cancelled at the first look and a ``LaunchError`` naming the job, the reason and what to
 change; a job sbatch refuses leaves run.json with status ``refused`` and sbatch's message (the doctor shows both).
 While the job runs the cell shows each change of its state and pending reason (``squeue``), every rank's output
-(the node files tailed as they grow, through the same ``OutputPump`` and printer as a local launch) and the live
-loss and memory figure from the metrics files. Memory is the tensor bytes the scripts log per step: the ranks run on
-other machines, so the kernel samples no RSS or GPU memory (``LaunchResult.memory_notes`` says so).
+(each rank's torchrun log files under ``logs/node<N>/`` and each node's torchrun output tailed as they grow, through
+the same ``OutputPump`` and printer as a local launch: a rank's lines are attributed by the file they are in) and the
+live loss and memory figure from the metrics files. Memory is the tensor bytes the scripts log per step: the ranks
+run on other machines, so the kernel samples no RSS or GPU memory (``LaunchResult.memory_notes`` says so).
 
 It ends as a local launch does: ``LaunchResult`` (with ``job``, a ``SlurmJob``), ``LaunchError`` naming the rank that
 failed first (each node's root cause from that node's own output file and ``logs/node<N>/``, the earliest error file
@@ -46,7 +48,6 @@ from ..runs.metrics import JsonlTail
 from ..runs.rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
 from ..slurm.commands import (JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, node_cpus, run_slurm,
                               submit)
-from ..torchrun.formats import RANK_LABEL
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
 from .devices import DevicePlan
 from .environment import rank_env
@@ -99,7 +100,8 @@ class SlurmPlan:
         return self.run_dir / LOGS / f"node{node}"
 
     def node_output(self, job_id: int, node: int) -> Path:
-        """Node ``node``'s torchrun output (srun's ``--output=%x-%j-node%n.out``)."""
+        """Node ``node``'s torchrun's own output (srun's ``--output=%x-%j-node%n.out``; its ranks' lines are in their
+        files under ``node_log_dir``)."""
         return self.run_dir / f"{self.job_name}-{job_id}-node{node}.out"
 
     def batch_output(self, job_id: int) -> Path:
@@ -220,7 +222,8 @@ class SubmittedJob:
         except OSError as e:
             raise ConfigError(f"run_dir {str(plan.run_dir)!r} is not a writable directory ({e.strerror})") from None
         self.pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, self.printer,
-                               open(plan.run_dir / OUTPUT_LOG, "w"))
+                               open(plan.run_dir / OUTPUT_LOG, "w"),
+                               log_dirs={node: plan.node_log_dir(node) for node in plan.nodes})
         safe_draw(self.view.start)
         self.started_at = time.monotonic()
         try:
@@ -238,7 +241,9 @@ class SubmittedJob:
         return time.monotonic() - self.started_at
 
     def read_output(self, final: bool = False) -> bool:
-        """Pass the new lines of every output file through the pump; True if any arrived."""
+        """Pass the new lines of every output file through the pump: the batch script's, each node's torchrun's, and
+        each rank's torchrun log files (``final``: the job has left the queue, the files are complete); True if any
+        arrived."""
         got = False
         for node, tail in self.tails.items():
             for line in tail.read_lines(final):
@@ -248,9 +253,10 @@ class SubmittedJob:
                     self.pump.transcript.append(BATCH_PREFIX + line)
                     self.printer.note(f"job {self.job_id} batch script: {line}")
                     continue
-                if (label := RANK_LABEL.match(line)) is not None:
-                    self.node_ranks[node].add(int(label.group(1)))
                 self.pump.take(node, line)
+        got = self.pump.read_rank_logs(final=final) or got
+        for node, logs in self.pump.rank_logs.items():
+            self.node_ranks[node] |= logs.ranks()
         return got
 
     def look(self) -> JobInfo:
@@ -355,7 +361,7 @@ class SubmittedJob:
         if self.pump is None:
             return
         self.read_output(final=True)
-        self.pump.output_log.close()
+        self.pump.close()
         self.pump.finish()
 
 

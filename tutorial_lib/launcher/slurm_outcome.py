@@ -12,10 +12,11 @@ from ..i18n import N_, Message
 from ..runs.rundir import RunRecord, RunStatus
 from ..slurm.commands import JobInfo, NeverStarts
 from ..slurm.target import CANNOT_START
+from ..torchrun.output_lines import BATCH_LABEL
 from .live import Outcome
 from .outcome import when_stopped
 
-BATCH_PREFIX = "[batch] "  # the batch script's own lines in output.log
+BATCH_PREFIX = BATCH_LABEL  # the batch script's own lines in output.log
 _SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
 
 
@@ -29,8 +30,9 @@ class SlurmJob:
         reason: squeue's reason (why it waited, or how it ended: ``"None"``, ``"NonZeroExitCode"``,
             ``"PartitionNodeLimit"``, ...).
         nodes: the allocated nodes' names in SLURM's order (``()`` if it never ran): node ``N`` (``$SLURM_NODEID``)
-            is ``nodes[N]``, its output ``<job>-<id>-node<N>.out``, its torchrun's logs ``logs/node<N>/``.
-        node_ranks: ``{N: global ranks}`` whose labelled lines node N's output file holds: the ranks it ran.
+            is ``nodes[N]``, its torchrun's output ``<job>-<id>-node<N>.out``, its ranks' logs ``logs/node<N>/``.
+        node_ranks: ``{N: global ranks}`` whose folders node N's torchrun log directory holds (``logs/node<N>/``,
+            each named by the rank runner's record): the ranks it ran.
         exit_code, signal: the batch script's ``ExitCode=code:signal`` once finished (``None`` before).
         waited_for: the last reason squeue gave while the job was pending (``"Resources"``, ``"Priority"``,
             ``"PartitionNodeLimit"``: more nodes than the partition has, ...); ``""`` if it gave none.

@@ -17,11 +17,12 @@ from ..i18n import N_
 from ..notebook.parameters import check_positive_int
 from ..notebook.script_source import check_script_syntax
 from ..runs.metrics import read_memory_notes, read_memory_samples, read_metrics
+from ..runs.observed import ObservedRun, read_observed
 from ..runs.printed_metrics import (DEFAULT_LOSS_PATTERN, MAX_LINE_CHARS, compile_loss_pattern, has_printed_metrics,
                                     read_printed_metrics)
 from ..runs.rundir import OUTPUT_LOG, launch_outputs_in
 from ..slurm.target import SlurmSpec
-from ..torchrun.tee import rank_lines
+from ..torchrun.output_lines import rank_lines
 from .devices import CPU_DEFAULT_NPROC, DevicePlan, resolve_device
 from .live import LIVE_MODES
 from .warm import WARM_ENV
@@ -79,6 +80,13 @@ class LaunchSpec:
             ``loss``); each matching line is a point of the live loss curve and of ``metrics/printed_rank<R>.jsonl``
             (``tutorial_lib.runs.printed_metrics``: the default reads ``iter 10: loss 2.34`` and ``step 10 ... loss
             2.34``). The curve shows them while the script has written no metrics JSON. ``None``: off.
+        slurm: a ``SlurmSpec`` to submit the job to SLURM instead of running it here
+            (``tutorial_lib.launcher.slurm_job``).
+        observe: record what each rank really does, from torch itself, into the run directory's ``observed/``
+            (``tutorial_lib/child/observer.py``: every collective, DDP/FSDP/TP wraps, gradients and parameters at each
+            optimizer step, losses, seeds, the process group); read it with ``result.observed()`` or
+            ``tl.read_observed(run_dir)``. For checks and lessons that count or compare what ran; off by default,
+            when it costs nothing. Not on SLURM.
     """
 
     script: str | os.PathLike
@@ -102,6 +110,7 @@ class LaunchSpec:
     cwd: str | os.PathLike | None = None
     loss_pattern: str | re.Pattern | None = DEFAULT_LOSS_PATTERN
     slurm: SlurmSpec | None = None
+    observe: bool = False
 
     def validate(self, gpu_count: int | None = None) -> DevicePlan:
         """Check every field; return the device plan. Raises ``ConfigError`` naming the bad value.
@@ -129,6 +138,9 @@ class LaunchSpec:
             raise ConfigError(f"master_port must be an integer in 1024..65535 or None (free port), got {self.master_port!r}")
         if self.live not in LIVE_MODES:
             raise ConfigError(f"live must be one of {LIVE_MODES}, got {self.live!r}")
+        if not isinstance(self.observe, bool):
+            raise ConfigError(f"observe must be True (record what each rank does, in observed/) or False, "
+                              f"got {self.observe!r}")
         if self.warm not in (None, True, False):
             raise ConfigError(f"warm must be True, False or None (${WARM_ENV}, default on), got {self.warm!r}")
         if isinstance(self.args, (str, bytes)):
@@ -190,6 +202,9 @@ class LaunchSpec:
                                   "rendezvous port is derived from the job id): leave it None")
         if self.warm:
             raise ConfigError("warm=True does not apply to a launch on SLURM: the nodes start torchrun and the ranks")
+        if self.observe:
+            raise ConfigError("observe=True is for launches on this machine: a SLURM job's ranks cannot write their "
+                              "records into this run directory; launch it here (slurm=None) to observe it")
         self.slurm.validate()
         gpus = self.slurm.gpus_per_node
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
@@ -305,6 +320,13 @@ class LaunchResult:
                 return read_printed_metrics(self.run_dir)
             raise MetricsError(no_metrics_message(self.run_dir, self.loss_pattern))
         return read_metrics(self.run_dir, ranks=self.plan.nproc_per_node * (self.job.node_count if self.job else 1))
+
+    def observed(self) -> ObservedRun:
+        """What each rank did as torch saw it (``read_observed``): its collectives, wraps, optimizer steps, losses.
+
+        Raises:
+            MetricsError: the launch was not observed (launch with ``observe=True``), or a rank left no record."""
+        return read_observed(self.run_dir, ranks=self.plan.nproc_per_node * (self.job.node_count if self.job else 1))
 
     def memory_samples(self, kind: str = "rss") -> pd.DataFrame:
         """Memory sampled during the run (``read_memory_samples``; its ``.attrs["notes"]`` as ``memory_notes``).

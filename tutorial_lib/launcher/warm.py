@@ -13,7 +13,9 @@ restarted, not given up, when the first job's start-up environment differs from 
 * not Linux (the client passes file descriptors over a Unix socket and relies on ``PR_SET_PDEATHSIG``);
 * the job's start-up environment (``child.protocol.STARTUP_ENV_PREFIXES``: ``PYTHON*``, ``LD_*``, ``OMP_*``
   except ``OMP_NUM_THREADS``, ``TORCH_CPP_*``, ...) differs from the helper's: those are read when Python
-  or torch start, so a forked child would not see them;
+  or torch start, so a forked child would not see them. The reason printed (``startup_mismatch``) names, per
+  variable, where each side's value came from (the launch's own ``env=``, ``RANK_ENV``, the kernel's environment,
+  the launcher's defaults: ``env_sources``) and the launch (or setup call) the helper was started for;
 * torch changed on disk since the helper started (a reinstall): the helper is restarted;
 * the helper died or did not become ready in time: restarted once, else cold; the job's own ``timeout_s`` also
   bounds its wait.
@@ -33,10 +35,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..child import protocol
 from ..errors import ConfigError
+from ..i18n import N_, Message, joined
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +81,12 @@ class WarmHelper:
         failure: why it failed (it exited, or was not ready within ``READY_TIMEOUT_S``); ``None`` otherwise.
     """
 
-    def __init__(self, python: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, env: dict[str, str], sources: dict[str, Message] | None = None,
+                 started_for: Message | None = None) -> None:
         self.python = python
         self.startup_env = protocol.startup_env(env)
+        self.sources = dict(sources or {})  # start-up variable -> where it came from (env_sources)
+        self.started_for = started_for or Message(STARTED_FOR_UNKNOWN)
         self.torch_stamp = _torch_stamp()
         self.folder = tempfile.mkdtemp(prefix="tutorial_lib-warm-")
         self.socket_path = os.path.join(self.folder, "helper.sock")
@@ -150,16 +157,18 @@ class WarmHelper:
         self.failure = reason
         self.close()
 
-    def usable_for(self, python: str, env: dict[str, str]) -> str | None:
-        """``None`` if a job with this ``python`` and environment can be forked from this helper, else why not."""
+    def usable_for(self, python: str, env: dict[str, str], sources: dict[str, Message] | None = None
+                   ) -> str | Message | None:
+        """``None`` if a job with this ``python`` and environment can be forked from this helper, else why not: a
+        ``Message`` (``startup_mismatch``) when their start-up variables differ, naming where each came from
+        (``sources``: the job's, from ``env_sources``), else a line of text."""
         if self.failure is not None or self.proc.poll() is not None:
             return "the warm-start helper exited"
         if python != self.python:
             return f"the job's Python ({python}) is not the helper's ({self.python})"
         theirs = protocol.startup_env(env)
-        changed = sorted(k for k in set(theirs) | set(self.startup_env) if theirs.get(k) != self.startup_env.get(k))
-        if changed:
-            return "the job sets start-up variables the helper was not started with: " + ", ".join(changed)
+        if theirs != self.startup_env:
+            return startup_mismatch(theirs, sources or {}, self.startup_env, self.sources, self.started_for)
         if _torch_stamp() != self.torch_stamp:
             return "torch changed on disk since the helper started"
         return None
@@ -176,21 +185,91 @@ class WarmHelper:
         protocol.remove_folder(self.socket_path)
 
 
+# Where a start-up variable of a launch came from (env_sources), and what the helper was started for.
+SOURCE_ENV_ARG = N_("the launch's own env=")
+SOURCE_RANK_ENV = N_("RANK_ENV (tl.setup_notebook or tl.set_rank_env)")
+SOURCE_KERNEL = N_("the kernel's environment (os.environ)")
+SOURCE_LAUNCHER = N_("the launcher's defaults for the device plan")
+STARTED_FOR_SETUP = N_("the notebook's setup call (tl.setup_notebook)")
+STARTED_FOR_LAUNCH = N_("the launch in {run_dir}")
+STARTED_FOR_UNKNOWN = N_("an earlier launch")
+
+
+def env_sources(env: Mapping[str, str], spec_env: Mapping[str, str] = (), rank_env: Mapping[str, str] = (),
+                environ: Mapping[str, str] | None = None) -> dict[str, Message]:
+    """Where each start-up variable of a launch's environment ``env`` (``build_env``'s) came from; pure.
+
+    The order is ``build_env``'s, the last that set it wins: the launch's own ``env=`` (``spec_env``), else
+    ``RANK_ENV`` (``rank_env``, when its value is the one in ``env``), else the kernel's environment (``environ``,
+    default ``os.environ``, same value), else the launcher's defaults for the device plan.
+
+    Returns:
+        variable name -> a ``Message`` naming its source (``SOURCE_*``), for the start-up variables of ``env`` only
+        (``protocol.startup_env``).
+    """
+    environ = os.environ if environ is None else environ
+    spec_env, rank_env = dict(spec_env), dict(rank_env)
+    sources = {}
+    for name, value in protocol.startup_env(env).items():
+        if name in spec_env:
+            sources[name] = Message(SOURCE_ENV_ARG)
+        elif rank_env.get(name) == value:
+            sources[name] = Message(SOURCE_RANK_ENV)
+        elif environ.get(name) == value:
+            sources[name] = Message(SOURCE_KERNEL)
+        else:
+            sources[name] = Message(SOURCE_LAUNCHER)
+    return sources
+
+
+def startup_mismatch(job_env: Mapping[str, str], job_sources: Mapping[str, Message], helper_env: Mapping[str, str],
+                     helper_sources: Mapping[str, Message], started_for: Message) -> Message:
+    """Why a job runs cold when its start-up variables (``job_env``) differ from a used helper's (``helper_env``):
+    per variable, which side set it, from where (``*_sources``, from ``env_sources``; a variable without one is from
+    an unknown source), and what to do. Pure; ``started_for``: the launch (or setup call) the helper was started for.
+    """
+    unknown = Message(STARTED_FOR_UNKNOWN)
+    lines = []
+    for name in sorted(set(job_env) | set(helper_env)):
+        mine, theirs = job_env.get(name), helper_env.get(name)
+        if mine == theirs:
+            continue
+        fields = {"name": name, "value": mine, "helper_value": theirs, "started_for": started_for,
+                  "source": job_sources.get(name, unknown), "helper_source": helper_sources.get(name, unknown)}
+        if theirs is None:
+            lines.append(Message("{name}={value} comes from {source}; the helper, started for {started_for}, "
+                                 "does not have it", fields))
+        elif mine is None:
+            lines.append(Message("{name}={helper_value} is the helper's, from {helper_source} when it was started for "
+                                 "{started_for}; this launch does not set it", fields))
+        else:
+            lines.append(Message("{name}={value} comes from {source}; the helper has {name}={helper_value}, from "
+                                 "{helper_source} when it was started for {started_for}", fields))
+    return Message("this launch's start-up variables differ from those of the warm-start helper, which an earlier "
+                   "launch already uses: {variables}. Python and torch read them when they start, so a rank forked "
+                   "from the helper would not see this launch's values. To run warm, give every launch the same "
+                   "values (the same env=, e.g. one dict passed to each launch), or restart the kernel",
+                   {"variables": joined(lines, "; ")})
+
+
 _lock = threading.Lock()  # guards _helper and _said: launches from several threads share them
 _helper: WarmHelper | None = None
 _said: set[str] = set()
 
 
-def warm_path(env: dict[str, str], python: str | None = None, wait_s: float = READY_TIMEOUT_S
-              ) -> tuple[str | None, str | None]:
+def warm_path(env: dict[str, str], python: str | None = None, wait_s: float = READY_TIMEOUT_S,
+              sources: Mapping[str, Message] | None = None, started_for: Message | None = None
+              ) -> tuple[str | None, str | Message | None]:
     """The helper's socket for a job with environment ``env`` (started or restarted as needed), or ``None`` and
     why the job runs cold. Waits for the helper at most ``wait_s`` (the job's ``timeout_s``; it runs cold after
-    that). Linux only; safe to call from several threads at once."""
+    that). ``sources``: where each of ``env``'s start-up variables came from (``env_sources``), named when they
+    differ from the helper's; ``started_for``: the job, as a helper (re)started for it will name it
+    (``STARTED_FOR_LAUNCH``). Linux only; safe to call from several threads at once."""
     python = python or sys.executable
     if not sys.platform.startswith("linux"):
         return None, "warm starts need Linux"
     with _lock:
-        helper, reason = _claim(python, env)
+        helper, reason = _claim(python, env, dict(sources or {}), started_for)
     if helper is None:
         return None, reason
     reason = helper.wait_ready(min(wait_s, READY_TIMEOUT_S))
@@ -199,40 +278,44 @@ def warm_path(env: dict[str, str], python: str | None = None, wait_s: float = RE
     return helper.socket_path, None
 
 
-def _claim(python: str, env: dict[str, str]) -> tuple[WarmHelper | None, str | None]:
+def _claim(python: str, env: dict[str, str], sources: dict[str, Message], started_for: Message | None
+           ) -> tuple[WarmHelper | None, str | Message | None]:
     """The helper a job with ``python`` and ``env`` is to use, started or restarted as needed, and marked used; or
     ``None`` and why not. The caller holds ``_lock``."""
     global _helper
     if _helper is not None:
-        reason = _helper.usable_for(python, env)
+        reason = _helper.usable_for(python, env, sources)
         if reason is None:
             _helper.used = True
             return _helper, None
-        if _helper.used and not reason.startswith(("the warm-start helper exited", "torch changed")):
+        restart = isinstance(reason, str) and reason.startswith(("the warm-start helper exited", "torch changed"))
+        if _helper.used and not restart:
             return None, reason
         _helper.close()
         _helper = None
     try:
-        _helper = _start_helper(python, env)
+        _helper = _start_helper(python, env, sources, started_for)
     except OSError as e:
         return None, f"the warm-start helper could not start ({e})"
     _helper.used = True
     return _helper, None
 
 
-def _start_helper(python: str, env: dict[str, str]) -> WarmHelper:
+def _start_helper(python: str, env: dict[str, str], sources: Mapping[str, Message] | None = None,
+                  started_for: Message | None = None) -> WarmHelper:
     """A new helper for jobs with environment ``env``: this process's environment with ``env``'s start-up
     variables (and none of this process's own that ``env`` lacks)."""
     helper_env = {k: v for k, v in os.environ.items() if not k.startswith(protocol.STARTUP_ENV_PREFIXES)}
     helper_env.update(protocol.startup_env(env))
-    return WarmHelper(python, helper_env)
+    return WarmHelper(python, helper_env, dict(sources or {}), started_for)
 
 
-def prestart(env: dict[str, str], python: str | None = None) -> bool:
+def prestart(env: dict[str, str], python: str | None = None, sources: Mapping[str, Message] | None = None) -> bool:
     """Start the helper for jobs with environment ``env`` now, without waiting for it; whether one was started.
 
     Linux only, and only when there is none yet. The first launch then waits for whatever is left of its start
-    (``warm_path``), or restarts it if that job's start-up environment turns out different. Never raises: a
+    (``warm_path``), or restarts it if that job's start-up environment turns out different. ``sources``: where
+    each start-up variable of ``env`` came from (``env_sources``; a later cold start names them). Never raises: a
     helper that cannot start is the first launch's to report.
     """
     global _helper
@@ -242,7 +325,7 @@ def prestart(env: dict[str, str], python: str | None = None) -> bool:
         if _helper is not None:
             return False
         try:
-            _helper = _start_helper(python or sys.executable, env)
+            _helper = _start_helper(python or sys.executable, env, sources, Message(STARTED_FOR_SETUP))
         except OSError as e:
             log.info("warm-start helper not prestarted: %s", e)
             return False
@@ -254,12 +337,13 @@ def current_helper() -> WarmHelper | None:
     return _helper
 
 
-def say_once(reason: str) -> str | None:
-    """``reason`` the first time it is given in this kernel, else ``None`` (the launcher prints it once)."""
+def say_once(reason: str | Message) -> str | Message | None:
+    """``reason`` the first time it is given in this kernel (the same English), else ``None`` (the launcher prints
+    it once)."""
     with _lock:
-        if reason in _said:
+        if str(reason) in _said:
             return None
-        _said.add(reason)
+        _said.add(str(reason))
     return reason
 
 

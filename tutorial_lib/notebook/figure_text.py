@@ -4,7 +4,10 @@ Axis labels, legends and short titles stay English in every edition. In the Chin
 ``"zh"``) the warning notes drawn inside the memory plot and the sentence-like titles (``GLOSSED_TITLES``) get their
 Chinese from the catalogue on a second line, drawn with a CJK font: the first of ``CJK_FONTS`` installed (Debian:
 ``apt-get install fonts-wqy-microhei``; ``.ci/run`` installs it). Without one they stay English, and the first figure
-that would have had a gloss warns once, naming the package to install.
+that would have had a gloss warns once, in the language in use, naming the package to install.
+
+Where a figure's text stands: legends outside the axes, never over the data (``legend_outside``), and whole-number
+ticks on a step axis (``step_axis``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import functools
 import textwrap
 import warnings
+
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from ..i18n import N_, language, translations
 
@@ -33,8 +39,9 @@ GLOSSED_TITLES = (
     N_("pipeline schedule per stage"),
     N_("profiled steps per rank"),
 )
-NO_CJK_FONT_WARNING = ("no CJK font is installed, so the figures' Chinese glosses are left out (English only); install one, "
-                       "e.g. apt-get install fonts-wqy-microhei, and restart the kernel")
+# Worded in the notebook's language (a message: the reader of the Chinese edition reads Chinese).
+NO_CJK_FONT_WARNING = N_("no CJK font is installed, so the figures' Chinese glosses are left out (English only); "
+                         "install one, e.g. apt-get install fonts-wqy-microhei, and restart the kernel")
 
 
 @functools.cache
@@ -58,8 +65,9 @@ def cjk_font() -> str | None:
 
 
 @functools.cache
-def _warn_no_cjk_font() -> None:
-    warnings.warn(NO_CJK_FONT_WARNING, UserWarning, stacklevel=4)
+def _warn_no_cjk_font(lang: str) -> None:
+    """Warn once per language that the glosses are left out, in that language (``NO_CJK_FONT_WARNING``)."""
+    warnings.warn(translations(lang).gettext(NO_CJK_FONT_WARNING), UserWarning, stacklevel=4)
 
 
 def gloss(text: str, width: int = 0) -> tuple[str, dict]:
@@ -78,7 +86,7 @@ def gloss(text: str, width: int = 0) -> tuple[str, dict]:
         return english, {}
     font = cjk_font()
     if font is None:
-        _warn_no_cjk_font()
+        _warn_no_cjk_font(lang)
         return english, {}
     chinese = "\n".join(textwrap.wrap(worded, max(width // 2, 1))) if width else worded
     return f"{english}\n{chinese}", {"fontfamily": ["DejaVu Sans", font]}
@@ -88,3 +96,29 @@ def set_title(ax, title: str, **kwargs) -> None:
     """``ax.set_title`` with the title's gloss in the Chinese edition (``gloss``)."""
     text, props = gloss(title)
     ax.set_title(text, **props, **kwargs)
+
+
+def legend_outside(ax, title: str = "", **kwargs):
+    """``ax``'s legend to the right of the axes, outside them, so it never covers the data; the figure's
+    constrained layout makes room for it. ``title``: the legend's title, glossed in the Chinese edition
+    (``gloss``); ``kwargs``: more of ``Axes.legend``'s (``fontsize`` 8 unless
+    given). Returns the ``Legend``, or ``None`` when ``ax`` has nothing labelled."""
+    if not ax.get_legend_handles_labels()[0] and "handles" not in kwargs:
+        return None
+    options = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0, "fontsize": 8, **kwargs}
+    if title:
+        text, props = gloss(title)
+        options.update(title=text, title_fontproperties={"size": options["fontsize"],
+                                                         **({"family": props["fontfamily"]} if props else {})})
+        options.setdefault("alignment", "left")
+    return ax.legend(**options)
+
+
+def step_axis(ax, steps) -> None:
+    """Whole-number ticks on ``ax``'s x axis of training steps (a 4-step run gets 1, 2, 3, 4, never 1.0, 1.5, ...);
+    a run of one step gets that step as its only tick. ``steps``: the steps drawn."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    unique = pd.unique(pd.Series(steps).dropna())
+    if len(unique) == 1:
+        ax.set_xticks(unique)
+    ax.set_xlabel("step")

@@ -3,8 +3,10 @@
 No I/O and no pyplot state: figures are built with ``Figure()`` directly, so they work with the
 Agg backend, in tests, and in a notebook (where IPython renders a returned Figure inline).
 
-Axis labels, legends and short titles stay English in every edition; the Chinese edition's glosses of notes and
-sentence-like titles are ``figure_text``'s.
+Axis labels, legends and short titles stay English in every edition; the Chinese edition's glosses of notes,
+sentence-like titles and the loss legend's key (``LOSS_LEGEND_TITLE``) are ``figure_text``'s. Legends stand outside
+the axes, never over the data, and a step axis has whole-number ticks (``figure_text``: ``legend_outside``,
+``step_axis``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from .figure_text import gloss, set_title
+from ..i18n import N_
+from .figure_text import gloss, legend_outside, set_title, step_axis
 
 MIB = 2**20
+# The loss panel's legend key: which line is a rank's own loss and which the mean over the ranks (glossed in Chinese).
+LOSS_LEGEND_TITLE = N_("local: a rank's loss on its own samples\nglobal: the mean of all ranks' losses")
+
+
 def _figure(ncols: int = 1, width_in: float = 5.0, height_in: float = 3.4) -> tuple[Figure, list]:
     fig = Figure(figsize=(width_in * ncols, height_in), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
@@ -26,20 +33,18 @@ def _figure(ncols: int = 1, width_in: float = 5.0, height_in: float = 3.4) -> tu
 
 
 def draw_loss(ax, metrics: pd.DataFrame) -> None:
-    """Draw each rank's local loss (solid) and the global mean (dashed black) against step."""
+    """Draw each rank's local loss, ``loss_local`` (solid), and the mean over the ranks, ``loss_global`` (dashed
+    black), against step; the legend's key (``LOSS_LEGEND_TITLE``) says which is which."""
     marker = "o" if metrics["step"].nunique() < 10 else None  # a short run's few points stay visible
     for rank, df in metrics.groupby("rank"):
-        ax.plot(df["step"], df["loss_local"], lw=1.2, marker=marker, label=f"rank {rank} (local)")
+        ax.plot(df["step"], df["loss_local"], lw=1.2, marker=marker, label=f"rank {rank} local (loss_local)")
     if "loss_global" in metrics:
         g = metrics.groupby("step")["loss_global"].first()
-        ax.plot(g.index, g.values, "k--", lw=1.5, marker=marker, label="global mean")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-    if metrics["step"].nunique() == 1:
-        ax.set_xticks(metrics["step"].unique())
-    ax.set_xlabel("step")
+        ax.plot(g.index, g.values, "k--", lw=1.5, marker=marker, label="global (loss_global)")
+    step_axis(ax, metrics["step"])
     ax.set_ylabel("loss")
     ax.set_title("loss per rank")
-    ax.legend(fontsize=8)
+    legend_outside(ax, LOSS_LEGEND_TITLE if "loss_global" in metrics else "")
 
 
 TENSOR_BYTES = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state",
@@ -63,10 +68,10 @@ def draw_tensor_bytes(ax, metrics: pd.DataFrame) -> None:
         if rank != first:
             ax.plot(other["step"], other[columns].fillna(0).sum(axis=1) / MIB, ls="--", lw=1, color="black",
                     label=f"rank {rank} total")
-    ax.set_xlabel("step")
+    step_axis(ax, df["step"])
     ax.set_ylabel("MiB")
     ax.set_title(f"tensor memory per rank (rank {first} stacked)")
-    ax.legend(fontsize=7, loc="lower right")
+    legend_outside(ax, fontsize=7)
 
 
 def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame | None = None,
@@ -100,13 +105,13 @@ def draw_memory(ax, samples: pd.DataFrame | None = None, metrics: pd.DataFrame |
         column = "peak_allocated_bytes" if "peak_allocated_bytes" in metrics else "rss_bytes"
         for rank, df in metrics.groupby("rank"):
             ax.plot(df["step"], df[column] / MIB, lw=1.2, label=f"rank {rank}")
-        ax.set_xlabel("step")
+        step_axis(ax, metrics["step"])
         ax.set_ylabel(f"{column.removesuffix('_bytes')} (MiB)")
         ax.set_title("memory per rank")
     else:
         ax.set_title("memory per rank (no memory data)")
         return
-    ax.legend(fontsize=8)
+    legend_outside(ax)
 
 
 def plot_loss(metrics: pd.DataFrame) -> Figure:
@@ -129,7 +134,7 @@ def plot_run(metrics: pd.DataFrame, samples: pd.DataFrame | None = None, notes: 
 
     ``notes``: see ``draw_memory`` (default: those ``read_memory_samples`` attached to ``samples``).
     """
-    fig, (ax_loss, ax_mem) = _figure(ncols=2)
+    fig, (ax_loss, ax_mem) = _figure(ncols=2, width_in=6.0)  # each legend stands right of its panel
     if len(metrics):
         draw_loss(ax_loss, metrics)
     else:
@@ -150,7 +155,7 @@ def plot_tensor_bytes(metrics: pd.DataFrame) -> Figure:
         bottom += values
     ax.set_ylabel("MiB")
     ax.set_title("tensor memory per rank (exact bytes)")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -163,9 +168,11 @@ def plot_compare(runs: Mapping[str, pd.DataFrame], y: str = "loss_global", x: st
     for label, df in runs.items():
         d = df[df["rank"] == df["rank"].min()]
         ax.plot(d[x], d[y], lw=1.4, label=label)
+    if x == "step":
+        step_axis(ax, pd.concat([df[x] for df in runs.values()]) if runs else [])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -224,10 +231,10 @@ def plot_loss_scale(metrics: pd.DataFrame, title: str = "") -> Figure:
     skipped = d[d["step_skipped"].astype(bool)]
     ax.scatter(skipped["step"], skipped["loss_scale"], color="tab:red", marker="x", zorder=3,
                label=f"skipped (inf/NaN gradients): {len(skipped)}")
-    ax.set_xlabel("step")
+    step_axis(ax, d["step"])
     ax.set_ylabel("loss scale")
     set_title(ax, title, fontsize=9)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -239,7 +246,7 @@ def plot_memory_prediction(table: pd.DataFrame, title: str = "state per rank: pr
             and ``measured_bytes`` (bytes of parameters + gradients + optimizer state).
         title: axes title.
     """
-    fig, (ax,) = _figure(width_in=max(5.0, 1.1 * len(table)))
+    fig, (ax,) = _figure(width_in=max(5.0, 1.1 * len(table)) + 2.0)  # the legend stands right of the bars
     x = range(len(table))
     ax.bar([i - 0.2 for i in x], table["predicted_bytes"] / MIB, width=0.4, label="predicted (analytic model)",
            color="lightgray", edgecolor="black")
@@ -248,7 +255,7 @@ def plot_memory_prediction(table: pd.DataFrame, title: str = "state per rank: pr
     ax.set_xticklabels(table["label"], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("MiB")
     set_title(ax, title)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -296,11 +303,10 @@ def plot_resume(metrics: pd.DataFrame, reference: pd.DataFrame | None = None, ti
         ax.plot(seg["step"], seg["loss_global"], marker="ox^s"[n % 4], ms=6, lw=1.2, label=label, zorder=2 + n)
         if resumed:
             ax.axvline(resumed, color=ax.lines[-1].get_color(), ls=":", lw=1.2)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
+    step_axis(ax, d["step"])
     ax.set_ylabel("global loss")
     set_title(ax, title or "loss across attempts")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return fig
 
 

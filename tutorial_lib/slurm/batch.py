@@ -79,12 +79,16 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
     rendezvous hands out node ranks (in its own order: torchrun's node rank, ``GROUP_RANK``, need not be SLURM's
     index of the node), so no per-node arguments are needed. ``srun --kill-on-bad-exit=1`` ends every
     node's torchrun as soon as one exits with an error (without it, a failed node left the job running 34 s instead
-    of 6 on the local cluster, and a crash at exit on one node left it running for more than a minute). Each node
-    writes its torchrun output to ``<job_name>-<job id>-node<N>.out`` (N: SLURM's index of the node in the job,
-    ``$SLURM_NODEID``), every line labelled with its global rank (``[rank3]:...``, torchrun's ``--tee 3`` with
-    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``) and written at once (``PYTHONUNBUFFERED``: ``tail -f`` shows it live),
-    and its ranks' logs and error files under ``logs/node<N>/`` (torchrun's ``--log-dir``); the batch script's own
-    output goes to ``<job_name>-<job id>.out``. Each node's torchrun ignores SIGUSR1 (it would die of it), so
+    of 6 on the local cluster, and a crash at exit on one node left it running for more than a minute). Each node's
+    ranks write their stdout and stderr to their own files under ``logs/node<N>/`` (N: SLURM's index of the node in
+    the job, ``$SLURM_NODEID``; torchrun's ``--log-dir`` and ``--redirects 3``:
+    ``logs/node<N>/<job id>_*/attempt_<A>/<local rank>/stdout.log`` and ``stderr.log``, beside their error files),
+    written at once (``PYTHONUNBUFFERED``: ``tail -f`` shows them live), and the node's torchrun writes its own lines
+    (its warnings, its failure summary) to ``<job_name>-<job id>-node<N>.out``; the batch script's own output goes to
+    ``<job_name>-<job id>.out``. (With ``--tee 3`` instead torchrun would also copy every rank's lines into its own
+    output behind a ``[<role><local rank>]:`` label, which a rank can print as well: ``tutorial_lib``'s launcher reads
+    each rank's lines from its own files, and torchrun's output for torchrun's lines only.) Each node's torchrun
+    ignores SIGUSR1 (it would die of it), so
     ``scancel --signal=USR1 JOBID`` reaches only the ranks: one that registered ``faulthandler`` for it prints its
     Python stack (``tutorial_lib``'s rank runner does; see ``tutorial_lib.launcher.slurm_job``). GPUs are requested
     only when ``gpus_per_node > 0`` (a ``--gpus-per-node`` line on a cluster without GPUs is refused: "Invalid
@@ -154,17 +158,18 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
 head_node=${{head_addr:-$head_node}}
 {port_line}export OMP_NUM_THREADS={omp_threads}
-# Every line a rank prints is labelled with its global rank ([rank3]:...) in its node's output file, written at once.
-export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:' PYTHONUNBUFFERED=1
+# Every line a rank prints reaches its log file at once (tail -f logs/node0/*/attempt_0/0/stdout.log shows it live).
+export PYTHONUNBUFFERED=1
 {network}
 # One task per node, each a torchrun that starts this node's ranks, their logs in logs/node<N> (N: $SLURM_NODEID,
 # SLURM's index of the node; torchrun's node rank may differ). torchrun ignores SIGUSR1 (trap), so
 # `scancel --signal=USR1 $SLURM_JOB_ID` reaches only the ranks (faulthandler: their Python stacks). If one node's
-# torchrun fails, srun stops the others (--kill-on-bad-exit=1) and the job ends FAILED. Output: %x-%j-node<N>.out.
+# torchrun fails, srun stops the others (--kill-on-bad-exit=1) and the job ends FAILED. Each rank's output: its own
+# stdout.log and stderr.log under logs/node<N> (--redirects 3); the node's torchrun's own lines: %x-%j-node<N>.out.
 {shlex.join(srun)} \\
     bash -c {shlex.quote(node_task)} torchrun \\
     {shlex.join(torchrun_argv)} \\
-    --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:{port}" --tee 3 \\
+    --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:{port}" --redirects 3 \\
     {shlex.join(train)}
 """
 

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..child.protocol import EXIT_RECORD
+from ..child.protocol import EXIT_RECORD, RANK_RECORD
 
 ERROR_FILE = "error.json"
 
@@ -60,6 +60,21 @@ def read_exit_record(rank_dir: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+
+
+def read_rank_record(rank_dir: str | os.PathLike, local_rank: int) -> int | None:
+    """The global rank of torchrun's rank folder ``rank_dir`` (that of local rank ``local_rank``), as the workbook's
+    rank runner recorded it before the script ran (``child/protocol.py``'s ``RANK_RECORD``); ``None`` when there is
+    none yet (the rank has not started, or torchrun ran a script without the rank runner) or it names another local
+    rank."""
+    try:
+        data = json.loads((Path(rank_dir) / RANK_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("local_rank") != local_rank:
+        return None
+    rank = data.get("rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None
 
 
 def read_log_tail(path: str | os.PathLike, max_bytes: int = 256 * 1024) -> list[str]:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import re
 
-# Every line of a rank, labelled by torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' (simulated and
-# SLURM nodes: the global rank).
-RANK_LABEL = re.compile(r"^\[rank(\d+)\]:")
 # torchrun's ranks per node on its command line (command.txt): --nproc-per-node N, --nproc_per_node=N.
 NPROC_PER_NODE_ARG = re.compile(r"--nproc[-_]per[-_]node[ =](\d+)")
 # A Python exception's last line ("ValueError: bad batch", "torch.OutOfMemoryError: ...", "KeyboardInterrupt:").
@@ -24,6 +21,9 @@ TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\)|^Traceback",
 CHILD_FAILED = "ChildFailedError"
 # A frame of a faulthandler dump ('  File "train.py", line 12 in main': no comma before "in", unlike a traceback's).
 FAULTHANDLER_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+# A frame of either ('  File "train.py", line 12, in main' or '  File "train.py", line 12 in main'), anywhere in a
+# line (torch prefixes its ranks' tracebacks with "[rank1]:"; dynamo's "from user code:" frames are written so too).
+ANY_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<function>\S+)')
 # A frame of a Python traceback ('  File "train.py", line 12, in main'): the line after it is the frame's source
 # code, never a message ('raise RuntimeError(f"Missing key in checkpoint state_dict: {fqn}.")' is code).
 TRACEBACK_FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in ')

@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .attempts import Attempt, failed_attempt, read_error_file, read_exit_record, read_log_tail
+from .attempts import Attempt, failed_attempt, read_error_file, read_exit_record, read_log_tail, read_rank_record
 from .stacks import STACK_HEADER, fatal_report, fatal_signal, last_traceback, readable_tail
-from .tee import RankTails, rank_lines
+from .output_lines import attempt_lines, label_line, rank_lines, torchrun_output
+from .tee import RankTails
 
 # How a rank of the failed attempt ended (``RankEnd.how``). The first three are failures of the rank's own.
 RAISED = "raised"  # an exception of its own (its error file, or the traceback in its log)
@@ -144,6 +145,27 @@ ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?" + FAILURE_E
 AGENT_FAILED = re.compile(r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<local_rank>\d+)")
 
 
+def before_the_last_attempt(output: str) -> str:
+    """What a run that finished after a restart printed before the attempt that finished (what the restarted attempt
+    printed is not evidence of the failure): the ranks' lines of the earlier attempts (their labels say which,
+    ``output_lines.attempt_lines``) and torchrun's own lines up to its last "failed (exitcode: ...)"; in the older
+    ``--tee`` format, where nothing says the attempt, the output up to that line. ``output`` itself when torchrun
+    reported no failure."""
+    agent_failures = list(AGENT_FAILED.finditer(output))
+    if not agent_failures:
+        return output
+    cut = output.find("\n", agent_failures[-1].end()) + 1 or len(output)
+    lines = attempt_lines(output)
+    last = max((attempt for rank, attempt, _ in lines if attempt is not None), default=None)
+    if last is None:  # the older format
+        return output[:cut]
+    kept = [label_line(rank, text) for rank, _, text in attempt_lines(output[:cut]) if rank is None]
+    # (a restarted attempt that printed nothing leaves every rank line in attempt 0: all of them are evidence)
+    kept += [label_line(rank, text) for rank, attempt, text in lines
+             if rank is not None and (attempt < last or not last)]
+    return "\n".join(kept) + "\n"
+
+
 # Signals that end a rank by themselves (their default action kills the process), unlike the SIGTERM torchrun sends
 # to stop the others: the OOM killer's or a user's SIGKILL, native crashes (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP),
 # aborts (SIGABRT), a forbidden system call (SIGSYS), resource limits (SIGXCPU, SIGXFSZ).
@@ -184,8 +206,12 @@ def _summary_entries(output: str) -> tuple[list[_Entry], int | None]:
 
 
 def _rank_label(folder: Path, log: list[str], entries: list[_Entry]) -> int | None:
-    """The global rank of a rank folder, from what the rank or torchrun labelled it with: the rank runner's exit
-    record, torch's ``[rankR]:`` labels in its log, a summary entry naming its error file."""
+    """The global rank of a rank folder, from what the rank or torchrun labelled it with: the rank runner's records
+    (written before the script ran, and as it left), torch's ``[rankR]:`` labels in its log, a summary entry naming
+    its error file."""
+    recorded = read_rank_record(folder, int(folder.name))
+    if recorded is not None:
+        return recorded
     record = read_exit_record(folder)
     if record and isinstance(record.get("rank"), int):
         return record["rank"]
@@ -297,16 +323,18 @@ def rank_ends(output: str, log_dirs: Mapping[int | None, Path], *, recovered: bo
     """How every rank of the failed attempt ended, read from torchrun's ``output`` and each node's log folder.
 
     Args:
-        output: torchrun's output, every node's (summaries, agent lines, the ranks' labelled lines).
+        output: the job's output, every node's (``output.log``: torchrun's summaries and agent lines, the ranks'
+            labelled lines; ``output_lines`` reads both its formats).
         log_dirs: ``{node: torchrun --log-dir}``; one node: ``{None: log_dir}``.
         recovered: the run finished after torchrun restarted the group: the attempt before the last failed.
 
     A rank in a summary without a folder (torchrun failed before it wrote one) is read from the summary and the
     output alone.
     """
-    entries, _ = _summary_entries(output)
+    said = torchrun_output(output)  # its summaries and agent lines: no rank's line can pass for one of them
+    entries, _ = _summary_entries(said)
     one_node = len(log_dirs) <= 1
-    agent_codes = {int(m["local_rank"]): int(m["exitcode"]) for m in AGENT_FAILED.finditer(output)} if one_node else {}
+    agent_codes = {int(m["local_rank"]): int(m["exitcode"]) for m in AGENT_FAILED.finditer(said)} if one_node else {}
     printed: dict[int | None, list[str]] = {}
     for rank, text in rank_lines(output):
         printed.setdefault(rank, []).append(_TORCH_LABEL.sub("", text))
@@ -353,7 +381,7 @@ def find_root_cause(output: str, log_dirs: Path | Mapping[int | None, Path], tai
     the summary's root cause, else ``None``.
 
     Args:
-        output: torchrun's output: one node's, or every node's (a multi-node ``output.log``).
+        output: the job's output, one node's or every node's (``output.log``, either format: ``output_lines``).
         log_dirs: torchrun's ``--log-dir`` (one node), or ``{node: log dir}`` (simulated nodes' ``logs/node<N>``,
             a SLURM job's nodes).
         tails: every rank's last lines, by global rank (the launcher's printer keeps them; the doctor reads them from
@@ -363,7 +391,7 @@ def find_root_cause(output: str, log_dirs: Path | Mapping[int | None, Path], tai
     """
     log_dirs = {None: Path(log_dirs)} if isinstance(log_dirs, (str, Path)) else dict(log_dirs)
     ends = rank_ends(output, log_dirs, recovered=recovered)
-    _, root_rank = _summary_entries(output)
+    _, root_rank = _summary_entries(torchrun_output(output))
     first = _first(ends, root_rank)
     if first is None:
         return None

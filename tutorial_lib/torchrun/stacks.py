@@ -3,8 +3,8 @@
 Every rank the launcher starts prints its stack on SIGUSR1 (the launcher asks before it stops a job that hangs)
 and on SIGTERM (torchrun stops the other ranks with it after a failure): ``faulthandler`` writes ``Current thread
 0x... (most recent call first):`` and one ``  File "path", line N in function`` line per frame. A rank that raises
-prints Python's traceback. These functions read both from ``(rank, line)`` pairs (``tee.rank_lines``) or lists of
-lines; pure, except ``stacks_from_rank_logs``, which reads torchrun's per-rank logs.
+prints Python's traceback. These functions read both from ``(rank, line)`` pairs (``output_lines.rank_lines``) or
+lists of lines; pure, except ``stacks_from_rank_logs``, which reads torchrun's per-rank logs.
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def learner_stack(stack: str) -> str:
 
 def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
     """``stacks_by_rank`` over torchrun's per-rank ``stderr.log`` files of its last attempt (one node: local rank
-    = rank), for dumps that reached the file but not torchrun's ``--tee`` copy before it exited."""
+    = rank), for a run directory whose output.log lacks them (an older one: dumps that reached the file after
+    torchrun's ``--tee`` copy stopped)."""
     attempt = last_attempt(log_dir)
     if attempt is None:
         return {}
@@ -151,8 +152,9 @@ def stacks_from_rank_logs(log_dir: Path) -> dict[int, str]:
 def stopped_ranks_stacks(ranked_lines, log_dir: Path, *, one_node: bool, failed_rank: int | None,
                          failed_themselves=()) -> dict[int, str]:
     """The stacks of every rank but ``failed_rank``, as printed when torchrun stopped them (faulthandler on SIGTERM):
-    from the output (``ranked_lines``), and on one node also from the ranks' own ``stderr.log`` files, which keep a
-    dump that reached the file after torchrun's ``--tee`` copy stopped. Not of the ranks in ``failed_themselves``
+    from the output (``ranked_lines``), and on one node also from the ranks' own ``stderr.log`` files (an older run's
+    output.log can lack a dump that reached the file after torchrun's ``--tee`` copy stopped; the launcher now reads
+    the files to their end). Not of the ranks in ``failed_themselves``
     (they raised, lost their peer, died): a dump they printed while leaving says nothing of where they were."""
     found = stacks_by_rank(ranked_lines)
     if one_node:

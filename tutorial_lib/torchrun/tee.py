@@ -1,10 +1,14 @@
-"""torchrun's ``--tee`` output, line by line: which rank wrote a piece, and the latest state of a redrawn line.
+"""torchrun's ``--tee`` output as older run directories hold it, and what every rank's output goes through: the
+latest state of a redrawn line, and each rank's last lines.
 
-torchrun's ``--tee 3`` copies every rank's stdout and stderr to its own output with a ``[<role><local_rank>]:``
-prefix (``[default0]:``; with the launcher's multi-node prefix template ``[rank<global rank>]:``), a chunk at a
-time: a chunk may be an unfinished line, which the next rank's chunk continues (``split_tee_line``). A line a rank
-redraws with carriage returns reaches it with the rank runner's marks (``tutorial_lib/child/protocol.py``), read
-back by ``Redraws``. Pure: these read lines, they print nothing.
+Until the launcher read each rank's lines from its own torchrun log files (``rank_logs``), it ran torchrun with
+``--tee 3``, which copies every rank's stdout and stderr to its own output with a ``[<role><local_rank>]:`` prefix
+(``[default0]:``; with the launcher's multi-node prefix template ``[rank<global rank>]:``), a chunk at a time: a chunk
+may be an unfinished line, which the next rank's chunk continues (``split_tee_line``). ``output.log`` of those run
+directories is that output; ``output_lines.rank_lines`` reads it with ``TeeSplitter`` and ``split_rank_prefix``, kept
+here for them (a rank's text could pass for another rank's there: see ``split_tee_line``). A line a rank redraws with
+carriage returns reaches the launcher with the rank runner's marks (``tutorial_lib/child/protocol.py``), read back by
+``Redraws``. Pure: these read lines, they print nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections import deque
 from ..child.protocol import REDRAW_DONE, REDRAW_START, REDRAWN_END
 
 _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<local_rank>\d+)\]:(?P<text>.*)$")
+
+
 def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]:
     """Split a torchrun ``--tee`` line into ``(rank, text)``; ``rank`` is ``None`` for torchrun's own lines.
 
@@ -24,13 +30,19 @@ def split_rank_prefix(line: str, rank_offset: int = 0) -> tuple[int | None, str]
     m = _PREFIX.match(line)
     if m is None:
         return None, line
-    rank, text = int(m.group("local_rank")) + rank_offset, m.group("text")
-    # torch.distributed's excepthook prefixes every traceback line with "[rankN]:" itself: said once is enough.
+    rank = int(m.group("local_rank")) + rank_offset
+    return rank, without_torch_label(rank, m.group("text"))
+
+
+def without_torch_label(rank: int, text: str) -> str:
+    """``text``, a line of rank ``rank``, without the ``[rank<rank>]:`` (and the space after it) that
+    torch.distributed's ``sys.excepthook`` puts before each traceback line of that rank: the line is known to be
+    rank ``rank``'s, said once is enough. A label naming another rank stays: it is part of what the rank printed."""
     torch_prefix = f"[rank{rank}]:"
     if text.startswith(torch_prefix):
         text = text[len(torch_prefix):]
         text = text[1:] if text.startswith(" ") else text
-    return rank, text
+    return text
 
 
 def split_tee_line(line: str) -> list[str]:
@@ -120,18 +132,19 @@ class Redraws:
             self._latest[rank] = core
         return core or None, True, self._latest.pop(rank, None) if done else None
 
+    @staticmethod
+    def peek(text: str) -> str | None:
+        """What an unfinished piece of a rank's line shows, if it is a state of a redrawn line (it starts with the
+        rank runner's mark), without the mark; else ``None``. Nothing is kept: the piece comes again, whole, when the
+        rank ends it (``take``)."""
+        if not text.startswith(REDRAW_START):
+            return None
+        return text[len(REDRAW_START):] or None
+
     def end_all(self) -> dict[int | None, str]:
         """The final state of every line still being redrawn (the job ended); forgets them."""
         ended, self._latest = self._latest, {}
         return ended
-
-
-def rank_lines(output: str) -> list[tuple[int | None, str]]:
-    """``(rank, text)`` of every piece of torchrun's ``output`` (``TeeSplitter``, then ``split_rank_prefix``)."""
-    splitter = TeeSplitter()
-    return [split_rank_prefix(piece) for line in output.splitlines() for piece in splitter.split(line)]
-
-
 
 
 class RankTails:
