@@ -71,6 +71,31 @@ def test_the_full_log_is_named_once_per_launch_and_a_count_is_never_zero(monkeyp
                           "[rank 0] late 3", "[rank 0] late 4"], lines[-6:]
 
 
+def test_the_traceback_note_names_the_log_only_when_no_note_of_the_launch_has_yet(tmp_path, monkeypatch):
+    """Issue 45: a launch whose held-back lines were counted with the log's path named output.log again in its
+    traceback note; alone, the note names it."""
+    import tutorial_lib.launcher.output as output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    for flood in (False, True):
+        out = io.StringIO()
+        printer = ThrottledPrinter(out, max_lines_per_s=1, log_name=str(tmp_path / "output.log"))  # as launch() does
+        pump = OutputPump(1, tmp_path, [0], printer, io.StringIO())
+        if flood:
+            for i in range(5):
+                pump.printer.emit(0, f"line {i}")
+            clock[0] += 2.0
+            pump.printer.emit(0, "after the flood")  # the count of held-back lines names the log first
+        pump.noise.traceback_lines = 7
+        pump.finish()
+        log = str(tmp_path / "output.log")
+        note = [line for line in out.getvalue().splitlines() if "traceback line(s)" in line]
+        assert out.getvalue().count(log) == 1, out.getvalue()
+        assert note == ["[launcher] 7 traceback line(s) not shown (the exception line is), in the same log" if flood
+                        else f"[launcher] 7 traceback line(s) not shown (the exception line is); every line is in {log}"]
+
+
 def test_sigint_during_cleanup_is_held_back_then_raised():
     finished = []
     with pytest.raises(KeyboardInterrupt):

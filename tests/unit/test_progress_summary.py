@@ -55,3 +55,21 @@ def test_what_pandas_derives_from_the_table_is_a_plain_dataframe_as_before(tmp_p
     assert type(solved) is pd.DataFrame and type(table.copy()) is pd.DataFrame
     assert not repr(solved).startswith("notebook") and table.attrs["path"].endswith("progress.json")
     assert table.loc["01.1", "checks"] == 0 and list(table.columns)[:3] == ["title", "kind", "checks"]
+
+
+def test_the_shown_table_leaves_out_kind_columns_that_hold_no_value_and_the_table_keeps_them(tmp_path):
+    """Issue 45 (07's outputs): a notebook without predictions or challenges showed three columns of None."""
+    from tutorial_lib.exercises import store
+
+    table = tl.progress(tmp_path, notebook="07")
+    assert {"prediction", "measured", "best"} <= set(table.columns)  # the data keeps every column
+    shown = table.shown()
+    assert not {"prediction", "measured", "best"} & set(shown.columns) and "solved" in shown.columns
+    assert "prediction" not in repr(table) and "prediction" not in table._repr_html_()
+
+    def measured(entry):
+        entry["measured"] = 1.5
+    store.update(tmp_path, "07.2", measured)
+    table = tl.progress(tmp_path, notebook="07")
+    assert list(table.shown().columns) == [c for c in table.columns if c not in ("prediction", "best")]
+    assert "measured" in repr(table) and "1.5" in repr(table)

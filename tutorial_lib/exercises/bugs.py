@@ -34,7 +34,6 @@ from ..diagnosis.report import COLLECTIVE_FRAME
 from ..errors import ConfigError, LaunchError
 from ..i18n import Message, render
 from ..runs.run_logs import read_output_log
-from ..runs.rundir import OUTPUT_LOG
 from ..torchrun.formats import ANY_FRAME
 from ..torchrun.output_lines import rank_lines
 from . import rounds, store
@@ -241,6 +240,5 @@ class FindTheBug:
                 print(f"[rank {rank}] {text}", flush=True)
         return Verdict(spec.id, False, attempted=False, run_dirs=[Path(run_dir)], problem=Message(
             "which rank caused it, at which line of {script}, and why? The doctor's report is not shown: it is what "
-            "this exercise asks you to find. The full log: {log}. Answer with ex{n}.check(rank=..., line=..., "
-            "cause=...), the cause one of: {names}", {"script": script, "log": Path(run_dir) / OUTPUT_LOG,
-                                                     "n": spec.number, "names": self.cause_names()}))
+            "this exercise asks you to find. Answer with ex{n}.check(rank=..., line=..., "
+            "cause=...), the cause one of: {names}", {"script": script, "n": spec.number, "names": self.cause_names()}))

@@ -343,7 +343,8 @@ def progress(runs_dir: str | os.PathLike | None = None, notebook: str | None = N
         attempts that met its conditions); ``None`` where the kind has none. ``df.attrs["path"]`` is the file it was
         read from; the file keeps every prediction, measurement and answer. It is a ``ProgressTable``: shown (in
         Jupyter, or printed) under a summary, "N of M solved" for each notebook it shows (M: all of that notebook's
-        exercises, tried or not) and for the whole workbook (``.summary()``; ``.counts()``, the numbers per notebook).
+        exercises, tried or not) and for the whole workbook (``.summary()``; ``.counts()``, the numbers per notebook),
+        without the columns ``prediction``, ``measured`` and ``best`` where no row has a value (``.shown()``).
 
     Raises:
         ConfigError: a notebook without exercises; a progress file that is not the store's JSON (names it).
@@ -403,11 +404,19 @@ class ProgressTable(pd.DataFrame):
                              {"solved": int(counts["solved"].sum()), "total": int(counts["exercises"].sum())}))
         return "\n".join(render(line, lang) for line in lines)
 
+    KIND_COLUMNS = ("prediction", "measured", "best")  # only a predict or challenge exercise has values here
+
+    def shown(self) -> pd.DataFrame:
+        """The table as shown: without the columns of ``KIND_COLUMNS`` that hold no value in any row (a notebook
+        without predictions or challenges); the table itself keeps every column."""
+        empty = [c for c in self.KIND_COLUMNS if c in self.columns and self[c].isna().all()]
+        return pd.DataFrame(self).drop(columns=empty)
+
     def __repr__(self) -> str:
-        return self.summary() + "\n\n" + super().__repr__()
+        return self.summary() + "\n\n" + repr(self.shown())
 
     def _repr_html_(self) -> str | None:
-        table = super()._repr_html_()
+        table = self.shown()._repr_html_()
         if table is None:
             return None
         lines = "<br>".join(html.escape(line) for line in self.summary().splitlines())

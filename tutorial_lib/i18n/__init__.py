@@ -44,6 +44,7 @@ DOMAIN = "tutorial_lib"
 LOCALE_DIR = Path(__file__).resolve().parent / "locale"
 SOURCE_LANGUAGE = "en"  # the msgids' language: no catalogue
 LANG_ENV = "TUTORIAL_LIB_LANG"
+LOCALE_DIR_ENV = "TUTORIAL_LIB_LOCALE_DIR"  # a catalogue folder other than LOCALE_DIR (active_locale_dir)
 EDITION_FOLDER = "zh"  # notebooks/zh/: the Chinese edition's notebooks (scripts/twins.py)
 
 _chosen: list[str] = []  # the language set by set_language or setup_notebook; empty until then
@@ -176,8 +177,12 @@ _locale_dir: list[Path] = []
 
 
 def active_locale_dir() -> Path:
-    """The folder the catalogues are read from: ``LOCALE_DIR``, or the one ``use_locale_dir`` set."""
-    return _locale_dir[0] if _locale_dir else LOCALE_DIR
+    """The folder the catalogues are read from: the one ``use_locale_dir`` set, else ``$TUTORIAL_LIB_LOCALE_DIR``
+    (a kernel's, e.g. a notebook run under a test's pseudo-language catalogue), else ``LOCALE_DIR``."""
+    if _locale_dir:
+        return _locale_dir[0]
+    value = os.environ.get(LOCALE_DIR_ENV)
+    return Path(value) if value else LOCALE_DIR
 
 
 def use_locale_dir(folder: str | os.PathLike | None) -> None:

@@ -60,12 +60,14 @@ def in_jupyter_kernel() -> bool:
 
 def progress_fields(record: dict) -> list[str]:
     """``step i/n`` (``step i`` when the script does not say ``n``: a loss read from a printed line), and ``loss``
-    and ``samples/s`` when the script reports them, from one metrics record."""
-    fields = [f"step {record.get('step')}" + (f"/{record['max_steps']}" if "max_steps" in record else "")]
+    and ``samples/s`` when the script reports them, from one metrics record; in the language in use."""
+    step = record.get("step")
+    fields = [_("step {step}/{max_steps}", step=step, max_steps=record["max_steps"]) if "max_steps" in record
+              else _("step {step}", step=step)]
     if "loss_local" in record:
-        fields.append(f"loss {record['loss_local']:.4f}")
+        fields.append(_("loss {value:.4f}", value=record["loss_local"]))
     if "samples_per_s" in record:
-        fields.append(f"samples/s {record['samples_per_s']:.0f}")
+        fields.append(_("samples/s {rate:.0f}", rate=record["samples_per_s"]))
     return fields
 
 
@@ -99,7 +101,7 @@ class LiveView:
         the queue (and why) or that it runs without a step yet."""
         lines = []
         for rank in sorted(self.latest):
-            lines.append(f"rank {rank}: " + "  ".join(progress_fields(self.latest[rank])))
+            lines.append(_("rank {rank}: {fields}", rank=rank, fields="  ".join(progress_fields(self.latest[rank]))))
         if lines:
             return lines
         if self.queued is not None and self.queued.reason:
@@ -194,10 +196,8 @@ class NotebookView(LiveView):
         steps = {r.get("step") for r in self.records}
         if len(steps) < MIN_PLOT_STEPS:  # one dot is no curve: a 1-step or early-failed run draws no figure
             if final:
-                metrics = Path(self.run_dir) / "metrics" if self.run_dir else "metrics/"
                 self._plot.update(_Text(_("(no per-step metrics: this script writes none)") if not self.records else
-                                        _("({n} step logged: too few for a curve; metrics in {path})", n=len(steps),
-                                          path=metrics)))
+                                        _("({n} step logged: too few for a curve)", n=len(steps))))
             return
         fig = plot_run(pd.DataFrame(self.records), pd.DataFrame(rss_samples) if rss_samples else None)
         self._plot.update(fig)
@@ -325,7 +325,7 @@ class WidgetNotebookView(NotebookView):
         for rank in sorted(self.latest):
             r = self.latest[rank]
             if rank not in self._bars:
-                bar = w.IntProgress(min=0, max=int(r.get("max_steps") or 1), description=f"rank {rank}")
+                bar = w.IntProgress(min=0, max=int(r.get("max_steps") or 1), description=_("rank {rank}", rank=rank))
                 self._bars[rank] = (bar, w.HTML())
                 new_rank = True
             bar, label = self._bars[rank]

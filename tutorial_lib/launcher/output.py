@@ -39,7 +39,7 @@ class ThrottledPrinter:
     traceback frames are shown whole; False in a cell's stdout or a terminal, which show its exception line.
     """
 
-    LAST_LINES = 5  # at the end, each rank's last lines the budget held back are shown, this many at most
+    LAST_LINES = 3  # at the end, each rank's last lines the budget held back are shown, this many at most
 
     def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30,
                  log_name: str = OUTPUT_LOG, keeps_full_tracebacks: bool = False) -> None:
@@ -92,7 +92,7 @@ class ThrottledPrinter:
             self.flush_suppressed()
             return
         if self.suppressed or not self._log_named:
-            text = self._naming_log(_("{n} line(s) not shown to keep the output small; all lines are in {log}; the "
+            text = self.naming_log(_("{n} line(s) not shown to keep the output small; all lines are in {log}; the "
                                       "last lines of each rank:", n=self.suppressed, log=self.log_name),
                                     _("{n} more line(s) not shown; the last lines of each rank:", n=self.suppressed))
         else:  # every held-back line was counted above already
@@ -119,12 +119,12 @@ class ThrottledPrinter:
     def flush_suppressed(self) -> None:
         """Say how many lines were not shown, if any, and reset the count."""
         if self.suppressed:
-            self.note(self._naming_log(_("{n} line(s) not shown to keep the output small; all lines are in {log}",
+            self.note(self.naming_log(_("{n} line(s) not shown to keep the output small; all lines are in {log}",
                                          n=self.suppressed, log=self.log_name),
                                        _("{n} more line(s) not shown", n=self.suppressed)))
             self.suppressed = 0
 
-    def _naming_log(self, first: str, later: str) -> str:
+    def naming_log(self, first: str, later: str) -> str:
         """``first`` (a note that names ``log_name``) the first time a note of this launch names it, else ``later``
         (the same without the path): the full log is named once."""
         text = later if self._log_named else first
@@ -253,5 +253,8 @@ class OutputPump:
             self.printer.redraw(rank, None)
         self.printer.show_last_lines()
         if self.noise.traceback_lines and not self.printer.keeps_full_tracebacks:
-            self.printer.note(_("{n} traceback line(s) not shown (the exception line is); every line is in {path}",
-                                n=self.noise.traceback_lines, path=self.run_dir / OUTPUT_LOG))
+            n = self.noise.traceback_lines
+            self.printer.note(self.printer.naming_log(
+                _("{n} traceback line(s) not shown (the exception line is); every line is in {path}", n=n,
+                  path=self.run_dir / OUTPUT_LOG),
+                _("{n} traceback line(s) not shown (the exception line is), in the same log", n=n)))
