@@ -43,6 +43,29 @@ def test_fsdp_on_two_ranks_equals_one_process_in_loss_and_gradient_norm(runs):
     assert ((2 * fsdp["grad_norm"] - one["grad_norm"]).abs() / one["grad_norm"]).min() > 100 * FP32_TOLERANCE
 
 
+def test_cpu_offload_runs_on_cpu_ranks_and_trains_as_without_it(runs):
+    """Issue 46: the layout the planner recommends for a 7B (--cpu-offload) refused CPU ranks and, on GPUs, made an
+    NCCL-only group that refuses clip_grad_norm_'s collectives on the CPU gradients. On CPU ranks it runs FSDP's
+    CPUOffloadPolicy code path (nothing moves: the shards are on the CPU already) and trains exactly as without it."""
+    offload = launch(runs["root"], "offload", [*runs["common"], "--batch-size", 2, "--cpu-offload"])
+    keys = ["rank", "step", "loss_local", "loss_global", "grad_norm"]
+    with_it = offload.metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
+    without = runs["fsdp"].metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
+    assert len(with_it) == 8 and (with_it[["rank", "step"]] == without[["rank", "step"]]).all().all()
+    for key in ("loss_global", "grad_norm"):
+        gap = ((with_it[key] - without[key]).abs() / without[key].abs()).max()
+        assert gap <= FP32_TOLERANCE, (key, gap)
+
+
+def test_the_process_group_gets_a_cpu_backend_beside_nccl_when_offloading_on_cuda():
+    """torchtitan's _get_distributed_backend: with CPU offload, "cuda:nccl,cpu:gloo" (a unit test: no GPU here)."""
+    backend = tl.import_script("train_hf").process_group_backend
+    assert backend("cuda", cpu_offload=True) == "cuda:nccl,cpu:gloo"
+    assert backend("cuda", cpu_offload=False) == "nccl" and backend("cpu", cpu_offload=True) == "gloo"
+    assert backend("cuda", cpu_offload=True, backend="gloo") == "cuda:gloo,cpu:gloo"
+    assert backend("cpu", cpu_offload=False, backend="auto") == "gloo"
+
+
 def test_a_resume_on_the_same_ranks_is_bitwise_and_on_three_ranks_continues(runs):
     checkpoint = str(tl.checkpoint_dir(runs["fsdp"].run_dir, step=2))
     again = launch(runs["root"], "resume", [*runs["common"], "--batch-size", 2, "--resume", checkpoint])
@@ -140,7 +163,6 @@ def test_a_resume_with_another_seq_len_is_refused_naming_both(runs, tmp_path):
     (["--model", "no-such-folder"], "no config.json in it"),
     (["--model", "TINY", "--seq-len", 4096], "--seq-len 4096 is above the model's max_position_embeddings 512"),
     (["--model", "TINY", "--replicate-degree", 3], "--replicate-degree 3 must divide the world size 1"),
-    (["--model", "TINY", "--cpu-offload"], "--cpu-offload moves shards from the GPU to the CPU"),
 ])
 def test_bad_input_is_refused_before_training(runs, tmp_path, args, message):
     args = [runs["tiny"] if a == "TINY" else str(a) for a in args]

@@ -25,7 +25,7 @@ What it shows
     * bf16 through FSDP's ``MixedPrecisionPolicy`` (fp32 shards and optimizer state, gradients reduced in fp32),
       activation checkpointing through the model's own ``gradient_checkpointing_enable`` (``full``, or
       ``selective``: matmul and attention outputs kept), FSDP's ``CPUOffloadPolicy`` (``--cpu-offload``: shards,
-      gradients and the optimizer step on the CPU), LoRA adapters on a frozen base (``--lora-rank``, peft);
+      gradients and the optimizer step on the CPU; the process group is then ``cuda:nccl,cpu:gloo``), LoRA adapters on a frozen base (``--lora-rank``, peft);
     * ``--export FOLDER``: the trained model written back as a Hugging Face folder (LoRA merged), for
       ``from_pretrained``, for inference servers, or as the next run's ``--model``;
     * DCP checkpoints of every rank's shards and an exact resume: the data position is global (windows consumed
@@ -101,7 +101,8 @@ def parse_args(argv=None):
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa",
                    help="attention: sdpa (fused, torch's scaled_dot_product_attention) or eager (scores materialised)")
     p.add_argument("--cpu-offload", action="store_true",
-                   help="FSDP's CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU (CUDA only)")
+                   help="FSDP's CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU (on CUDA with a gloo "
+                        "group beside NCCL for the CPU tensors; on CPU ranks the same code path, nothing moves)")
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on a frozen base (0: full "
                                                              "fine-tuning); needs peft")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA's scale numerator (alpha / rank)")
@@ -124,6 +125,16 @@ def parse_args(argv=None):
     return check_args(p, p.parse_args(argv))
 
 
+def process_group_backend(device_type, cpu_offload, backend="auto"):
+    """The backend for init_process_group: nccl on CUDA, gloo on CPU (``backend``: another choice of --backend), and
+    with --cpu-offload on CUDA a CPU backend beside it, ``"cuda:nccl,cpu:gloo"``: FSDP's CPUOffloadPolicy keeps the
+    sharded gradients on the CPU, so clip_grad_norm_'s all-reduce of their norm and full_tensor() run collectives on
+    CPU tensors, which an NCCL-only group refuses. torchtitan's ``_get_distributed_backend`` adds gloo the same way."""
+    if backend == "auto":
+        backend = "nccl" if device_type == "cuda" else "gloo"
+    return f"{device_type}:{backend},cpu:gloo" if cpu_offload and device_type == "cuda" else backend
+
+
 def setup(args):
     """Join the process group (a world of one without torchrun); return (rank, local_rank, world_size, device)."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -134,7 +145,7 @@ def setup(args):
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")  # LOCAL_RANK: this node's GPU
     if use_cuda:
         torch.cuda.set_device(device)
-    backend = ("nccl" if use_cuda else "gloo") if args.backend == "auto" else args.backend
+    backend = process_group_backend(device.type, args.cpu_offload, args.backend)
     timeout = timedelta(seconds=args.pg_timeout_s)
     if "RANK" in os.environ:
         dist.init_process_group(backend, timeout=timeout, device_id=device if use_cuda else None)
@@ -250,7 +261,7 @@ def shard(model, args, device, mesh):
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
     dtype = compute_dtype(args, device)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    offload = CPUOffloadPolicy() if args.cpu_offload else None
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if args.cpu_offload else None  # pinning needs CUDA
     kw = {"mesh": mesh, "mp_policy": mp, **({"offload_policy": offload} if offload else {})}
     for layer in decoder_layers(model):
         fully_shard(layer, **kw)  # one unit per decoder layer: gathered just before it runs, freed after
@@ -554,8 +565,6 @@ def train(args, rank, local_rank, world_size, device):
     if args.seq_len > config.max_position_embeddings:
         sys.exit(f"--seq-len {args.seq_len} is above the model's max_position_embeddings "
                  f"{config.max_position_embeddings} (config.json)")
-    if args.cpu_offload and device.type != "cuda":
-        sys.exit("--cpu-offload moves shards from the GPU to the CPU: it needs --device cuda")
     if world_size % args.replicate_degree:
         sys.exit(f"--replicate-degree {args.replicate_degree} must divide the world size {world_size}")
     windows = Windows(read_tokens(args, args.model), args.seq_len, args.seed)  # before the model: a too-small
