@@ -100,6 +100,10 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "uneven_inputs": (("--join",), "every rank exits 0: inside Join the rank with extra batches finishes"),
     "unused_params": (("--loss-uses", "both"), SUCCESS_IS_THE_CHECK),
 }
+# The layout tl.recommend_layout picks for a 7B on 4 x 24 GB (bf16 + full AC + offload), on the tiny Llama. Every step
+# clip_grad_norm_ all-reduces the norm of the gradients, which offload keeps on the CPU: an NCCL-only group refuses it.
+OFFLOAD_ARGS = ("--model", "TINY_MODEL", "--max-steps", 8, "--precision", "bf16", "--ac-mode", "full", "--cpu-offload",
+                "--clip-grad-norm", 1.0, "--seq-len", 256, "--batch-size", 2, "--lr", 3e-3)
 PRECISION_ARGS = ("--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 20,
                   "--clip-grad-norm", 1.0)
 NOTEBOOK_ASSERTS = {
@@ -175,7 +179,7 @@ class Check:
 
     Attributes:
         label: the summary line's name, e.g. ``"script ddp_train"``.
-        kind: ``"script"``, ``"precisions"``, ``"cpu_ranks"`` or ``"notebook"`` (which runner runs it).
+        kind: ``"script"``, ``"precisions"``, ``"cpu_ranks"``, ``"offload"`` or ``"notebook"`` (which runner runs it).
         name: the script (kind ``"script"``) or notebook file (``"01_ddp.ipynb"``).
         asserts: what the check asserts, in words.
         launches: the torchrun jobs it starts (none for a notebook: the notebook launches its own).
@@ -250,6 +254,10 @@ def plan_checks(gpu_count: int) -> list[Check]:
                        label="gpu-cpu-ranks")
     checks.append(Check("device=cpu on a GPU machine", "cpu_ranks", "collectives_check",
                         "2 ranks on gloo with device cpu: the GPUs are hidden from the workers", (cpu_ranks,)))
+    offload = Launch("train_hf", OFFLOAD_ARGS, gpu_count, label="gpu-offload")
+    checks.append(Check("train_hf --cpu-offload", "offload", "train_hf",
+                        "the planner's layout for a 7B on 4 x 24 GB: FSDP2's CPUOffloadPolicy on a cuda:nccl,cpu:gloo "
+                        "group; clip_grad_norm_ over the CPU gradients every step, the loss falls", (offload,)))
     checks += [notebook_check(path, gpu_count) for path in shipped_notebooks()]
     return checks
 
@@ -459,14 +467,19 @@ VERIFY = {  # scripts not named here: a finished launch is the check (the notebo
 }
 
 
+def with_tiny_model(launch: Launch, root: Path) -> Launch:
+    """``launch`` with ``TINY_MODEL`` replaced by a tiny Llama folder written first (train_hf.py trains a folder)."""
+    if "TINY_MODEL" not in launch.args:
+        return launch
+    made = tl.run_in_process("train_hf", ["--create-tiny-model", "tiny", "--arch", "llama"], runs_dir=root,
+                             label=f"{launch.label or 'gpu'}-tiny-model")
+    return replace(launch, args=tuple(str(made.run_dir / "tiny") if a == "TINY_MODEL" else a for a in launch.args))
+
+
 def run_script_check(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     """Launch the check's one script and verify what only a GPU run produces."""
     (launch,) = check.launches
-    if "TINY_MODEL" in launch.args:  # train_hf.py trains a model folder: a tiny Llama, written here first
-        made = tl.run_in_process("train_hf", ["--create-tiny-model", "tiny", "--arch", "llama"], runs_dir=root,
-                                 label="gpu-tiny-model")
-        launch = replace(launch, args=tuple(str(made.run_dir / "tiny") if a == "TINY_MODEL" else a
-                                            for a in launch.args))
+    launch = with_tiny_model(launch, root)
     result = launch_one(launch, root)
     verify = VERIFY.get(check.name)
     return "; ".join([f"{result.wall_time_s:.1f} s"] + ([verify(result, launch, gpus)] if verify else []))
@@ -498,6 +511,16 @@ def run_cpu_ranks(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     return f"{launch.nproc_per_node} ranks on gloo/cpu with the GPUs hidden"
 
 
+def run_offload(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
+    """train_hf.py with FSDP2's CPU offload on the GPUs: it trains, and clip_grad_norm_ ran on the CPU gradients."""
+    (launch,) = check.launches
+    result = launch_one(with_tiny_model(launch, root), root)
+    m = result.metrics()
+    loss = m[m["rank"] == 0].set_index("step")["loss_global"]
+    assert loss.iloc[-1] < loss.iloc[0] and m["grad_norm"].notna().all() and (m["grad_norm"] > 0).all(), m
+    return f"{result.wall_time_s:.1f} s; loss {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f} with the optimizer on the CPU"
+
+
 def notebook_runner_missing() -> str:
     """Why the notebooks cannot run here (``""``: they can): papermill and ipykernel, dependencies of this package,
     run each notebook in a Jupyter kernel, the only place ``display``, widgets and cell outputs exist."""
@@ -522,7 +545,7 @@ def run_notebook(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
 
 
 RUNNERS = {"script": run_script_check, "precisions": run_precisions, "cpu_ranks": run_cpu_ranks,
-           "notebook": run_notebook}
+           "offload": run_offload, "notebook": run_notebook}
 
 
 def first_gpus(count: int, visible: str | None) -> str:
