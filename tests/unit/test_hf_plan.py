@@ -116,8 +116,19 @@ def test_the_recommended_layout_has_the_fewest_savers_that_fit():
                                                        "full_fine_tuning": True}
     table.loc[table["layout"] != "LoRA r16, bf16 + AC full", "fits"] = False
     assert tl.recommend_layout(table, "m", 4, 1024)["layout"] == "LoRA r16, bf16 + AC full"
-    with pytest.raises(ConfigError, match="no plan for m on 8 GPUs"):
-        tl.recommend_layout(table, "m", 8, 1024)
+    with pytest.raises(ConfigError, match="model 'm': not a shipped config"):
+        tl.recommend_layout(table, "m", 8, 1024)  # not in the table, and nothing to plan it from
+
+
+def test_a_model_folder_gets_a_recommendation_planned_for_it(tmp_path):
+    """Issue 46: a folder of one's own was refused (its path lower-cased in the error): now its layouts are planned."""
+    folder = tiny_folder(tmp_path / "My-Model")
+    planned = []
+    pick = tl.recommend_layout(tl.read_hf_table(), folder, 2, 64, progress=planned.append)
+    assert {row["layout"] for row in planned} == set(tl.HF_LAYOUTS) and {row["model"] for row in planned} == {str(folder)}
+    assert pick == {"layout": "fp32", "headroom_gib": pytest.approx(planned[0]["headroom_gib"]), "full_fine_tuning": True}
+    table = tl.read_hf_table()  # a shipped name in any case is the table's row, not planned again
+    assert tl.recommend_layout(table, "Qwen2.5-0.5B", 4, 1024) == tl.recommend_layout(table, "qwen2.5-0.5b", 4, 1024)
 
 
 def test_the_shipped_table_covers_every_model_layout_gpu_count_and_length():
