@@ -120,6 +120,20 @@ def test_the_plan_equals_every_ranks_measured_memory(runs):
     assert not any(tl.matches_plan(wrong, snapshot) for snapshot in measured)
 
 
+def test_on_three_ranks_each_rank_matches_its_own_plan_and_not_rank_0s(runs):
+    """Issue 46: on 3 ranks rank 2 holds fewer rows of some parameters (torch.chunk), so less optimizer state: with
+    rank 0's plan only, a correct run failed tl.matches_plan on rank 2."""
+    three = launch(runs["root"], "memory-3", [*runs["common"], "--batch-size", 2, "--max-steps", 2, "--track-memory"],
+                   nproc=3)
+    plan = tl.plan_hf(runs["tiny"], world_size=3, seq_len=32, batch_size=2, layout="fp32")
+    measured = tl.read_memory_snapshots(three.run_dir)
+    assert len(measured) == 3 and sorted(plan.rank_peak_bytes) == [0, 1, 2]
+    for rank, snapshot in enumerate(measured):
+        assert tl.matches_plan(plan, snapshot, rank=rank), (rank, tl.compare_plan(plan, snapshot, rank=rank))
+    assert plan.for_rank(2)["optimizer state"] == measured[2]["optimizer state"] < plan.for_rank(0)["optimizer state"]
+    assert not tl.matches_plan(plan, measured[2], rank=0), "the control: rank 0's plan is not rank 2's"
+
+
 def test_lora_trains_the_adapters_only_and_exports_them_merged(runs, tmp_path):
     exported = tmp_path / "merged"
     lora = launch(runs["root"], "lora", [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2,

@@ -162,3 +162,30 @@ def test_pytorch_pr_132445_llama3_8b_on_8_h100_without_ac():
     print(f"PR 132445 8B: planned peak {plan.total_bytes / GIB:.2f} GiB, predicted {predicted:.2f} GiB, published "
           f"77.29 GiB ({predicted / 77.29 - 1:+.1%}): the margins (10% + 1 GiB) are most of the difference")
     assert abs(predicted / 77.29 - 1) <= 0.15
+
+
+def test_every_rank_is_planned_and_cuda_counts_each_storage_rounded_to_512_bytes(tmp_path):
+    """Issue 46: plan_hf planned rank 0 only (on 3 ranks rank 2 holds fewer rows, so less optimizer state) and never
+    counted as CUDA's tracker does, so 13's exact check of parameters would fail on any GPU run."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+
+    from tutorial_lib.planning.memory_model import shard_rows
+
+    folder = tiny_folder(tmp_path)
+    with torch.device("meta"):
+        shapes = [tuple(p.shape) for p in AutoModelForCausalLM.from_config(tl.load_hf_config(folder)).parameters()]
+    cpu = tl.plan_hf(folder, world_size=3, seq_len=64, layout="fp32")
+    cuda = tl.plan_hf(folder, world_size=3, seq_len=64, layout="fp32", device="cuda")
+    assert sorted(cpu.rank_peak_bytes) == [0, 1, 2] and any("2 distinct shard sizes" in n for n in cpu.notes)
+    # FSDP2 allocates every rank's shard padded to ceil(rows / 3) rows; AdamW's moments hold the rows a rank owns.
+    for rank in range(3):
+        padded = [4 * shard_rows(s[0], 3, rank, padded=True) * math.prod(s[1:]) for s in shapes]
+        assert cpu.for_rank(rank)["parameters"] == sum(padded)
+        assert cuda.for_rank(rank)["parameters"] == sum(-(-b // 512) * 512 for b in padded)
+        assert all(v % 512 == 0 for v in cuda.for_rank(rank).values()), cuda.for_rank(rank)
+    assert cpu.for_rank(2)["optimizer state"] < cpu.for_rank(0)["optimizer state"] and cpu.peak_rank == 0
+    assert cpu.device == "cpu" and cuda.device == "cuda" and any("rounded up to 512" in n for n in cuda.notes)
+    with pytest.raises(ConfigError, match="device must be one of"):
+        tl.plan_hf(folder, world_size=2, seq_len=64, device="gpu")

@@ -24,14 +24,15 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..notebook.script_source import import_script
+from .memory_model import shard_rows
 from .memory_plan import GIB, MemoryPlan, categories_of, fake_world
-from .tracker_counting import hierarchy_warning_silenced
+from .tracker_counting import DEVICES, counted_as_cuda, device_snapshot, hierarchy_warning_silenced
 
 CONFIGS_DIR = Path(__file__).parent / "data" / "hf_configs"
 # The shipped configs: the published config.json numbers of these models (their Hugging Face model cards'
@@ -125,8 +126,9 @@ def _no_packing():
 
 
 def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: int = 1024, batch_size: int = 1,
-            layout: str = "bf16", replicate_degree: int = 1, attn: str = "sdpa", _fake: bool = True) -> MemoryPlan:
-    """Plan one rank's peak memory in a training step of ``train_hf.py`` for ``model`` on ``world_size`` GPUs.
+            layout: str = "bf16", replicate_degree: int = 1, attn: str = "sdpa", device: str = "cpu",
+            _fake: bool = True) -> MemoryPlan:
+    """Plan every rank's peak memory in a training step of ``train_hf.py`` for ``model`` on ``world_size`` GPUs.
 
     Args:
         model: a shipped config name (``SHIPPED``) or a folder with the model's config.json (no weights needed).
@@ -138,25 +140,30 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
             replicate_degree)); 1: FSDP over all GPUs.
         attn: the script's ``--attn``: "sdpa" (fused: the output and log-sum-exp saved) or "eager" (the T x T
             scores and probabilities materialised and saved).
+        device: ``"cpu"`` or ``"cuda"``: the device whose memory tracker the plan counts as (``plan_memory``'s
+            ``device``: on ``"cuda"`` every storage rounded up to 512 bytes, AdamW's ``step`` counters, on the CPU,
+            left out), so a plan compares with a ``--track-memory`` run on that device.
 
     Returns:
-        A ``MemoryPlan`` with ``parallel`` "fsdp" (or "hsdp"), the peak by category (bytes), ``n_params``, in
-        ``notes`` the layout and, under offload, the host bytes, and ``collective_buffer_bytes``
-        (``largest_collective_bytes``). Unlike ``plan_memory``, its headroom does not count that buffer
-        (``unsimulated_bytes`` 0, as the shipped table was made; no CUDA run has shown it held longer).
+        A ``MemoryPlan`` with ``parallel`` "fsdp" (or "hsdp"), every rank's peak by category (``rank_peak_bytes``:
+        ranks whose shards differ in size, ``torch.chunk``'s rows of a dimension the ranks do not divide, are traced
+        each), the rank that peaks (``peak_rank``) and its plan (``peak_bytes``), ``n_params``, in ``notes`` the
+        layout and, under offload, the host bytes, and ``collective_buffer_bytes`` (``largest_collective_bytes``).
+        Unlike ``plan_memory``, its headroom does not count that buffer (``unsimulated_bytes`` 0, as the shipped
+        table was made; no CUDA run has shown it held longer).
 
     Raises:
-        ConfigError: a bad config (see ``load_hf_config``), layout or size; a GPU count the mesh cannot use; a process
-            group already existing in this process.
+        ConfigError: a bad config (see ``load_hf_config``), layout, size or device; a GPU count the mesh cannot use; a
+            process group already existing in this process.
     """
     import torch
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
 
     start = time.perf_counter()
     config = load_hf_config(model)
     _check(layout, world_size, seq_len, batch_size, replicate_degree, config)
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
     if dist.is_available() and dist.is_initialized():
         raise ConfigError("this process already has a process group; plan_hf makes a fake one of its own")
     script = import_script("train_hf")
@@ -164,45 +171,89 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
         raise ConfigError(f"attn must be 'sdpa' or 'eager', got {attn!r}")
     flags = [str(a) for a in LAYOUTS[layout]]
     offload = "--cpu-offload" in flags
-    traced = [f for f in flags if f != "--cpu-offload"]  # FSDP2's offload needs a GPU: derived, see the docstring
+    traced = [f for f in flags if f != "--cpu-offload"]  # offload's GPU bytes: derived from this trace (offloaded)
     args = script.parse_args([*traced, "--model", str(model_folder(model)), "--seq-len", str(seq_len),
                               "--batch-size", str(batch_size), "--max-steps", "2", "--attn", attn])
-    device = torch.device("cpu")
-    with fake_world(world_size):
+    trace = dict(script=script, args=args, config=config, world_size=world_size, replicate_degree=replicate_degree,
+                 batch_size=batch_size, seq_len=seq_len, device=device, fake=_fake)
+    first = _trace_hf(**trace, rank=0)
+    shards = world_size // replicate_degree
+    groups: dict[tuple, list[int]] = {}  # the rows of every parameter a rank holds -> the ranks holding those rows
+    for rank in range(world_size):  # HSDP's mesh is (replicate, shard): rank r holds shard r % shards
+        groups.setdefault(tuple(shard_rows(shape[0], shards, rank % shards) if shape else 1
+                                for shape in first.shapes), []).append(rank)
+    plans = {}
+    for ranks in groups.values():
+        plan_of = first.peak if ranks[0] == 0 else _trace_hf(**trace, rank=ranks[0]).peak
+        plans.update({rank: plan_of for rank in ranks})
+    totals = {rank: sum(plan.values()) for rank, plan in plans.items()}
+    peak_rank = max(sorted(totals), key=lambda r: (totals[r], -r))
+    # fp32 shards of every parameter (4 bytes); fp32 gradients (4) and AdamW's two moments (8) of the trainable ones.
+    analytic = (4 * first.n_params + 12 * first.n_trainable) / shards
+    notes = [f"layout {layout}: train_hf.py {' '.join(flags)}",
+             f"{first.n_trainable} of {first.n_params} parameters trained"]
+    if len(groups) > 1:
+        notes.append(f"{len(groups)} distinct shard sizes over {world_size} ranks: traced once each (ranks "
+                     + ", ".join(str(r[0]) for r in groups.values()) + ")")
+    if device == "cuda":
+        notes.append("counted as torch's tracker counts a CUDA run: every storage rounded up to 512 bytes, AdamW's "
+                     "step counters (on the CPU) left out")
+    plan = MemoryPlan(args=tuple([*traced, "--seq-len", str(seq_len), "--batch-size", str(batch_size)]),
+                      parallel="hsdp" if replicate_degree > 1 else "fsdp", world_size=world_size,
+                      n_params=first.n_params, peak_bytes=dict(plans[peak_rank]), state_bytes_analytic=analytic,
+                      plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
+                      notes=tuple(notes), collective_buffer_bytes=first.buffer,
+                      rank_peak_bytes={rank: dict(plans[rank]) for rank in sorted(plans)}, peak_rank=peak_rank,
+                      device=device)
+    return offloaded(plan) if offload else plan
+
+
+@dataclass(frozen=True)
+class _HFTrace:
+    peak: dict  # {category: bytes} at the tracked step's peak, of the planned device
+    n_params: int
+    n_trainable: int
+    buffer: int  # largest_collective_bytes
+    shapes: tuple  # every parameter's global shape
+
+
+def _trace_hf(*, script, args, config, world_size: int, replicate_degree: int, batch_size: int, seq_len: int,
+              device: str, fake: bool, rank: int) -> _HFTrace:
+    """train_hf.py's model and two steps in fake mode over a fake process group of ``world_size``, as ``rank``; the
+    second step under torch's FSDPMemTracker (as ``--track-memory``), counted as ``device``'s tracker counts."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cpu = torch.device("cpu")
+    with fake_world(world_size, rank):
         shape = (replicate_degree, world_size // replicate_degree) if replicate_degree > 1 else (world_size,)
         names = ("replicate", "shard") if replicate_degree > 1 else ("shard",)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)  # before fake mode: it needs real tensors
         # On meta, outside fake mode (peft moves its adapters with swap_tensors, which fake tensors refuse); then
         # storage inside it: fake tensors, with no values to check.
-        net = script.shard(script.meta_model(args, config), args, device, mesh)
+        net = script.shard(script.meta_model(args, config), args, cpu, mesh)
+        shapes = tuple(tuple(p.shape) for p in net.parameters())  # global shapes (DTensor), before fake mode
         # The script's own Windows over a real all-zero token stream just long enough (real inputs, fake outputs).
         windows = script.Windows(torch.zeros(2 * batch_size * world_size * seq_len + 1, dtype=torch.long), seq_len,
                                  0)
         windows.order = list(range(windows.n))  # its shuffle, done here: under fake mode randperm has no values
-        # _fake=False (tests): real tensors, the same steps, to check what fake mode changes.
-        with FakeTensorMode(allow_non_fake_inputs=True) if _fake else contextlib.nullcontext(), _no_packing():
-            script.materialize(net, device, check=False)
+        # fake=False (tests): real tensors, the same steps, to check what fake mode changes.
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), _no_packing():
+            script.materialize(net, cpu, check=False)
             optimizer = script.build_optimizer(args, net)
-            script.train_step(net, optimizer, windows, args, 0, world_size, device)  # warm-up: state, caches
+            script.train_step(net, optimizer, windows, args, rank, world_size, cpu)  # warm-up: state, caches
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-            tracker = FSDPMemTracker(net, optimizer)
-            with tracker, hierarchy_warning_silenced():  # transformers' kernels "Func" modules: see its docstring
-                script.train_step(net, optimizer, windows, args, 0, world_size, device)
-            snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            counting = counted_as_cuda(optimizer) if device == "cuda" else contextlib.nullcontext()
+            with counting:  # from before the tracker registers the model and optimizer
+                tracker = FSDPMemTracker(net, optimizer)
+                with tracker, hierarchy_warning_silenced():  # transformers' kernels "Func" modules: see its docstring
+                    script.train_step(net, optimizer, windows, args, rank, world_size, cpu)
+            peak = device_snapshot(tracker.get_tracker_snapshot("peak"), device)
             n_params = sum(p.numel() for p in net.parameters())
             n_trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
-            buffer = largest_collective_bytes(net, script.compute_dtype(args, device).itemsize)
-    peak = categories_of(snapshot)
-    shards = world_size // replicate_degree
-    # fp32 shards of every parameter (4 bytes); fp32 gradients (4) and AdamW's two moments (8) of the trainable ones.
-    analytic = (4 * n_params + 12 * n_trainable) / shards
-    notes = [f"layout {layout}: train_hf.py {' '.join(flags)}", f"{n_trainable} of {n_params} parameters trained"]
-    plan = MemoryPlan(args=tuple([*traced, "--seq-len", str(seq_len), "--batch-size", str(batch_size)]),
-                      parallel="hsdp" if replicate_degree > 1 else "fsdp", world_size=world_size,
-                      n_params=n_params, peak_bytes=peak, state_bytes_analytic=analytic,
-                      plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      notes=tuple(notes), collective_buffer_bytes=buffer)
-    return offloaded(plan) if offload else plan
+            buffer = largest_collective_bytes(net, script.compute_dtype(args, cpu).itemsize)
+    return _HFTrace(categories_of(peak), n_params, n_trainable, buffer, shapes)
 
 
 def largest_collective_bytes(net, param_bytes: int) -> int:
