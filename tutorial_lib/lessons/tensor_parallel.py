@@ -154,8 +154,9 @@ def setup(args):
 # --- the model: a GPT-style decoder (pre-norm blocks, causal attention with SDPA, a GELU MLP) -----------------------
 
 class Attention(nn.Module):
-    """Causal self-attention with separate q, k, v projections (a fused qkv Linear cannot be split by columns: see
-    ``FusedAttention``)."""
+    """Causal self-attention with separate q, k, v projections: ColwiseParallel gives each rank its heads' columns of
+    each. A fused qkv Linear (nanoGPT's ``c_attn``, laid out [q | k | v]) split the same way gives rank 0 q and part
+    of k (``fused_qkv_control``); it needs its columns regrouped per head before the split."""
 
     def __init__(self, dim, n_heads):
         super().__init__()
