@@ -282,15 +282,17 @@ def test_a_slurm_job_that_could_never_start_is_named_from_the_folder_alone(tmp_p
 
 # --- 4. what the trials of issue 35 found: the message, not a traceback's source line; fixes per script -------------
 # torch-<v>-train-lm-saved-on-2-resumed-on-3: train_lm.py as it was before it resumed on any world size, saved on 2
-# ranks (fsdp) and resumed on 3 (tests/fixtures/own_strict_load.py and own_pipeline_uneven.py made the other two),
-# each launched with tl.run_script and kept with scripts/capture_doctor_runs.py's capture(), on torch 2.13 and 2.8.
+# ranks (fsdp) and resumed on 3 (tests/fixtures/own_strict_load.py and own_pipeline_uneven.py, with and without
+# --cross-entropy, made the others), each launched with tl.run_script on torch 2.13 and 2.8 and kept (the first ones
+# with scripts/capture_doctor_runs.py's capture(); the cross-entropy pair, issue 46, copied as the launch left it).
 ISSUE_35 = sorted(p.name for p in REPORTS.iterdir() if "own-" in p.name or "train-lm" in p.name)
 
 
 def test_issue_35_runs_are_kept_for_both_ci_versions():
     assert {name.split("-", 2)[2] for name in ISSUE_35 if name.startswith("torch-2.8-")} == \
         {name.split("-", 2)[2] for name in ISSUE_35 if name.startswith("torch-2.13-")} == \
-        {"own-strict-load", "own-pipeline-uneven-microbatches", "train-lm-saved-on-2-resumed-on-3"}
+        {"own-strict-load", "own-pipeline-uneven-microbatches", "own-pipeline-uneven-microbatches-cross-entropy",
+         "train-lm-saved-on-2-resumed-on-3"}
 
 
 @pytest.mark.parametrize("version", ["2.8", "2.13"])
@@ -321,11 +323,12 @@ def test_each_checkpoint_fix_names_only_what_its_script_has():
         assert mismatch.fix_for(script) == mismatch.fix and "--resume" not in mismatch.fix
 
 
-@pytest.mark.parametrize("version", ["2.8", "2.13"])
-def test_micro_batches_that_do_not_split_the_batch_are_named_in_english_and_chinese(tmp_path, version):
-    """A batch of 10 in 3 micro-batches (GPipe): torch 2.13 fails in the last stage's loss, 2.8 in stage 0's shape
-    check; the doctor said only "Python exception (RuntimeError)"."""
-    d = tl.diagnose(copy(f"torch-{version}-own-pipeline-uneven-microbatches", tmp_path))
+@pytest.mark.parametrize("case", [f"{version}-own-pipeline-uneven-microbatches{loss}" for version in ("2.8", "2.13")
+                                  for loss in ("", "-cross-entropy")])
+def test_micro_batches_that_do_not_split_the_batch_are_named_in_english_and_chinese(tmp_path, case):
+    """A batch of 10 in 3 micro-batches (GPipe): torch 2.13 fails in the last stage's loss (F.mse_loss's broadcast;
+    F.cross_entropy's ValueError, issue 46), 2.8 in stage 0's shape check; the doctor said only "Python exception"."""
+    d = tl.diagnose(copy(f"torch-{case}", tmp_path))
     assert d.cause == "micro-batches do not split the batch evenly", str(d)
     assert d.evidence == "micro-batches of 4 and 3 samples" and "divide the batch size" in d.fix
     tl.set_language("zh")

@@ -98,11 +98,13 @@ _PER_RANK_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>[\w.]
 # Pipeline schedules (GPipe, 1F1B) cut the batch with tensor_split: 10 in 3 gives 4, 3, 3, and every micro-batch must
 # have the first one's shape. torch 2.8's stage checks the shapes it receives (PipeliningShapeError, only the first
 # dimension differs); torch 2.13's last stage fails in the loss (broadcast of the output against the target, dimension
-# 0), a message that alone could be any shape bug: the cause requires a frame of torch.distributed.pipelining.
+# 0; with F.cross_entropy, a ValueError: "Expected input batch_size (4) to match target batch_size (3)"), a message
+# that alone could be any shape bug: the cause requires a frame of torch.distributed.pipelining.
 _UNEVEN_MICROBATCH = re.compile(r"PipeliningShapeError: .*shape mismatch: expected torch\.Size\(\[(?P<a>\d+)"
                                 r"(?P<rest>[^\]]*)\]\) actual torch\.Size\(\[(?P<b>\d+)(?P=rest)\]\)|"
                                 r"The size of tensor a \((?P<a2>\d+)\) must match the size of tensor b \((?P<b2>\d+)\) "
-                                r"at non-singleton dimension 0")
+                                r"at non-singleton dimension 0|"
+                                r"Expected input batch_size \((?P<a3>\d+)\) to match target batch_size \((?P<b3>\d+)\)")
 _PIPELINING = re.compile(r"torch[/\\.]distributed[/\\.]pipelining|PipeliningShapeError")
 
 
@@ -115,7 +117,7 @@ def describe_fewer_ranks(line: str) -> str:
 def describe_uneven_microbatches(line: str) -> str:
     """``"micro-batches of 4 and 3 samples"`` from a pipeline's shape error (the error line shows the message)."""
     m = _UNEVEN_MICROBATCH.search(line)
-    return f"micro-batches of {m['a'] or m['a2']} and {m['b'] or m['b2']} samples" if m else line
+    return f"micro-batches of {m['a'] or m['a2'] or m['a3']} and {m['b'] or m['b2'] or m['b3']} samples" if m else line
 
 
 def describe_checkpoint_mismatch(line: str) -> str:
