@@ -412,8 +412,8 @@ class ProgressTable(pd.DataFrame):
         empty = [c for c in self.KIND_COLUMNS if c in self.columns and self[c].isna().all()]
         return pd.DataFrame(self).drop(columns=empty)
 
-    def __repr__(self) -> str:
-        return self.summary() + "\n\n" + repr(self.shown())
+    def __repr__(self) -> str:  # one block, not wrapped at pandas' 80 columns: a row per exercise
+        return self.summary() + "\n\n" + self.shown().to_string(max_colwidth=50)
 
     def _repr_html_(self) -> str | None:
         table = self.shown()._repr_html_()
