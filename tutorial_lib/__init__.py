@@ -32,7 +32,7 @@ from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, Rank
 from .i18n import language, set_language
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
-from .launcher.in_process import run_in_process
+from .launcher.in_process import export_hf, run_in_process
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
 from .launcher.slurm_job import SlurmJob
@@ -78,7 +78,7 @@ __all__ = [
     "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
     "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
-    "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process",
+    "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process", "export_hf",
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
     "overlap_intervals", "plot_timeline", "read_allreduce_launches", "read_trace_intervals", "sdpa_backends",
     "step_breakdown", "plot_mesh", "plot_reshard_tradeoff",

@@ -164,6 +164,77 @@ def test_export_is_a_folder_from_pretrained_reads_with_the_trained_weights(runs,
     assert all(torch.equal(saved["app"]["model"][k], v) for k, v in model.state_dict().items())
 
 
+def published_copy(tiny, folder):
+    """The tiny model as a published folder is: bf16 weights by config.json, and tokenizer files beside them."""
+    import json
+    import shutil
+
+    shutil.copytree(tiny, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}')  # copied, not read
+    (folder / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
+    return folder
+
+
+def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded_in_the_models_dtype(runs, tmp_path):
+    """Issue 46: --export wrote one fp32 model.safetensors at the end of a run only, without the tokenizer. Now: the
+    config's dtype, shards with an index (a tiny shard limit here), the tokenizer files; and --export-from writes the
+    same folder afterwards from a DCP checkpoint, in one process, whatever number of ranks saved it."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    source = published_copy(runs["tiny"], tmp_path / "published")
+    common = ["--model", source, *COMMON, "--batch-size", 2, "--export-shard-gb", 1e-4]
+    end = launch(runs["root"], "export-end", [*common, "--save-every", 4, "--export", tmp_path / "end"])
+    tl.export_hf(tl.checkpoint_dir(end.run_dir, step=4), tmp_path / "after", model=source, shard_gb=1e-4,
+                 runs_dir=runs["root"])  # python train_hf.py --export-from ... in this process
+    for folder in (tmp_path / "end", tmp_path / "after"):
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        files = sorted(set(index["weight_map"].values()))
+        assert len(files) > 1 and all((folder / f).is_file() for f in files), files
+        tensors = {k: v for f in files for k, v in load_file(folder / f).items()}
+        assert set(tensors) == set(index["weight_map"]) and {t.dtype for t in tensors.values()} == {torch.bfloat16}
+        assert index["metadata"]["total_size"] == sum(t.numel() * 2 for t in tensors.values())
+        assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+        for name in ("tokenizer.json", "special_tokens_map.json"):
+            assert (folder / name).read_bytes() == (source / name).read_bytes(), name
+    after = tl.read_output_log(max((runs["root"]).glob("*-export-hf"), key=lambda p: p.stat().st_mtime))
+    assert "step-4: step 4, saved on 2 ranks" in after, after
+    a, b = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("end", "after"))
+    assert a.dtype == torch.bfloat16 and all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    tokens = torch.arange(32)[None]
+    assert torch.equal(a(tokens).logits, b(tokens).logits)
+    refused = subprocess.run([sys.executable, str(LESSONS_DIR / "train_hf.py"), *map(str, common), "--export-from",
+                              "latest", "--export", tmp_path / "end"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=180)
+    assert refused.returncode != 0 and "exists and is not empty" in refused.stderr, "nothing is overwritten"
+
+
+def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_model(runs, tmp_path):
+    """Issue 46: LoRA was exported merged only; --export-adapter writes what PeftModel.from_pretrained loads."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    args = [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2, "--save-every", 2]
+    lora = launch(runs["root"], "lora-adapter", [*args, "--export", tmp_path / "merged"])
+    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.checkpoint_dir(lora.run_dir, step=2),
+                                   "--export-adapter", "--export", tmp_path / "adapter"], runs_dir=runs["root"],
+                      label="export-adapter")
+    assert {p.name for p in (tmp_path / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(runs["tiny"]), tmp_path / "adapter")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    base = AutoModelForCausalLM.from_pretrained(runs["tiny"])
+    tokens = torch.arange(32)[None]
+    with torch.no_grad():
+        gap = (adapted(tokens).logits - merged(tokens).logits).abs().max().item()
+        moved = (base(tokens).logits - merged(tokens).logits).abs().max().item()
+    assert gap <= 1e-5 < moved, (gap, moved)  # the adapter is the training's, not the untouched base
+
+
 def test_a_resume_with_another_seq_len_is_refused_naming_both(runs, tmp_path):
     checkpoint = str(tl.checkpoint_dir(runs["fsdp"].run_dir, step=2))
     args = [a for a in runs["common"]]

@@ -174,3 +174,30 @@ def _environment(values: dict[str, str]):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def export_hf(checkpoint: str | os.PathLike, folder: str | os.PathLike, *, model: str | os.PathLike,
+              adapter: bool = False, shard_gb: float = 5.0, runs_dir: str | os.PathLike | None = None) -> Path:
+    """A ``train_hf.py`` DCP checkpoint (any step, saved on any number of ranks) as a Hugging Face folder, afterwards:
+    ``python train_hf.py --model MODEL --export-from CHECKPOINT --export FOLDER`` run in this process
+    (``run_in_process``; its run directory keeps the command and the output).
+
+    Args:
+        checkpoint: a ``step-N/`` folder of the run's checkpoints (``checkpoint_dir(run_dir, step=N)``).
+        folder: where the Hugging Face folder goes: new, or empty (nothing is overwritten).
+        model: the folder the run trained from (``--model``): its config.json, dtype and tokenizer files.
+        adapter: a LoRA run's adapters as a PEFT folder (``PeftModel.from_pretrained``) instead of merged weights.
+        shard_gb: the largest safetensors file (GB, 1e9 bytes; Hugging Face's default 5).
+        runs_dir: parent of the export's run directory (``None``: ``default_runs_root()``).
+
+    Returns:
+        ``folder``: ``AutoModelForCausalLM.from_pretrained(folder)`` loads it (config.json, the weights in config.json's
+        dtype, sharded with ``model.safetensors.index.json`` past ``shard_gb``, the tokenizer files).
+
+    Raises:
+        ConfigError: the script refused its arguments (a folder that is not empty, no such checkpoint), naming them.
+    """
+    args = ["--model", str(model), "--export-from", str(checkpoint), "--export", str(folder),
+            "--export-shard-gb", shard_gb, *(["--export-adapter"] if adapter else [])]
+    run_in_process("train_hf", args, runs_dir=runs_dir, label="export-hf")
+    return Path(folder)

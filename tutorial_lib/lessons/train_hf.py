@@ -9,6 +9,9 @@ Run card
     torchrun --nproc-per-node 4 train_hf.py --model ~/models/Qwen2.5-7B --ac-mode full --lora-rank 16
     # continue exactly where a run stopped (also on another number of GPUs)
     torchrun --nproc-per-node 4 train_hf.py --model ~/models/Qwen2.5-1.5B --resume latest
+    # afterwards, any checkpoint as a Hugging Face folder (one process; the 7B's LoRA as a PEFT adapter folder)
+    python train_hf.py --model ~/models/Qwen2.5-1.5B --export-from checkpoints/step-150 --export ~/models/tuned-150
+    python train_hf.py --model ~/models/Qwen2.5-7B --export-from latest --export-adapter --export ~/adapters/7b-r16
     # CPU ranks, no download: a tiny model of the same architecture, written here once, then trained the same way
     python train_hf.py --create-tiny-model tiny-qwen2 --arch qwen2
     torchrun --nproc-per-node 2 train_hf.py --model tiny-qwen2 --max-steps 8 --save-every 4 --export tiny-tuned
@@ -26,8 +29,10 @@ What it shows
       activation checkpointing through the model's own ``gradient_checkpointing_enable`` (``full``, or
       ``selective``: matmul and attention outputs kept), FSDP's ``CPUOffloadPolicy`` (``--cpu-offload``: shards,
       gradients and the optimizer step on the CPU; the process group is then ``cuda:nccl,cpu:gloo``), LoRA adapters on a frozen base (``--lora-rank``, peft);
-    * ``--export FOLDER``: the trained model written back as a Hugging Face folder (LoRA merged), for
-      ``from_pretrained``, for inference servers, or as the next run's ``--model``;
+    * ``--export FOLDER``: the trained model written back as a Hugging Face folder (in config.json's dtype, sharded
+      with an index, the tokenizer files beside it; LoRA merged, or a PEFT adapter folder with --export-adapter), for
+      ``from_pretrained``, for inference servers, or as the next run's ``--model``; ``--export-from`` does it
+      afterwards from any DCP checkpoint, in one process;
     * DCP checkpoints of every rank's shards and an exact resume: the data position is global (windows consumed
       by all ranks), so a resume on another number of ranks reads each window once; there is no randomness in
       training (no dropout, a seeded data order), so no random state needs saving.
@@ -46,6 +51,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import sys
 import sysconfig
 import time
@@ -113,8 +119,18 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=0, help="save every N steps and at the end (count; 0: never)")
     p.add_argument("--resume", type=str, default="none", help="none, latest, or a step-N/ checkpoint folder")
     p.add_argument("--export", type=str, default="",
-                   help="at the end, write the trained model as a Hugging Face folder (config.json + model.safetensors; "
-                        "LoRA merged into the weights) that AutoModelForCausalLM.from_pretrained and --model read")
+                   help="at the end, write the trained model as a Hugging Face folder that "
+                        "AutoModelForCausalLM.from_pretrained and --model read: config.json, the weights in the "
+                        "model's dtype (config.json's), sharded with an index past --export-shard-gb, the source "
+                        "folder's tokenizer files; LoRA merged into the weights (or --export-adapter)")
+    p.add_argument("--export-from", type=str, default="",
+                   help="with --export, no training: write this DCP checkpoint (a step-N/ folder, or 'latest' in "
+                        "--checkpoint-dir) as a Hugging Face folder, in one process, whatever number of ranks saved it")
+    p.add_argument("--export-shard-gb", type=float, default=5.0,
+                   help="largest safetensors file of an export (GB, 1e9 bytes; Hugging Face's default 5)")
+    p.add_argument("--export-adapter", action="store_true",
+                   help="a LoRA run exports its adapters as a PEFT folder (adapter_config.json, "
+                        "adapter_model.safetensors) that PeftModel.from_pretrained loads on the base, instead of merged")
     p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step, as a job at its time limit")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when available")
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
@@ -367,15 +383,43 @@ def tiny_config(arch):
     return AutoConfig.for_model(arch, **TINY, tie_word_embeddings=TINY_TIED[arch])
 
 
-def export(model, config, folder, lora_scale):
-    """The trained model as a Hugging Face folder: every rank takes part in gathering the full state dict (to the
-    CPU, rank 0 only); rank 0 merges LoRA adapters into their base weights (W + scale B A, peft's merge), names the
-    tensors as the checkpoint it loaded named them, drops a tied head (it is the embedding) and writes config.json and
-    model.safetensors."""
-    from safetensors.torch import save_file
+# What a Hugging Face model folder carries beside its weights: the tokenizer and the generation defaults.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json")
+
+
+def export(model, config, folder, args):
+    """The trained model as a Hugging Face folder. Every rank takes part in gathering the full state dict (to the CPU,
+    rank 0 only: the whole model once in rank 0's host memory, in fp32); rank 0 then writes either
+
+    * the model: LoRA adapters merged into their base weights (W + alpha / r B A, peft's merge), the tensors named as
+      the checkpoint it loaded named them, a tied head dropped (it is the embedding), cast to config.json's dtype,
+      in safetensors files of at most --export-shard-gb with a ``model.safetensors.index.json``, as
+      ``save_pretrained`` writes a large model; or
+    * with --export-adapter (a LoRA run): the adapters alone, as peft's ``save_pretrained`` writes them
+      (``adapter_config.json``, ``adapter_model.safetensors``), for ``PeftModel.from_pretrained`` on the base;
+
+    and the source folder's tokenizer files (``TOKENIZER_FILES``), so the folder is a model one can load and run."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return
+    folder = Path(folder).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    if args.export_adapter:
+        written = export_adapter(model, full, folder)
+    else:
+        written = export_merged(full, config, folder, args.lora_alpha / max(args.lora_rank, 1), args.export_shard_gb,
+                                saved_dtype(args.model))
+    source = Path(args.model).expanduser()
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    for name in copied:
+        shutil.copyfile(source / name, folder / name)
+    sys.stdout.write(f"exported {written} to {folder}" + (f" with {', '.join(copied)}" if copied else "") + "\n")
+
+
+def export_merged(full, config, folder, lora_scale, shard_gb, dtype):
+    """The full model's safetensors (LoRA merged, cast to ``dtype``, sharded) and config.json; what was written."""
+    from safetensors.torch import save_file
     out = {}
     for name, tensor in full.items():
         if "lora_A" in name or "lora_B" in name:
@@ -384,14 +428,77 @@ def export(model, config, folder, lora_scale):
             prefix = name[:-len("base_layer.weight")]
             a, b = full.get(prefix + "lora_A.default.weight"), full.get(prefix + "lora_B.default.weight")
             if a is not None and b is not None:
-                tensor = tensor + lora_scale * (b @ a)
-        out[name.removeprefix("base_model.model.").replace(".base_layer.", ".")] = tensor.contiguous()
+                tensor = tensor + lora_scale * (b @ a)  # in fp32, then cast once
+        out[name.removeprefix("base_model.model.").replace(".base_layer.", ".")] = \
+            (tensor.to(dtype) if tensor.is_floating_point() else tensor).contiguous()
     if getattr(config, "tie_word_embeddings", False):
         out.pop("lm_head.weight", None)
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    shards, limit = [[]], shard_gb * 1e9  # consecutive tensors per file, as save_pretrained splits a state dict
+    size = 0
+    for name, tensor in out.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    if len(shards) == 1:
+        files = {"model.safetensors": shards[0]}
+    else:
+        files = {f"model-{i:05d}-of-{len(shards):05d}.safetensors": names for i, names in enumerate(shards, 1)}
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in out.values())},
+                 "weight_map": {name: file for file, names in files.items() for name in names}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    for file, names in files.items():
+        save_file({name: out[name] for name in names}, str(folder / file), metadata={"format": "pt"})
+    config.dtype = dtype  # the model was built in fp32 for training; the folder says what its weights are
     config.save_pretrained(folder)
-    save_file(out, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
-    sys.stdout.write(f"exported {len(out)} tensors to {folder} (config.json, model.safetensors)\n")
+    return f"{len(out)} tensors in {dtype} ({', '.join(files)})"
+
+
+def saved_dtype(folder):
+    """The dtype the model folder's config.json gives its weights ("dtype", or the older "torch_dtype"; fp32 if
+    neither): what an export writes, as the model was published."""
+    saved = json.loads((Path(folder).expanduser() / "config.json").read_text())
+    name = saved.get("dtype") or saved.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        sys.exit(f"{folder}/config.json: dtype {name!r} is not a floating-point torch dtype")
+    return dtype
+
+
+def export_adapter(model, full, folder):
+    """A LoRA run's adapters as peft writes them: their tensors named as ``get_peft_model_state_dict`` names them and
+    the adapter's config; what was written."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    if not hasattr(model, "peft_config"):
+        sys.exit("--export-adapter exports LoRA adapters: this run has none (--lora-rank 0)")
+    adapters = {k: v.contiguous() for k, v in get_peft_model_state_dict(model, state_dict=full).items()}
+    save_file(adapters, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    model.peft_config["default"].save_pretrained(folder)
+    return f"{len(adapters)} adapter tensors (adapter_config.json, adapter_model.safetensors)"
+
+
+def export_checkpoint(args):
+    """--export-from CHECKPOINT --export FOLDER: a DCP checkpoint of this script written as a Hugging Face folder,
+    afterwards (the step that evaluated best, a run that was stopped), in one process over a process group of one:
+    the checkpoint's --seq-len and --lora-rank are read first, then the model's tensors alone (not the optimizer's),
+    which DCP reshards from however many ranks saved them. The whole model is in this process's memory (fp32)."""
+    path = resume_path(argparse.Namespace(resume=args.export_from, checkpoint_dir=args.checkpoint_dir))
+    if path is None:
+        sys.exit(f"--export-from latest: no complete checkpoint in {args.checkpoint_dir}/")
+    config = load_config(args.model)
+    saved = TrainState()
+    dcp.load({"train": saved}, checkpoint_id=path)
+    args.lora_rank, args.seq_len, args.cpu_offload, args.replicate_degree = saved.lora_rank, saved.seq_len, False, 1
+    device = torch.device("cpu")
+    model = build_model(args, config, device, make_mesh(args, 1, device))
+    state = {"app": {"model": get_model_state_dict(model)}}
+    dcp.load(state, checkpoint_id=path)  # the keys asked for only: app.model.*, as ModelAndOptimizer saved them
+    set_model_state_dict(model, state["app"]["model"])
+    sys.stdout.write(f"{path}: step {saved.step}, saved on {saved.world_size} ranks\n")
+    export(model, config, args.export, args)
 
 
 def create_tiny_model(args):
@@ -552,9 +659,14 @@ def main():
     if args.create_tiny_model:
         create_tiny_model(args)
         return
+    if args.export_from:
+        args.device = "cpu"  # one process on the CPU, a GPU or not: the export reads and writes host memory
     rank, local_rank, world_size, device = setup(args)
     try:
-        train(args, rank, local_rank, world_size, device)
+        if args.export_from:
+            export_checkpoint(args)
+        else:
+            train(args, rank, local_rank, world_size, device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -604,7 +716,7 @@ def train(args, rank, local_rank, world_size, device):
             dcp.save(state, checkpoint_id=Path(args.checkpoint_dir) / f"step-{step}")
         log.step_done(step, loss, loss_global, grad_norm, lr, windows.epoch, time.perf_counter() - t0)  # workbook
     if args.export:
-        export(model, config, args.export, args.lora_alpha / max(args.lora_rank, 1))
+        export(model, config, args.export, args)
     log.close()
     dist.barrier()  # nobody tears the process group down while a peer still uses it
 
@@ -638,6 +750,16 @@ def check_args(p, args):
         p.error(f"--lr and --pg-timeout-s must be > 0, got {args.lr}, {args.pg_timeout_s}")
     if args.track_memory and min(args.max_steps, args.stop_at_step or args.max_steps) < 2:
         p.error("--track-memory tracks the second step: it needs --max-steps >= 2")
+    if args.export_from and not args.export:
+        p.error("--export-from CHECKPOINT needs --export FOLDER (where the Hugging Face folder goes)")
+    if args.export_from and "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        p.error("--export-from runs in one process: run it with python, not torchrun")
+    if args.export_adapter and not (args.lora_rank or args.export_from):
+        p.error("--export-adapter exports LoRA adapters: it needs --lora-rank N (or --export-from a LoRA checkpoint)")
+    if not args.export_shard_gb > 0:
+        p.error(f"--export-shard-gb must be > 0, got {args.export_shard_gb}")
+    if args.export and Path(args.export).expanduser().exists() and any(Path(args.export).expanduser().iterdir()):
+        p.error(f"--export {args.export!r} exists and is not empty: export into a new folder (nothing is overwritten)")
     if args.data and not Path(args.data).is_file():
         p.error(f"--data {args.data!r}: no such file")
     if args.data and Path(args.data).stat().st_size == 0:

@@ -178,14 +178,7 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
                  batch_size=batch_size, seq_len=seq_len, device=device, fake=_fake)
     first = _trace_hf(**trace, rank=0)
     shards = world_size // replicate_degree
-    groups: dict[tuple, list[int]] = {}  # the rows of every parameter a rank holds -> the ranks holding those rows
-    for rank in range(world_size):  # HSDP's mesh is (replicate, shard): rank r holds shard r % shards
-        groups.setdefault(tuple(shard_rows(shape[0], shards, rank % shards) if shape else 1
-                                for shape in first.shapes), []).append(rank)
-    plans = {}
-    for ranks in groups.values():
-        plan_of = first.peak if ranks[0] == 0 else _trace_hf(**trace, rank=ranks[0]).peak
-        plans.update({rank: plan_of for rank in ranks})
+    plans, groups = _every_rank_hf(first, trace, world_size, shards)
     totals = {rank: sum(plan.values()) for rank, plan in plans.items()}
     peak_rank = max(sorted(totals), key=lambda r: (totals[r], -r))
     # fp32 shards of every parameter (4 bytes); fp32 gradients (4) and AdamW's two moments (8) of the trainable ones.
@@ -194,7 +187,7 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
              f"{first.n_trainable} of {first.n_params} parameters trained"]
     if len(groups) > 1:
         notes.append(f"{len(groups)} distinct shard sizes over {world_size} ranks: traced once each (ranks "
-                     + ", ".join(str(r[0]) for r in groups.values()) + ")")
+                     + ", ".join(str(r[0]) for r in groups) + ")")
     if device == "cuda":
         notes.append("counted as torch's tracker counts a CUDA run: every storage rounded up to 512 bytes, AdamW's "
                      "step counters (on the CPU) left out")
@@ -206,6 +199,20 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
                       rank_peak_bytes={rank: dict(plans[rank]) for rank in sorted(plans)}, peak_rank=peak_rank,
                       device=device)
     return offloaded(plan) if offload else plan
+
+
+def _every_rank_hf(first, trace: dict, world_size: int, shards: int) -> tuple[dict, list]:
+    """Every rank's ``{category: bytes}``: rank 0's trace (``first``), and one more per distinct set of shard sizes
+    (``torch.chunk``'s rows per rank of every parameter); and the groups of ranks that share one."""
+    groups: dict[tuple, list[int]] = {}  # the rows of every parameter a rank holds -> the ranks holding those rows
+    for rank in range(world_size):  # HSDP's mesh is (replicate, shard): rank r holds shard r % shards
+        groups.setdefault(tuple(shard_rows(shape[0], shards, rank % shards) if shape else 1
+                                for shape in first.shapes), []).append(rank)
+    plans = {}
+    for ranks in groups.values():
+        plan_of = first.peak if ranks[0] == 0 else _trace_hf(**trace, rank=ranks[0]).peak
+        plans.update({rank: plan_of for rank in ranks})
+    return plans, list(groups.values())
 
 
 @dataclass(frozen=True)
