@@ -55,7 +55,7 @@ from .probes.attention import sdpa_backends
 from .probes.env import EnvironmentReport, environment_report
 from .probes.precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
 from .runs.checkpoints import (checkpoint_costs, checkpoint_dir, checkpoint_files, diff_state_dicts, latest_checkpoint,
-                               list_checkpoints, load_checkpoint_state, read_loaded_state)
+                               list_checkpoints, load_checkpoint_state, load_trained_hf, read_loaded_state)
 from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memory_notes, read_memory_samples,
                            read_metrics, read_rank_json, read_rank_tensors, summarize_runs)
 from .runs.observed import ObservedRank, ObservedRun, read_observed
@@ -78,7 +78,7 @@ __all__ = [
     "launch", "list_checkpoints", "load_checkpoint_state", "new_run_dir", "node_commands", "plot_bandwidth",
     "plot_compare", "plot_index_assignment", "plot_loss", "plot_loss_scale", "plot_memory", "plot_memory_prediction",
     "plot_resume", "plot_run", "plot_tensor_bytes", "plot_tradeoff", "predict_state_bytes", "read_collectives",
-    "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process", "export_hf",
+    "read_memory_notes", "read_memory_samples", "read_metrics", "read_rank_json", "resolve_device", "run_in_process", "export_hf", "load_trained_hf",
     "run_script", "set_rank_env", "show_script", "slurm_script", "summarize_runs", "write_script",
     "overlap_intervals", "plot_timeline", "read_allreduce_launches", "read_trace_intervals", "sdpa_backends",
     "step_breakdown", "plot_mesh", "plot_reshard_tradeoff",

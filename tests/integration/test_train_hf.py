@@ -212,6 +212,8 @@ def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded
                               "latest", "--export", tmp_path / "end"], cwd=tmp_path, capture_output=True, text=True,
                              timeout=180)
     assert refused.returncode != 0 and "exists and is not empty" in refused.stderr, "nothing is overwritten"
+    with pytest.raises(tl.ConfigError, match="not a complete DCP checkpoint"):
+        tl.load_trained_hf(source, tmp_path / "end")  # an export is not a checkpoint
 
 
 def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_model(runs, tmp_path):

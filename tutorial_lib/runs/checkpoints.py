@@ -236,3 +236,30 @@ def checkpoint_costs(runs: Mapping[str, str | os.PathLike]) -> pd.DataFrame:
     if not rows:
         raise MetricsError(f"no save or load events in {list(runs)}")
     return pd.DataFrame(rows)
+
+
+def load_trained_hf(model: str | os.PathLike, checkpoint: str | os.PathLike):
+    """A ``train_hf.py`` DCP checkpoint's model in this process, as a ``transformers`` model: the architecture and
+    its config from ``model`` (the folder the run trained from, ``AutoModelForCausalLM.from_pretrained``), then every
+    tensor of the checkpoint's ``app.model`` (however many ranks saved it; DCP reads their shards) in place of its
+    weights. For a look at one step in a notebook, or to check an export (``export_hf``) against the trained weights.
+    A LoRA run's checkpoint holds peft's names: export it instead (merged, or ``adapter=True``).
+
+    Raises:
+        ConfigError: ``checkpoint`` is not a complete DCP checkpoint (no ``.metadata``).
+    """
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(checkpoint) / ".metadata").is_file():
+        raise ConfigError(f"{str(checkpoint)!r} is not a complete DCP checkpoint (no .metadata in it): pass a step-N "
+                          "folder of a train_hf.py run (checkpoint_dir(run_dir, step=N))")
+    trained = AutoModelForCausalLM.from_pretrained(Path(model).expanduser())
+    state = {"app": {"model": trained.state_dict()}}  # train_hf.py saves the model's tensors under app.model
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    trained.load_state_dict(state["app"]["model"])
+    return trained.eval()
