@@ -753,7 +753,8 @@ def add_workbook_flags(p):
                         "<metrics-dir>/windows_rank<RANK>.json")
     p.add_argument("--save-group", choices=["own", "default"], default="own",
                    help="--async-save's process group: own (a new gloo group); default: the mistake, training's own "
-                        "group, whose collectives then interleave with the background save's")
+                        "group: on gloo its collectives then interleave with the background save's; on an NCCL-only "
+                        "group async_save stops at once (it needs a CPU backend)")
     p.add_argument("--track-memory", action="store_true",
                    help="run the second step under torch's memory tracker (FSDPMemTracker under fsdp/hsdp, else "
                         "MemTracker) and write its peak by category to <metrics-dir>/memory_rank<RANK>.json")
