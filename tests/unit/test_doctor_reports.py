@@ -353,3 +353,15 @@ def test_an_exception_line_right_after_a_frame_without_source_is_still_the_evide
     assert 'raise RuntimeError(f"Missing key' not in (run_dir / "output.log").read_text()
     d = tl.diagnose(run_dir)
     assert d.evidence == "rng_rank2.cpu: the checkpoint has no entry for rank 2", str(d)
+
+
+@pytest.mark.parametrize("version", ["2.8", "2.13"])
+def test_a_graph_break_inside_ddps_own_forward_is_named_as_ddps_not_the_learners(tmp_path, version):
+    """Issue 46: torch.compile(DDP(model), fullgraph=True) stops in DDP's _pre_forward (its logger); the doctor told
+    the learner to move a print out of their module. tests/fixtures/compile_ddp_fullgraph.py made both runs (2 CPU
+    ranks, tl.run_script). A break in the learner's own module stays the general cause (notebook 14's run)."""
+    d = tl.diagnose(copy(f"torch-{version}-compile-ddp-fullgraph", tmp_path))
+    assert d.cause == "graph break inside DDP under fullgraph=True", str(d)
+    assert "then DDP(model)" in d.fix and "(14, section 1" in d.fix, d.fix
+    own = tl.diagnose(shutil.copytree(REPORTS.parent / f"torch-{version}" / "14-compile-fullgraph-break", tmp_path / "own"))
+    assert own.cause == "graph break under fullgraph=True", str(own)  # the control: the same error, the learner's

@@ -35,6 +35,7 @@ class CauseId(str, Enum):
     COMPILE_NO_CXX = "compile_no_cxx"
     COMPILE_RECOMPILE_LIMIT = "compile_recompile_limit"
     COMPILE_GRAPH_BREAK = "compile_graph_break"
+    COMPILE_DDP_GRAPH_BREAK = "compile_ddp_graph_break"
     UNUSED_PARAMETERS = "unused_parameters"
     NO_GPU = "no_gpu"
     INVALID_DEVICE_ORDINAL = "invalid_device_ordinal"
@@ -246,6 +247,16 @@ CAUSES = (
              "be dynamic (dynamic=None, the default, or torch._dynamo.mark_dynamic); raise "
              "torch._dynamo.config.recompile_limit only if the recompilations are wanted (14, section 6 'Graph "
              "breaks and recompilations')")),
+    # torch.compile(DDP(model), fullgraph=True): dynamo traces DDP's own forward and stops in its _pre_forward (its
+    # logger, set_runtime_stats_and_log: "Unsupported method call") on 2.8 and 2.13, a break no change to the model
+    # can remove. Before the general graph break, which would send the learner looking for a print in their module.
+    Cause(CauseId.COMPILE_DDP_GRAPH_BREAK, N_("graph break inside DDP under fullgraph=True"),
+          re.compile(r"torch\._dynamo\.exc\.Unsupported\b"),
+          N_("torch.compile(DDP(model), fullgraph=True) traced DDP's own forward and stopped inside it (its logger "
+             "and hooks), not in your model: nothing in your module can remove that break. Compile the model, then "
+             "wrap it: model.compile() (or torch.compile(model)), then DDP(model); fullgraph=True then applies to "
+             "your model's forward alone (14, section 1 'Which wrapping compiles')"),
+          requires=re.compile(r"nn[/\\]parallel[/\\]distributed\.py\", line \d+, in _(pre|post)_forward")),
     # A graph break where none is allowed: torch.compile(fullgraph=True) raises dynamo's Unsupported ("Failed to
     # trace builtin operator" for a print on 2.13; its gb_type names the construct) on 2.8 and 2.13 alike.
     Cause(CauseId.COMPILE_GRAPH_BREAK, N_("graph break under fullgraph=True"),
