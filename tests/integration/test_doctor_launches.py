@@ -126,7 +126,9 @@ def test_the_gpu_idiom_on_a_machine_without_a_gpu_is_named(run_root, args):
     """torch.cuda.set_device(LOCAL_RANK) and nccl here (no GPU): each version's own message, one cause."""
     e = launch_fixture(run_root, "cuda_set_device.py", args)
     d, _ = both(e)
-    assert d.cause == "no GPU" and d.raised == [0, 1], str(d)
+    # Every rank raises the same error unless torchrun stops a slow one first (on a busy machine rank 1 was still
+    # importing when rank 0 failed): the rank or ranks that got there raised, and the cause is one.
+    assert d.cause == "no GPU" and d.raised and set(d.raised) <= {0, 1}, str(d)
     messages = ("Found no NVIDIA driver on your system", "has no attribute '_cuda_setDevice'",
                 "ProcessGroupNCCL is only supported with GPUs", "Distributed package doesn't have NCCL built in")
     assert any(m in d.error for m in messages), d.error
