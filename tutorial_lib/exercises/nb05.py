@@ -29,11 +29,27 @@ INTERRUPTED_ONCE = '''"""The check of exercise {id}: your script as a job interr
     torchrun --max-restarts 1 interrupted_once.py SCRIPT STOP ARGS...
 
 Attempt 0 (TORCHELASTIC_RESTART_COUNT 0) runs SCRIPT ARGS --steps STOP, then exits with code {code}, as a job whose
-time ran out; torchrun starts the job again, and attempt 1 runs SCRIPT ARGS.
+time ran out, once every rank has run the script to its end (torchrun stops the others as soon as one exits: a rank
+still saving its state would lose it); torchrun starts the job again, and attempt 1 runs SCRIPT ARGS.
 """
 import os
 import runpy
 import sys
+import time
+from datetime import timedelta
+
+
+def every_rank_done(deadline_s=60.0):
+    """Wait until every rank has counted itself in torchrun's store (at most deadline_s: a rank that failed does not
+    come, and torchrun stops the job anyway)."""
+    import torch.distributed as dist
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=deadline_s))
+    store.add("interrupted_once/attempt_0_done", 1)
+    end = time.monotonic() + deadline_s
+    while store.add("interrupted_once/attempt_0_done", 0) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < end:
+        time.sleep(0.05)
+
 
 script, stop, *args = sys.argv[1:]
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -45,6 +61,7 @@ except SystemExit as e:
     if e.code not in (None, 0):
         raise
 if attempt == 0:
+    every_rank_done()
     sys.exit({code})
 '''
 INTERRUPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): "try again later", what attempt 0 ends with
