@@ -71,6 +71,50 @@ def test_the_full_log_is_named_once_per_launch_and_a_count_is_never_zero(monkeyp
                           "[rank 0] late 3", "[rank 0] late 4"], lines[-6:]
 
 
+def test_a_long_line_is_cut_in_a_cell_and_whole_in_the_widget_view_and_the_tails():
+    """Issue 45: a DETAIL collective fingerprint (about 600 characters) filled 07's cells; the cell shows its first
+    LINE_CHARS characters and how many more there are, the widget view (which wraps and scrolls) and the tails the
+    error reports read keep it whole."""
+    long = "RuntimeError: Detected mismatch " + "x" * 500
+    out, widget = io.StringIO(), io.StringIO()
+    cell, view = ThrottledPrinter(out), ThrottledPrinter(widget, keeps_full_tracebacks=True)
+    for printer in (cell, view):
+        printer.emit(0, long)
+        printer.emit(0, "short")
+    n = ThrottledPrinter.LINE_CHARS
+    assert out.getvalue().splitlines() == [f"[rank 0] {long[:n]} ... ({len(long) - n} more characters in the log)",
+                                           "[rank 0] short"]
+    assert widget.getvalue().splitlines() == [f"[rank 0] {long}", "[rank 0] short"]
+    assert cell.tail(0) == [long, "short"], "the error reports read the whole line"
+
+
+def test_at_the_end_torchruns_held_back_lines_are_counted_not_shown(monkeypatch):
+    """Issue 45: at a job's end the cell showed torchrun's last three lines (its store shutting down) under each rank's
+    last lines; they are counted with the others, and a rank's held-back lines are still shown."""
+    import tutorial_lib.launcher.output as output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    printer = ThrottledPrinter(out, max_lines_per_s=1, log_name="run/output.log")
+    for i in range(4):
+        printer.emit(0, f"rank line {i}")
+        printer.emit(None, f"store line {i}")
+    printer.show_last_lines()
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["[rank 0] rank line 0", "[torchrun] store line 0"], lines
+    assert lines[2] == ("[launcher] 6 line(s) not shown to keep the output small; all lines are in run/output.log; "
+                        "the last lines of each rank:"), lines
+    assert lines[3:] == ["[rank 0] rank line 1", "[rank 0] rank line 2", "[rank 0] rank line 3"], lines
+    out.truncate(0), out.seek(0)
+    only_torchrun = ThrottledPrinter(out, max_lines_per_s=1, log_name="run/output.log")
+    for i in range(4):
+        only_torchrun.emit(None, f"store line {i}")
+    only_torchrun.show_last_lines()
+    assert out.getvalue().splitlines()[-1] == ("[launcher] 2 line(s) not shown to keep the output small; all lines "
+                                               "are in run/output.log"), out.getvalue()
+
+
 def test_the_traceback_note_names_the_log_only_when_no_note_of_the_launch_has_yet(tmp_path, monkeypatch):
     """Issue 45: a launch whose held-back lines were counted with the log's path named output.log again in its
     traceback note; alone, the note names it."""

@@ -40,6 +40,7 @@ class ThrottledPrinter:
     """
 
     LAST_LINES = 3  # at the end, each rank's last lines the budget held back are shown, this many at most
+    LINE_CHARS = 240  # a longer line is cut here in a cell's stdout (``output.log`` keeps it whole)
 
     def __init__(self, stream: TextIO | None = None, max_lines_per_s: float = 20.0, tail_lines: int = 30,
                  log_name: str = OUTPUT_LOG, keeps_full_tracebacks: bool = False) -> None:
@@ -81,12 +82,23 @@ class ThrottledPrinter:
 
     def _write(self, rank: int | None, text: str) -> None:
         label = "torchrun" if rank is None else f"rank {rank}"
-        self._stream().write(f"[{label}] {text}\n")
+        self._stream().write(f"[{label}] {self.fitted(text)}\n")
+
+    def fitted(self, text: str) -> str:
+        """``text`` as the screen shows it: whole in the widget view (its lines wrap in a scrolling area); in a cell's
+        stdout or a terminal, cut after ``LINE_CHARS`` characters with the count of the rest (a DETAIL collective
+        fingerprint or a gloo error can run to 600 characters; ``output.log`` and the doctor read the whole line)."""
+        if self.keeps_full_tracebacks or len(text) <= self.LINE_CHARS:
+            return text
+        return _("{start} ... ({n} more characters in the log)", start=text[:self.LINE_CHARS],
+                 n=len(text) - self.LINE_CHARS)
 
     def show_last_lines(self) -> None:
         """At the job's end: say how many lines were not shown, then show each rank's last lines (``LAST_LINES`` at
         most) that the budget held back, whatever the budget: a long-printing rank's last lines are usually what
-        matters (its final loss, where it stopped), and the cell would otherwise show only its first ones."""
+        matters (its final loss, where it stopped), and the cell would otherwise show only its first ones. torchrun's
+        own held-back lines are only counted (its last ones are its shutdown; an error line of it was shown anyway)."""
+        self._behind.pop(None, None)  # its held-back lines stay counted in ``suppressed``
         behind = {rank: count for rank, count in self._behind.items() if count}
         if not behind:
             self.flush_suppressed()
