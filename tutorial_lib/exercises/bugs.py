@@ -219,7 +219,7 @@ class FindTheBug:
         script = rounds.program_copy(ctx.script.parent, self.program, spec.script_name)
         try:
             result = ctx.launch(list(variant.args), nproc_per_node=variant.world_size, script=script, live="off",
-                                what=Message("the job to read ({name})", {"name": spec.script_name}))
+                                streamed=False, what=Message("the job to read ({name})", {"name": spec.script_name}))
             run_dir = result.run_dir
         except LaunchError as e:
             run_dir = e.run_dir

@@ -15,8 +15,10 @@ the solution (``ex.solution()``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import io
 import json
 import os
 import pkgutil
@@ -162,12 +164,14 @@ class Context:
     runs: list[Path] = field(default_factory=list)
 
     def launch(self, args: Sequence[object] = (), *, nproc_per_node: int = 2, script: str | os.PathLike | None = None,
-               what: Message | None = None, **spec: object) -> LaunchResult:
+               what: Message | None = None, streamed: bool = True, **spec: object) -> LaunchResult:
         """Launch the learner's script (or ``script``: a reference run, e.g. a shipped solution) on CPU ranks (gloo),
         as ``tl.run_script`` does, after one line that says which launch of the check this is, what it runs (``what``:
         how to name ``script`` when it is not a reference run) and its limit; the ranks' progress is the launcher's
-        live view (the check lines' steps and losses are its points). Raises its ``LaunchError`` (the check turns it
-        into the doctor's verdict)."""
+        live view (the check lines' steps and losses are its points). ``streamed=False``: the ranks' lines go to
+        ``output.log`` only, and the check shows what it reads from there when the job ends (a find-the-bug
+        exercise's folded last lines, which would otherwise follow the same lines streamed). Raises its
+        ``LaunchError`` (the check turns it into the doctor's verdict)."""
         spec.setdefault("timeout_s", self.timeout_s)
         spec.setdefault("loss_pattern", CHECK_PROGRESS_PATTERN)
         ranks = nproc_per_node * int(spec.get("nnodes", 1))
@@ -175,15 +179,22 @@ class Context:
         if what is None:
             what = Message("your script") if script is None else Message("a reference run ({name})",
                                                                          {"name": Path(script).name})
-        singular, plural = Nn_("[check {id}] launch {n} of {total}: {what} on {ranks} CPU rank (gloo), stopped after "
-                               "{limit_s} s at most; its output and progress follow",
-                               "[check {id}] launch {n} of {total}: {what} on {ranks} CPU ranks (gloo), stopped after "
-                               "{limit_s} s at most; their output and progress follow")
+        if streamed:
+            singular, plural = Nn_("[check {id}] launch {n} of {total}: {what} on {ranks} CPU rank (gloo), stopped "
+                                   "after {limit_s} s at most; its output and progress follow",
+                                   "[check {id}] launch {n} of {total}: {what} on {ranks} CPU ranks (gloo), stopped "
+                                   "after {limit_s} s at most; their output and progress follow")
+        else:
+            singular, plural = Nn_("[check {id}] launch {n} of {total}: {what} on {ranks} CPU rank (gloo), stopped "
+                                   "after {limit_s} s at most; what it printed follows when it ends",
+                                   "[check {id}] launch {n} of {total}: {what} on {ranks} CPU ranks (gloo), stopped "
+                                   "after {limit_s} s at most; what they printed follows when they end")
         print(render(Message(singular, {"id": self.spec.id, "n": n, "total": max(n, self.spec.launches),
                                         "what": what, "ranks": ranks, "limit_s": limit_s}, plural, ranks)),
               file=sys.stdout, flush=True)
-        result = run_script(script if script is not None else self.script, list(args), runs_dir=self.runs_root,
-                            label=f"exercise-{self.spec.id}", nproc_per_node=nproc_per_node, device="cpu", **spec)
+        with contextlib.nullcontext() if streamed else contextlib.redirect_stdout(io.StringIO()):
+            result = run_script(script if script is not None else self.script, list(args), runs_dir=self.runs_root,
+                                label=f"exercise-{self.spec.id}", nproc_per_node=nproc_per_node, device="cpu", **spec)
         self.runs.append(result.run_dir)
         return result
 
