@@ -115,6 +115,11 @@ def parse_args(argv=None):
     p.add_argument("--replicate-degree", type=int, default=1,
                    help="HSDP: replicas of the sharded model (a (replicate, shard) mesh, e.g. the node count); 1: FSDP")
     p.add_argument("--seed", type=int, default=0, help="seed of the data order, the LoRA and tiny-model weights")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels only (torch.use_deterministic_algorithms(True), cuBLAS's workspace "
+                        "setting, no cuDNN autotuning): on CUDA a resumed fp32 run then matches an unbroken one bit "
+                        "for bit, a little slower; an op without a deterministic kernel raises, naming itself "
+                        "(torch's Reproducibility notes; torchtitan's --debug.deterministic)")
     p.add_argument("--checkpoint-dir", type=str, default="checkpoints", help="folder of step-N/ checkpoints")
     p.add_argument("--save-every", type=int, default=0, help="save every N steps and at the end (count; 0: never)")
     p.add_argument("--resume", type=str, default="none", help="none, latest, or a step-N/ checkpoint folder")
@@ -159,6 +164,10 @@ def setup(args):
     if use_cuda and not torch.cuda.is_available():
         sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__})")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")  # LOCAL_RANK: this node's GPU
+    if args.deterministic:  # before the first CUDA kernel: cuBLAS reads its workspace setting once
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     if use_cuda:
         torch.cuda.set_device(device)
     backend = process_group_backend(device.type, args.cpu_offload, args.backend)
@@ -791,7 +800,8 @@ class StepLog:
             n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
             n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
             (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
-                "rank": 0, "n_params": n_params, "n_trainable": n_trainable, "args": vars(args)}))
+                "rank": 0, "n_params": n_params, "n_trainable": n_trainable, "args": vars(args),
+                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}))
 
     @contextlib.contextmanager
     def tracking(self, step):

@@ -129,6 +129,11 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (count; 0: at the end only)")
     p.add_argument("--eval-windows", type=int, default=64, help="held-out windows per evaluation (count)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the data order")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels only (torch.use_deterministic_algorithms(True), cuBLAS's workspace "
+                        "setting, no cuDNN autotuning): on CUDA a resumed fp32 run then matches an unbroken one bit "
+                        "for bit, a little slower; an op without a deterministic kernel raises, naming itself "
+                        "(torch's Reproducibility notes; torchtitan's --debug.deterministic)")
     # Checkpoints
     p.add_argument("--create-seed-checkpoint", type=str, default="",
                    help="write the initial weights to this folder (DCP) and exit; run it as one process")
@@ -162,6 +167,10 @@ def setup(args):
         sys.exit(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): "
                  "use --device cpu, or a machine with a GPU and a CUDA build of torch")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")  # LOCAL_RANK: this node's GPU
+    if args.deterministic:  # before the first CUDA kernel: cuBLAS reads its workspace setting once
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     if use_cuda:
         torch.cuda.set_device(device)
     backend = ("nccl" if use_cuda else "gloo") if args.backend == "auto" else args.backend
@@ -863,7 +872,8 @@ class StepLog:
         if rank == 0:
             (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
                 "rank": 0, "n_params": n_params, "flops_per_token": self.flops_per_token, "device_name": device_name,
-                "peak_flops": self.peak, "config": vars(cfg), "args": vars(args)}))
+                "peak_flops": self.peak, "config": vars(cfg), "args": vars(args),
+                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}))
         # Which bytes this rank trains on: every rank must read the same corpus (tests/test_train_lm.py compares).
         (self.metrics_dir / f"data_rank{rank}.json").write_text(json.dumps({
             "rank": rank, "corpus_bytes": len(data),
