@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
+from tutorial_lib.diagnosis.causes import CauseId
 from tutorial_lib.i18n import _
 from tutorial_lib.launcher.devices import DevicePlan
 from tutorial_lib.launcher.outcome import timeout_error
@@ -365,3 +366,20 @@ def test_a_graph_break_inside_ddps_own_forward_is_named_as_ddps_not_the_learners
     assert "then DDP(model)" in d.fix and "(14, section 1" in d.fix, d.fix
     own = tl.diagnose(shutil.copytree(REPORTS.parent / f"torch-{version}" / "14-compile-fullgraph-break", tmp_path / "own"))
     assert own.cause == "graph break under fullgraph=True", str(own)  # the control: the same error, the learner's
+
+
+@pytest.mark.parametrize("version", ["2.8", "2.13"])
+def test_a_collective_timeout_while_a_peer_compiles_names_the_compiling_rank(tmp_path, version):
+    """Issue 46: a rank recompiling alone (a new shape at step 2) while the other waited in an all-reduce with a 1 s
+    timeout was named only "collective timeout (hang)". Its stack, printed when torchrun stopped it, is inside dynamo or
+    inductor: the doctor names it and the fix points at 14's section on a rank that recompiles alone.
+    tests/fixtures/compile_recompiling_rank.py made both runs (2 CPU ranks, TORCHINDUCTOR_FORCE_DISABLE_CACHES=1).
+    The control: the same run with its compiler frames renamed is the plain collective timeout again."""
+    d = tl.diagnose(copy(f"torch-{version}-compile-recompiling-rank", tmp_path))
+    assert (d.rank, d.cause_id, d.cause) == (0, CauseId.COMPILING_RANK, "collective timeout while rank 1 compiled"), str(d)
+    assert "rank 1 was still compiling" in d.fix and "(14, section 7" in d.fix, d.fix
+    control = copy(f"torch-{version}-compile-recompiling-rank", tmp_path / "control")
+    for path in (p for p in control.rglob("*") if p.is_file()):
+        path.write_text(path.read_text().replace("torch/_dynamo/", "torch/dynamo/").replace("torch/_inductor/",
+                                                                                            "torch/inductor/"))
+    assert tl.diagnose(control).cause_id == CauseId.COLLECTIVE_TIMEOUT

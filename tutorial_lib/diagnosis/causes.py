@@ -40,6 +40,7 @@ class CauseId(str, Enum):
     NO_GPU = "no_gpu"
     INVALID_DEVICE_ORDINAL = "invalid_device_ordinal"
     COLLECTIVE_TIMEOUT = "collective_timeout"
+    COMPILING_RANK = "compiling_rank"  # field: ranks (a collective timed out while they compiled)
     NCCL_ERROR = "nccl_error"
     PYTHON_EXCEPTION = "python_exception"  # field: name (the exception's class)
     KILLED_BY_SIGNAL = "killed_by_signal"  # field: signal
@@ -415,6 +416,17 @@ SYNTAX_CAUSE = N_("syntax error")
 SYNTAX_FIX = (N_("Python could not parse {path}, line {line}: correct that line (the caret under it in the rank's log "
                  "points at the spot), and check the file with `python -m py_compile {path}` before launching "
                  "(07, section 2 'A crashing rank')"))
+# A collective timed out while a peer's main thread was inside torch.compile (dynamo or inductor frames in the stack it
+# printed when torchrun stopped it): a rank that recompiles alone (a shape, a Python value or a branch of its own) makes
+# the others wait, and a compile on a CPU or of a large graph takes longer than a short collective timeout. Run on
+# torch 2.8 and 2.13: tests/fixtures/compile_recompiling_rank.py.
+COMPILING_CAUSE = N_("collective timeout while rank {ranks} compiled")
+COMPILING_FIX = (N_("rank {ranks} was still compiling (torch.compile: dynamo or inductor in its stack) when the others "
+                    "timed out waiting for it in a collective: a rank recompiles alone when a shape, a Python value or a "
+                    "branch differs on it (TORCH_LOGS=recompiles on that rank names the guard). Keep shapes and branches "
+                    "the same on every rank (pad to fixed lengths), mark a varying dimension dynamic "
+                    "(torch._dynamo.mark_dynamic), or give init_process_group(timeout=...) room for a compile (14, "
+                    "section 7 'A rank that recompiles alone')"))
 HANG_FIX = (N_("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
                 "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
                 "(07, section 1 'Hang')"))
@@ -453,6 +465,7 @@ CAUSE_NAMES = {
     CauseId.DIED_WITHOUT_ERROR: N_("died without a Python error"),
     CauseId.HANG_WALL_CLOCK: N_("hang (wall-clock timeout)"),
     CauseId.HANG_NO_PROGRESS: N_("hang (no progress)"),
+    CauseId.COMPILING_RANK: COMPILING_CAUSE,
     CauseId.RANK_FINISHED: FINISHED_CAUSE,
     CauseId.INTERRUPTED: INTERRUPTED_CAUSE,
     CauseId.STOPPED: STOPPED_CAUSE,
