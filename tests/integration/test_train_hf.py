@@ -110,7 +110,7 @@ def test_the_plan_equals_every_ranks_measured_memory(runs):
     plan = tl.plan_hf(runs["tiny"], world_size=2, seq_len=32, batch_size=2, layout="fp32")
     # The tiny Llama's decoder layer, the largest unit: q, o 64 x 64; k, v 64 x 32; gate, up, down 64 x 176; 2 norms.
     layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64
-    assert plan.collective_buffer_bytes == 4 * layer and plan.unsimulated_bytes == 0
+    assert plan.collective_buffer_bytes == plan.unsimulated_bytes == 4 * layer  # the headroom counts it
     measured = tl.read_memory_snapshots(runs["fsdp"].run_dir)
     assert len(measured) == 2
     for snapshot in measured:

@@ -148,9 +148,10 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
         A ``MemoryPlan`` with ``parallel`` "fsdp" (or "hsdp"), every rank's peak by category (``rank_peak_bytes``:
         ranks whose shards differ in size, ``torch.chunk``'s rows of a dimension the ranks do not divide, are traced
         each), the rank that peaks (``peak_rank``) and its plan (``peak_bytes``), ``n_params``, in ``notes`` the
-        layout and, under offload, the host bytes, and ``collective_buffer_bytes`` (``largest_collective_bytes``).
-        Unlike ``plan_memory``, its headroom does not count that buffer (``unsimulated_bytes`` 0, as the shipped
-        table was made; no CUDA run has shown it held longer).
+        layout and, under offload, the host bytes, and ``collective_buffer_bytes`` (``largest_collective_bytes``),
+        also in ``unsimulated_bytes``, so its headroom counts that buffer as ``plan_memory``'s does: a collective can
+        hold it beyond the traced peak (for Qwen2.5-7B the root unit's fp32 gradients of the embedding and the head
+        before their reduce-scatter, 4.06 GiB, which decides whether the 7B fits 8 GPUs without offload).
 
     Raises:
         ConfigError: a bad config (see ``load_hf_config``), layout, size or device; a GPU count the mesh cannot use; a
@@ -195,7 +196,7 @@ def plan_hf(model: str | Path = "qwen2.5-7b", *, world_size: int = 4, seq_len: i
                       parallel="hsdp" if replicate_degree > 1 else "fsdp", world_size=world_size,
                       n_params=first.n_params, peak_bytes=dict(plans[peak_rank]), state_bytes_analytic=analytic,
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
-                      notes=tuple(notes), collective_buffer_bytes=first.buffer,
+                      notes=tuple(notes), collective_buffer_bytes=first.buffer, unsimulated_bytes=first.buffer,
                       rank_peak_bytes={rank: dict(plans[rank]) for rank in sorted(plans)}, peak_rank=peak_rank,
                       device=device)
     return offloaded(plan) if offload else plan
@@ -313,8 +314,8 @@ def hf_table(models: Sequence[str] = SHIPPED, layouts: Sequence[str] = tuple(LAY
              seq_lens: Sequence[int] = (1024, 4096), *, capacity_bytes: int = GPU_CAPACITY_BYTES["RTX 4090D 24 GB"],
              progress=None):
     """Plans for every model x layout x GPU count x sequence length, one sequence per GPU: a DataFrame with the
-    peak by category (GiB), the peak, the headroom on a GPU of ``capacity_bytes`` (GiB; < 0: does not fit) and
-    ``fits``. ``python -m tutorial_lib.planning.hf_plan table`` writes the shipped ``TABLE_CSV``."""
+    peak by category (GiB), the peak, the largest collective buffer (``MemoryPlan.unsimulated_bytes``, GiB), the
+    headroom on a GPU of ``capacity_bytes`` (GiB, the buffer counted; < 0: does not fit) and ``fits``. ``python -m tutorial_lib.planning.hf_plan table`` writes the shipped ``TABLE_CSV``."""
     import pandas as pd
     rows, traced = [], {}
     for model in models:
@@ -330,7 +331,9 @@ def hf_table(models: Sequence[str] = SHIPPED, layouts: Sequence[str] = tuple(LAY
                     headroom = plan.headroom_bytes(capacity_bytes)
                     rows.append({"model": str(model), "n_params": plan.n_params, "layout": layout, "gpus": n,
                                  "seq_len": seq_len, **{f"{k} (GiB)": v / GIB for k, v in plan.peak_bytes.items()},
-                                 "peak_gib": plan.total_bytes / GIB, "host_gib": host_bytes(plan) / GIB,
+                                 "peak_gib": plan.total_bytes / GIB,
+                                 "collective buffer (GiB)": plan.unsimulated_bytes / GIB,
+                                 "host_gib": host_bytes(plan) / GIB,
                                  "headroom_gib": headroom / GIB, "fits": headroom >= 0,
                                  "plan_time_s": plan.plan_time_s, "torch": plan.torch_version})
                     if progress:
@@ -340,7 +343,8 @@ def hf_table(models: Sequence[str] = SHIPPED, layouts: Sequence[str] = tuple(LAY
 
 def read_hf_table():
     """The shipped table (``TABLE_CSV``, written by ``python -m tutorial_lib.planning.hf_plan table``): every shipped
-    model x layout on 1, 2, 4 and 8 RTX 4090D, sequences of 1024 and 4096 tokens, one per GPU."""
+    model x layout on 1, 2, 4, 8 and 16 RTX 4090D (16: two nodes of 8), sequences of 1024 and 4096 tokens, one per
+    GPU."""
     import pandas as pd
     return pd.read_csv(TABLE_CSV)
 
@@ -364,7 +368,7 @@ def recommend_layout(table, model: str | Path, gpus: int, seq_len: int, *, progr
     "full_fine_tuning": bool}``.
 
     Args:
-        table: plans to pick from (``read_hf_table()``: the shipped models on 1, 2, 4 and 8 RTX 4090D), or ``None``.
+        table: plans to pick from (``read_hf_table()``: the shipped models on 1, 2, 4, 8 and 16 RTX 4090D), or ``None``.
         model: a shipped name (any case), or a folder with a config.json (your own model). When ``table`` has no row
             for it at ``gpus`` and ``seq_len``, its layouts are planned here first (``hf_table``: about a minute for a
             7B on 2 CPU cores), on RTX 4090D 24 GB.
@@ -399,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", choices=["table"])
     p.add_argument("--out", default=str(TABLE_CSV))
     p.add_argument("--models", nargs="+", default=list(SHIPPED), choices=SHIPPED)
-    p.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4, 8])
+    p.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     args = p.parse_args(argv)
     # Every row printed as one JSON line as soon as it is planned: an interrupted table keeps what it planned.
     table = hf_table(args.models, gpus=args.gpus, progress=lambda r: print(json.dumps(
