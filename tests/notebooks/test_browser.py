@@ -7,7 +7,7 @@ failing run's red box names the rank, the cause and the logs; then the long run 
 notebook toolbar, the cell says so, and no worker or torchrun process remains. The second: the Chinese edition's
 ``zh/00_environment_check.ipynb`` (issue 31) runs to the end the same way, its Chinese title on the page drawn with
 real CJK glyphs (a CJK font installed on the system: Debian's ``fonts-wqy-microhei``, which ``.ci/run`` installs).
-Then a learner solves exercise 01.1 with the keyboard (issue 36), then 01.1 and 04.4's predict-then-run exercise
+Then a learner solves exercise 01.1 with the keyboard (issue 36) and 04.4's predict-then-run exercise
 (issue 44: the prediction worked out from the inputs the page shows, typed, recorded, checked), and JupyterLab started
 by ``make lab EDITION=zh`` shows its own menus in Chinese, ``make lab`` in English (issue 38).
 
@@ -181,6 +181,42 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.25)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+@contextlib.contextmanager
+def lab_page(lab, path: str, failure_png: Path | None = None):
+    """A page of headless chromium on ``lab`` at ``path`` (``/lab`` or ``/lab/tree/<notebook>``), 1400 x 1000, each
+    action waiting 60 s at most; when the block raises, what the page showed goes to ``failure_png``."""
+    sync_playwright = sync_playwright_or_skip()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.url}{path}?token={lab.token}")
+            try:
+                yield page
+            except BaseException:
+                if failure_png is not None:
+                    with contextlib.suppress(Exception):
+                        page.screenshot(path=failure_png)
+                raise
+        finally:
+            browser.close()
+
+
+def run_all_cells(page) -> None:
+    """Run > Run All Cells, from JupyterLab's menu bar."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+def replace_line(page, cell, starts_with: str, text: str) -> None:
+    """In ``cell``'s editor, the line showing ``starts_with`` replaced by ``text``, typed as a learner types it."""
+    cell.locator(".cm-line", has_text=starts_with).click()
+    page.keyboard.press("End")
+    page.keyboard.press("Shift+Home")
+    page.keyboard.type(text)
+
+
 @pytest.fixture
 def artifacts(tmp_path):
     folder = tmp_path / "artifacts"
@@ -192,7 +228,7 @@ def artifacts(tmp_path):
 
 
 def test_jupyterlab_runs_01_ddp_live_and_the_toolbar_interrupt_stops_the_job(tmp_path, artifacts):
-    sync_playwright = sync_playwright_or_skip()
+    sync_playwright_or_skip()  # skips here, before a server starts, where there is no browser
     notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
     notebook_dir.mkdir()
     runs_dir.mkdir()
@@ -205,85 +241,73 @@ def test_jupyterlab_runs_01_ddp_live_and_the_toolbar_interrupt_stops_the_job(tmp
         lab.wait_up()
         marks["lab_up"] = time.monotonic() - started
         assert "python3" in lab.api("/api/kernelspecs")["kernelspecs"], "the project's kernel is found"
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-                lab.wait_kernel_idle(path.name)
-                marks["kernel_idle"] = time.monotonic() - started
-                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        with lab_page(lab, f"/lab/tree/{path.name}", artifacts / "failure.png") as page:
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            lab.wait_kernel_idle(path.name)
+            marks["kernel_idle"] = time.monotonic() - started
+            run_all_cells(page)
 
-                # The first launch's live widget: every rank at the last step, then "finished".
-                live = page.locator(".tutorial-lib-live").first
-                live.wait_for(timeout=120_000)
-                wait_until(lambda: "finished in" in live.inner_text(), 180, "the first run to finish")
-                marks["first_run_finished"] = time.monotonic() - started
-                text = live.inner_text()
-                for rank in (0, 1):
-                    assert re.search(rf"rank {rank}\s+step {max_steps}/{max_steps}", text), text
-                assert "loss" in text and "samples/s" in text and "[rank 1] step" in text, text
-                bars = live.locator(".progress-bar")
-                assert bars.count() == 2 and bars.evaluate_all("bs => bs.map(b => b.style.width)") == ["100%", "100%"]
-                assert all("progress-bar-success" in c for c in bars.evaluate_all("bs => bs.map(b => b.className)"))
-                launch_cell = page.locator(".jp-CodeCell", has=page.locator(".tutorial-lib-live")).first
-                image = launch_cell.locator(".jp-RenderedImage img")
-                assert image.count() == 1, "one plot, redrawn in place"
-                wait_until(lambda: image.evaluate("img => img.complete && img.naturalWidth > 0"), 30,
-                           "the plot image to render")
-                launch_cell.scroll_into_view_if_needed()
-                launch_cell.screenshot(path=artifacts / "01_live_view_finished.png")
+            # The first launch's live widget: every rank at the last step, then "finished".
+            live = page.locator(".tutorial-lib-live").first
+            live.wait_for(timeout=120_000)
+            wait_until(lambda: "finished in" in live.inner_text(), 180, "the first run to finish")
+            marks["first_run_finished"] = time.monotonic() - started
+            text = live.inner_text()
+            for rank in (0, 1):
+                assert re.search(rf"rank {rank}\s+step {max_steps}/{max_steps}", text), text
+            assert "loss" in text and "samples/s" in text and "[rank 1] step" in text, text
+            bars = live.locator(".progress-bar")
+            assert bars.count() == 2 and bars.evaluate_all("bs => bs.map(b => b.style.width)") == ["100%", "100%"]
+            assert all("progress-bar-success" in c for c in bars.evaluate_all("bs => bs.map(b => b.className)"))
+            launch_cell = page.locator(".jp-CodeCell", has=page.locator(".tutorial-lib-live")).first
+            image = launch_cell.locator(".jp-RenderedImage img")
+            assert image.count() == 1, "one plot, redrawn in place"
+            wait_until(lambda: image.evaluate("img => img.complete && img.naturalWidth > 0"), 30,
+                       "the plot image to render")
+            launch_cell.scroll_into_view_if_needed()
+            launch_cell.screenshot(path=artifacts / "01_live_view_finished.png")
 
-                # Everything up to the appended long run has executed: no cell shows an error.
-                long_dir = wait_until(lambda: next(runs_dir.glob(f"*{LONG_RUN_LABEL}*"), None), 180,
-                                      "the long run to start")
-                wait_until(lambda: len([f for f in (long_dir / "metrics").glob("rank*.jsonl") if f.stat().st_size]) == 2,
-                           120, "both ranks of the long run to log a step")
-                errors = page.evaluate(CELL_ERRORS_JS)
-                assert len(errors) > 10 and not any(errors), errors
-                failing_cell = page.locator(".jp-CodeCell").nth(-2)
-                box = failing_cell.locator(".tutorial-lib-failure")
-                text = box.inner_text()
-                for expected in ("ddp_train.py failed on rank 1 (exit code 1)",
-                                 "cause: RuntimeError: injected failure on rank 1 at step 2", "output.log", "logs/"):
-                    assert expected in text, text
-                assert box.evaluate("b => getComputedStyle(b).color") == "rgb(183, 28, 28)", "the summary is red"
-                assert "caught as expected" in failing_cell.locator(".jp-OutputArea").inner_text()
-                failing_cell.scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "02_failure_summary.png")
-                marks["failure_box_checked"] = time.monotonic() - started
-                long_cell = page.locator(".jp-CodeCell").last  # the appended cell
-                long_live = long_cell.locator(".tutorial-lib-live")
-                wait_until(lambda: re.search(r"rank 1\s+step \d+/100000", long_live.inner_text()), 60,
-                           "the long run's progress in the widget")
-                long_cell.scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "03_long_run_running.png")
-                assert job_processes(str(long_dir)), "the long run's processes are running"
+            # Everything up to the appended long run has executed: no cell shows an error.
+            long_dir = wait_until(lambda: next(runs_dir.glob(f"*{LONG_RUN_LABEL}*"), None), 180,
+                                  "the long run to start")
+            wait_until(lambda: len([f for f in (long_dir / "metrics").glob("rank*.jsonl") if f.stat().st_size]) == 2,
+                       120, "both ranks of the long run to log a step")
+            errors = page.evaluate(CELL_ERRORS_JS)
+            assert len(errors) > 10 and not any(errors), errors
+            failing_cell = page.locator(".jp-CodeCell").nth(-2)
+            box = failing_cell.locator(".tutorial-lib-failure")
+            text = box.inner_text()
+            for expected in ("ddp_train.py failed on rank 1 (exit code 1)",
+                             "cause: RuntimeError: injected failure on rank 1 at step 2", "output.log", "logs/"):
+                assert expected in text, text
+            assert box.evaluate("b => getComputedStyle(b).color") == "rgb(183, 28, 28)", "the summary is red"
+            assert "caught as expected" in failing_cell.locator(".jp-OutputArea").inner_text()
+            failing_cell.scroll_into_view_if_needed()
+            page.screenshot(path=artifacts / "02_failure_summary.png")
+            marks["failure_box_checked"] = time.monotonic() - started
+            long_cell = page.locator(".jp-CodeCell").last  # the appended cell
+            long_live = long_cell.locator(".tutorial-lib-live")
+            wait_until(lambda: re.search(r"rank 1\s+step \d+/100000", long_live.inner_text()), 60,
+                       "the long run's progress in the widget")
+            long_cell.scroll_into_view_if_needed()
+            page.screenshot(path=artifacts / "03_long_run_running.png")
+            assert job_processes(str(long_dir)), "the long run's processes are running"
 
-                clicked = time.monotonic()
-                marks["interrupt_clicked"] = clicked - started
-                page.locator('[data-command="notebook:interrupt-kernel"]').first.click()
-                wait_until(lambda: not job_processes(str(long_dir)), 30, "no process of the long run")
-                gone_s = time.monotonic() - clicked
-                said = long_cell.locator(".jp-OutputArea-output", has_text="interrupted: stopped torchrun")
-                said.wait_for(timeout=30_000)
-                said_s = time.monotonic() - clicked
-                long_cell.locator(".jp-OutputArea-output", has_text="KeyboardInterrupt").first.wait_for(timeout=30_000)
-                errors = page.evaluate(CELL_ERRORS_JS)
-                assert errors[-1] == ["KeyboardInterrupt: "] and not any(errors[:-1]), errors
-                wait_until(lambda: "interrupted" in long_live.locator(".tutorial-lib-failure").inner_text(), 30,
-                           "the red box saying the job was interrupted")
-                long_cell.scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "04_interrupted.png")
-            except BaseException:
-                with contextlib.suppress(Exception):  # what the page showed when the test failed
-                    page.screenshot(path=artifacts / "failure.png")
-                raise
-            finally:
-                browser.close()
+            clicked = time.monotonic()
+            marks["interrupt_clicked"] = clicked - started
+            page.locator('[data-command="notebook:interrupt-kernel"]').first.click()
+            wait_until(lambda: not job_processes(str(long_dir)), 30, "no process of the long run")
+            gone_s = time.monotonic() - clicked
+            said = long_cell.locator(".jp-OutputArea-output", has_text="interrupted: stopped torchrun")
+            said.wait_for(timeout=30_000)
+            said_s = time.monotonic() - clicked
+            long_cell.locator(".jp-OutputArea-output", has_text="KeyboardInterrupt").first.wait_for(timeout=30_000)
+            errors = page.evaluate(CELL_ERRORS_JS)
+            assert errors[-1] == ["KeyboardInterrupt: "] and not any(errors[:-1]), errors
+            wait_until(lambda: "interrupted" in long_live.locator(".tutorial-lib-failure").inner_text(), 30,
+                       "the red box saying the job was interrupted")
+            long_cell.scroll_into_view_if_needed()
+            page.screenshot(path=artifacts / "04_interrupted.png")
     finally:
         lab.close()
     timings = {"interrupt_to_no_process_s": round(gone_s, 2), "interrupt_to_message_s": round(said_s, 2),
@@ -315,7 +339,7 @@ def test_jupyterlab_runs_a_chinese_notebook_and_draws_its_text(tmp_path, artifac
     """The Chinese edition (notebooks/zh/, issue 31) as a reader opens it: 00's twin runs to the end in JupyterLab with
     its live view, whose status line is in Chinese (the kernel runs in a folder named zh), no cell shows an error, and
     its Chinese title is on the page drawn with real CJK glyphs."""
-    sync_playwright = sync_playwright_or_skip()
+    sync_playwright_or_skip()  # skips here, before a server starts, where there is no browser
     source = ROOT / "notebooks" / "zh" / "00_environment_check.ipynb"
     nb = nbformat.read(source, as_version=4)
     title = nb.cells[0].source.splitlines()[0].removeprefix("# ").strip()
@@ -327,41 +351,29 @@ def test_jupyterlab_runs_a_chinese_notebook_and_draws_its_text(tmp_path, artifac
     lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
     try:
         lab.wait_up()
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
-                heading = page.locator(".jp-MarkdownCell h1").first
-                heading.wait_for()
-                assert heading.inner_text().replace("¶", "").strip() == title
-                glyphs = heading.evaluate(GLYPHS_JS)
-                assert not glyphs["latin_same"] and glyphs["missing_same"], f"the glyph comparison works: {glyphs}"
-                assert len(glyphs["cjk"]) == 2 and not glyphs["cjk_same"], (
-                    f"the Chinese title is drawn as empty boxes: no CJK font in this browser's system ({glyphs}); "
-                    "apt-get install -y fonts-wqy-microhei (.ci/run does)")
-                page.screenshot(path=artifacts / "zh_00_opened.png")
-                lab.wait_kernel_idle(path.name)
-                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        with lab_page(lab, f"/lab/tree/{path.name}", artifacts / "zh_failure.png") as page:
+            heading = page.locator(".jp-MarkdownCell h1").first
+            heading.wait_for()
+            assert heading.inner_text().replace("¶", "").strip() == title
+            glyphs = heading.evaluate(GLYPHS_JS)
+            assert not glyphs["latin_same"] and glyphs["missing_same"], f"the glyph comparison works: {glyphs}"
+            assert len(glyphs["cjk"]) == 2 and not glyphs["cjk_same"], (
+                f"the Chinese title is drawn as empty boxes: no CJK font in this browser's system ({glyphs}); "
+                "apt-get install -y fonts-wqy-microhei (.ci/run does)")
+            page.screenshot(path=artifacts / "zh_00_opened.png")
+            lab.wait_kernel_idle(path.name)
+            run_all_cells(page)
 
-                live = page.locator(".tutorial-lib-live").first
-                live.wait_for(timeout=120_000)
-                wait_until(lambda: "运行结束" in live.inner_text(), 180, "the collectives check to finish (status in Chinese)")
-                wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 180, "every code cell to run")
-                lab.wait_kernel_idle(path.name)
-                errors = page.evaluate(CELL_ERRORS_JS)
-                assert len(errors) == sum(c.cell_type == "code" for c in nb.cells) and not any(errors), errors
-                assert list(runs_dir.glob("*-collectives")), "the launch wrote its run directory under RUNS_DIR"
-                page.locator(".jp-CodeCell").last.scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "zh_00_finished.png")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=artifacts / "zh_failure.png")
-                raise
-            finally:
-                browser.close()
+            live = page.locator(".tutorial-lib-live").first
+            live.wait_for(timeout=120_000)
+            wait_until(lambda: "运行结束" in live.inner_text(), 180, "the collectives check to finish (status in Chinese)")
+            wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 180, "every code cell to run")
+            lab.wait_kernel_idle(path.name)
+            errors = page.evaluate(CELL_ERRORS_JS)
+            assert len(errors) == sum(c.cell_type == "code" for c in nb.cells) and not any(errors), errors
+            assert list(runs_dir.glob("*-collectives")), "the launch wrote its run directory under RUNS_DIR"
+            page.locator(".jp-CodeCell").last.scroll_into_view_if_needed()
+            page.screenshot(path=artifacts / "zh_00_finished.png")
     finally:
         lab.close()
     wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
@@ -380,70 +392,6 @@ def notebook_with_exercises_only(notebook_dir: Path) -> tuple[Path, nbformat.Not
     path = notebook_dir / "01_ddp_exercises.ipynb"
     nbformat.write(nb, path)
     return path, nb
-
-
-def test_a_learner_solves_exercise_1_of_01_in_jupyterlab(tmp_path, artifacts):
-    """Issue 36: the way a learner solves an exercise. Run All: the check of exercise 1 says "not solved yet" and what
-    differs; then, in the browser, the starter cell is edited with the keyboard (the line that scales the loss is
-    replaced by a comment), run (Shift+Enter writes the script), the check below it is run (Shift+Enter), and its
-    output says the exercise is solved; tl.progress in the kernel's runs folder records it."""
-    sync_playwright = sync_playwright_or_skip()
-    notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
-    notebook_dir.mkdir()
-    runs_dir.mkdir()
-    path, nb = notebook_with_exercises_only(notebook_dir)
-    starter_id = next(c.id for c in nb.cells if c.source.startswith("%%writefile {ex1.script}"))
-    buggy = next(line for line in nb.cells[[c.id for c in nb.cells].index(starter_id)].source.splitlines()
-                 if line.startswith("loss = loss / world_size"))
-    lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
-    try:
-        lab.wait_up()
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-                lab.wait_kernel_idle(path.name)
-                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-                wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 240, "every code cell to run")
-                lab.wait_kernel_idle(path.name)
-                assert not any(page.evaluate(CELL_ERRORS_JS)), page.evaluate(CELL_ERRORS_JS)
-
-                index = page.evaluate(CELL_INDEX_JS, starter_id)
-                starter, check = page.locator(".jp-Cell").nth(index), page.locator(".jp-Cell").nth(index + 1)
-                before = check.locator(".jp-OutputArea").inner_text()
-                assert "not solved yet" in before and "0.5 times one process's" in before, before
-                check.scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "exercise_not_solved.png")
-
-                line = starter.locator(".cm-line", has_text=buggy.split("  #")[0])
-                line.click()  # into the editor, on the line with the mistake
-                page.keyboard.press("End")
-                page.keyboard.press("Shift+Home")
-                page.keyboard.type("# DDP already averages the gradients: no scaling")
-                page.keyboard.press("Shift+Enter")  # runs the %%writefile cell, moves to the check
-                page.keyboard.press("Shift+Enter")  # runs the check
-                wait_until(lambda: "solved" in (t := check.locator(".jp-OutputArea").inner_text())
-                           and "not solved" not in t, 120, "the check to say solved")
-                lab.wait_kernel_idle(path.name)
-                check.scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "exercise_solved.png")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=artifacts / "exercise_failure.png")
-                raise
-            finally:
-                browser.close()
-    finally:
-        lab.close()
-    written = (runs_dir / "exercises" / "01.1" / "train.py").read_text()
-    assert buggy not in written and "# DDP already averages the gradients: no scaling" in written
-    record = json.loads((runs_dir / "exercises" / "progress.json").read_text())["01.1"]
-    assert record["solved"] and record["checks"] == 2, record
-    wait_until(lambda: not job_processes(str(tmp_path)), 30, "no process (kernel, torchrun, worker) of the test left")
 
 
 class MakeLab(Lab):
@@ -523,7 +471,7 @@ def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, server_locale,
     the first menu is 文件. The controls: `make lab` (English), in the same environment with the pack installed, shows
     File, also on a server whose locale is zh_CN.UTF-8 (JupyterLab's own default language is the server's locale,
     which with the pack installed shows Chinese menus: the Makefile runs the English lab with LC_CTYPE=C.UTF-8)."""
-    sync_playwright = sync_playwright_or_skip()
+    sync_playwright_or_skip()
     import importlib.util
 
     assert importlib.util.find_spec("jupyterlab_language_pack_zh_CN"), (
@@ -532,19 +480,12 @@ def test_make_lab_edition_zh_opens_jupyterlab_in_chinese(edition, server_locale,
     lab = MakeLab(tmp_path / "lab", edition, artifacts / f"make_lab_{edition}.log", env_extra)
     try:
         lab.wait_up(timeout_s=120)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.url}/lab?token={lab.token}")
-                labels = page.locator(".lm-MenuBar-itemLabel")
-                labels.first.wait_for()
-                wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
-                shown = [t.strip() for t in labels.all_inner_texts()]
-                page.screenshot(path=artifacts / f"make_lab_{edition}.png")
-            finally:
-                browser.close()
+        with lab_page(lab, "/lab") as page:
+            labels = page.locator(".lm-MenuBar-itemLabel")
+            labels.first.wait_for()
+            wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
+            shown = [t.strip() for t in labels.all_inner_texts()]
+            page.screenshot(path=artifacts / f"make_lab_{edition}.png")
     finally:
         lab.close()
     log = Path(lab.log.name).read_text()
@@ -589,7 +530,7 @@ def test_the_zh_readme_on_an_autodl_style_image_serves_jupyterlab_in_chinese_and
     interpreter, reusing its torch, and the venv gets no `jupyter` script of its own (the review's mechanism); `make
     lab EDITION=zh` still serves JupyterLab, in Chinese, on the learner's copy of the notebooks; a notebook edited,
     run and saved there leaves `git status` of the checkout as it was."""
-    sync_playwright = sync_playwright_or_skip()
+    sync_playwright_or_skip()  # skips here, before a server starts, where there is no browser
     base = autodl_style_base(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "PYTHONWARNINGS", "VIRTUAL_ENV")}
     env["PATH"] = f"{base / 'bin'}:{env['PATH']}"
@@ -616,31 +557,24 @@ def test_the_zh_readme_on_an_autodl_style_image_serves_jupyterlab_in_chinese_and
     notebook = "01_ddp.ipynb"
     try:
         lab.wait_up(timeout_s=300)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}")
-                labels = page.locator(".lm-MenuBar-itemLabel")
-                labels.first.wait_for()
-                wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
-                shown = [t.strip() for t in labels.all_inner_texts()]
-                first_code = page.locator(".jp-Notebook .jp-CodeCell").first
-                first_code.wait_for()
-                lab.wait_kernel_idle(notebook, timeout_s=120)
-                first_code.locator(".cm-content").click()
-                page.keyboard.press("Control+End")
-                page.keyboard.type("\nprint('edited in the working copy')")
-                page.keyboard.press("Shift+Enter")
-                wait_until(lambda: "edited in the working copy" in first_code.locator(".jp-OutputArea").inner_text(),
-                           120, "the edited cell's output")
-                page.keyboard.press("Control+s")
-                wait_until(lambda: "edited in the working copy" in (lab.lab_dir / "zh" / notebook).read_text(), 30,
-                           "the notebook saved in the working copy")
-                page.screenshot(path=artifacts / "make_lab_autodl.png")
-            finally:
-                browser.close()
+        with lab_page(lab, f"/lab/tree/{notebook}") as page:
+            labels = page.locator(".lm-MenuBar-itemLabel")
+            labels.first.wait_for()
+            wait_until(lambda: labels.count() >= len(MENUS_EN), 30, "the menu bar")
+            shown = [t.strip() for t in labels.all_inner_texts()]
+            first_code = page.locator(".jp-Notebook .jp-CodeCell").first
+            first_code.wait_for()
+            lab.wait_kernel_idle(notebook, timeout_s=120)
+            first_code.locator(".cm-content").click()
+            page.keyboard.press("Control+End")
+            page.keyboard.type("\nprint('edited in the working copy')")
+            page.keyboard.press("Shift+Enter")
+            wait_until(lambda: "edited in the working copy" in first_code.locator(".jp-OutputArea").inner_text(),
+                       120, "the edited cell's output")
+            page.keyboard.press("Control+s")
+            wait_until(lambda: "edited in the working copy" in (lab.lab_dir / "zh" / notebook).read_text(), 30,
+                       "the notebook saved in the working copy")
+            page.screenshot(path=artifacts / "make_lab_autodl.png")
     finally:
         lab.close()
     assert shown[0] == "文件" and not set(shown) & set(MENUS_EN), f"the Chinese lab's menu bar: {shown}"
@@ -667,14 +601,15 @@ def cell_output(page, index: int) -> str:
 
 
 def test_a_learner_solves_a_script_exercise_and_a_predict_then_run_exercise_in_jupyterlab(tmp_path, artifacts):
-    """Issue 44: the two kinds a learner meets first, as a learner solves them. Run All: 01.1's check says "not solved
-    yet"; 04.4's prediction cell shows this round's inputs and its check says to predict first, running nothing. Then,
-    with the keyboard: 01.1's starter is fixed (Shift+Enter writes it, Shift+Enter checks it: solved); the number of
+    """Issues 36 and 44: the two kinds a learner meets first, as a learner solves them. Run All: 01.1's check says "not
+    solved yet" and what differs; 04.4's prediction cell shows this round's inputs and its check says to predict first,
+    running nothing. Then, with the keyboard: 01.1's starter is fixed (the line that scales the loss replaced by a
+    comment; Shift+Enter writes it, Shift+Enter checks it: solved, and the script written is the edited one); the number of
     all-gathers is worked out from the inputs the page shows (2 per block that reshards after its forward, 1 per block
     that does not, 1 for the root) and typed into ex4.predict(...), Shift+Enter records it, Shift+Enter runs the check:
     solved, the prediction beside the measurement. progress.json records both, with the prediction and the measurement
     of 04.4's round."""
-    sync_playwright = sync_playwright_or_skip()
+    sync_playwright_or_skip()  # skips here, before a server starts, where there is no browser
     notebook_dir, runs_dir = tmp_path / "notebooks", tmp_path / "runs"
     notebook_dir.mkdir()
     runs_dir.mkdir()
@@ -687,66 +622,53 @@ def test_a_learner_solves_a_script_exercise_and_a_predict_then_run_exercise_in_j
     lab = Lab(tmp_path / "lab", notebook_dir, runs_dir, artifacts / "jupyterlab.log")
     try:
         lab.wait_up()
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.url}/lab/tree/{path.name}?token={lab.token}")
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-                lab.wait_kernel_idle(path.name)
-                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-                wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 240, "every code cell to run")
-                lab.wait_kernel_idle(path.name)
-                assert not any(page.evaluate(CELL_ERRORS_JS)), page.evaluate(CELL_ERRORS_JS)
+        with lab_page(lab, f"/lab/tree/{path.name}", artifacts / "prediction_failure.png") as page:
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            lab.wait_kernel_idle(path.name)
+            run_all_cells(page)
+            wait_until(lambda: page.evaluate(ALL_EXECUTED_JS), 240, "every code cell to run")
+            lab.wait_kernel_idle(path.name)
+            assert not any(page.evaluate(CELL_ERRORS_JS)), page.evaluate(CELL_ERRORS_JS)
 
-                starter, predict = page.evaluate(CELL_INDEX_JS, starter_id), page.evaluate(CELL_INDEX_JS, predict_id)
-                assert "not solved yet" in cell_output(page, starter + 1)
-                shown = cell_output(page, predict)
-                found = re.search(r"This round: 04_4_units\.py --blocks (\d+) --reshard-after-forward (true|false) "
-                                  r"on 2 ranks", shown)
-                assert found and "no prediction yet" in shown, shown
-                assert "predict first" in cell_output(page, predict + 1) and "Nothing was run" in cell_output(
-                    page, predict + 1)
+            starter, predict = page.evaluate(CELL_INDEX_JS, starter_id), page.evaluate(CELL_INDEX_JS, predict_id)
+            before = cell_output(page, starter + 1)
+            assert "not solved yet" in before and "0.5 times one process's" in before, before
+            page.locator(".jp-Cell").nth(starter + 1).scroll_into_view_if_needed()
+            page.screenshot(path=artifacts / "exercise_not_solved.png")
+            shown = cell_output(page, predict)
+            found = re.search(r"This round: 04_4_units\.py --blocks (\d+) --reshard-after-forward (true|false) "
+                              r"on 2 ranks", shown)
+            assert found and "no prediction yet" in shown, shown
+            assert "predict first" in cell_output(page, predict + 1) and "Nothing was run" in cell_output(
+                page, predict + 1)
 
-                line = page.locator(".jp-Cell").nth(starter).locator(".cm-line", has_text=buggy.split("  #")[0])
-                line.click()  # 01.1: the line that scales the loss, replaced by a comment
-                page.keyboard.press("End")
-                page.keyboard.press("Shift+Home")
-                page.keyboard.type("# DDP already averages the gradients: no scaling")
-                page.keyboard.press("Shift+Enter")  # writes the script, moves to the check
-                page.keyboard.press("Shift+Enter")  # runs the check
-                wait_until(lambda: "solved" in (t := cell_output(page, starter + 1)) and "not solved" not in t, 120,
-                           "01.1's check to say solved")
-                lab.wait_kernel_idle(path.name)
+            replace_line(page, page.locator(".jp-Cell").nth(starter), buggy.split("  #")[0],  # 01.1: loss scaled
+                         "# DDP already averages the gradients: no scaling")
+            page.keyboard.press("Shift+Enter")  # writes the script, moves to the check
+            page.keyboard.press("Shift+Enter")  # runs the check
+            wait_until(lambda: "solved" in (t := cell_output(page, starter + 1)) and "not solved" not in t, 120,
+                       "01.1's check to say solved")
+            lab.wait_kernel_idle(path.name)
 
-                blocks, reshard = int(found[1]), found[2] == "true"
-                prediction = (2 if reshard else 1) * blocks + 1  # what the lesson's section 6 says, worked out
-                cell = page.locator(".jp-Cell").nth(predict)
-                cell.locator(".cm-line", has_text="ex4.predict(None)").click()
-                page.keyboard.press("End")
-                page.keyboard.press("Shift+Home")
-                page.keyboard.type(f"ex4.predict({prediction})  # my prediction")
-                page.keyboard.press("Shift+Enter")  # records it, moves to the check
-                wait_until(lambda: "recorded for" in cell_output(page, predict), 60, "the prediction to be recorded")
-                page.keyboard.press("Shift+Enter")  # runs the program and shows the measurement
-                wait_until(lambda: "solved" in (t := cell_output(page, predict + 1)) and "not solved" not in t, 120,
-                           "04.4's check to say solved")
-                lab.wait_kernel_idle(path.name)
-                checked = cell_output(page, predict + 1)
-                assert f"your prediction: {prediction}" in checked, checked
-                assert f"measured: {prediction} all-gathers on rank 1" in checked, checked
-                page.locator(".jp-Cell").nth(predict + 1).scroll_into_view_if_needed()
-                page.screenshot(path=artifacts / "prediction_solved.png")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=artifacts / "prediction_failure.png")
-                raise
-            finally:
-                browser.close()
+            blocks, reshard = int(found[1]), found[2] == "true"
+            prediction = (2 if reshard else 1) * blocks + 1  # what the lesson's section 6 says, worked out
+            replace_line(page, page.locator(".jp-Cell").nth(predict), "ex4.predict(None)",
+                         f"ex4.predict({prediction})  # my prediction")
+            page.keyboard.press("Shift+Enter")  # records it, moves to the check
+            wait_until(lambda: "recorded for" in cell_output(page, predict), 60, "the prediction to be recorded")
+            page.keyboard.press("Shift+Enter")  # runs the program and shows the measurement
+            wait_until(lambda: "solved" in (t := cell_output(page, predict + 1)) and "not solved" not in t, 120,
+                       "04.4's check to say solved")
+            lab.wait_kernel_idle(path.name)
+            checked = cell_output(page, predict + 1)
+            assert f"your prediction: {prediction}" in checked, checked
+            assert f"measured: {prediction} all-gathers on rank 1" in checked, checked
+            page.locator(".jp-Cell").nth(predict + 1).scroll_into_view_if_needed()
+            page.screenshot(path=artifacts / "prediction_solved.png")
     finally:
         lab.close()
+    written = (runs_dir / "exercises" / "01.1" / "train.py").read_text()
+    assert buggy not in written and "# DDP already averages the gradients: no scaling" in written
     record = json.loads((runs_dir / "exercises" / "progress.json").read_text())
     assert record["01.1"]["solved"] and record["01.1"]["checks"] == 2, record["01.1"]
     mine = record["04.4"]
