@@ -11,7 +11,6 @@ lines of its traceback, the last step every rank logged, and a suspected cause: 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,8 @@ from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, FAUL
                                 SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_FRAME, TRACEBACK_START)
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import FINISHED, LOST_PEER, STOPPED, before_the_last_attempt, find_root_cause
-from ..torchrun.stacks import fatal_report, innermost_frame, last_meaningful_line, stopped_ranks_stacks
+from ..torchrun.stacks import (compiling_ranks, fatal_report, innermost_frame, last_meaningful_line,
+                               stopped_ranks_stacks)
 from ..torchrun.output_lines import rank_lines, torchrun_output
 from ..torchrun.tee import RankTails
 from .causes import (CAUSES, COMPILING_FIX, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
@@ -300,35 +300,13 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
     return False
 
 
-# A frame of torch.compile's own machinery: dynamo tracing, inductor generating and building kernels.
-_COMPILER_FRAME = re.compile(r'File "[^"]*torch[/\\]_(dynamo|inductor)[/\\]')
-
-
-def _main_thread(stack: str) -> list[str]:
-    """The frames of a faulthandler dump's current (main) thread: the lines after ``Current thread ...`` up to the next
-    blank line or thread."""
-    lines = stack.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), None)
-    if start is None:
-        return []
-    frames = []
-    for line in lines[start + 1:]:
-        if not line.strip() or line.startswith("Thread "):
-            break
-        frames.append(line)
-    return frames
-
-
 def _compiling_cause(diagnosis: Diagnosis, failure: RankFailure, ranks: _RankOutput) -> None:
     """A collective timeout while another rank was inside torch.compile: its main thread's stack, printed when torchrun
     stopped it, holds dynamo's or inductor's frames. The cause then names that rank instead of a hang's culprit."""
-    if diagnosis.cause_id != CauseId.COLLECTIVE_TIMEOUT:
-        return
     themselves = [e.rank for e in failure.ends if e.rank is not None and e.rank not in failure.stopped]
-    stacks = stopped_ranks_stacks(ranks.ranked, diagnosis.run_dir / LOGS, one_node=not node_log_dirs(diagnosis.run_dir),
-                                  failed_rank=failure.rank, failed_themselves=themselves)
-    compiling = sorted(rank for rank, stack in stacks.items()
-                       if any(_COMPILER_FRAME.search(line) for line in _main_thread(stack)))
+    compiling = compiling_ranks(stopped_ranks_stacks(ranks.ranked, diagnosis.run_dir / LOGS, failed_rank=failure.rank,
+                                                     one_node=not node_log_dirs(diagnosis.run_dir),
+                                                     failed_themselves=themselves))
     if compiling:
         named = ", ".join(map(str, compiling))
         diagnosis.cause_id, diagnosis.cause_fields = CauseId.COMPILING_RANK, {"ranks": named}
@@ -517,5 +495,6 @@ def examine(run: str | os.PathLike | LaunchError) -> Diagnosis:
     elif (timed_out or not _syntax_cause(diagnosis, failure)) and not _match_cause(diagnosis, texts, timed_out):
         _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
                         timed_out)
-    _compiling_cause(diagnosis, failure, ranks)
+    if diagnosis.cause_id == CauseId.COLLECTIVE_TIMEOUT:
+        _compiling_cause(diagnosis, failure, ranks)
     return diagnosis

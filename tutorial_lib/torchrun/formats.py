@@ -21,6 +21,8 @@ TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\)|^Traceback",
 CHILD_FAILED = "ChildFailedError"
 # A frame of a faulthandler dump ('  File "train.py", line 12 in main': no comma before "in", unlike a traceback's).
 FAULTHANDLER_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+# A frame of torch.compile's own machinery (dynamo tracing; inductor generating and building kernels).
+COMPILER_FRAME = re.compile(r'File "[^"]*torch[/\\]_(dynamo|inductor)[/\\]')
 # A frame of either ('  File "train.py", line 12, in main' or '  File "train.py", line 12 in main'), anywhere in a
 # line (torch prefixes its ranks' tracebacks with "[rank1]:"; dynamo's "from user code:" frames are written so too).
 ANY_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+),? in (?P<function>\S+)')

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from .attempts import last_attempt
+from .formats import COMPILER_FRAME
 
 CHAINED_HEADER = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 
@@ -242,3 +243,20 @@ def innermost_frame(stack: str) -> str:
 
 _LIBRARY = re.compile(r"/(site-packages|dist-packages|lib/python\d[\d.]*)/")
 _FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+
+
+def compiling_ranks(stacks: dict[int, str]) -> list[int]:
+    """The ranks whose faulthandler dump (``{rank: dump}``) shows the main thread inside torch.compile: a frame of
+    dynamo or inductor (``COMPILER_FRAME``) between its ``Current thread ...`` header and the next thread or blank
+    line. Other threads (inductor's compile workers, tqdm's monitor) do not count."""
+    found = []
+    for rank, stack in sorted(stacks.items()):
+        lines = stack.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), len(lines))
+        for line in lines[start + 1:]:
+            if not line.strip() or line.startswith("Thread "):
+                break
+            if COMPILER_FRAME.search(line):
+                found.append(rank)
+                break
+    return found
