@@ -96,14 +96,24 @@ def test_state_bytes_are_16_per_parameter_full_and_4_plus_16_per_trained_paramet
 
 
 def test_cpu_offload_moves_the_shards_gradients_and_optimizer_state_to_the_host(tmp_path):
+    """The parameter shards, the sharded gradients (fp32, as large as the parameter shards when every parameter
+    trains) and the optimizer state go to the host; gradient bytes beyond the sharded ones stay on the GPU (issue 46:
+    the unsharded gradient a unit holds until its reduce-scatter, which the plan had moved to the host too)."""
     folder = tiny_folder(tmp_path)
     on_gpu = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full")
     offload = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full + offload")
-    moved = ("parameters", "gradients", "optimizer state")
-    assert all(offload.peak_bytes[k] == 0 for k in moved)
-    assert tl.host_bytes(offload) == sum(on_gpu.peak_bytes[k] for k in moved) > 0
+    for gpu, off in [(on_gpu.peak_bytes, offload.peak_bytes),
+                     *zip(on_gpu.rank_peak_bytes.values(), offload.rank_peak_bytes.values())]:
+        assert off["parameters"] == off["optimizer state"] == 0
+        assert off["gradients"] == max(0, gpu["gradients"] - gpu["parameters"])
+    peak = on_gpu.peak_bytes  # the tiny model peaks before every gradient exists: no more gradient than parameters
+    assert tl.host_bytes(offload) == peak["parameters"] + min(peak["gradients"], peak["parameters"]) + \
+        peak["optimizer state"] > 0
     assert offload.total_bytes == on_gpu.total_bytes - tl.host_bytes(offload)
     assert tl.host_bytes(on_gpu) == 0
+    table = tl.read_hf_table()  # the shipped 7B: the head's unsharded gradient (bf16, 1.02 GiB) stays on the GPU
+    row = table.query("model == 'qwen2.5-7b' and gpus == 4 and seq_len == 1024 and layout.str.contains('offload')")
+    assert abs(row["gradients (GiB)"].iloc[0] - 152064 * 3584 * 2 / 2**30) < 1e-4
 
 
 def test_the_recommended_layout_has_the_fewest_savers_that_fit():

@@ -284,15 +284,25 @@ def largest_collective_bytes(net, param_bytes: int) -> int:
 
 
 def offloaded(plan: MemoryPlan) -> MemoryPlan:
-    """``plan`` under FSDP2's ``CPUOffloadPolicy``: its parameter shards, gradients and optimizer state on the host
-    (``host_bytes`` reports them), the rest on the GPU. Derived, not traced: FSDP2's offload needs a GPU."""
-    peak = dict(plan.peak_bytes)
-    host = peak["parameters"] + peak["gradients"] + peak["optimizer state"]
-    for key in ("parameters", "gradients", "optimizer state"):
-        peak[key] = 0
-    note = (f"CPU offload: {host} bytes of shards, gradients and optimizer state on the host, not the GPU "
+    """``plan`` under FSDP2's ``CPUOffloadPolicy``: its parameter shards, its sharded gradients and its optimizer state
+    on the host (``host_bytes`` reports them), the rest on the GPU, every rank's plan alike. Derived, not traced:
+    FSDP2's offload needs a GPU. Backward still computes a unit's gradients unsharded on the GPU and reduce-scatters
+    them there before the shard goes to the host (torch's ``CPUOffloadPolicy``: "Sharded gradients are copied
+    device-to-host in backward"), so the gradient bytes at the peak beyond the sharded ones stay on the GPU: for
+    Qwen2.5-7B the root unit's unsharded head gradient, 1 GiB. The sharded fp32 gradient of a rank is at most its fp32
+    parameter shard (equal when every parameter trains)."""
+    def split(peak: dict) -> tuple[dict, int]:
+        peak = dict(peak)
+        sharded = min(peak["gradients"], peak["parameters"])
+        host = peak["parameters"] + sharded + peak["optimizer state"]
+        peak["parameters"], peak["gradients"], peak["optimizer state"] = 0, peak["gradients"] - sharded, 0
+        return peak, host
+    peak, host = split(plan.peak_bytes)
+    ranks = {rank: split(bytes_)[0] for rank, bytes_ in plan.rank_peak_bytes.items()}
+    note = (f"CPU offload: {host} bytes of shards, sharded gradients and optimizer state on the host, not the GPU "
             "(derived from the trace without offload)")
-    return replace(plan, args=(*plan.args, "--cpu-offload"), peak_bytes=peak, notes=(*plan.notes, note))
+    return replace(plan, args=(*plan.args, "--cpu-offload"), peak_bytes=peak, rank_peak_bytes=ranks,
+                   notes=(*plan.notes, note))
 
 
 def host_bytes(plan: MemoryPlan) -> int:
