@@ -13,49 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
 from ..i18n import N_, Message, Nn_
 from ..torchrun.root_cause import signal_name
-
-
-class CauseId(str, Enum):
-    """What the doctor found a run's failure to be: one value, compared by code and worded only when shown
-    (``cause_message``). The known messages' causes (``CAUSES``) first, then what the doctor concludes without one."""
-
-    PORT_IN_USE = "port_in_use"
-    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"
-    OUT_OF_MEMORY = "out_of_memory"
-    CHECKPOINT_MISMATCH = "checkpoint_mismatch"
-    CHECKPOINT_FEWER_RANKS = "checkpoint_fewer_ranks"  # a per-rank entry (rng_rank2) the checkpoint lacks
-    UNEVEN_MICROBATCHES = "uneven_microbatches"
-    COLLECTIVE_MISMATCH = "collective_mismatch"
-    ABORT_AT_EXIT = "abort_at_exit"
-    COMPILE_BUCKET_SPLIT = "compile_bucket_split"
-    COMPILE_NO_CXX = "compile_no_cxx"
-    COMPILE_RECOMPILE_LIMIT = "compile_recompile_limit"
-    COMPILE_GRAPH_BREAK = "compile_graph_break"
-    COMPILE_DDP_GRAPH_BREAK = "compile_ddp_graph_break"
-    UNUSED_PARAMETERS = "unused_parameters"
-    NO_GPU = "no_gpu"
-    INVALID_DEVICE_ORDINAL = "invalid_device_ordinal"
-    COLLECTIVE_TIMEOUT = "collective_timeout"
-    COMPILING_RANK = "compiling_rank"  # field: ranks (a collective timed out while they compiled)
-    NCCL_ERROR = "nccl_error"
-    PYTHON_EXCEPTION = "python_exception"  # field: name (the exception's class)
-    KILLED_BY_SIGNAL = "killed_by_signal"  # field: signal
-    EXITED_WITHOUT_TRACEBACK = "exited_without_traceback"  # field: code
-    DIED_WITHOUT_ERROR = "died_without_error"
-    HANG_WALL_CLOCK = "hang_wall_clock"
-    HANG_NO_PROGRESS = "hang_no_progress"
-    RANK_FINISHED = "rank_finished"  # a rank returned while the others waited for it
-    INTERRUPTED = "interrupted"
-    STOPPED = "stopped"
-    SYNTAX_ERROR = "syntax_error"
-    SBATCH_REFUSED = "sbatch_refused"
-    SLURM_NEVER_STARTS = "slurm_never_starts"  # field: reason (squeue's pending reason)
-    UNKNOWN = "unknown"
-    NONE = "none"  # the run finished
+from .cause_ids import CauseId
+from .waiting import COMPILING_CAUSE, RANK_BRANCH_CAUSE
 
 
 @dataclass(frozen=True)
@@ -416,17 +378,6 @@ SYNTAX_CAUSE = N_("syntax error")
 SYNTAX_FIX = (N_("Python could not parse {path}, line {line}: correct that line (the caret under it in the rank's log "
                  "points at the spot), and check the file with `python -m py_compile {path}` before launching "
                  "(07, section 2 'A crashing rank')"))
-# A collective timed out while a peer's main thread was inside torch.compile (dynamo or inductor frames in the stack it
-# printed when torchrun stopped it): a rank that recompiles alone (a shape, a Python value or a branch of its own) makes
-# the others wait, and a compile on a CPU or of a large graph takes longer than a short collective timeout. Run on
-# torch 2.8 and 2.13: tests/fixtures/compile_recompiling_rank.py.
-COMPILING_CAUSE = N_("collective timeout while rank {ranks} compiled")
-COMPILING_FIX = (N_("rank {ranks} was still compiling (torch.compile: dynamo or inductor in its stack) when the others "
-                    "timed out waiting for it in a collective: a rank recompiles alone when a shape, a Python value or a "
-                    "branch differs on it (TORCH_LOGS=recompiles on that rank names the guard). Keep shapes and branches "
-                    "the same on every rank (pad to fixed lengths), mark a varying dimension dynamic "
-                    "(torch._dynamo.mark_dynamic), or give init_process_group(timeout=...) room for a compile (14, "
-                    "section 7 'A rank that recompiles alone')"))
 HANG_FIX = (N_("no rank finished within its limit: the stacks show where each rank waits; the rank that is not in a "
                 "collective is the culprit; set init_process_group(timeout=...) so a hang becomes an error "
                 "(07, section 1 'Hang')"))
@@ -466,6 +417,7 @@ CAUSE_NAMES = {
     CauseId.HANG_WALL_CLOCK: N_("hang (wall-clock timeout)"),
     CauseId.HANG_NO_PROGRESS: N_("hang (no progress)"),
     CauseId.COMPILING_RANK: COMPILING_CAUSE,
+    CauseId.RANK_BRANCH_COLLECTIVE: RANK_BRANCH_CAUSE,
     CauseId.RANK_FINISHED: FINISHED_CAUSE,
     CauseId.INTERRUPTED: INTERRUPTED_CAUSE,
     CauseId.STOPPED: STOPPED_CAUSE,
@@ -483,17 +435,13 @@ def cause_by_id(cause_id: CauseId) -> Cause:
     Raises:
         KeyError: ``cause_id`` is one of the doctor's own conclusions, not a known message's cause.
     """
-    found = next((c for c in CAUSES if c.id == cause_id), None)
-    if found is None:
-        raise KeyError(cause_id)
-    return found
+    try:
+        return next(c for c in CAUSES if c.id == cause_id)
+    except StopIteration:
+        raise KeyError(cause_id) from None
 
 
 def cause_message(cause_id: CauseId, **fields: object) -> Message:
-    """The name of ``cause_id`` to show (``str()``: English), its fields filled in: ``name`` for
-    ``PYTHON_EXCEPTION``, ``signal`` for ``KILLED_BY_SIGNAL``, ``code`` for ``EXITED_WITHOUT_TRACEBACK``.
-
-    Raises:
-        KeyError: a field the name needs is missing (when shown).
-    """
+    """The name of ``cause_id`` to show (``str()``: English), its fields filled in (``CauseId``'s comments name them;
+    a missing one raises ``KeyError`` when shown)."""
     return Message(CAUSE_NAMES[cause_id], fields)

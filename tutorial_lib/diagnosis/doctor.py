@@ -25,13 +25,14 @@ from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, FAUL
                                 SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_FRAME, TRACEBACK_START)
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import FINISHED, LOST_PEER, STOPPED, before_the_last_attempt, find_root_cause
-from ..torchrun.stacks import (compiling_ranks, fatal_report, innermost_frame, last_meaningful_line,
+from ..torchrun.stacks import (fatal_report, innermost_frame, last_meaningful_line,
                                stopped_ranks_stacks)
 from ..torchrun.output_lines import rank_lines, torchrun_output
 from ..torchrun.tee import RankTails
-from .causes import (CAUSES, COMPILING_FIX, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
+from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
                      NCCL_TIMEOUT, NEVER_STARTS_FIX, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
                      SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
+from .waiting import waiting_cause
 from .report import COLLECTIVE_FRAME, Diagnosis
 
 # The launcher's helpers that run the learner's script (command.txt names them before the script itself).
@@ -300,19 +301,6 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
     return False
 
 
-def _compiling_cause(diagnosis: Diagnosis, failure: RankFailure, ranks: _RankOutput) -> None:
-    """A collective timeout while another rank was inside torch.compile: its main thread's stack, printed when torchrun
-    stopped it, holds dynamo's or inductor's frames. The cause then names that rank instead of a hang's culprit."""
-    themselves = [e.rank for e in failure.ends if e.rank is not None and e.rank not in failure.stopped]
-    compiling = compiling_ranks(stopped_ranks_stacks(ranks.ranked, diagnosis.run_dir / LOGS, failed_rank=failure.rank,
-                                                     one_node=not node_log_dirs(diagnosis.run_dir),
-                                                     failed_themselves=themselves))
-    if compiling:
-        named = ", ".join(map(str, compiling))
-        diagnosis.cause_id, diagnosis.cause_fields = CauseId.COMPILING_RANK, {"ranks": named}
-        diagnosis.fix_text = Message(COMPILING_FIX, {"ranks": named})
-
-
 def _last_words(failure: RankFailure, rank_lines_: list[str]) -> str:
     """A rank's faulthandler report, else the last line of its log tail (not faulthandler's module list)."""
     return _fatal_error(failure.fatal_error.splitlines()) or _fatal_error(rank_lines_) or next(
@@ -495,6 +483,6 @@ def examine(run: str | os.PathLike | LaunchError) -> Diagnosis:
     elif (timed_out or not _syntax_cause(diagnosis, failure)) and not _match_cause(diagnosis, texts, timed_out):
         _fallback_cause(diagnosis, failure, failure.fatal_error.splitlines() + ranks.by_rank.get(failure.rank, []),
                         timed_out)
-    if diagnosis.cause_id == CauseId.COLLECTIVE_TIMEOUT:
-        _compiling_cause(diagnosis, failure, ranks)
+    if diagnosis.cause_id in (CauseId.COLLECTIVE_TIMEOUT, CauseId.RANK_FINISHED):  # a message naming a mismatch stays
+        waiting_cause(diagnosis, failure, ranks.ranked)
     return diagnosis

@@ -122,7 +122,7 @@ register(Spec("07.2", N_("Fix the hang"), solution="07_2_train.py", verify=hang_
                      N_("Rank 0 writes the file, then every rank calls dist.barrier(), then every rank reads it: no "
                         "polling loop, no rank-dependent barrier. The barrier is the signal that the file is there."))))
 register(Spec("07.3", N_("A collective only rank 0 calls"), solution="07_3_train.py",
-              verify=GLOBAL_LOSS_ON_EVERY_RANK, limit_s=LIMIT_S,
+              verify=GLOBAL_LOSS_ON_EVERY_RANK, limit_s=LIMIT_S, withheld_fixes=(CauseId.RANK_BRANCH_COLLECTIVE,),
               hints=(N_("Section 1: every collective is a rendezvous of all ranks. Which collective does rank 1 never "
                         "call, and what is rank 1 doing when rank 0 waits in it?"),
                      N_("Compute the global loss on every rank (dist.all_reduce outside the if), and keep only the "
