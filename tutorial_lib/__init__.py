@@ -20,11 +20,12 @@ this machine's torch in the kernel (``env``, ``precision``, ``attention``); ``no
 needs (``parameters``, ``script_source``, ``plots``: data in, figure out); ``planning/`` predicts a training step's
 memory before anything launches (``memory_model``, ``memory_plan``, ``memory_plan_tp``, and ``data/``, the stored
 table); ``slurm/`` speaks SLURM (``batch``: the batch script and per-node commands, as text; ``commands``; a local
-two-node cluster, its owner and watchdog); ``diagnosis/`` reads a failure into one value (``causes``: ``CauseId`` and
-the known failures; ``doctor``; ``report``: ``Diagnosis``); ``i18n/`` holds the language the doctor's report and the
+two-node cluster, its owner and watchdog); ``diagnosis/`` reads a failure into one value (``cause_ids``: ``CauseId``,
+what notebooks and tests compare; ``causes``: the known failures; ``waiting``; ``doctor``; ``report``: ``Diagnosis``); ``i18n/`` holds the language the doctor's report and the
 live view speak (``tl.set_language``) and the gettext catalogues that word them. At the top stands only ``errors``.
 """
 
+from .diagnosis.cause_ids import CauseId
 from .diagnosis.doctor import Diagnosis, diagnose
 from .exercises import Exercise, Verdict, exercise, exercises, progress
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
@@ -71,7 +72,7 @@ from .slurm.batch import node_commands, slurm_script
 from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = [
-    "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
+    "CauseId", "ConfigError", "DevicePlan", "Diagnosis", "EnvironmentReport", "LaunchError", "LaunchResult", "LaunchSpec", "LaunchTimeout",
     "MetricsError", "RankFailure", "StateBytes", "TutorialError", "autocast_op_dtypes", "autocast_supported",
     "available_scripts", "block_units", "bytes_per_parameter", "check_parameters", "checkpoint_costs", "checkpoint_files", "collective_timeout_s",
     "cpu_low_precision_flags", "diagnose", "diff_state_dicts", "environment_report", "float_formats", "latest_checkpoint",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.diagnosis.causes import CAUSES
+from tutorial_lib.diagnosis.causes import CAUSES, CauseId
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -154,7 +154,7 @@ def test_the_gpu_idiom_on_a_machine_without_a_gpu_is_named(run_root, args):
     d, _ = both(e)
     # Every rank raises the same error unless torchrun stops a slow one first (on a busy machine rank 1 was still
     # importing when rank 0 failed): the rank or ranks that got there raised, and the cause is one.
-    assert d.cause == "no GPU" and d.raised and set(d.raised) <= {0, 1}, str(d)
+    assert d.cause_id == CauseId.NO_GPU and d.raised and set(d.raised) <= {0, 1}, str(d)
     messages = ("Found no NVIDIA driver on your system", "has no attribute '_cuda_setDevice'",
                 "ProcessGroupNCCL is only supported with GPUs", "Distributed package doesn't have NCCL built in")
     assert any(m in d.error for m in messages), d.error

@@ -19,6 +19,7 @@ import pytest
 from conftest import printed_before_stacks
 
 import tutorial_lib as tl
+from tutorial_lib.diagnosis.cause_ids import CauseId
 from tutorial_lib.exercises.core import Context
 from tutorial_lib.torchrun.output_lines import rank_lines
 
@@ -119,7 +120,7 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
     assert record["status"] == "timeout" and record["timeout_s"] == 25 and record["wall_time_s"] >= 25
     assert "inject_failure" in record["where"]["1"], record["where"]
     alone = tl.diagnose(e.run_dir)  # e.g. `python -m tutorial_lib doctor RUN_DIR` after a notebook's timeout
-    assert alone.cause == tl.diagnose(e).cause == "hang (wall-clock timeout)" and alone.timeout_s == 25
+    assert alone.cause_id == tl.diagnose(e).cause_id == CauseId.HANG_WALL_CLOCK and alone.timeout_s == 25
     assert alone.where == e.where and alone.last_steps == e.last_steps
 
 
@@ -137,7 +138,7 @@ def test_a_stall_ends_the_job_after_stall_timeout_s_without_progress_whatever_th
     record = json.loads((e.run_dir / "run.json").read_text())
     assert record["status"] == "timeout" and record["limit"] == "stall_timeout_s"
     alone = tl.diagnose(e.run_dir)
-    assert alone.cause == tl.diagnose(e).cause == "hang (no progress)" and "stall_timeout_s" in str(alone)
+    assert alone.cause_id == tl.diagnose(e).cause_id == CauseId.HANG_NO_PROGRESS and "stall_timeout_s" in str(alone)
     with pytest.raises(tl.ConfigError, match="stall_timeout_s must be a number > 0"):
         tl.LaunchSpec(script, device="cpu", stall_timeout_s=0).validate()
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tutorial_lib as tl
+from tutorial_lib.diagnosis.cause_ids import CauseId
 from tutorial_lib.planning import memory_plan
 from tutorial_lib.errors import ConfigError, LaunchError, MetricsError
 from tutorial_lib.runs.rundir import LESSONS_DIR
@@ -193,7 +194,7 @@ def test_ddp_compile_with_small_buckets_fails_the_doctor_names_the_fix_and_the_f
     with pytest.raises(LaunchError) as info:
         launch(tmp_path / "runs", "compile-fails", args, 2)
     d = tl.diagnose(info.value)
-    assert d.cause == "DDP + torch.compile bucket split" and "optimize_ddp = False" in d.fix, str(d)
+    assert d.cause_id == CauseId.COMPILE_BUCKET_SPLIT and "optimize_ddp = False" in d.fix, str(d)
     fixed = launch(tmp_path / "runs", "compile-fixed", [*args, "--no-optimize-ddp"], 2).metrics()
     eager = runs["DDP"].metrics()
     assert (fixed.set_index(["rank", "step"])["loss_global"] - eager.set_index(["rank", "step"])["loss_global"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.diagnosis.causes import CAUSES, exit_code_meaning, signal_name
+from tutorial_lib.diagnosis.causes import CAUSES, CauseId, exit_code_meaning, signal_name
 from tutorial_lib.torchrun.stacks import last_traceback
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -348,7 +348,7 @@ def test_signal_names():
 
 def test_a_finished_run_has_nothing_to_diagnose(tmp_path):
     d = tl.diagnose(make_run(tmp_path, lines=["[default0]:step 3/3 loss 0.1"], steps={0: 3, 1: 3}))
-    assert not d.failed and d.cause == "none" and "finished without error" in str(d)
+    assert not d.failed and d.cause_id == CauseId.NONE and "finished without error" in str(d)
 
 
 def test_a_folder_that_is_not_a_run_directory_is_a_config_error(tmp_path):
@@ -373,7 +373,7 @@ def test_a_wall_clock_timeout_is_diagnosed_as_a_hang(tmp_path):
     error = tl.LaunchTimeout("x.py timed out after 10 s", timeout_s=10, last_steps={0: 2, 1: 2}, run_dir=run_dir,
                              command=["torchrun"], returncode=None)
     d = tl.diagnose(error)
-    assert d.cause == "hang (wall-clock timeout)" and d.last_steps == {0: 2, 1: 2}
+    assert d.cause_id == CauseId.HANG_WALL_CLOCK and d.last_steps == {0: 2, 1: 2}
     assert "init_process_group(timeout=...)" in d.fix and "wall-clock limit (10 s), no rank had failed" in str(d)
 
 
@@ -395,7 +395,7 @@ def test_a_skipped_collective_is_caught_by_gloo_at_once(run_root):
     e, elapsed = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "skip-collective", "--pg-timeout-s", 60])
     assert not isinstance(e, tl.LaunchTimeout) and elapsed < 60, "detected at once, not at the 60 s timeout"
     d = tl.diagnose(e.run_dir)
-    assert d.cause == "collective mismatch" and "doesn't match expected size" in d.evidence
+    assert d.cause_id == CauseId.COLLECTIVE_MISMATCH and "doesn't match expected size" in d.evidence
     log = (e.run_dir / "output.log").read_text()
     # Rank 0 receives the wrong size and gloo aborts it (SIGABRT, no error file); rank 1 then fails on the reset
     # connection within the same second, so either can be named first: the evidence is in rank 0's log.
@@ -417,7 +417,7 @@ def test_detail_debug_names_both_ranks_collectives(run_root):
                      r"TensorShape=\[64, 64\]", log)
     assert re.search(r"Rank 0 is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=ALLREDUCE, "
                      r"TensorShape=\[\]", log)
-    assert tl.diagnose(e).cause == "collective mismatch"
+    assert tl.diagnose(e).cause_id == CauseId.COLLECTIVE_MISMATCH
 
 
 @pytest.mark.integration
@@ -442,7 +442,7 @@ def test_a_hang_ends_at_the_process_group_timeout_on_the_waiting_rank(run_root):
     e, elapsed = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "hang", "--pg-timeout-s", 3])
     assert not isinstance(e, tl.LaunchTimeout) and e.rank == 0 and e.exit_code == 1
     d = tl.diagnose(e)
-    assert d.cause == "collective timeout (hang)" and "Timed out" in d.evidence
+    assert d.cause_id == CauseId.COLLECTIVE_TIMEOUT and "Timed out" in d.evidence
     assert d.last_steps == {0: 1, 1: 1}, "both ranks finished step 1; rank 1 never started step 2"
     # The culprit's stack: torchrun SIGTERMed rank 1, whose faulthandler printed where it was (issue 16).
     assert "in inject_failure" in e.stacks[1] and e.where[1].endswith("in inject_failure"), e.stacks
@@ -501,7 +501,7 @@ def test_resuming_a_checkpoint_into_a_model_of_another_shape_names_the_key_and_b
     tail = str(e).split("Last lines of rank")[1] if "Last lines of rank" in str(e) else ""
     assert mismatch not in tail, "the log's tail shown below the traceback leaves the traceback out"
     for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
-        assert d.cause == "checkpoint does not match the model" and d.error == mismatch, str(d)
+        assert d.cause_id == CauseId.CHECKPOINT_MISMATCH and d.error == mismatch, str(d)
         assert d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"
 
 
@@ -509,7 +509,7 @@ def test_resuming_a_checkpoint_into_a_model_of_another_shape_names_the_key_and_b
 def test_an_allocation_larger_than_the_machine_fails_cleanly(run_root):
     e, elapsed = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "oom"])
     assert e.rank == 1 and e.exit_code == 1 and "DefaultCPUAllocator: can't allocate memory" in e.failure.traceback
-    assert tl.diagnose(e).cause == "out of memory"
+    assert tl.diagnose(e).cause_id == CauseId.OUT_OF_MEMORY
 
 
 @pytest.mark.integration
@@ -526,7 +526,7 @@ def test_a_taken_port_fails_fast_and_the_default_free_port_works(run_root):
         if isinstance(info.value, tl.LaunchError):
             assert info.value.rank is None, "torchrun itself failed, no rank started"
             d = tl.diagnose(info.value)
-            assert d.cause == "port in use" and "EADDRINUSE" in d.evidence
+            assert d.cause_id == CauseId.PORT_IN_USE and "EADDRINUSE" in d.evidence
         else:
             assert str(port) in str(info.value)
         result = tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], runs_dir=run_root,
@@ -555,7 +555,7 @@ def test_a_hang_without_a_collective_timeout_shows_where_every_rank_was(run_root
     # second iteration, with a broadcast that rank 1 never joins (at later steps: the backward's all-reduce).
     assert "in _pre_forward" in e.stacks[0] and "parallel/distributed.py" in e.stacks[0], e.stacks[0]
     d = tl.diagnose(e)
-    assert d.cause == "hang (wall-clock timeout)" and d.where == e.where and "rank 1 was in" in str(d)
+    assert d.cause_id == CauseId.HANG_WALL_CLOCK and d.where == e.where and "rank 1 was in" in str(d)
 
 
 def test_the_doctor_on_the_command_line(tmp_path, capsys):

@@ -309,7 +309,7 @@ def test_a_checkpoint_resumed_on_more_ranks_quotes_the_message_and_names_train_l
 @pytest.mark.parametrize("version", ["2.8", "2.13"])
 def test_an_own_scripts_strict_load_gets_a_fix_without_the_lesson_scripts_flags_and_files(tmp_path, version):
     d = tl.diagnose(copy(f"torch-{version}-own-strict-load", tmp_path))
-    assert d.cause == "checkpoint does not match the model", str(d)
+    assert d.cause_id == CauseId.CHECKPOINT_MISMATCH, str(d)
     assert d.evidence == '"2.weight", "2.bias": in this model, not in the checkpoint'
     assert "--resume" not in d.fix and "checkpoint.json" not in d.fix and "command.txt" not in d.fix, d.fix
 
@@ -330,7 +330,7 @@ def test_micro_batches_that_do_not_split_the_batch_are_named_in_english_and_chin
     """A batch of 10 in 3 micro-batches (GPipe): torch 2.13 fails in the last stage's loss (F.mse_loss's broadcast;
     F.cross_entropy's ValueError, issue 46), 2.8 in stage 0's shape check; the doctor said only "Python exception"."""
     d = tl.diagnose(copy(f"torch-{case}", tmp_path))
-    assert d.cause == "micro-batches do not split the batch evenly", str(d)
+    assert d.cause_id == CauseId.UNEVEN_MICROBATCHES, str(d)
     assert d.evidence == "micro-batches of 4 and 3 samples" and "divide the batch size" in d.fix
     tl.set_language("zh")
     assert "微批次" in str(d) and "micro-batches do not" not in str(d), str(d)
@@ -362,10 +362,10 @@ def test_a_graph_break_inside_ddps_own_forward_is_named_as_ddps_not_the_learners
     the learner to move a print out of their module. tests/fixtures/compile_ddp_fullgraph.py made both runs (2 CPU
     ranks, tl.run_script). A break in the learner's own module stays the general cause (notebook 14's run)."""
     d = tl.diagnose(copy(f"torch-{version}-compile-ddp-fullgraph", tmp_path))
-    assert d.cause == "graph break inside DDP under fullgraph=True", str(d)
+    assert d.cause_id == CauseId.COMPILE_DDP_GRAPH_BREAK, str(d)
     assert "then DDP(model)" in d.fix and "(14, section 1" in d.fix, d.fix
     own = tl.diagnose(shutil.copytree(REPORTS.parent / f"torch-{version}" / "14-compile-fullgraph-break", tmp_path / "own"))
-    assert own.cause == "graph break under fullgraph=True", str(own)  # the control: the same error, the learner's
+    assert own.cause_id == CauseId.COMPILE_GRAPH_BREAK, str(own)  # the control: the same error, the learner's
 
 
 @pytest.mark.parametrize("version", ["2.8", "2.13"])

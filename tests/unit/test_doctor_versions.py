@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
+from tutorial_lib.diagnosis.cause_ids import CauseId
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs"
 VERSIONS = sorted(p.name for p in FIXTURES.glob("torch-*") if p.is_dir())
@@ -100,7 +101,7 @@ def test_a_skipped_collective_is_recognised_from_the_abort_and_its_stack_alone(t
     d = tl.diagnose(run_dir)
     if d.rank == FAIL_RANK:  # the peer that lost its connection was named first: the aborted rank is 0
         pytest.skip("this capture names the peer first; the abort is covered by the other version")
-    assert d.cause == "collective mismatch" and d.signal == "SIGABRT", str(d)
+    assert d.cause_id == CauseId.COLLECTIVE_MISMATCH and d.signal == "SIGABRT", str(d)
     assert re.search(r"Fatal Python error: Aborted at \S+:\d+ in \w+ -> distributed_c10d\.py:\d+ in all_reduce",
                      d.evidence), d.evidence
 
@@ -121,7 +122,7 @@ def test_a_restart_that_reported_only_the_peer_still_names_the_rank_that_died(tm
     1) local_rank: 0'); rank 1, SIGKILLed in the save, left neither an error file nor an exit code."""
     run_dir = Path(shutil.copytree(RACES / "torch-2.8-restart-reports-only-the-peer", tmp_path / "run"))
     d = tl.diagnose(run_dir)
-    assert d.recovered and d.rank == 1 and d.exit_code is None and d.cause == "died without a Python error", str(d)
+    assert d.recovered and d.rank == 1 and d.exit_code is None and d.cause_id == CauseId.DIED_WITHOUT_ERROR, str(d)
     assert d.evidence.endswith("killed by SIGKILL in the middle of the step-6 save") and "(07" in d.fix
 
 
@@ -134,7 +135,7 @@ def test_a_warning_printed_after_the_rank_died_is_not_its_last_words(tmp_path):
     kill = next(i for i, line in enumerate(output) if "killed by SIGKILL in the middle" in line)
     assert any("TypedStorage is deprecated" in line for line in output[kill + 1:kill + 4] if line.startswith("[default1]"))
     d = tl.diagnose(run_dir)
-    assert d.recovered and d.rank == 1 and d.cause == "died without a Python error", str(d)
+    assert d.recovered and d.rank == 1 and d.cause_id == CauseId.DIED_WITHOUT_ERROR, str(d)
     assert d.evidence == "rank 1: killed by SIGKILL in the middle of the step-6 save", d.evidence
     assert not any("TypedStorage" in line or "tensor.storage()" in line for line in d.traceback_tail), d.traceback_tail
 

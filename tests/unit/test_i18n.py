@@ -15,6 +15,7 @@ import unicodedata
 import pytest
 
 import tutorial_lib as tl
+from tutorial_lib.diagnosis.cause_ids import CauseId
 from conftest import FIXTURES
 from conftest import ROOT
 from tutorial_lib import LaunchSpec, i18n
@@ -283,7 +284,7 @@ def test_a_finished_run_and_the_columns_of_a_chinese_report(tmp_path):
     (run_dir / "output.log").write_text("[rank0]:step 1\n")
     tl.set_language("zh")
     d = tl.diagnose(run_dir)
-    assert d.cause == "none" and str(d).splitlines()[0] == "运行      ok 运行结束，没有错误", str(d)
+    assert d.cause_id == CauseId.NONE and str(d).splitlines()[0] == "运行      ok 运行结束，没有错误", str(d)
     lines = str(tl.diagnose(shutil.copytree(CASES[0], tmp_path / "case"))).splitlines()
     columns = set()
     for line in lines:
