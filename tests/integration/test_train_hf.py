@@ -202,8 +202,14 @@ def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded
         assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
         for name in ("tokenizer.json", "special_tokens_map.json"):
             assert (folder / name).read_bytes() == (source / name).read_bytes(), name
+        # Nothing else: DCP's consolidation leaves every rank's pieces in sharded/, which the export removes.
+        extra = {"config.json", "model.safetensors.index.json", "tokenizer.json", "special_tokens_map.json",
+                 "generation_config.json"}
+        assert {p.name for p in folder.iterdir()} == set(files) | extra
     after = tl.read_output_log(max((runs["root"]).glob("*-export-hf"), key=lambda p: p.stat().st_mtime))
-    assert "step-4: step 4, saved on 2 ranks" in after, after
+    assert "step-4: step 4, saved on 2 ranks" in after and "read from the checkpoint file by file" in after, after
+    # torch 2.13's HuggingFaceStorageWriter consolidates: the end of the run gathered nothing (the path is printed).
+    assert "every rank wrote its own rows with dcp.save" in tl.read_output_log(end.run_dir)
     a, b = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("end", "after"))
     assert a.dtype == torch.bfloat16 and all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
     tokens = torch.arange(32)[None]
@@ -235,6 +241,21 @@ def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_
         gap = (adapted(tokens).logits - merged(tokens).logits).abs().max().item()
         moved = (base(tokens).logits - merged(tokens).logits).abs().max().item()
     assert gap <= 1e-5 < moved, (gap, moved)  # the adapter is the training's, not the untouched base
+    # The merge is exact: W + alpha / r B A in fp32 from the adapter file and the base, here computed whole in one
+    # process, equals bit for bit what the ranks merged each on its own rows (and what --export-from merged whole).
+    from safetensors.torch import load_file
+    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.checkpoint_dir(lora.run_dir, step=2),
+                                   "--export", tmp_path / "merged-after"], runs_dir=runs["root"], label="export-merged")
+    lora_ab = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    base_w = load_file(f"{runs['tiny']}/model.safetensors")
+    at_end, after = (load_file(tmp_path / name / "model.safetensors") for name in ("merged", "merged-after"))
+    merged_names = [k for k in base_w if k.endswith("proj.weight")]
+    assert len(merged_names) == 14 and set(at_end) == set(after) == set(base_w)
+    for name in merged_names:
+        a, b = (lora_ab[f"base_model.model.{name[:-len('weight')]}lora_{x}.weight"] for x in "AB")
+        expected = base_w[name] + 32.0 / 4 * (b @ a)
+        assert torch.equal(at_end[name], expected) and torch.equal(after[name], expected), name
+        assert not torch.equal(base_w[name] + (b @ a), expected)  # the control: a merge without the scale alpha / r
 
 
 def test_a_resume_with_another_seq_len_is_refused_naming_both(runs, tmp_path):
