@@ -437,7 +437,7 @@ def export(model, config, folder, args, streaming=None):
                 return {out: t.cpu() for out, t in merged.items()} if rank == 0 else {}
             write_streaming(files, gathered, folder, rank == 0)
             how = "gathered file by file, rank 0 wrote each and freed it (no consolidating HuggingFaceStorageWriter)"
-        written = f"{len(plan)} tensors in {dtype} ({', '.join(files)}); {how}"
+        written = f"{len(plan)} tensors in {dtype}, {len(files)} file(s); {how}"
         if rank == 0:
             config.dtype = dtype  # the model was built in fp32 for training; the folder says what its weights are
             config.save_pretrained(folder)
@@ -611,7 +611,7 @@ def export_checkpoint(args):
         write_streaming(files, tensors_of, folder, True)
         config.dtype = dtype
         config.save_pretrained(folder)
-        written = f"{len(plan)} tensors in {dtype} ({', '.join(files)}); read from the checkpoint file by file"
+        written = f"{len(plan)} tensors in {dtype}, {len(files)} file(s); read from the checkpoint file by file"
     finish_export(folder, args.model, written)
 
 
