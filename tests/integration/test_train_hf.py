@@ -4,6 +4,7 @@ another number of ranks, the memory plan against every rank's measurement, LoRA,
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import tutorial_lib as tl
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 FP32_TOLERANCE = 64 * torch.finfo(torch.float32).eps
 COMMON = ["--seq-len", 32, "--max-steps", 4, "--lr", 3e-3, "--precision", "fp32", "--corpus-bytes", 1 << 16]
 
@@ -47,7 +49,8 @@ def test_cpu_offload_runs_on_cpu_ranks_and_trains_as_without_it(runs):
     """Issue 46: the layout the planner recommends for a 7B (--cpu-offload) refused CPU ranks and, on GPUs, made an
     NCCL-only group that refuses clip_grad_norm_'s collectives on the CPU gradients. On CPU ranks it runs FSDP's
     CPUOffloadPolicy code path (nothing moves: the shards are on the CPU already) and trains exactly as without it."""
-    offload = launch(runs["root"], "offload", [*runs["common"], "--batch-size", 2, "--cpu-offload"])
+    offload = launch(runs["root"], "offload", [*runs["common"], "--batch-size", 2, "--cpu-offload", "--save-every", 2,
+                                               "--export", "exported"])
     keys = ["rank", "step", "loss_local", "loss_global", "grad_norm"]
     with_it = offload.metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
     without = runs["fsdp"].metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
@@ -55,6 +58,16 @@ def test_cpu_offload_runs_on_cpu_ranks_and_trains_as_without_it(runs):
     for key in ("loss_global", "grad_norm"):
         gap = ((with_it[key] - without[key]).abs() / without[key].abs()).max()
         assert gap <= FP32_TOLERANCE, (key, gap)
+    # The export from offloaded shards, as scripts/gpu_check.py verifies it on GPUs: the step-4 checkpoint exactly;
+    # the control, step 2's checkpoint, is refused.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_gpu_check_for_train_hf", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    assert "export equals the step-4 checkpoint" in gpu_check.verify_export(offload.run_dir, step=4)
+    with pytest.raises(AssertionError, match="differs from the step-2 checkpoint"):
+        gpu_check.verify_export(offload.run_dir, step=2)
 
 
 def test_the_process_group_gets_a_cpu_backend_beside_nccl_when_offloading_on_cuda():
