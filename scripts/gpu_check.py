@@ -93,18 +93,21 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
                  "tl.plan_memory's CPU plan within 2% and max_memory_allocated is reported beside it"),
     # TINY_MODEL: a tiny Llama written first (train_hf.py --create-tiny-model), the same command a learner runs.
     "train_hf": (("--model", "TINY_MODEL", "--max-steps", 8, "--precision", "bf16", "--ac-mode", "selective",
-                  "--seq-len", 256, "--batch-size", 2, "--track-memory", "--save-every", 4, "--lr", 3e-3),
+                  "--seq-len", 256, "--batch-size", 2, "--track-memory", "--save-every", 4, "--lr", 3e-3,
+                  "--export", "exported"),
                  "FSDP2 bf16 + selective AC over nccl from safetensors broadcast by rank 0: the loss falls, DCP saves "
                  "at 4 and 8, peak_allocated_bytes > 0; torch's tracker on each GPU against its rank's tl.plan_hf "
                  "plan counted as CUDA (device='cuda': total within 5%, printed per category, and which ranks "
-                 "tl.matches_plan accepts)"),
+                 "tl.matches_plan accepts); --export from the GPUs without gathering the model (DCP's consolidating "
+                 "HuggingFaceStorageWriter where torch has it): from_pretrained equals the step-8 checkpoint"),
     "uneven_inputs": (("--join",), "every rank exits 0: inside Join the rank with extra batches finishes"),
     "unused_params": (("--loss-uses", "both"), SUCCESS_IS_THE_CHECK),
 }
 # The layout tl.recommend_layout picks for a 7B on 4 x 24 GB (bf16 + full AC + offload), on the tiny Llama. Every step
 # clip_grad_norm_ all-reduces the norm of the gradients, which offload keeps on the CPU: an NCCL-only group refuses it.
 OFFLOAD_ARGS = ("--model", "TINY_MODEL", "--max-steps", 8, "--precision", "bf16", "--ac-mode", "full", "--cpu-offload",
-                "--clip-grad-norm", 1.0, "--seq-len", 256, "--batch-size", 2, "--lr", 3e-3)
+                "--clip-grad-norm", 1.0, "--seq-len", 256, "--batch-size", 2, "--lr", 3e-3, "--save-every", 8,
+                "--export", "exported")
 PRECISION_ARGS = ("--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 20,
                   "--clip-grad-norm", 1.0)
 NOTEBOOK_ASSERTS = {
@@ -260,7 +263,8 @@ def plan_checks(gpu_count: int) -> list[Check]:
     offload = Launch("train_hf", OFFLOAD_ARGS, gpu_count, label="gpu-offload")
     checks.append(Check("train_hf --cpu-offload", "offload", "train_hf",
                         "the planner's layout for a 7B on 4 x 24 GB: FSDP2's CPUOffloadPolicy on a cuda:nccl,cpu:gloo "
-                        "group; clip_grad_norm_ over the CPU gradients every step, the loss falls", (offload,)))
+                        "group; clip_grad_norm_ over the CPU gradients every step, the loss falls; --export of the "
+                        "offloaded shards equals the step-8 checkpoint", (offload,)))
     checks += [notebook_check(path, gpu_count) for path in shipped_notebooks()]
     return checks
 
@@ -461,7 +465,27 @@ def verify_train_hf(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
     print(tables[0].to_string())
     assert worst <= 0.05, tables[0]
     return (f"loss {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f}; plan {plan.total_bytes / 2**20:.1f} MiB, worst rank's "
-            f"tracked total {worst:+.1%} off (CUDA attention kernels save other tensors than the CPU's)")
+            f"tracked total {worst:+.1%} off (CUDA attention kernels save other tensors than the CPU's); "
+            + verify_export(result.run_dir, step=8))
+
+
+def verify_export(run_dir: Path, step: int) -> str:
+    """The folder train_hf.py's ``--export exported`` wrote when the run ended: ``from_pretrained`` loads it, every
+    tensor equals the step's DCP checkpoint bit for bit (the tiny model's config.json says fp32: nothing is cast), and
+    the output names the path this torch takes (DCP's consolidating writer, or gathered file by file)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "exported")
+    saved = {"app": {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}}
+    dcp.load(saved, checkpoint_id=tl.checkpoint_dir(run_dir, step=step), no_dist=True)
+    differ = [k for k, v in model.state_dict().items() if not torch.equal(saved["app"]["model"][k], v)]
+    assert not differ, f"the export differs from the step-{step} checkpoint in {differ[:3]}"
+    path = ("every rank wrote its own rows with dcp.save" if load_script("train_hf").dcp_writes_hf_folders()
+            else "gathered file by file")
+    assert path in tl.read_output_log(run_dir), f"the export did not say {path!r}"
+    return f"export equals the step-{step} checkpoint ({path})"
 
 
 VERIFY = {  # scripts not named here: a finished launch is the check (the notebooks assert the details)
@@ -524,7 +548,8 @@ def run_offload(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     m = result.metrics()
     loss = m[m["rank"] == 0].set_index("step")["loss_global"]
     assert loss.iloc[-1] < loss.iloc[0] and m["grad_norm"].notna().all() and (m["grad_norm"] > 0).all(), m
-    return f"{result.wall_time_s:.1f} s; loss {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f} with the optimizer on the CPU"
+    return (f"{result.wall_time_s:.1f} s; loss {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f} with the optimizer on the CPU; "
+            + verify_export(result.run_dir, step=8))
 
 
 def notebook_runner_missing() -> str:

@@ -4,6 +4,7 @@ another number of ranks, the memory plan against every rank's measurement, LoRA,
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import tutorial_lib as tl
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 FP32_TOLERANCE = 64 * torch.finfo(torch.float32).eps
 COMMON = ["--seq-len", 32, "--max-steps", 4, "--lr", 3e-3, "--precision", "fp32", "--corpus-bytes", 1 << 16]
 
@@ -47,7 +49,8 @@ def test_cpu_offload_runs_on_cpu_ranks_and_trains_as_without_it(runs):
     """Issue 46: the layout the planner recommends for a 7B (--cpu-offload) refused CPU ranks and, on GPUs, made an
     NCCL-only group that refuses clip_grad_norm_'s collectives on the CPU gradients. On CPU ranks it runs FSDP's
     CPUOffloadPolicy code path (nothing moves: the shards are on the CPU already) and trains exactly as without it."""
-    offload = launch(runs["root"], "offload", [*runs["common"], "--batch-size", 2, "--cpu-offload"])
+    offload = launch(runs["root"], "offload", [*runs["common"], "--batch-size", 2, "--cpu-offload", "--save-every", 2,
+                                               "--export", "exported"])
     keys = ["rank", "step", "loss_local", "loss_global", "grad_norm"]
     with_it = offload.metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
     without = runs["fsdp"].metrics()[keys].sort_values(["rank", "step"]).reset_index(drop=True)
@@ -55,6 +58,16 @@ def test_cpu_offload_runs_on_cpu_ranks_and_trains_as_without_it(runs):
     for key in ("loss_global", "grad_norm"):
         gap = ((with_it[key] - without[key]).abs() / without[key].abs()).max()
         assert gap <= FP32_TOLERANCE, (key, gap)
+    # The export from offloaded shards, as scripts/gpu_check.py verifies it on GPUs: the step-4 checkpoint exactly;
+    # the control, step 2's checkpoint, is refused.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_gpu_check_for_train_hf", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    assert "export equals the step-4 checkpoint" in gpu_check.verify_export(offload.run_dir, step=4)
+    with pytest.raises(AssertionError, match="differs from the step-2 checkpoint"):
+        gpu_check.verify_export(offload.run_dir, step=2)
 
 
 def test_the_process_group_gets_a_cpu_backend_beside_nccl_when_offloading_on_cuda():
@@ -202,8 +215,14 @@ def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded
         assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
         for name in ("tokenizer.json", "special_tokens_map.json"):
             assert (folder / name).read_bytes() == (source / name).read_bytes(), name
+        # Nothing else: DCP's consolidation leaves every rank's pieces in sharded/, which the export removes.
+        extra = {"config.json", "model.safetensors.index.json", "tokenizer.json", "special_tokens_map.json",
+                 "generation_config.json"}
+        assert {p.name for p in folder.iterdir()} == set(files) | extra
     after = tl.read_output_log(max((runs["root"]).glob("*-export-hf"), key=lambda p: p.stat().st_mtime))
-    assert "step-4: step 4, saved on 2 ranks" in after, after
+    assert "step-4: step 4, saved on 2 ranks" in after and "read from the checkpoint file by file" in after, after
+    # torch 2.13's HuggingFaceStorageWriter consolidates: the end of the run gathered nothing (the path is printed).
+    assert "every rank wrote its own rows with dcp.save" in tl.read_output_log(end.run_dir)
     a, b = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("end", "after"))
     assert a.dtype == torch.bfloat16 and all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
     tokens = torch.arange(32)[None]
@@ -235,6 +254,21 @@ def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_
         gap = (adapted(tokens).logits - merged(tokens).logits).abs().max().item()
         moved = (base(tokens).logits - merged(tokens).logits).abs().max().item()
     assert gap <= 1e-5 < moved, (gap, moved)  # the adapter is the training's, not the untouched base
+    # The merge is exact: W + alpha / r B A in fp32 from the adapter file and the base, here computed whole in one
+    # process, equals bit for bit what the ranks merged each on its own rows (and what --export-from merged whole).
+    from safetensors.torch import load_file
+    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.checkpoint_dir(lora.run_dir, step=2),
+                                   "--export", tmp_path / "merged-after"], runs_dir=runs["root"], label="export-merged")
+    lora_ab = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    base_w = load_file(f"{runs['tiny']}/model.safetensors")
+    at_end, after = (load_file(tmp_path / name / "model.safetensors") for name in ("merged", "merged-after"))
+    merged_names = [k for k in base_w if k.endswith("proj.weight")]
+    assert len(merged_names) == 14 and set(at_end) == set(after) == set(base_w)
+    for name in merged_names:
+        a, b = (lora_ab[f"base_model.model.{name[:-len('weight')]}lora_{x}.weight"] for x in "AB")
+        expected = base_w[name] + 32.0 / 4 * (b @ a)
+        assert torch.equal(at_end[name], expected) and torch.equal(after[name], expected), name
+        assert not torch.equal(base_w[name] + (b @ a), expected)  # the control: a merge without the scale alpha / r
 
 
 def test_a_resume_with_another_seq_len_is_refused_naming_both(runs, tmp_path):

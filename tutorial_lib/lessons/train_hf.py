@@ -32,7 +32,9 @@ What it shows
     * ``--export FOLDER``: the trained model written back as a Hugging Face folder (in config.json's dtype, sharded
       with an index, the tokenizer files beside it; LoRA merged, or a PEFT adapter folder with --export-adapter), for
       ``from_pretrained``, for inference servers, or as the next run's ``--model``; ``--export-from`` does it
-      afterwards from any DCP checkpoint, in one process;
+      afterwards from any DCP checkpoint, in one process. Never the whole model in one process's memory: on torch
+      2.13 DCP's ``HuggingFaceStorageWriter`` writes every rank's rows and consolidates them into whole files; where
+      it cannot (torch 2.8), the tensors are gathered one at a time and written one file at a time;
     * DCP checkpoints of every rank's shards and an exact resume: the data position is global (windows consumed
       by all ranks), so a resume on another number of ranks reads each window once; there is no randomness in
       training (no dropout, a seeded data order), so no random state needs saving.
@@ -48,6 +50,7 @@ transformers (and peft for ``--lora-rank``), so the file can be copied to a clus
 import argparse
 import contextlib
 import json
+import inspect
 import math
 import os
 import resource
@@ -130,9 +133,11 @@ def parse_args(argv=None):
                         "folder's tokenizer files; LoRA merged into the weights (or --export-adapter)")
     p.add_argument("--export-from", type=str, default="",
                    help="with --export, no training: write this DCP checkpoint (a step-N/ folder, or 'latest' in "
-                        "--checkpoint-dir) as a Hugging Face folder, in one process, whatever number of ranks saved it")
+                        "--checkpoint-dir) as a Hugging Face folder, in one process, whatever number of ranks saved "
+                        "it, reading one output file's tensors at a time")
     p.add_argument("--export-shard-gb", type=float, default=5.0,
-                   help="largest safetensors file of an export (GB, 1e9 bytes; Hugging Face's default 5)")
+                   help="largest safetensors file of an export (GB, 1e9 bytes; Hugging Face's default 5); "
+                        "without DCP's consolidation, about what the export holds in host memory at a time")
     p.add_argument("--export-adapter", action="store_true",
                    help="a LoRA run exports its adapters as a PEFT folder (adapter_config.json, "
                         "adapter_model.safetensors) that PeftModel.from_pretrained loads on the base, instead of merged")
@@ -397,72 +402,157 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json")
 
 
-def export(model, config, folder, args):
-    """The trained model as a Hugging Face folder. Every rank takes part in gathering the full state dict (to the CPU,
-    rank 0 only: the whole model once in rank 0's host memory, in fp32); rank 0 then writes either
+def export(model, config, folder, args, streaming=None):
+    """The trained model as a Hugging Face folder, at the end of a run, on every rank, without gathering the whole
+    model in one process. Each rank starts from its own shards (``get_model_state_dict``: DTensors) and the folder
+    gets either
 
-    * the model: LoRA adapters merged into their base weights (W + alpha / r B A, peft's merge), the tensors named as
-      the checkpoint it loaded named them, a tied head dropped (it is the embedding), cast to config.json's dtype,
-      in safetensors files of at most --export-shard-gb with a ``model.safetensors.index.json``, as
-      ``save_pretrained`` writes a large model; or
-    * with --export-adapter (a LoRA run): the adapters alone, as peft's ``save_pretrained`` writes them
-      (``adapter_config.json``, ``adapter_model.safetensors``), for ``PeftModel.from_pretrained`` on the base;
+    * the model: LoRA adapters merged into their base weights (W + alpha / r B A, peft's merge, in fp32), named as
+      the checkpoint it loaded named them, a tied head dropped (it is the embedding), cast once to config.json's
+      dtype, in safetensors files of at most --export-shard-gb with a ``model.safetensors.index.json``, as
+      ``save_pretrained`` writes a large model. Where torch's ``HuggingFaceStorageWriter`` can consolidate
+      (``dcp_writes_hf_folders``; torch 2.13) every rank merges and casts its own rows and writes them with
+      ``dcp.save``, and rank 0 joins the pieces into whole files one tensor at a time (``export_with_dcp``); where it
+      cannot (torch 2.8) the tensors are gathered one at a time and rank 0 writes each file and frees it before the
+      next (``write_streaming``). Either way rank 0's host memory holds a file's or a tensor's bytes about twice
+      (measured: +67 MB exporting a 273 MB model in 20 MB files, largest tensor 34 MB; the whole gathered: +306 MB).
+      ``streaming`` (True/False) picks a path by hand, None by the feature, and the line printed says which ran;
+    * with --export-adapter (a LoRA run): the adapters alone, gathered (they are small), as peft's ``save_pretrained``
+      writes them (``adapter_config.json``, ``adapter_model.safetensors``), for ``PeftModel.from_pretrained``;
 
     and the source folder's tokenizer files (``TOKENIZER_FILES``), so the folder is a model one can load and run."""
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return
-    folder = Path(folder).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder, rank = Path(folder).expanduser(), dist.get_rank()
+    state = get_model_state_dict(model)  # this rank's shards: nothing is gathered
     if args.export_adapter:
-        written = export_adapter(model, full, folder)
+        adapters = {k: full(v).cpu() for k, v in state.items() if "lora_" in k}  # a collective per tensor
+        if rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            written = export_adapter(model, adapters, folder)
     else:
-        written = export_merged(full, config, folder, args.lora_alpha / max(args.lora_rank, 1), args.export_shard_gb,
-                                saved_dtype(args.model))
-    source = Path(args.model).expanduser()
+        dtype, scale = saved_dtype(args.model), args.lora_alpha / max(args.lora_rank, 1)
+        plan = merge_plan(state, getattr(config, "tie_word_embeddings", False))
+        files = file_plan({out: state[w].numel() * dtype.itemsize for out, (w, _, _) in plan.items()},
+                          args.export_shard_gb)
+        use_dcp = dcp_writes_hf_folders() if streaming is None else not streaming
+        if use_dcp:
+            export_with_dcp(state, plan, files, scale, dtype, folder)
+            how = "every rank wrote its own rows with dcp.save (HuggingFaceStorageWriter), rank 0 consolidated them"
+        else:
+            def gathered(outs):  # full_tensor() is a collective: every rank gathers each tensor, rank 0 keeps it
+                kept = {}
+                for out in outs:  # one whole tensor at a time on the device
+                    tensor = merge(*(full(state[n]) if n else None for n in plan[out]), scale, dtype)
+                    if rank == 0:
+                        kept[out] = tensor.cpu()
+                return kept
+            write_streaming(files, gathered, folder, rank == 0)
+            how = "gathered file by file, rank 0 wrote each and freed it (no consolidating HuggingFaceStorageWriter)"
+        written = f"{len(plan)} tensors in {dtype}, {len(files)} file(s); {how}"
+        if rank == 0:
+            config.dtype = dtype  # the model was built in fp32 for training; the folder says what its weights are
+            config.save_pretrained(folder)
+    if rank == 0:
+        finish_export(folder, args.model, written)
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t  # a DTensor's whole tensor: an all-gather
+
+
+def dcp_writes_hf_folders():
+    """True where torch's DCP writes a Hugging Face folder from every rank's shards: its ``HuggingFaceStorageWriter``
+    takes ``enable_consolidation`` (torch 2.13; torch 2.8's writer has no such argument). Decided by the feature, not
+    by a version number."""
+    try:
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    except ImportError:
+        return False
+    return "enable_consolidation" in inspect.signature(HuggingFaceStorageWriter).parameters
+
+
+def merge_plan(names, tied):
+    """{name in the exported folder: (the training's name of the weight, of its LoRA A, of its LoRA B; None without
+    LoRA)}: peft's ``base_model.model.X.base_layer.weight`` is exported as ``X.weight``; a tied head is dropped."""
+    plan = {}
+    for name in names:
+        if "lora_A" in name or "lora_B" in name:
+            continue
+        prefix = name[:-len("base_layer.weight")] if name.endswith(".base_layer.weight") else None
+        a, b = (prefix + "lora_A.default.weight", prefix + "lora_B.default.weight") if prefix else (None, None)
+        lora = (a, b) if a in names and b in names else (None, None)
+        plan[name.removeprefix("base_model.model.").replace(".base_layer.", ".")] = (name, *lora)
+    if tied:
+        plan.pop("lm_head.weight", None)
+    return plan
+
+
+def merge(weight, lora_a, lora_b, scale, dtype):
+    """W + scale B A (peft's merge) in fp32, then cast once to ``dtype``: on whole tensors, or on DTensors (each rank
+    its own rows of W and B; DTensor gathers the small A)."""
+    if lora_a is not None:
+        weight = weight + scale * (lora_b @ lora_a)
+    return (weight.to(dtype) if weight.is_floating_point() else weight).contiguous()
+
+
+def file_plan(nbytes, shard_gb):
+    """{file name: [tensor names]}: consecutive tensors in files of at most ``shard_gb`` GB (1e9 bytes; a larger
+    tensor alone), as ``save_pretrained`` splits a state dict; one file is ``model.safetensors``."""
+    shards, size = [[]], 0
+    for name, n in nbytes.items():
+        if shards[-1] and size + n > shard_gb * 1e9:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    if len(shards) == 1:
+        return {"model.safetensors": shards[0]}
+    return {f"model-{i:05d}-of-{len(shards):05d}.safetensors": names for i, names in enumerate(shards, 1)}
+
+
+def export_with_dcp(state, plan, files, scale, dtype, folder):
+    """torch's DCP writes the folder: every rank merges and casts its own rows (DTensors) and ``dcp.save`` writes
+    them to ``folder/sharded/``; ``HuggingFaceStorageWriter``'s consolidation (on rank 0) then writes the whole files
+    of ``files`` and ``model.safetensors.index.json``, holding one tensor at a time. The ``sharded/`` pieces (a second
+    copy of the model on disk) are removed; a single file is named ``model.safetensors``, without an index."""
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    merged = {out: merge(*(state[n] if n else None for n in plan[out]), scale, dtype) for out in plan}
+    index = {out: i for i, outs in enumerate(files.values(), 1) for out in outs}  # file numbers from 1
+    dcp.save(merged, storage_writer=HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=index,
+                                                             save_distributed=True, enable_consolidation=True))
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder / "sharded")
+        if len(files) == 1:  # DCP names it model-00001-of-00001.safetensors, with an index
+            (folder / "model-00001-of-00001.safetensors").rename(folder / "model.safetensors")
+            (folder / "model.safetensors.index.json").unlink()
+
+
+def write_streaming(files, tensors_of, folder, writer):
+    """Each file of ``files`` in turn: ``tensors_of(names)`` gives its tensors (merged, cast; a collective at the
+    end of a run, so every rank calls it), the ``writer`` process writes them and frees them before the next file,
+    then writes ``model.safetensors.index.json``: one file's tensors in host memory at a time."""
+    from safetensors.torch import save_file
+    if writer:
+        folder.mkdir(parents=True, exist_ok=True)
+    weight_map, total_bytes = {}, 0
+    for file, names in files.items():
+        tensors = tensors_of(names)
+        if writer:
+            save_file(tensors, str(folder / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, file))
+            total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors
+    if writer and len(files) > 1:
+        index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def finish_export(folder, source, written):
+    """The source folder's tokenizer files copied beside the weights; one line saying what was written."""
+    source = Path(source).expanduser()
     copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
     for name in copied:
         shutil.copyfile(source / name, folder / name)
     sys.stdout.write(f"exported {written} to {folder}" + (f" with {', '.join(copied)}" if copied else "") + "\n")
-
-
-def export_merged(full, config, folder, lora_scale, shard_gb, dtype):
-    """The full model's safetensors (LoRA merged, cast to ``dtype``, sharded) and config.json; what was written."""
-    from safetensors.torch import save_file
-    out = {}
-    for name, tensor in full.items():
-        if "lora_A" in name or "lora_B" in name:
-            continue
-        if name.endswith(".base_layer.weight"):
-            prefix = name[:-len("base_layer.weight")]
-            a, b = full.get(prefix + "lora_A.default.weight"), full.get(prefix + "lora_B.default.weight")
-            if a is not None and b is not None:
-                tensor = tensor + lora_scale * (b @ a)  # in fp32, then cast once
-        out[name.removeprefix("base_model.model.").replace(".base_layer.", ".")] = \
-            (tensor.to(dtype) if tensor.is_floating_point() else tensor).contiguous()
-    if getattr(config, "tie_word_embeddings", False):
-        out.pop("lm_head.weight", None)
-    shards, limit = [[]], shard_gb * 1e9  # consecutive tensors per file, as save_pretrained splits a state dict
-    size = 0
-    for name, tensor in out.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    if len(shards) == 1:
-        files = {"model.safetensors": shards[0]}
-    else:
-        files = {f"model-{i:05d}-of-{len(shards):05d}.safetensors": names for i, names in enumerate(shards, 1)}
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in out.values())},
-                 "weight_map": {name: file for file, names in files.items() for name in names}}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    for file, names in files.items():
-        save_file({name: out[name] for name in names}, str(folder / file), metadata={"format": "pt"})
-    config.dtype = dtype  # the model was built in fp32 for training; the folder says what its weights are
-    config.save_pretrained(folder)
-    return f"{len(out)} tensors in {dtype} ({', '.join(files)})"
 
 
 def saved_dtype(folder):
@@ -476,14 +566,14 @@ def saved_dtype(folder):
     return dtype
 
 
-def export_adapter(model, full, folder):
-    """A LoRA run's adapters as peft writes them: their tensors named as ``get_peft_model_state_dict`` names them and
-    the adapter's config; what was written."""
+def export_adapter(model, adapters, folder):
+    """A LoRA run's adapters (``adapters``: the whole lora_A/lora_B tensors) as peft writes them: named as
+    ``get_peft_model_state_dict`` names them, with the adapter's config; what was written."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
     if not hasattr(model, "peft_config"):
         sys.exit("--export-adapter exports LoRA adapters: this run has none (--lora-rank 0)")
-    adapters = {k: v.contiguous() for k, v in get_peft_model_state_dict(model, state_dict=full).items()}
+    adapters = {k: v.contiguous() for k, v in get_peft_model_state_dict(model, state_dict=adapters).items()}
     save_file(adapters, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     model.peft_config["default"].save_pretrained(folder)
     return f"{len(adapters)} adapter tensors (adapter_config.json, adapter_model.safetensors)"
@@ -491,23 +581,48 @@ def export_adapter(model, full, folder):
 
 def export_checkpoint(args):
     """--export-from CHECKPOINT --export FOLDER: a DCP checkpoint of this script written as a Hugging Face folder,
-    afterwards (the step that evaluated best, a run that was stopped), in one process over a process group of one:
-    the checkpoint's --seq-len and --lora-rank are read first, then the model's tensors alone (not the optimizer's),
-    which DCP reshards from however many ranks saved them. The whole model is in this process's memory (fp32)."""
+    afterwards (the step that evaluated best, a run that was stopped), in one process, whatever number of ranks saved
+    it, without loading the whole model: the checkpoint's metadata gives every tensor's name and shape, and DCP
+    reads the tensors of one output file at a time (it reads only the keys asked for; a LoRA base weight comes with
+    its A and B), which are merged, cast, written and freed (``write_streaming``). The optimizer's state is never
+    read."""
     path = resume_path(argparse.Namespace(resume=args.export_from, checkpoint_dir=args.checkpoint_dir))
     if path is None:
         sys.exit(f"--export-from latest: no complete checkpoint in {args.checkpoint_dir}/")
     config = load_config(args.model)
     saved = TrainState()
-    dcp.load({"train": saved}, checkpoint_id=path)
-    args.lora_rank, args.seq_len, args.cpu_offload, args.replicate_degree = saved.lora_rank, saved.seq_len, False, 1
-    device = torch.device("cpu")
-    model = build_model(args, config, device, make_mesh(args, 1, device))
-    state = {"app": {"model": get_model_state_dict(model)}}
-    dcp.load(state, checkpoint_id=path)  # the keys asked for only: app.model.*, as ModelAndOptimizer saved them
-    set_model_state_dict(model, state["app"]["model"])
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process, no group: as meant
+    dcp.load({"train": saved}, checkpoint_id=path, no_dist=True)
     sys.stdout.write(f"{path}: step {saved.step}, saved on {saved.world_size} ranks\n")
-    export(model, config, args.export, args)
+    args.lora_rank, args.seq_len = saved.lora_rank, saved.seq_len
+    shapes = {k[len("app.model."):]: v.size for k, v in dcp.FileSystemReader(path).read_metadata()
+              .state_dict_metadata.items() if k.startswith("app.model.")}
+
+    def loaded(names):  # only these tensors are read, in fp32 as saved
+        state = {"app": {"model": {n: torch.empty(shapes[n]) for n in names}}}
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+        return state["app"]["model"]
+
+    folder = Path(args.export).expanduser()
+    if args.export_adapter:
+        if not saved.lora_rank:
+            sys.exit(f"--export-adapter exports LoRA adapters: {path} was saved with --lora-rank 0")
+        folder.mkdir(parents=True, exist_ok=True)  # the model on meta (no memory) gives peft's names and config
+        written = export_adapter(meta_model(args, config), loaded([n for n in shapes if "lora_" in n]), folder)
+    else:
+        dtype, scale = saved_dtype(args.model), args.lora_alpha / max(args.lora_rank, 1)
+        plan = merge_plan(shapes, getattr(config, "tie_word_embeddings", False))
+        files = file_plan({out: math.prod(shapes[w]) * dtype.itemsize for out, (w, _, _) in plan.items()},
+                          args.export_shard_gb)
+
+        def tensors_of(outs):
+            got = loaded([n for out in outs for n in plan[out] if n])
+            return {out: merge(*(got[n] if n else None for n in plan[out]), scale, dtype) for out in outs}
+        write_streaming(files, tensors_of, folder, True)
+        config.dtype = dtype
+        config.save_pretrained(folder)
+        written = f"{len(plan)} tensors in {dtype}, {len(files)} file(s); read from the checkpoint file by file"
+    finish_export(folder, args.model, written)
 
 
 def create_tiny_model(args):
@@ -669,13 +784,11 @@ def main():
         create_tiny_model(args)
         return
     if args.export_from:
-        args.device = "cpu"  # one process on the CPU, a GPU or not: the export reads and writes host memory
+        export_checkpoint(args)  # one process, no process group: it reads and writes files, one at a time
+        return
     rank, local_rank, world_size, device = setup(args)
     try:
-        if args.export_from:
-            export_checkpoint(args)
-        else:
-            train(args, rank, local_rank, world_size, device)
+        train(args, rank, local_rank, world_size, device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
