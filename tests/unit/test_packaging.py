@@ -23,7 +23,9 @@ def test_environment_yml_mirrors_pyproject_dependencies():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
     conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
-    have = dict(split(d) for d in conda if isinstance(d, str))
+    # What conda-forge lacks (torchft: PyPI wheels only) stands in its `pip:` list, markers and all.
+    from_pip = [r for d in conda if isinstance(d, dict) for r in d.get("pip", [])]
+    have = dict(split(d) for d in [*conda, *from_pip] if isinstance(d, str))
     for requirement in wanted:
         name, spec = split(requirement)
         assert have.get(CONDA_NAMES.get(name, name)) == spec, f"{requirement} differs in environment.yml"
