@@ -72,6 +72,10 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
     "fsdp_train": (("--strategy", "fsdp2", "--precision", "fp16", "--max-steps", 5),
                    "FSDP2 with fp16 + GradScaler (CUDA only): a loss_scale and peak_allocated_bytes > 0 every step"),
     "grad_accum": ((), SUCCESS_IS_THE_CHECK),
+    # One rank: torchft's DDP averages across replica groups, not inside one; alone, the script starts its own
+    # lighthouse. Its groups still train on gloo and the CPU (NCCL replica groups are issue 47's GPU path, not yet).
+    "ft_train": (("--max-steps", 20), SUCCESS_IS_THE_CHECK + "; one torchft replica group alone, on gloo, with a "
+                                      "lighthouse of its own (the CUDA build of torch beside torchft)"),
     "context_parallel_float8": ((), "context parallelism over nccl: each rank holds 1/N of the sequence, the ring "
                                     "attention's output equals one process's in bf16; float8 (torch._scaled_mm) on "
                                     "compute capability >= 8.9, else the reason recorded (notebook 12 asserts)"),
@@ -251,6 +255,8 @@ def plan_checks(gpu_count: int) -> list[Check]:
         ranks, per_rank = model_parallel_layout(gpu_count) if name == "model_parallel" else (gpu_count, 1)
         if name == "pipeline_parallel":  # seed 000's two halves: two stages, one GPU each (one stage on one GPU)
             ranks = min(gpu_count, 2)
+        if name == "ft_train":  # one rank per replica group
+            ranks = 1
         checks.append(Check(f"script {name}", "script", name, asserts, (Launch(name, args, ranks, "cuda", per_rank),)))
     checks.append(Check("precisions fp32/bf16/fp16", "precisions", "ddp_train",
                         "each precision autocast supports here ends within 5% of fp32's loss; step time vs fp32",

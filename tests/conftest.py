@@ -42,8 +42,15 @@ def pytest_configure(config):
     # DeprecationWarning: in the scripts the tests launch and the kernels nbval starts they are errors.
     # One exception, torch's own: inductor's first import on torch 2.13 decorates with its deprecated
     # torch.jit.script_method (notebook 14's cold start with CXX unset); the learner's code cannot change it.
+    # And torchft 0.2.0's two (issue 47), as errors fatal to every run: its Manager logs with the deprecated
+    # logger.warn (manager.py, _ManagerLogger.warn: every quorum's process-group configure failed, no step committed),
+    # and a healing group unpickles the sender's pytree spec, whose LeafSpec torch 2.13 deprecates (pg_transport.py's
+    # recv_checkpoint: the heal failed and both groups died).
     os.environ["PYTHONWARNINGS"] = ("error::FutureWarning,error::DeprecationWarning,"
-                                    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+                                    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning,"
+                                    "ignore:The 'warn' method is deprecated:DeprecationWarning:torchft.manager,"
+                                    # (a prefix of its message: the variable's filters are split at commas)
+                                    "ignore:`isinstance(treespec:FutureWarning:torchft.checkpointing.pg_transport")
 
 
 _SESSION_PID = os.getpid()

@@ -38,7 +38,8 @@ PREPARE = {"train_hf": ["--create-tiny-model", "tiny", "--arch", "llama"]}
 NEEDS_GPUS = {"sync_batchnorm"}  # refuses to run without CUDA; writes no step records (syncbn_rank<R>.json)
 NO_STEP_RECORDS = {"fsdp_knobs",  # needs 2 or 4 ranks; writes one JSON per rank (knobs_rank<R>.json), no steps
                    "tensor_parallel", "pipeline_parallel", "context_parallel_float8",  # tp_, pp_, cp_float8_rank<R>.json
-                   "compile_train"}  # compile_rank<R>.json: graphs compiled and the order of events per step
+                   "compile_train",  # compile_rank<R>.json: graphs compiled and the order of events per step
+                   "ft_train"}  # one group<G>.jsonl per replica group (runs/replica_records.py; test_torchft.py)
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,11 @@ def run(args, cwd, **kw):
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120, **kw)
 
 
-# A Hugging Face model's script may also use the Hugging Face libraries it builds on: transformers (and its
-# safetensors), peft for LoRA (imported only under --lora-rank).
-HUGGING_FACE = {"train_hf": {"transformers", "safetensors", "peft"}}
+# A script may also use the library it teaches: a Hugging Face model's, the Hugging Face libraries it builds on
+# (transformers and its safetensors, peft for LoRA, imported only under --lora-rank); the fault-tolerant one, torchft.
+HUGGING_FACE = {"train_hf": {"transformers", "safetensors", "peft"}, "ft_train": {"torchft"}}
+# torchft's Manager owns the process group across replica groups (no torch default group): shut down in finally.
+CLEANUP = {"ft_train": "manager.shutdown("}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -41,7 +43,7 @@ def test_script_follows_the_conventions(name):
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     assert any(isinstance(d, ast.Name) and d.id == "record" for d in main.decorator_list), "@record on main"
     assert "torchrun" in ast.get_docstring(tree) and "python " in ast.get_docstring(tree), "run card"
-    assert "destroy_process_group()" in source and "finally:" in source
+    assert CLEANUP.get(name, "destroy_process_group()") in source and "finally:" in source
     assert 'if __name__ == "__main__":' in source and "timeout=" in source
     epilogue = source.split('if __name__ == "__main__":')[1]
     assert epilogue.strip() == "main()", "no exit workaround of its own: the launcher's rank runner leaves cleanly"
@@ -106,6 +108,7 @@ SMALL_ARGS = {
     "train_lm": ["--max-steps", 2, "--n-layers", 1, "--d-model", 32, "--corpus-bytes", 65536],
     "compile_train": ["--max-steps", 2, "--n-layers", 2, "--dim", 16],
     "train_hf": ["--model", "tiny", "--max-steps", 2, "--seq-len", 32, "--corpus-bytes", 65536],
+    "ft_train": ["--max-steps", 2],
 }
 PREPARE = {"train_hf": ["--create-tiny-model", "tiny"]}  # run first in the same folder: the model folder it trains
 

@@ -23,7 +23,9 @@ def test_environment_yml_mirrors_pyproject_dependencies():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
     conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
-    have = dict(split(d) for d in conda if isinstance(d, str))
+    # What conda-forge lacks (torchft: PyPI wheels only) stands in its `pip:` list, markers and all.
+    from_pip = [r for d in conda if isinstance(d, dict) for r in d.get("pip", [])]
+    have = dict(split(d) for d in [*conda, *from_pip] if isinstance(d, str))
     for requirement in wanted:
         name, spec = split(requirement)
         assert have.get(CONDA_NAMES.get(name, name)) == spec, f"{requirement} differs in environment.yml"
@@ -157,3 +159,20 @@ def test_every_test_module_has_a_name_no_other_has():
         by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     repeated = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert not repeated, f"test modules sharing a name (rename one): {repeated}"
+
+
+def test_torchft_asks_for_no_torch_newer_than_our_floor_so_installing_it_never_replaces_torch():
+    """Issue 47: every install puts torch in first (the image's, or TORCH_SPEC / COMPAT_TORCH_SPEC), then the project
+    with torchft; a torchft wanting a newer torch than our floor would make pip fetch one (a CUDA wheel of GBs)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    try:
+        requires = metadata.requires("torchft") or []
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"torchft is not installed in {sys.prefix} (Linux x86_64 only)")
+    (torch,) = [Requirement(r) for r in requires if Requirement(r).name == "torch" and not Requirement(r).marker]
+    floor = Version("2.8")  # pyproject's torch>=2.8 (test_the_torch_floor_is_the_oldest_torch_ci_runs)
+    assert floor in torch.specifier and all(s.operator == ">=" for s in torch.specifier), str(torch)
+    print(f"torchft {metadata.version('torchft')} asks {torch}; our floor is torch>={floor}")

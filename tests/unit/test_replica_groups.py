@@ -1,0 +1,90 @@
+"""The torchft pieces that need no process (issue 47): the lighthouse's command, a replica group's environment, the
+checks before anything starts, and the reader of what the groups recorded."""
+
+import json
+import sys
+
+import pytest
+
+from tutorial_lib.errors import ConfigError, MetricsError
+from tutorial_lib.launcher.replicas import LIGHTHOUSE_PROGRAM, group_env, lighthouse_command, start_replica_groups
+from tutorial_lib.runs.replica_records import read_replica_records
+from tutorial_lib.runs.rundir import LESSONS_DIR
+
+
+def test_the_lighthouse_command_runs_the_child_program_with_every_setting():
+    assert lighthouse_command(min_replicas=2, heartbeat_timeout_ms=2000, join_timeout_ms=0, quorum_tick_ms=50) == [
+        sys.executable, "-u", str(LIGHTHOUSE_PROGRAM), "--min-replicas", "2", "--heartbeat-timeout-ms", "2000",
+        "--join-timeout-ms", "0", "--quorum-tick-ms", "50"]
+    assert "127.0.0.1:0" in LIGHTHOUSE_PROGRAM.read_text(), "it binds loopback, a port the system picks"
+
+
+@pytest.mark.parametrize("setting, value, allowed", [
+    ("min_replicas", 0, "an int >= 1"), ("heartbeat_timeout_ms", 2.5, "an int >= 1"),
+    ("join_timeout_ms", -1, "an int >= 0"), ("quorum_tick_ms", True, "an int >= 1")])
+def test_a_lighthouse_setting_out_of_range_is_named_with_its_value(setting, value, allowed):
+    with pytest.raises(ConfigError, match=rf"^{setting} must be {allowed}, got {value!r}$"):
+        lighthouse_command(**{setting: value})
+
+
+def test_a_group_gets_what_torchft_reads_and_the_launchers_loopback_settings():
+    env = group_env("http://127.0.0.1:4321", 1, 3, base={"PATH": "/bin", "OMP_NUM_THREADS": "4"}, extra={"X": "1"})
+    assert env == {"PATH": "/bin", "OMP_NUM_THREADS": "4", "PYTHONUNBUFFERED": "1",
+                   "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5", "GLOO_SOCKET_IFNAME": "lo",
+                   "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:4321", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "3",
+                   "X": "1"}
+
+
+@pytest.mark.parametrize("group_id, num_groups, message", [
+    (2, 2, "group_id must be an int from 0 to 1, got 2"), (0, 0, "num_groups must be an int >= 1, got 0")])
+def test_a_group_id_outside_the_groups_is_refused(group_id, num_groups, message):
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        group_env("http://127.0.0.1:1", group_id, num_groups, base={})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_groups=0), "num_groups must be an int >= 1, got 0"),
+    (dict(num_groups=2, nproc_per_group=3), "nproc_per_group must be an int from 1 to 2, got 3"),
+    (dict(num_groups=2, shutdown_grace_s=0), "shutdown_grace_s must be > 0 (seconds), got 0")])
+def test_bad_replica_group_settings_are_refused_before_anything_starts(tmp_path, kwargs, message):
+    with pytest.raises(ConfigError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}$"):
+        start_replica_groups(LESSONS_DIR / "ft_train.py", lighthouse=None, run_dir=tmp_path, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_script_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="script '.*nope.py' does not exist"):
+        start_replica_groups(tmp_path / "nope.py", lighthouse=None, num_groups=1, run_dir=tmp_path / "run")
+
+
+def step(group, step, t, pid=10, committed=True, participants=2, batches=0):
+    return {"event": "step", "replica_group": group, "pid": pid, "time_s": t, "step": step, "committed": committed,
+            "batches_committed": batches, "participants": participants, "loss_local": 0.5, "weights_sha256": "ab"}
+
+
+def write(path, records, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+
+
+def test_the_records_read_back_per_group_with_a_half_written_last_line_skipped(tmp_path):
+    write(tmp_path / "group0.jsonl", [{"event": "start", "replica_group": 0, "pid": 10, "time_s": 0.0},
+                                      step(0, 1, 1.0), step(0, 1, 1.1, committed=False), step(0, 2, 4.0)])
+    write(tmp_path / "group1.jsonl", [{"event": "start", "replica_group": 1, "pid": 11, "time_s": 0.0},
+                                      {"event": "heal", "replica_group": 1, "pid": 11, "time_s": 3.0, "step": 1,
+                                       "source_group": 0}, step(1, 2, 4.0, pid=11)], tail='{"event": "st')
+    records = read_replica_records(tmp_path)
+    assert [s.step for s in records.committed(0)] == [1, 2] and len(records.steps[0]) == 3
+    assert records.starts == {0: [10], 1: [11]}
+    assert [(h.replica_group, h.step, h.source_group) for h in records.heals] == [(1, 1, 0)]
+    assert records.committed(1, pid=12) == []
+    assert records.longest_commit_gap_s(0, after_s=2.0) == 3.0
+    with pytest.raises(MetricsError, match="group 0 committed 2 step.s. before and 0 after time 5.000"):
+        records.longest_commit_gap_s(0, after_s=5.0)
+
+
+def test_a_broken_line_before_the_last_is_an_error_naming_the_file_and_line(tmp_path):
+    write(tmp_path / "group0.jsonl", [step(0, 1, 1.0)], tail="not json\n" + json.dumps(step(0, 2, 2.0)) + "\n")
+    with pytest.raises(MetricsError, match=r"group0.jsonl:2 is not a record"):
+        read_replica_records(tmp_path)
+    with pytest.raises(MetricsError, match="no group.*jsonl in"):
+        read_replica_records(tmp_path / "empty")

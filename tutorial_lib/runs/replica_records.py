@@ -1,0 +1,112 @@
+"""What the replica groups of a torchft run recorded: each group's steps, commits and heals, read into values.
+
+``ft_train.py`` (the torchft lesson) appends one JSON line per event to ``<metrics-dir>/group<G>.jsonl``: ``start``
+when a process of the group starts, ``step`` after every optimizer step (``step``: torchft's step count after it,
+``committed``: whether that step reached the weights, ``batches_committed``, ``participants``: groups in the step's
+quorum, ``loss_local``: the group's own loss, ``weights_sha256``: a hash of every parameter's bytes), and ``heal`` when
+the group received its state from a live group (``step``: the step it joined at, ``source_group``: who sent it). A
+restarted group appends to the same file, its lines told apart by ``pid``. A group SIGKILLed while writing may leave
+half a last line: it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import MetricsError
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step of one group: ``time_s`` is ``time.time()`` in the rank (seconds since the epoch)."""
+
+    replica_group: int
+    pid: int
+    time_s: float
+    step: int
+    committed: bool
+    batches_committed: int
+    participants: int
+    loss_local: float
+    weights_sha256: str
+
+
+@dataclass(frozen=True)
+class HealRecord:
+    """A group took its state from a live group: it joined at ``step``, sent by group ``source_group``."""
+
+    replica_group: int
+    pid: int
+    time_s: float
+    step: int
+    source_group: int
+
+
+@dataclass(frozen=True)
+class ReplicaRecords:
+    """Every group's records, in the order each group wrote them.
+
+    Attributes:
+        steps: group -> its ``StepRecord``s (all its processes, in order).
+        heals: every ``HealRecord``, in time order.
+        starts: group -> the pids of its processes, in the order they started.
+    """
+
+    steps: dict[int, list[StepRecord]]
+    heals: list[HealRecord]
+    starts: dict[int, list[int]]
+
+    def committed(self, group: int, pid: int | None = None) -> list[StepRecord]:
+        """Group ``group``'s committed steps (of process ``pid`` only, if given)."""
+        return [r for r in self.steps.get(group, []) if r.committed and (pid is None or r.pid == pid)]
+
+    def longest_commit_gap_s(self, group: int, after_s: float) -> float:
+        """The time between group ``group``'s last commit before ``after_s`` and its first commit after it (seconds):
+        how long it stalled after, say, another group was killed at ``after_s``.
+
+        Raises:
+            MetricsError: it committed no step before, or none after, ``after_s``.
+        """
+        times = [r.time_s for r in self.committed(group)]
+        before = [t for t in times if t <= after_s]
+        after = [t for t in times if t > after_s]
+        if not before or not after:
+            raise MetricsError(f"group {group} committed {len(before)} step(s) before and {len(after)} after "
+                               f"time {after_s:.3f}: a gap needs one on each side")
+        return min(after) - max(before)
+
+
+def read_replica_records(metrics_dir: str | os.PathLike) -> ReplicaRecords:
+    """Read every ``group<G>.jsonl`` in ``metrics_dir``.
+
+    Raises:
+        MetricsError: the folder holds no ``group*.jsonl``, or a line other than a file's last is not a record (the
+            file and line named).
+    """
+    files = sorted(Path(metrics_dir).glob("group*.jsonl"))
+    if not files:
+        raise MetricsError(f"no group*.jsonl in {metrics_dir}: did the groups run ft_train.py with this --metrics-dir?")
+    steps: dict[int, list[StepRecord]] = {}
+    heals: list[HealRecord] = []
+    starts: dict[int, list[int]] = {}
+    for path in files:
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                event, group = record.pop("event"), int(record["replica_group"])
+            except (ValueError, KeyError) as e:
+                if number == len(lines):  # a SIGKILL cut the last write short
+                    continue
+                raise MetricsError(f"{path}:{number} is not a record ({e}): {line[:80]!r}") from e
+            if event == "start":
+                starts.setdefault(group, []).append(int(record["pid"]))
+            elif event == "step":
+                steps.setdefault(group, []).append(StepRecord(**record))
+            elif event == "heal":
+                heals.append(HealRecord(**record))
+    heals.sort(key=lambda h: h.time_s)
+    return ReplicaRecords(steps, heals, starts)
