@@ -133,6 +133,8 @@ def test_bad_spec_is_refused_before_launch(script, changes, match):
 def test_missing_script_and_reused_run_dir_are_refused(tmp_path, script):
     with pytest.raises(ConfigError, match="does not exist"):
         LaunchSpec(tmp_path / "nope.py").validate(gpu_count=0)
+    with pytest.raises(ConfigError, match=r"is a folder, not a script: give the .py file to run \(in it: ddp_train.py\)"):
+        LaunchSpec(script.parent).validate(gpu_count=0)  # issue 48: a folder was "does not exist; create it"
     (script.parent / "command.txt").write_text("earlier launch")
     with pytest.raises(ConfigError, match="already holds a launch"):
         LaunchSpec(script).validate(gpu_count=0)

@@ -118,8 +118,13 @@ class LaunchSpec:
         Reads only: whether ``run_dir`` can be written is found when the launch starts, by writing its
         ``command.txt`` (before any process starts)."""
         script = Path(self.script)
+        if script.is_dir():
+            scripts = sorted(p.name for p in script.glob("*.py"))[:5]
+            raise ConfigError(f"script {str(script)!r} is a folder, not a script: give the .py file to run"
+                              + (f" (in it: {', '.join(scripts)})" if scripts else " (it holds no .py file)"))
         if not script.is_file():
-            raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir)")
+            raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir), or "
+                              f"give the path of your own script")
         check_script_syntax(script)  # a SyntaxError in the cell, before anything starts
         for name in ("timeout_s", "sample_memory_hz", "max_output_lines_per_s", "shutdown_grace_s",
                      "rendezvous_timeout_s"):
