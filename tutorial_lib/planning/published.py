@@ -53,14 +53,14 @@ GB = 10 ** 9  # the papers' gigabyte (ZeRO's Figure 1 reads 7.5e9 x 16 bytes as 
 
 @dataclass(frozen=True)
 class PublishedFigure:
-    """One number a paper printed, with where it is and what it assumed.
+    """One number a paper or a benchmark page printed, with where it is and what it assumed.
 
     Attributes:
-        source: the paper (authors, year, title, where published).
+        source: the paper (authors, year, title, where published) or the page (repository, file, date).
         where: the figure or table, and the row.
         quantity: what the number measures.
         value: the number as printed.
-        unit: its unit as printed (GB = 1e9 bytes).
+        unit: its unit as printed (GB = 1e9 bytes, GiB = 2**30 bytes).
         conditions: the setting the number is for, in words.
     """
 
@@ -121,7 +121,7 @@ ZERO_DIFFERENCES = {
 }
 # Stage 1 is not a traced row, and why (torch/distributed/optim/zero_redundancy_optimizer.py, torch 2.8 and 2.13).
 ZERO_UNTRACED = {1: (
-    "not traced: torch's equivalent is DDP with torch.distributed.optim.ZeroRedundancyOptimizer(AdamW). train_lm.py "
+    "not traced yet: torch's equivalent is DDP with torch.distributed.optim.ZeroRedundancyOptimizer(AdamW). train_lm.py "
     "does not build it: its DCP checkpoints read the optimizer through get_state_dict, and "
     "ZeroRedundancyOptimizer.state_dict() raises unless consolidate_state_dict(to=rank) has gathered every rank's "
     "state first. And its partition gives whole parameters to ranks, greedily per parameter group "
