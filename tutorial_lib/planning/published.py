@@ -89,7 +89,7 @@ ZERO_FIGURE_1 = {
 # (the configurations of Figures 2-4) lists 1.5 B (48 layers x 1600), 8 B (72 x 3072) and ranges at widths 1920-8192,
 # none of 7.5 B. So: train_lm.py's GPT (untied head, learned positions, no biases, GPT-2's vocabulary padded to
 # 50304, 1024 positions) at GPT-3 6.7B's width and heads (Brown et al. 2020, Table 2.1: 4096, 32) with the layer count
-# whose total is nearest 7.5e9: 35 layers, 7,463,530,496 parameters (0.49% below Psi). Every first dimension divides
+# whose total is nearest 7.5e9: 35 layers, 7,463,006,208 parameters (0.49% below Psi). Every first dimension divides
 # by 64 (4096, 12288, 16384, 50304 = 64 x 786, 1024), so FSDP's shards are exact.
 ZERO_STAND_IN = {"n_layers": 35, "d_model": 4096, "n_heads": 32}
 # The control: a model 7.0% smaller than Psi, built another way (14 layers of width 6144, 48 heads: 6.97 B parameters;
