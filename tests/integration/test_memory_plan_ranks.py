@@ -44,3 +44,18 @@ def test_a_ddp_plan_with_its_peak_in_backward_equals_the_run(tmp_path):
         table = tl.compare_plan(plan, snapshot, rank=rank)
         assert (table["difference_bytes"] == 0).all(), (rank, table)
         assert table.loc["gradients", "planned_bytes"] == 4 * plan.n_params
+
+
+def test_fsdp_with_parameters_kept_gathered_until_backward_equals_its_plan(tmp_path):
+    # train_lm.py --reshard-after-forward no (fully_shard(reshard_after_forward=False): ZeRO stage 2's memory, the
+    # layout of published.zero_row(2)): each rank's measured peak is its plan's, and it holds more gathered parameters
+    # than the default layout's plan (the control: the flag reached fully_shard).
+    args = [*UNEVEN[2:], "--n-layers", 3, "--parallel", "fsdp", "--reshard-after-forward", "no"]
+    measured = tl.read_memory_snapshots(run(tmp_path, args, 2, "keep-gathered").run_dir)
+    plan = tl.plan_memory(args, world_size=2)
+    default = tl.plan_memory(args[:-2], world_size=2)
+    assert len(measured) == 2
+    for rank, snapshot in enumerate(measured):
+        assert tl.matches_plan(plan, snapshot, rank=rank), (rank, tl.compare_plan(plan, snapshot, rank=rank))
+        assert snapshot["gathered parameters"] > default.for_rank(rank)["gathered parameters"]
+    assert plan.largest_bytes["UNSHARDED_PARAM"] == 4 * plan.n_params  # every block gathered at once, in fp32 on CPU

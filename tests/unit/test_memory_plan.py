@@ -100,3 +100,19 @@ def test_the_usable_capacity_of_a_24_gb_card_is_below_24_gib():
     assert memory_plan.USABLE_GIB_4090D == 23.6
     import inspect
     assert inspect.signature(tl.memory_table).parameters["capacity_gib"].default == memory_plan.USABLE_GIB_4090D
+
+
+def test_largest_bytes_hold_each_category_at_its_largest_whenever_that_was():
+    # The static count ZeRO's Figure 1 makes (published.zero_row): gathered parameters are largest at the end of
+    # forward, gradient shards after backward; a peak snapshot holds neither whole. 2 ranks divide every first
+    # dimension here, so shards are exact halves. The control: the default layout frees each block after its forward.
+    args = ["--n-layers", 3, "--d-model", 32, "--n-heads", 2, "--block-size", 16, "--batch-size", 1,
+            "--corpus-bytes", 65536, "--parallel", "fsdp", "--precision", "fp32"]
+    kept = tl.plan_memory([*args, "--reshard-after-forward", "no"], world_size=2)
+    default = tl.plan_memory(args, world_size=2)
+    n = kept.n_params
+    assert kept.largest_bytes["UNSHARDED_PARAM"] == 4 * n  # every unit gathered at once, fp32
+    assert default.largest_bytes["UNSHARDED_PARAM"] < 4 * n
+    for plan in (kept, default):
+        assert plan.largest_bytes["SHARDED_PARAM"] == plan.largest_bytes["SHARDED_GRAD"] == 4 * n // 2
+        assert plan.largest_bytes["OPT"] == 8 * n // 2 + 4 * (6 * 3 + 4)  # two moments + AdamW's step counters

@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--parallel", choices=PARALLEL, default="fsdp",
                    help="none: one process; ddp: replicas; fsdp: fully_shard over all ranks; hsdp: fully_shard on a "
                         "2-D DeviceMesh (replicate x shard)")
+    p.add_argument("--reshard-after-forward", choices=["yes", "no"], default="yes",
+                   help="fsdp/hsdp: free each block's gathered parameters after its forward (yes: ZeRO stage 3) or "
+                        "keep them until its backward (no: one all-gather fewer, the memory of ZeRO stage 2)")
     p.add_argument("--replicate-degree", type=int, default=2,
                    help="hsdp: replicas (count; must divide the world size); each shards over world/replicas ranks")
     # The model: GPT-2's shape. 6 x 384 x 6 heads is nanoGPT's small (Shakespeare) configuration; 12 x 768 x 12 with
@@ -348,7 +351,9 @@ def build_model(args, device, mesh=None, init=True):
         # Compute (and all-gather) in bf16; keep fp32 shards and reduce gradients in fp32 ("master weights").
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)  # one unit per block: gathered just before it runs
+            # One unit per block: gathered just before it runs, freed after it (or, with reshard_after_forward=False,
+            # kept gathered from its forward until its backward).
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=args.reshard_after_forward == "yes")
         fully_shard(model, mesh=mesh, mp_policy=mp)  # the root: embeddings, final norm, head
         if dist.get_backend() == "gloo":
             # gloo's reduce-scatter in torch 2.8 treats ReduceOp.AVG as a sum (pytorch/pytorch#162338): sum, then

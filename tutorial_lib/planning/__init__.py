@@ -5,7 +5,8 @@ parameters, gradients and optimizer state; ``memory_plan``: torch's own memory t
 in fake mode, on a fake process group; ``memory_plan_tp``: the same for ``tensor_parallel.py``'s layouts;
 ``tracker_counting``: that fake process group, and how the tracker's counts stand for a CPU or a CUDA run; ``hf_plan``:
 the same for ``train_hf.py``, a Hugging Face model built from its config.json; ``published``: figures other people
-published (ZeRO's model states, Korthikanti et al.'s activations per layer) and the planner's bytes beside them;
+published (ZeRO's model states, torchtitan's reserved memory, Korthikanti et al.'s activations per layer) and the
+planner's traced bytes beside them;
 ``layer_memory``: one transformer layer (``transformer_layers``) measured by torch's tracker in fake mode, tensor by
 tensor). ``data/`` holds the stored tables that ``python -m tutorial_lib.planning.memory_plan`` and ``... .hf_plan
 table`` write, and the shipped config.json of a few public models (``data/hf_configs/``). They import a lesson script

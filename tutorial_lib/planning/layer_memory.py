@@ -402,12 +402,13 @@ def activation_comparison(*, s: int = 1024, b: int = 1, h: int = 1024, a: int = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tutorial_lib.planning.layer_memory``: print ZeRO's rows (``published.zero_rows``) and the Korthikanti breakdowns (GPT-3 175B's
+    """``python -m tutorial_lib.planning.layer_memory``: print ZeRO's rows (``published.zero_rows``: traced, about
+    half a minute) and the Korthikanti breakdowns (GPT-3 175B's
     layer: s 2048, b 1, h 12288, a 96; no parallelism, TP and TP + SP at t = 2), then the workbook comparison."""
     import pandas as pd
     pd.set_option("display.width", 200)
     pd.set_option("display.max_colwidth", 60)
-    print(zero_rows().drop(columns=["source", "planner equivalent"]).to_string())
+    print(zero_rows().drop(columns=["setup"]).to_string())
     for t, layout in ((1, "none"), (2, "tp"), (2, "tp+sp")):
         m = layer_activations(s=2048, b=1, h=12288, a=96, t=t, layout=layout)
         print(f"\n{KORTHIKANTI_TABLE_2[layout]}, t = {t}: measured {m.activation_bytes} bytes, paper "

@@ -72,7 +72,8 @@ from pathlib import Path
 
 from ..errors import ConfigError, MetricsError
 from .memory_model import bytes_per_parameter, shard_rows
-from .tracker_counting import CUDA_MIN_ALLOCATE, DEVICES, counted_as_cuda, device_snapshot, fake_world
+from .tracker_counting import (CUDA_MIN_ALLOCATE, DEVICES, counted_as_cuda, device_snapshot, fake_world,
+                               largest_by_category)
 from ..notebook.script_source import import_script
 
 # The tracker's categories (FSDPMemTracker's _FSDPRefType, MemTracker's _MemRefType) -> the plan's.
@@ -119,6 +120,8 @@ class MemoryPlan:
         peak_rank: the rank whose planned total is largest (the first of them when several tie).
         device: the device whose tracker the plan counts as (``"cpu"``: exact bytes; ``"cuda"``: every storage rounded
             up to 512 bytes, AdamW's ``step`` counters left out, as torch's tracker counts a CUDA run).
+        largest_bytes: rank 0's ``{tracker category: bytes}`` (``SHARDED_PARAM``, ``UNSHARDED_PARAM``, ``GRAD``, ``OPT``,
+            ...), each at its largest in the step, whenever that was (``largest_by_category``): a static count.
     """
 
     args: tuple[str, ...]
@@ -135,6 +138,7 @@ class MemoryPlan:
     rank_peak_bytes: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     peak_rank: int = 0
     device: str = "cpu"
+    largest_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def for_rank(self, rank: int) -> Mapping[str, int]:
         """Rank ``rank``'s ``{category: bytes}`` at its peak (``peak_bytes`` when the plan has no per-rank plans).
@@ -262,7 +266,7 @@ def plan_memory(args: Sequence[object] = (), *, world_size: int = 1, script: str
                       plan_time_s=time.perf_counter() - start, torch_version=torch.__version__,
                       unsimulated_bytes=unsimulated, notes=tuple(notes), collective_buffer_bytes=unsimulated,
                       rank_peak_bytes={rank: dict(plans[rank]) for rank in sorted(plans)}, peak_rank=peak_rank,
-                      device=device)
+                      device=device, largest_bytes=traced.largest)
 
 
 def _every_rank(module, parsed, world_size: int, device: str, rank0: dict, shapes) -> tuple[dict, list]:
@@ -292,6 +296,7 @@ class _Traced:
     n_params: int  # parameters of the model
     largest_unit: int  # parameters of the largest FSDP unit (a block, or the root's own)
     shapes: tuple  # every parameter's global shape
+    largest: dict  # each category at its largest in the tracked step (largest_by_category)
 
 
 def _traced_step(module, parsed, world_size: int, *, rank: int = 0, device: str = "cpu",
@@ -331,10 +336,11 @@ def _traced_step(module, parsed, world_size: int, *, rank: int = 0, device: str 
                 with tracker:
                     module.train_step(model, optimizer, scaler, batches, parsed, cpu)
             snapshot = device_snapshot(tracker.get_tracker_snapshot("peak"), device)
+            largest = largest_by_category(tracker, device)
             n_params = sum(p.numel() for p in model.parameters())
             shapes = tuple(tuple(p.shape) for p in model.parameters())
             block_numels = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
-    return _Traced(snapshot, n_params, max(block_numels + [n_params - sum(block_numels)]), shapes)
+    return _Traced(snapshot, n_params, max(block_numels + [n_params - sum(block_numels)]), shapes, largest)
 
 
 def read_memory_snapshots(run_dir: str | Path) -> list[dict[str, int]]:

@@ -78,6 +78,22 @@ def device_snapshot(peak: Mapping, device: str) -> dict:
     return {}
 
 
+def largest_by_category(tracker, device: str) -> dict:
+    """Each category at its largest over a tracker's snapshots: its peak and the snapshots torch's ``MemTracker``
+    takes at every module's boundaries (``memory_tracking[module].snapshots``: before and after each forward and
+    backward; ``FSDPMemTracker`` adds its units' all-gathers and reduce-scatters), ``{category: bytes}`` of ``device``.
+
+    Categories can be at their largest at different moments (gathered parameters at the end of forward, gradients
+    after backward): the sum is what a static count, such as ZeRO's model states, adds up; not a moment's total."""
+    out = dict(device_snapshot(tracker.get_tracker_snapshot("peak"), device))
+    for stats in tracker.memory_tracking.values():
+        for snapshots in stats.snapshots.values():
+            for snapshot in snapshots:
+                for name, value in device_snapshot(snapshot, device).items():
+                    out[name] = max(out.get(name, 0), value)
+    return out
+
+
 @contextlib.contextmanager
 def counted_as_cuda(optimizer=None):
     """While active, torch's memory trackers count a CPU storage as a CUDA one: rounded up to 512 bytes
@@ -106,4 +122,4 @@ def counted_as_cuda(optimizer=None):
         mem_tracker._WeakRefInfo.create_winfo = original
 
 
-__all__ = ["fake_world", "counted_as_cuda", "device_snapshot", "CUDA_MIN_ALLOCATE", "DEVICES"]
+__all__ = ["fake_world", "counted_as_cuda", "device_snapshot", "largest_by_category", "CUDA_MIN_ALLOCATE", "DEVICES"]
