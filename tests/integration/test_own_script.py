@@ -98,6 +98,29 @@ def test_a_launchspec_without_run_dir_leaves_your_folder_as_it_was_launch_after_
         assert f"in {folder}" in (result.run_dir / "output.log").read_text(), "the ranks ran in the script's folder"
 
 
+def test_a_lesson_copied_alone_into_your_folder_runs_there_and_each_launch_keeps_its_own_metrics(tmp_path, run_root,
+                                                                                                 monkeypatch):
+    """Issue 48: ``myproj/ddp_train.py``, a shipped lesson the learner copied by hand into an empty folder, was taken
+    for a lesson's run directory (``tl.launch`` wrote command.txt, logs/, metrics/, output.log, run.json and samples/
+    into it and refused the second launch), and through ``run_script`` its metrics piled up in ``myproj/metrics/``
+    until ``result.metrics()`` raised. Now the folder stays the learner's (only ``write_script``'s copies make a run
+    directory) and the script's ``--metrics-dir`` points into each launch's run directory."""
+    monkeypatch.setenv("TUTORIAL_LIB_RUNS_DIR", str(run_root))
+    folder = tmp_path / "myproj"
+    folder.mkdir()
+    shutil.copy(tl.write_script("ddp_train", tl.new_run_dir("source", tmp_path)), folder)
+    before = snapshot(folder)
+    launched = tl.launch(tl.LaunchSpec(folder / "ddp_train.py", args=["--max-steps", 2], nproc_per_node=2,
+                                       device="cpu", timeout_s=120, live="off"))
+    again = [tl.run_script(folder / "ddp_train.py", ["--max-steps", steps], nproc_per_node=2, device="cpu",
+                           timeout_s=120, runs_dir=run_root, live="off") for steps in (3, 4)]
+    assert snapshot(folder) == before and os.listdir(folder) == ["ddp_train.py"], sorted(os.listdir(folder))
+    for result, steps in zip([launched, *again], (2, 3, 4)):
+        assert result.run_dir.parent == run_root.resolve()
+        assert sorted(result.metrics().groupby("rank")["step"].count().tolist()) == [steps, steps], result.run_dir
+        assert f"--metrics-dir {result.run_dir / 'metrics'}" in (result.run_dir / "command.txt").read_text()
+
+
 def test_a_folder_holding_your_own_launch_files_is_kept_and_never_read_as_the_runs(tmp_path, run_root, monkeypatch):
     """A fresh user's report: launching a script whose folder (then the default run_dir) held their own output.log,
     run.json and metrics/rank0.jsonl replaced the first two and read the third as the run's metrics. Now the launch

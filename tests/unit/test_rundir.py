@@ -1,5 +1,7 @@
 """Run directories and scripts on disk: unique, confined, never overwritten, shown with line numbers."""
 
+import shutil
+
 import pytest
 
 import tutorial_lib as tl
@@ -127,6 +129,14 @@ def test_a_lessons_run_directory_is_told_from_a_learners_folder(tmp_path):
     (project / "train.py").unlink()
     (project / "data").mkdir()
     assert not is_lesson_run_dir(project), "a data folder is the learner's"
+    by_hand = tmp_path / "myproj"
+    by_hand.mkdir()
+    shutil.copy(LESSONS_DIR / "ddp_train.py", by_hand)  # issue 48: a lesson copied alone, by hand
+    assert not is_lesson_run_dir(by_hand), "a lesson the learner copied by hand into their folder is theirs"
+    written = tmp_path / "written"
+    written.mkdir()
+    tl.write_script("ddp_train", written)
+    assert is_lesson_run_dir(written), "write_script's copy in a plain folder makes it a run directory"
     made = tl.new_run_dir("mine", tmp_path)
     (made / "mine.py").write_text("print('mine')\n")
     assert is_lesson_run_dir(made), "a script of one's own copied into a folder new_run_dir made for it"

@@ -8,6 +8,8 @@ starts the processes. The command builders are unit-tested without launching, as
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import os
 import shlex
 import sys
@@ -15,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runs.rundir import node_log_dir, observed_dir
+from ..runs.rundir import METRICS_SUBDIR, node_log_dir, observed_dir
 from .devices import DevicePlan, node_visible_devices
 from .environment import build_env, with_observer
 from .spec import LaunchSpec
@@ -98,6 +100,11 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
     script = Path(spec.script).resolve()
     run_dir = Path(spec.run_dir).resolve() if spec.run_dir is not None else script.parent
     cwd = spec.working_folder()
+    if cwd != run_dir and declares_option(script, METRICS_FLAG) and not any(
+            str(a).split("=")[0] == METRICS_FLAG for a in spec.args):
+        # A lesson copied into the learner's folder runs there, but its per-step metrics go to this run's directory:
+        # one file per run, never appended to the last run's in the learner's folder.
+        spec = dataclasses.replace(spec, args=[*spec.args, METRICS_FLAG, str(run_dir / METRICS_SUBDIR)])
     nodes = tuple(spec.start_nodes) if spec.start_nodes is not None else tuple(range(spec.nnodes))
     job_env = build_env(device_plan, spec.env, shutdown_grace_s=spec.shutdown_grace_s, max_restarts=spec.max_restarts)
     job_env = with_observer(job_env, observed_dir(run_dir) if spec.observe else None)  # the ranks' observer, or none
@@ -170,3 +177,17 @@ def command_port(command: Sequence[str]) -> int | None:
         if flag == "--rdzv-endpoint":
             return int(value.rsplit(":", 1)[1])
     return None
+
+
+METRICS_FLAG = "--metrics-dir"  # the lessons' option for where each rank writes its metrics JSON lines
+
+
+def declares_option(script: str | os.PathLike, option: str) -> bool:
+    """Whether ``script``'s source passes ``option`` (``"--metrics-dir"``) to a call (argparse's ``add_argument``),
+    read with ``ast`` without running it; ``False`` for a file that cannot be read or parsed."""
+    try:
+        tree = ast.parse(Path(script).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(isinstance(node, ast.Call) and any(isinstance(a, ast.Constant) and a.value == option for a in node.args)
+               for node in ast.walk(tree))

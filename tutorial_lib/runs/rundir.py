@@ -120,10 +120,10 @@ def launch_outputs_in(run_dir: str | os.PathLike) -> list[str]:
 def is_lesson_run_dir(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` is a run directory made for the script in it: a folder ``new_run_dir`` made (its
     ``<stamp>-<label>`` name), whatever a launch or the learner left in it since (a second launch there is refused);
-    or a folder holding only copies of shipped scripts (``write_script``'s) and what a launch of them writes
-    (``LAUNCH_OUTPUTS``, ``checkpoints/``). A folder holding anything else (a learner's project: ``train.py``
-    beside ``data/``, their own ``output.log``) is not: ``launch`` gives a script there a fresh run directory, so
-    nothing the launcher writes lands beside the learner's files.
+    or a folder holding only copies ``write_script`` made (its ``WRITTEN_SCRIPTS`` list) and what a launch of them
+    writes (``LAUNCH_OUTPUTS``, ``checkpoints/``). A folder holding anything else (a learner's project: ``train.py``
+    beside ``data/``, their own ``output.log``, a lesson they copied by hand) is not: ``launch`` gives a script there
+    a fresh run directory, so nothing the launcher writes lands beside the learner's files.
 
     Args:
         folder: an existing folder (a script's parent). Hidden entries and ``__pycache__`` are not counted.
@@ -131,10 +131,22 @@ def is_lesson_run_dir(folder: str | os.PathLike) -> bool:
     folder = Path(folder)
     if _STAMPED_RE.match(folder.name) is not None:
         return True
-    lessons, outputs = set(available_scripts()), {*LAUNCH_OUTPUTS, CHECKPOINTS_SUBDIR}
+    outputs = {*LAUNCH_OUTPUTS, CHECKPOINTS_SUBDIR}
     names = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != "__pycache__"]
-    scripts = [p for p in names if p.suffix == ".py" and p.is_file() and p.stem in lessons]
+    scripts = [p for p in names if p.suffix == ".py" and p.is_file() and p.name in _written_here(folder)]
     return bool(scripts) and all(p in scripts or p.name in outputs for p in names)
+
+
+WRITTEN_SCRIPTS = ".written-scripts"  # write_script's list of the lesson copies it made in a folder, one name a line
+
+
+def _written_here(folder: Path) -> set[str]:
+    """The scripts ``write_script`` copied into ``folder`` (its ``WRITTEN_SCRIPTS`` list); a lesson a learner copied by
+    hand is not among them, so the folder stays the learner's."""
+    try:
+        return set((folder / WRITTEN_SCRIPTS).read_text().split())
+    except OSError:
+        return set()
 
 
 def default_runs_root() -> Path:
@@ -214,6 +226,9 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
     if target.exists():
         raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
     shutil.copyfile(LESSONS_DIR / f"{stem}.py", target)
+    if _STAMPED_RE.match(run_dir.name) is None:  # a folder new_run_dir made is a run directory anyway
+        with open(run_dir / WRITTEN_SCRIPTS, "a") as written:  # is_lesson_run_dir tells this copy from a learner's
+            written.write(target.name + "\n")
     return target.resolve()
 
 
