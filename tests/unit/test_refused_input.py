@@ -101,14 +101,14 @@ def test_run_script_refuses_a_bad_script_argument_and_leaves_no_run_directory(tm
     root = tmp_path / "runs"
     with pytest.raises(ConfigError, match="unrecognized arguments: --max-stepz"):
         tl.run_script("ddp_train", ["--max-stepz", 2], runs_dir=root, device="cpu")
-    assert list(root.iterdir()) == []
+    assert not root.exists(), "the runs folder made for the refused launch is gone with it"
 
 
 def test_a_bad_spec_for_your_own_script_leaves_no_run_directory_and_your_folder_untouched(users_folder, tmp_path):
     root, before = tmp_path / "runs", snapshot(users_folder)
     with pytest.raises(ConfigError, match="device must be one of"):
         tl.run_script(users_folder / "myfmt.py", runs_dir=root, device="gpu")
-    assert list(root.iterdir()) == [] and snapshot(users_folder) == before
+    assert not root.exists() and snapshot(users_folder) == before
 
 
 @pytest.mark.parametrize("call", [
@@ -125,6 +125,20 @@ def test_a_misspelt_script_name_says_did_you_mean_and_makes_nothing(tmp_path, mo
     with pytest.raises(ConfigError, match="ddp_trian.*did you mean 'ddp_train'\\?"):
         call(root)
     assert os.listdir(tmp_path) == ["runs"] and list(root.iterdir()) == []
+
+
+def test_a_refused_launch_leaves_no_runs_folder_but_keeps_one_that_was_there(tmp_path, monkeypatch):
+    """Issue 48: every refused launch left an empty ``runs/`` in the working folder; one that was there stays."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TUTORIAL_LIB_RUNS_DIR", raising=False)
+    for call in (lambda: tl.run_script("ddp_train", ["--bogus"]), lambda: tl.run_script("ddp_train", nproc_per_node=0)):
+        with pytest.raises(ConfigError):
+            call()
+        assert os.listdir(tmp_path) == []
+    (tmp_path / "runs").mkdir()  # the learner's own (empty) runs folder
+    with pytest.raises(ConfigError):
+        tl.run_script("ddp_train", ["--bogus"])
+    assert os.listdir(tmp_path) == ["runs"] and os.listdir(tmp_path / "runs") == []
 
 
 def test_run_in_process_refuses_bad_arguments_and_leaves_no_run_directory(tmp_path):
