@@ -214,3 +214,17 @@ def test_a_kernel_killed_outright_takes_its_lighthouse_and_groups_along(tmp_path
     gone, alive = psutil.wait_procs(processes, timeout=30)  # until every one has ended
     from tutorial_lib.launcher.processes import is_alive
     assert [p for p in alive if is_alive(p)] == [], "left running after the kernel died"
+
+
+def test_a_drill_phase_that_cannot_happen_is_an_error_naming_the_wait_and_the_groups_output(tmp_path):
+    """run_failure_drill's waits (notebook 15): a group that exits (here ft_train.py refusing --max-steps 0, exit code 2) ends the
+    wait at once with what was awaited and the group's last torchrun lines, not after the phase's timeout."""
+    from tutorial_lib.launcher.failure_drill import wait_for_records
+    started = time.monotonic()
+    with start_lighthouse(tmp_path / "lighthouse.log") as lighthouse, \
+            start_replica_groups(LESSONS_DIR / "ft_train.py", lighthouse=lighthouse, num_groups=1, run_dir=tmp_path,
+                                 args=["--max-steps", 0]) as groups:
+        with pytest.raises(LaunchError, match=r"waiting for a first commit: group\(s\) \[0\] ended;.*exitcode  : 2"):
+            wait_for_records(groups, "a first commit", lambda r: bool(r.committed(0)), timeout_s=120)
+    assert time.monotonic() - started < 100, "it did not wait for the timeout"
+    assert leftover_processes(groups) == [] and not lighthouse.alive()
