@@ -228,3 +228,16 @@ def test_a_drill_phase_that_cannot_happen_is_an_error_naming_the_wait_and_the_gr
             wait_for_records(groups, "a first commit", lambda r: bool(r.committed(0)), timeout_s=120)
     assert time.monotonic() - started < 100, "it did not wait for the timeout"
     assert leftover_processes(groups) == [] and not lighthouse.alive()
+
+
+@needs_torchft
+def test_a_drill_that_times_out_stops_its_lighthouse_and_groups_before_it_raises(tmp_path):
+    """Notebook 15's cell fails (a phase longer than its timeout): the error comes after everything it started ended."""
+    import psutil
+
+    from tutorial_lib.launcher.failure_drill import run_failure_drill
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(LaunchError, match=r"waiting for 5 commits of every group together: 0\.5 s passed"):
+        run_failure_drill(runs_dir=tmp_path, timeout_s=0.5)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != "zombie"]
+    assert left == [], [(p.pid, p.cmdline()) for p in left]
