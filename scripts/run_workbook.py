@@ -13,7 +13,9 @@ Executed notebooks go to ``<output-dir>/<name>.ipynb``, run directories of the t
 They reach the notebooks' ``parameters`` cell and through it the training subprocesses. A parameter that none of
 the notebooks to run declares (a typo such as ``-p NPROCS 3``) is refused before anything runs, naming the closest
 declared one (papermill itself only warns and runs the notebook with its default). Every notebook gets a row in the
-summary table, whatever it raised; exits 1 if any notebook fails or a parameter is refused, 2 for a bad option (an
+summary table, whatever it raised. A notebook whose modules this interpreter cannot import (``REQUIRES``: notebook 15
+needs torchft, whose wheels are for Linux x86_64 and which the torch 2.8 compat venv lacks) is skipped, the reason
+printed in its row; exits 1 if any notebook fails or a parameter is refused, 2 for a bad option (an
 output folder that would overwrite the lesson notebooks, a limit that is not > 0) before anything runs.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import os
 import platform
 import re
@@ -40,6 +43,24 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+
+
+# Modules a notebook needs beyond the workbook's own: without them it is skipped, not failed, its reason printed.
+REQUIRES = {"15_fault_tolerance": ("torchft", "numpy")}
+
+
+def missing_modules(name: str, find_spec=importlib.util.find_spec) -> list[str]:
+    """The modules ``REQUIRES`` lists for notebook ``name`` (a stem) that this interpreter cannot import."""
+    return [module for module in REQUIRES.get(name, ()) if find_spec(module) is None]
+
+
+def skip_reason(name: str, find_spec=importlib.util.find_spec) -> str | None:
+    """Why notebook ``name`` cannot run with this interpreter, or ``None`` when it can."""
+    missing = missing_modules(name, find_spec)
+    if not missing:
+        return None
+    return (f"skipped: {' and '.join(missing)} not importable in {sys.executable} (pip install "
+            f"{' '.join(REQUIRES[name])}; torchft's wheels are for Linux x86_64, see pyproject.toml)")
 
 
 def positive_seconds(text: str) -> int:
@@ -238,6 +259,11 @@ def run_notebooks(notebooks: list[Path], out_dir: Path, notebooks_dir: Path, par
     rows = []
     for i, nb in enumerate(notebooks, 1):
         print(f"[{i}/{len(notebooks)}] {nb.name} ...", flush=True)
+        skipped = skip_reason(nb.stem)
+        if skipped:
+            rows.append((nb.name, skipped, 0.0))
+            print(f"    {skipped}", flush=True)
+            continue
         start = time.monotonic()
         status = "ok"
         try:
@@ -298,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'notebook':<{width}}  {'seconds':>7}  status")
     for name, status, seconds in rows:
         print(f"{name:<{width}}  {seconds:7.1f}  {status}")
-    failed = sum(1 for r in rows if r[1] != "ok")
-    print(f"\n{len(rows) - failed} passed, {failed} failed; executed notebooks in {out_dir}")
+    skipped = sum(1 for r in rows if r[1].startswith("skipped:"))
+    failed = sum(1 for r in rows if r[1] != "ok") - skipped
+    also = f", {skipped} skipped" if skipped else ""
+    print(f"\n{len(rows) - failed - skipped} passed, {failed} failed{also}; executed notebooks in {out_dir}")
     return 1 if failed else 0
 
 

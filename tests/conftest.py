@@ -7,6 +7,7 @@ integration"`` is the quick set); ``notebooks/`` over the workbook's notebooks (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -151,6 +152,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         # nbval: a notebook's cells tagged "slurm" print what the cluster did; where there is none they print why
         # they skipped instead, which no stored output can match (papermill runs them and checks the reason).
+        # nbval: notebook 15 needs torchft and numpy (issue 47; torchft's wheels are Linux x86_64 only), as
+        # scripts/run_workbook.py's REQUIRES says: where they are missing its cells skip, naming them.
+        if Path(str(item.fspath)).stem == "15_fault_tolerance" and getattr(item, "cell", None) is not None:
+            missing = [m for m in ("torchft", "numpy") if importlib.util.find_spec(m) is None]
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=f"{' and '.join(missing)} not importable in {sys.executable}"))
         if "slurm" in getattr(getattr(item, "cell", None), "metadata", {}).get("tags", []):
             slurm_reason = slurm_unavailable_reason() if slurm_reason is ... else slurm_reason
             if slurm_reason is not None:

@@ -33,7 +33,9 @@ from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, Rank
 from .i18n import language, set_language
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
+from .launcher.failure_drill import FailureDrill, run_failure_drill
 from .launcher.in_process import export_hf, run_in_process
+from .launcher.replicas import start_lighthouse, start_replica_groups
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
 from .launcher.slurm_job import SlurmJob
@@ -62,6 +64,7 @@ from .runs.metrics import (last_steps, loss_curves, read_collectives, read_memor
 from .runs.observed import ObservedRank, ObservedRun, read_observed
 from .runs.pipeline import (gpipe_bubble, idle_fractions, in_flight, measured_idle, order_violations, pipeline_events,
                             replay_slots)
+from .runs.replica_records import ReplicaRecords, read_replica_records, steps_table
 from .runs.printed_metrics import DEFAULT_LOSS_PATTERN, read_printed_metrics
 from .runs.profiling import (overlap_intervals, read_allreduce_launches, read_trace_intervals, step_breakdown,
                              trace_files)
@@ -103,4 +106,6 @@ __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavaila
 __all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
 __all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exercises: checked on real ranks
 __all__ += ["ObservedRank", "ObservedRun", "read_observed"]  # observe=True: what each rank did, as torch saw it
+__all__ += ["FailureDrill", "ReplicaRecords", "read_replica_records", "run_failure_drill", "start_lighthouse",
+            "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
 __version__ = "0.1.0"

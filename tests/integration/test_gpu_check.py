@@ -66,7 +66,7 @@ def test_plan_covers_every_script_and_every_notebook_on_cuda(gpus):
     notebooks = [c for c in checks if c.kind == "notebook"]
     assert sorted(c.name for c in scripts) == sorted(SHIPPED_SCRIPTS)
     assert all(len(c.launches) == 1 and c.launches[0].script == c.name and c.launches[0].device == "cuda" for c in scripts)
-    assert sorted(c.name for c in notebooks) == sorted(NOTEBOOKS) and len(NOTEBOOKS) == 15
+    assert sorted(c.name for c in notebooks) == sorted(NOTEBOOKS) and len(NOTEBOOKS) == 16
     assert all(c.parameters["DEVICE"] == "cuda" for c in notebooks)
     assert all(c.asserts for c in checks), "every check says what it asserts"
     assert len({c.label for c in checks}) == len(checks)

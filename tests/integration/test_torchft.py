@@ -214,3 +214,30 @@ def test_a_kernel_killed_outright_takes_its_lighthouse_and_groups_along(tmp_path
     gone, alive = psutil.wait_procs(processes, timeout=30)  # until every one has ended
     from tutorial_lib.launcher.processes import is_alive
     assert [p for p in alive if is_alive(p)] == [], "left running after the kernel died"
+
+
+def test_a_drill_phase_that_cannot_happen_is_an_error_naming_the_wait_and_the_groups_output(tmp_path):
+    """run_failure_drill's waits (notebook 15): a group that exits (here ft_train.py refusing --max-steps 0, exit code 2) ends the
+    wait at once with what was awaited and the group's last torchrun lines, not after the phase's timeout."""
+    from tutorial_lib.launcher.failure_drill import wait_for_records
+    started = time.monotonic()
+    with start_lighthouse(tmp_path / "lighthouse.log") as lighthouse, \
+            start_replica_groups(LESSONS_DIR / "ft_train.py", lighthouse=lighthouse, num_groups=1, run_dir=tmp_path,
+                                 args=["--max-steps", 0]) as groups:
+        with pytest.raises(LaunchError, match=r"waiting for a first commit: group\(s\) \[0\] ended;.*exitcode  : 2"):
+            wait_for_records(groups, "a first commit", lambda r: bool(r.committed(0)), timeout_s=120)
+    assert time.monotonic() - started < 100, "it did not wait for the timeout"
+    assert leftover_processes(groups) == [] and not lighthouse.alive()
+
+
+@needs_torchft
+def test_a_drill_that_times_out_stops_its_lighthouse_and_groups_before_it_raises(tmp_path):
+    """Notebook 15's cell fails (a phase longer than its timeout): the error comes after everything it started ended."""
+    import psutil
+
+    from tutorial_lib.launcher.failure_drill import run_failure_drill
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(LaunchError, match=r"waiting for 5 commits of every group together: 0\.5 s passed"):
+        run_failure_drill(runs_dir=tmp_path, timeout_s=0.5)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != "zombie"]
+    assert left == [], [(p.pid, p.cmdline()) for p in left]

@@ -8,7 +8,8 @@ import pytest
 
 from tutorial_lib.errors import ConfigError, MetricsError
 from tutorial_lib.launcher.replicas import LIGHTHOUSE_PROGRAM, group_env, lighthouse_command, start_replica_groups
-from tutorial_lib.runs.replica_records import read_replica_records
+from tutorial_lib.launcher.failure_drill import run_failure_drill
+from tutorial_lib.runs.replica_records import read_replica_records, steps_table
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
@@ -88,3 +89,25 @@ def test_a_broken_line_before_the_last_is_an_error_naming_the_file_and_line(tmp_
         read_replica_records(tmp_path)
     with pytest.raises(MetricsError, match="no group.*jsonl in"):
         read_replica_records(tmp_path / "empty")
+
+
+def test_the_step_table_has_a_row_per_step_record_of_every_group_in_order(tmp_path):
+    write(tmp_path / "group0.jsonl", [step(0, 1, 1.0), step(0, 1, 1.1, committed=False), step(0, 2, 4.0)])
+    write(tmp_path / "group1.jsonl", [step(1, 2, 4.0, pid=11)])
+    table = steps_table(read_replica_records(tmp_path))
+    assert list(table[["replica_group", "step", "committed"]].itertuples(index=False, name=None)) == [
+        (0, 1, True), (0, 1, False), (0, 2, True), (1, 2, True)]
+    assert list(table.columns) == ["replica_group", "pid", "time_s", "step", "committed", "batches_committed",
+                                   "participants", "loss_local", "weights_sha256"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_groups": 1}, "num_groups must be an int >= 2, got 1"),
+    ({"kill_group": 2}, "kill_group must be one of 0..1, got 2"),
+    ({"kill_group": -1}, "kill_group must be an int >= 0, got -1"),
+    ({"steps_alone": 0}, "steps_alone must be an int >= 1, got 0"),
+    ({"steps_after_heal": 1.5}, "steps_after_heal must be an int >= 1, got 1.5")])
+def test_a_failure_drill_with_a_bad_setting_is_refused_before_anything_starts(tmp_path, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        run_failure_drill(runs_dir=tmp_path, **kwargs)
+    assert list(tmp_path.iterdir()) == [], "no run folder made, nothing started"

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import pandas as pd
 
 from ..errors import MetricsError
 
@@ -77,6 +79,13 @@ class ReplicaRecords:
             raise MetricsError(f"group {group} committed {len(before)} step(s) before and {len(after)} after "
                                f"time {after_s:.3f}: a gap needs one on each side")
         return min(after) - max(before)
+
+
+def steps_table(records: ReplicaRecords) -> pd.DataFrame:
+    """Every group's step records as one table, a row per step record (``StepRecord``'s fields as columns), in
+    each group's order."""
+    rows = [asdict(r) for group in sorted(records.steps) for r in records.steps[group]]
+    return pd.DataFrame(rows, columns=list(StepRecord.__dataclass_fields__))
 
 
 def read_replica_records(metrics_dir: str | os.PathLike) -> ReplicaRecords:
