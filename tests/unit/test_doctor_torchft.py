@@ -56,15 +56,20 @@ def test_a_heal_without_numpy_names_the_healing_group_and_the_healthy_one_it_too
         (1, 0, CauseId.DIED_WITHOUT_ERROR),  # SIGKILLed on purpose (torchrun and rank at once): no error left
         (1, 1, CauseId.TORCHFT_RECOVERY_WITHOUT_NUMPY),  # restarted without numpy: the heal failed
     ]
-    healing = diagnose_groups(RUNS / "recovery-without-numpy")[2]
-    assert healing.diagnosis.evidence == "Numpy is not available"
+    sender, _killed, healing = diagnose_groups(RUNS / "recovery-without-numpy")
+    # The restarted group fell behind (step 0 against 74) and could not catch up; the sender names whom it served.
+    assert healing.diagnosis.evidence == "at step 0, behind the others' step 74: Numpy is not available"
+    assert sender.diagnosis.evidence.startswith("at step 74, sending its state to replica rank(s) 1: ")
+    assert "Connection closed by peer" in sender.diagnosis.evidence
     assert "pip install numpy" in healing.diagnosis.fix
     assert healing.diagnosis.error == "AssertionError"  # what it raised: torchft's DDP hook after the failed heal
 
 
 def test_one_groups_start_is_a_run_directory_for_diagnose():
     folder = RUNS / "recovery-without-numpy" / "group1" / "attempt1"
-    assert tl.diagnose(folder).cause_id == CauseId.TORCHFT_RECOVERY_WITHOUT_NUMPY
+    diagnosis = tl.diagnose(folder)
+    assert (diagnosis.cause_id, diagnosis.rank, diagnosis.exit_code) == (CauseId.TORCHFT_RECOVERY_WITHOUT_NUMPY, 0, 1)
+    assert diagnosis.evidence == "Numpy is not available"
 
 
 def test_the_report_names_the_group_and_its_start_in_every_language():
@@ -91,3 +96,11 @@ def test_a_missing_lighthouse_log_leaves_the_quorum_evidence_as_the_group_logged
     (run_dir / "lighthouse.log").unlink()
     (report,) = diagnose_groups(run_dir)
     assert report.diagnosis.evidence == "no quorum for ft_train_0 within its quorum timeout"
+
+
+def test_replica_attempt_folders_are_listed_by_group_then_start_as_numbers(tmp_path):
+    from tutorial_lib.runs.replica_records import replica_attempt_dirs
+    for group, attempt in [(10, 0), (2, 1), (2, 0), (2, 10)]:
+        (tmp_path / f"group{group}" / f"attempt{attempt}").mkdir(parents=True)
+    (tmp_path / "group2" / "attempts").mkdir()  # not an attempt folder
+    assert [(g, a) for g, a, _folder in replica_attempt_dirs(tmp_path)] == [(2, 0), (2, 1), (2, 10), (10, 0)]

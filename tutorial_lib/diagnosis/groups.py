@@ -5,7 +5,10 @@
 run directory without the launcher's ``output.log``, which ``diagnose`` reads as it reads any run (the ranks' lines
 from their own logs). ``diagnose_groups(run_dir)`` diagnoses each of them and, where the lighthouse's log is given (or
 ``<run_dir>/lighthouse.log`` exists), adds what the lighthouse said to a quorum timeout: how many groups it had and
-how many it needed.
+how many it needed; to a failed heal it adds where the heal stood: the group's step and the step it was behind (a
+group that fell behind and could not catch up), or the ranks it was sending its state to. torchft prints nothing of
+its own for a group that is merely behind: it heals it (``healing required ... max_step=N``), and only a heal that
+fails is a failure.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..i18n import _
 from ..runs.replica_records import replica_attempt_dirs
+from ..runs.rundir import LOGS
+from ..torchrun.rank_logs import labelled_output
 from .cause_ids import CauseId
 from .doctor import diagnose
 from .report import Diagnosis
-from .torchft_causes import QUORUM_STATUS
+from .torchft_causes import HEALING, QUORUM_STATUS, RECOVERY_FAILED, SENDING
 
 LIGHTHOUSE_LOG = "lighthouse.log"  # where the workbook's notebooks and tests put it: start_lighthouse(run_dir / ...)
 
@@ -73,6 +78,22 @@ def _lighthouse_status(log_path: Path) -> str:
     return f"the lighthouse had {found[-1]['have']} group(s), needed min_replicas {found[-1]['need']}" if found else ""
 
 
+def _heal_context(folder: Path) -> str:
+    """Where this start's failed heal stood: ``"at step 0, behind the others' step 74"`` (it was healing) or ``"at
+    step 74, sending its state to replica rank(s) 1"``, from the last such line before torchft's ``got exception in
+    recovery``; ``""`` when its logs have none."""
+    context = ""
+    for line in labelled_output(folder / LOGS).splitlines():
+        if RECOVERY_FAILED.search(line):
+            return context
+        healing, sending = HEALING.search(line), SENDING.search(line)
+        if healing:
+            context = f"at step {healing['step']}, behind the others' step {healing['max_step']}"
+        elif sending:
+            context = f"at step {sending['step']}, sending its state to replica rank(s) {sending['ranks']}"
+    return ""
+
+
 def diagnose_groups(run_dir: str | os.PathLike, *, lighthouse_log: str | os.PathLike | None = None
                     ) -> list[GroupDiagnosis]:
     """Diagnose every start of every replica group of a torchft run (``start_replica_groups``' ``run_dir``).
@@ -102,5 +123,8 @@ def diagnose_groups(run_dir: str | os.PathLike, *, lighthouse_log: str | os.Path
         diagnosis = diagnose(folder)
         if diagnosis.cause_id == CauseId.TORCHFT_QUORUM_TIMEOUT and status:
             diagnosis.evidence = f"{diagnosis.evidence}; {status}"
+        if diagnosis.cause_id in (CauseId.TORCHFT_RECOVERY_FAILED, CauseId.TORCHFT_RECOVERY_WITHOUT_NUMPY):
+            context = _heal_context(folder)
+            diagnosis.evidence = f"{context}: {diagnosis.evidence}" if context else diagnosis.evidence
         result.append(GroupDiagnosis(group, attempt, diagnosis))
     return result

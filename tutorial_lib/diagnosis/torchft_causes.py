@@ -34,6 +34,10 @@ LIGHTHOUSE_CLIENT = re.compile(r"Creating LighthouseClient")  # the Manager conn
 QUORUM_TIMEOUT = re.compile(r"lighthouse quorum failed\. error: .*Timeout expired")
 RECOVERY_FAILED = re.compile(r"got exception in recovery: (?P<why>.*)")
 RECOVERY_NO_NUMPY = re.compile(r"got exception in recovery: Numpy is not available")
+# Where a heal stood when it failed: the group's own step (torchft's log prefix) and the step it had to reach, or the
+# replica ranks it was sending its state to.
+HEALING = re.compile(r"- step (?P<step>\d+)\] healing required, .*max_step=(?P<max_step>\d+)")
+SENDING = re.compile(r"- step (?P<step>\d+)\] peers need recovery from us \[(?P<ranks>[\d, ]*)\]")
 # The lighthouse's own line (its log, not a group's): who it waits for when it forms no quorum.
 QUORUM_STATUS = re.compile(r"Quorum status: New quorum not ready, only have (?P<have>\d+) participants, need "
                            r"min_replicas (?P<need>\d+)")
