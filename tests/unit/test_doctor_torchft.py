@@ -104,3 +104,12 @@ def test_replica_attempt_folders_are_listed_by_group_then_start_as_numbers(tmp_p
         (tmp_path / f"group{group}" / f"attempt{attempt}").mkdir(parents=True)
     (tmp_path / "group2" / "attempts").mkdir()  # not an attempt folder
     assert [(g, a) for g, a, _folder in replica_attempt_dirs(tmp_path)] == [(2, 0), (2, 1), (2, 10), (10, 0)]
+
+
+def test_the_doctor_command_reports_every_start_of_a_replica_group_run(capsys):
+    from tutorial_lib.__main__ import main
+    assert main(["doctor", str(RUNS / "recovery-without-numpy")]) == 1
+    out = capsys.readouterr().out
+    starts = [line for line in out.splitlines() if line.startswith("replica group ")]
+    assert starts == ["replica group 0, start 0:", "replica group 1, start 0:", "replica group 1, start 1:"]
+    assert "torchft recovery without numpy: at step 0, behind the others' step 74: Numpy is not available" in out
