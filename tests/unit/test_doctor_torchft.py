@@ -61,6 +61,8 @@ def test_a_heal_without_numpy_names_the_healing_group_and_the_healthy_one_it_too
     assert healing.diagnosis.evidence == "at step 0, behind the others' step 74: Numpy is not available"
     assert sender.diagnosis.evidence.startswith("at step 74, sending its state to replica rank(s) 1: ")
     assert "Connection closed by peer" in sender.diagnosis.evidence
+    # The last step each start logged, read from torchft's log prefix ("[ft_train_1:.../0 - step 0]")
+    assert (sender.diagnosis.last_steps, healing.diagnosis.last_steps) == ({0: 74}, {0: 0})
     assert "pip install numpy" in healing.diagnosis.fix
     assert healing.diagnosis.error == "AssertionError"  # what it raised: torchft's DDP hook after the failed heal
 

@@ -21,11 +21,12 @@ from ..errors import ConfigError
 from ..i18n import _
 from ..runs.replica_records import replica_attempt_dirs
 from ..runs.rundir import LOGS
+from ..torchrun.output_lines import rank_lines
 from ..torchrun.rank_logs import labelled_output
 from .cause_ids import CauseId
 from .doctor import diagnose
 from .report import Diagnosis
-from .torchft_causes import HEALING, QUORUM_STATUS, RECOVERY_FAILED, SENDING
+from .torchft_causes import HEALING, LOGGED_STEP, QUORUM_STATUS, RECOVERY_FAILED, SENDING
 
 LIGHTHOUSE_LOG = "lighthouse.log"  # where the workbook's notebooks and tests put it: start_lighthouse(run_dir / ...)
 
@@ -78,12 +79,23 @@ def _lighthouse_status(log_path: Path) -> str:
     return f"the lighthouse had {found[-1]['have']} group(s), needed min_replicas {found[-1]['need']}" if found else ""
 
 
-def _heal_context(folder: Path) -> str:
+def _logged_steps(lines: list[tuple[int | None, str]]) -> dict[int, int]:
+    """``{rank: step}``: the step in each rank's last line with torchft's log prefix (``"[<replica>/0 - step 74]"``),
+    the group's step as torchft counted it (its own metrics, if any, are the script's and not in the folder)."""
+    steps = {}
+    for rank, text in lines:
+        m = LOGGED_STEP.search(text)
+        if m and rank is not None:
+            steps[rank] = int(m["step"])
+    return steps
+
+
+def _heal_context(lines: list[tuple[int | None, str]]) -> str:
     """Where this start's failed heal stood: ``"at step 0, behind the others' step 74"`` (it was healing) or ``"at
     step 74, sending its state to replica rank(s) 1"``, from the last such line before torchft's ``got exception in
     recovery``; ``""`` when its logs have none."""
     context = ""
-    for line in labelled_output(folder / LOGS).splitlines():
+    for _rank, line in lines:
         if RECOVERY_FAILED.search(line):
             return context
         healing, sending = HEALING.search(line), SENDING.search(line)
@@ -121,10 +133,12 @@ def diagnose_groups(run_dir: str | os.PathLike, *, lighthouse_log: str | os.Path
     result = []
     for group, attempt, folder in found:
         diagnosis = diagnose(folder)
+        lines = rank_lines(labelled_output(folder / LOGS))
+        diagnosis.last_steps = diagnosis.last_steps or _logged_steps(lines)
         if diagnosis.cause_id == CauseId.TORCHFT_QUORUM_TIMEOUT and status:
             diagnosis.evidence = f"{diagnosis.evidence}; {status}"
         if diagnosis.cause_id in (CauseId.TORCHFT_RECOVERY_FAILED, CauseId.TORCHFT_RECOVERY_WITHOUT_NUMPY):
-            context = _heal_context(folder)
+            context = _heal_context(lines)
             diagnosis.evidence = f"{context}: {diagnosis.evidence}" if context else diagnosis.evidence
         result.append(GroupDiagnosis(group, attempt, diagnosis))
     return result

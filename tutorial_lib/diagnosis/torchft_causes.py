@@ -38,6 +38,8 @@ RECOVERY_NO_NUMPY = re.compile(r"got exception in recovery: Numpy is not availab
 # replica ranks it was sending its state to.
 HEALING = re.compile(r"- step (?P<step>\d+)\] healing required, .*max_step=(?P<max_step>\d+)")
 SENDING = re.compile(r"- step (?P<step>\d+)\] peers need recovery from us \[(?P<ranks>[\d, ]*)\]")
+# torchft's Python log prefix, "[<replica id>/<group rank> - step <N>]": the group's step when it logged the line.
+LOGGED_STEP = re.compile(r"\[[^\]\s]+/\d+ - step (?P<step>\d+)\]")
 # The lighthouse's own line (its log, not a group's): who it waits for when it forms no quorum.
 QUORUM_STATUS = re.compile(r"Quorum status: New quorum not ready, only have (?P<have>\d+) participants, need "
                            r"min_replicas (?P<need>\d+)")
