@@ -78,6 +78,7 @@ def test_the_report_names_the_group_and_its_start_in_every_language():
     report = diagnose_groups(RUNS / "recovery-without-numpy")[2]
     assert str(report).splitlines()[0] == "replica group 1, start 1:"
     assert report.rows()[0] == ("replica group", "group 1, start 1")
+    assert report._repr_html_().startswith("<table><caption style='text-align:left'>group 1, start 1</caption><tr>")
     try:
         set_language("zh")
         rows = dict(report.rows())

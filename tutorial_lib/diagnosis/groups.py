@@ -13,6 +13,7 @@ fails is a failure.
 
 from __future__ import annotations
 
+import html
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,7 @@ class GroupDiagnosis:
 
     def _repr_html_(self) -> str:
         return self.diagnosis._repr_html_().replace(
-            "<table>", "<table><caption style='text-align:left'>" + self.rows()[0][1] + "</caption>", 1)
+            "<table>", "<table><caption style='text-align:left'>" + html.escape(self.rows()[0][1]) + "</caption>", 1)
 
 
 def _lighthouse_status(log_path: Path) -> str:
