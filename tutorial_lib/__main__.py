@@ -1,5 +1,5 @@
 """Command line: ``python -m tutorial_lib env`` prints the environment report; ``scripts`` lists the scripts;
-``doctor RUN_DIR`` says what went wrong in a failed run; ``slurm up|down|status`` starts, stops or describes a
+``doctor RUN_DIR`` says what went wrong in a failed run (in each replica group's start, for a torchft run); ``slurm up|down|status`` starts, stops or describes a
 two-node SLURM cluster on this machine (``tutorial_lib/slurm/local_cluster.py``)."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import sys
 import time
 
 from .diagnosis.doctor import diagnose
+from .diagnosis.groups import diagnose_groups
 from .errors import ConfigError, SlurmError, SlurmUnavailable
 from .probes.env import environment_report
+from .runs.replica_records import replica_attempt_dirs
 from .runs.rundir import available_scripts
 
 
@@ -21,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     env.add_argument("--disk-path", default=".", help="folder whose free disk space is reported")
     sub.add_parser("scripts", help="list the training scripts shipped with the package")
     doctor = sub.add_parser("doctor", help="what went wrong in a run: first failing rank, exit code, cause, fix")
-    doctor.add_argument("run_dir", help="the run directory a launch created (it holds output.log and logs/)")
+    doctor.add_argument("run_dir", help="the run directory a launch created (it holds output.log and logs/), or "
+                                        "start_replica_groups' run_dir (group<G>/attempt<A>/)")
     slurm = sub.add_parser("slurm", help="a two-node SLURM cluster on this machine (needs root and slurm-wlm)")
     slurm.add_argument("action", choices=["up", "down", "status"], help="start it, stop it, or show its nodes")
     slurm.add_argument("--state-dir", default=None,
@@ -43,12 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         print(environment_report(args.disk_path).to_text())
     elif args.command == "doctor":
         try:
-            diagnosis = diagnose(args.run_dir)
+            reports = (diagnose_groups(args.run_dir) if replica_attempt_dirs(args.run_dir)
+                       else [diagnose(args.run_dir)])
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(diagnosis)
-        return 1 if diagnosis.failed else 0
+        print("\n\n".join(map(str, reports)))
+        return 1 if any(report.failed for report in reports) else 0
     else:
         print("\n".join(available_scripts()))
     return 0

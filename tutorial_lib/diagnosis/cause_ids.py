@@ -9,6 +9,10 @@ class CauseId(str, Enum):
     """What the doctor found a run's failure to be: one value, compared by code and worded only when shown
     (``cause_message``). The known messages' causes (``CAUSES``) first, then what the doctor concludes without one."""
 
+    TORCHFT_LIGHTHOUSE_UNREACHABLE = "torchft_lighthouse_unreachable"
+    TORCHFT_QUORUM_TIMEOUT = "torchft_quorum_timeout"
+    TORCHFT_RECOVERY_WITHOUT_NUMPY = "torchft_recovery_without_numpy"
+    TORCHFT_RECOVERY_FAILED = "torchft_recovery_failed"  # a heal failed on the healing or the sending side
     PORT_IN_USE = "port_in_use"
     RENDEZVOUS_TIMEOUT = "rendezvous_timeout"
     OUT_OF_MEMORY = "out_of_memory"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..i18n import N_, Message, Nn_
 from ..torchrun.root_cause import signal_name
 from .cause_ids import CauseId
+from .torchft_causes import TORCHFT_CAUSES
 from .waiting import COMPILING_CAUSE, RANK_BRANCH_CAUSE
 
 
@@ -109,6 +110,7 @@ def describe_checkpoint_mismatch(line: str) -> str:
 # causes come first; the consequences they trigger on the peers ("Connection reset by peer", a timeout
 # while a peer is already dead) come later or not at all.
 CAUSES = (
+    *(Cause(**cause) for cause in TORCHFT_CAUSES),  # torchft's own lines, before the generic messages they contain
     Cause(CauseId.PORT_IN_USE, N_("port in use"), re.compile(r"EADDRINUSE|address already in use", re.I),
           N_("another process holds master_port: leave master_port=None (the launcher picks a free port) or choose "
              "another one (06, section 5 'A port that is already taken')")),

@@ -28,6 +28,7 @@ from ..torchrun.root_cause import FINISHED, LOST_PEER, STOPPED, before_the_last_
 from ..torchrun.stacks import (fatal_report, innermost_frame, last_meaningful_line,
                                stopped_ranks_stacks)
 from ..torchrun.output_lines import rank_lines, torchrun_output
+from ..torchrun.rank_logs import labelled_output
 from ..torchrun.tee import RankTails
 from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FINISHED_FIX, HANG_FIX, INTERRUPTED_FIX,
                      NCCL_TIMEOUT, NEVER_STARTS_FIX, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
@@ -186,7 +187,8 @@ def _read_output(run_dir: Path, error: LaunchError | None) -> str:
     """
     _check_run_dir(run_dir)
     log_path = run_dir / OUTPUT_LOG
-    output = log_path.read_text(errors="replace") if log_path.exists() else ""
+    # No output.log: a torchrun job the launcher did not pump (a torchft replica group's attempt): the ranks' own logs
+    output = log_path.read_text(errors="replace") if log_path.exists() else labelled_output(run_dir / LOGS)
     if error is None and output == "" and not (run_dir / LOGS).exists():
         what = "an empty output.log" if log_path.exists() else "no output.log"
         raise ConfigError(f"{str(run_dir)!r} holds {what} and no logs/: the launch did not start (and its run.json "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,3 +120,17 @@ def read_replica_records(metrics_dir: str | os.PathLike) -> ReplicaRecords:
                 heals.append(HealRecord(**record))
     heals.sort(key=lambda h: h.time_s)
     return ReplicaRecords(steps, heals, starts)
+
+
+GROUP_ATTEMPT = re.compile(r"group(?P<group>\d+)/attempt(?P<attempt>\d+)")  # launcher/replicas.py's layout
+
+
+def replica_attempt_dirs(run_dir: str | os.PathLike) -> list[tuple[int, int, Path]]:
+    """``[(group, attempt, folder), ...]`` of a replica-group run (``<run_dir>/group<G>/attempt<A>/``, each a torchrun
+    job's folder: ``torchrun.log`` and ``logs/``), by group then attempt; empty when ``run_dir`` holds none."""
+    found = []
+    for folder in Path(run_dir).glob("group*/attempt*"):
+        m = GROUP_ATTEMPT.fullmatch(folder.relative_to(run_dir).as_posix())
+        if m and folder.is_dir():
+            found.append((int(m["group"]), int(m["attempt"]), folder))
+    return sorted(found, key=lambda found_: found_[:2])

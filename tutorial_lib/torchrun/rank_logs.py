@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .attempts import attempts, read_rank_record
+from .output_lines import label_line
 
 STREAMS = ("stdout", "stderr")  # torchrun's files of a rank: <stream>.log
 # A line ends at "\r\n", "\r" or "\n", as in a text file read with universal newlines (torch's own tail_log reader).
@@ -187,3 +188,15 @@ class NodeLogs:
         for log in self._files.values():
             log.close()
         self._files.clear()
+
+
+def labelled_output(log_dir: str | Path) -> str:
+    """Every rank's lines in a finished one-node job's ``--log-dir``, as ``output.log``'s labelled lines (rank by
+    rank, attempt after attempt): what the doctor reads of a torchrun job that the launcher did not pump, such as a
+    torchft replica group's attempt folder (``logs/`` and torchrun's own ``torchrun.log``). ``""`` when it holds none.
+    """
+    logs = NodeLogs(log_dir, one_node=True)
+    try:
+        return "".join(label_line(line.rank, line.text, attempt=line.attempt) + "\n" for line in logs.read(final=True))
+    finally:
+        logs.close()
