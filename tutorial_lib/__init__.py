@@ -27,6 +27,7 @@ live view speak (``tl.set_language``) and the gettext catalogues that word them.
 
 from .diagnosis.cause_ids import CauseId
 from .diagnosis.doctor import Diagnosis, diagnose
+from .diagnosis.groups import diagnose_groups
 from .exercises import Exercise, Verdict, exercise, exercises, progress
 from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure, SlurmError, SlurmUnavailable,
                      TutorialError)
@@ -106,6 +107,6 @@ __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavaila
 __all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
 __all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exercises: checked on real ranks
 __all__ += ["ObservedRank", "ObservedRun", "read_observed"]  # observe=True: what each rank did, as torch saw it
-__all__ += ["FailureDrill", "ReplicaRecords", "read_replica_records", "run_failure_drill", "start_lighthouse",
-            "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
+__all__ += ["FailureDrill", "ReplicaRecords", "diagnose_groups", "read_replica_records", "run_failure_drill",
+            "start_lighthouse", "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
 __version__ = "0.1.0"
