@@ -28,7 +28,7 @@ def test_a_lone_group_under_a_lighthouse_that_needs_two_is_a_quorum_timeout_name
     assert leftover_processes(groups) == []
     (report,) = diagnose_groups(tmp_path, lighthouse_log=lighthouse.log_path)
     assert (report.group, report.attempt, report.failed) == (0, 0, True)
-    assert report.cause_id == CauseId.TORCHFT_QUORUM_TIMEOUT
+    assert report.cause_id == CauseId.TORCHFT_QUORUM_TIMEOUT, str(report)  # what the group printed, if not
     assert report.diagnosis.error.startswith("TimeoutError: ")
     assert report.diagnosis.evidence == ("no quorum for ft_train_0 within its quorum timeout; the lighthouse had 1 "
                                          "group(s), needed min_replicas 2")

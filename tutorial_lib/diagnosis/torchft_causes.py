@@ -31,7 +31,10 @@ from .cause_ids import CauseId
 LIGHTHOUSE_CONNECT = re.compile(r"failed to connect to (?P<address>\S+) within timeout of (?P<timeout>\w+)")
 LIGHTHOUSE_HEARTBEAT = re.compile(r"Failed to send heartbeat to lighthouse: .*message: \"(?P<why>[^\"]*)\"")
 LIGHTHOUSE_CLIENT = re.compile(r"Creating LighthouseClient")  # the Manager connecting to its lighthouse
-QUORUM_TIMEOUT = re.compile(r"lighthouse quorum failed\. error: .*Timeout expired")
+# torchft's Rust client words it two ways ("... failed. error: status: Cancelled, message: \"Timeout expired\"", or
+# "... failed after ..."; both strings are in _torchft.so), and a deadline may expire instead of the timeout.
+QUORUM_TIMEOUT = re.compile(r"lighthouse quorum failed(\. error: .*(Timeout expired|DeadlineExceeded|deadline has "
+                            r"elapsed)| after )")
 RECOVERY_FAILED = re.compile(r"got exception in recovery: (?P<why>.*)")
 RECOVERY_NO_NUMPY = re.compile(r"got exception in recovery: Numpy is not available")
 # Where a heal stood when it failed: the group's own step (torchft's log prefix) and the step it had to reach, or the
