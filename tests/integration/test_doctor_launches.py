@@ -127,23 +127,37 @@ def _line_of(path: Path, text: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
+def notebook_07_starter(number: int) -> str:
+    """The script of notebook 07's exercise ``number`` as its ``%%writefile {exN.script}`` starter cell holds it."""
+    import nbformat
+
+    notebook = nbformat.read(FIXTURES.parents[1] / "notebooks" / "07_troubleshooting.ipynb", as_version=4)
+    header = f"%%writefile {{ex{number}.script}}\n"
+    return next(c.source for c in notebook.cells if c.source.startswith(header)).removeprefix(header)
+
+
 def test_a_collective_only_rank_0_calls_is_named_with_the_collective_in_every_run(run_root):
     """Issue 48: notebook 07's exercise 3 starter (the loss all-reduced inside ``if rank == 0:``, DDP, a 3 s timeout).
     Which rank's collective times out first is chance (the doctor blamed rank 1, 1, then 0 before): 10 launches, rank
     0 and its all_reduce every time; observed launches also show the first collective the ranks' records disagree on
     (rank 0's 4-byte all_reduce against rank 1's next one), unobserved ones the line."""
-    line = _line_of(FIXTURES / "rank0_only_all_reduce.py", "dist.all_reduce(global_loss)")
+    source = notebook_07_starter(3)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "dist.all_reduce(global_loss)" in text)
     named = []
     for seed in range(10):
-        e = launch_fixture(run_root, "rank0_only_all_reduce.py", ["--seed", seed], observe=seed % 2 == 0)
-        d, _ = both(e)
+        run_dir = tl.new_run_dir("rank0-only", run_root)
+        (run_dir / "train.py").write_text(source)
+        with pytest.raises(tl.LaunchError) as info:
+            tl.launch(tl.LaunchSpec(run_dir / "train.py", args=["--seed", seed], device="cpu", nproc_per_node=2,
+                                    live="off", timeout_s=120, observe=seed % 2 == 0))
+        d, _ = both(info.value)
         named.append((d.cause, d.cause_fields))
-        assert f"rank 0 called dist.all_reduce(global_loss) at rank0_only_all_reduce.py:{line}" in d.fix, d.fix
+        assert f"rank 0 called dist.all_reduce(global_loss) at train.py:{line}" in d.fix, d.fix
         if seed % 2 == 0:
             assert re.match(r"collective \d+ of group \d+: rank 0 all_reduce \(4 bytes, step \d+, outside backward\), "
                             r"rank 1 \w+", d.evidence), d.evidence
         else:
-            assert d.evidence == f"rank0_only_all_reduce.py:{line}: dist.all_reduce(global_loss)", d.evidence
+            assert d.evidence == f"train.py:{line}: dist.all_reduce(global_loss)", d.evidence
     assert named == [("collective only rank 0 calls", {"rank": 0})] * 10, named
 
 
