@@ -34,7 +34,7 @@ from .errors import (ConfigError, LaunchError, LaunchTimeout, MetricsError, Rank
 from .i18n import language, set_language
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
-from .launcher.failure_drill import FailureDrill, run_failure_drill
+from .launcher.failure_drill import FailureDrill, HardFailure, run_failure_drill, run_hard_failure
 from .launcher.in_process import export_hf, run_in_process
 from .launcher.replicas import start_lighthouse, start_replica_groups
 from .launcher.live import enable_inline_figures
@@ -107,6 +107,6 @@ __all__ += ["SlurmError", "SlurmJob", "SlurmSpec", "SlurmTarget", "SlurmUnavaila
 __all__ += ["language", "set_language"]  # the language of the doctor's report and the live view (en, zh)
 __all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exercises: checked on real ranks
 __all__ += ["ObservedRank", "ObservedRun", "read_observed"]  # observe=True: what each rank did, as torch saw it
-__all__ += ["FailureDrill", "ReplicaRecords", "diagnose_groups", "read_replica_records", "run_failure_drill",
-            "start_lighthouse", "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
+__all__ += ["FailureDrill", "HardFailure", "ReplicaRecords", "diagnose_groups", "read_replica_records",
+            "run_failure_drill", "run_hard_failure", "start_lighthouse", "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
 __version__ = "0.1.0"

@@ -4,6 +4,9 @@
 torchft 0.2.0), captured by ``scripts/capture_torchft_runs.py``: a lighthouse at a port nothing listens on, a
 lighthouse SIGKILLed while a group trained, a lighthouse that needs two groups while one runs (quorum timeout 5 s), and
 a group SIGKILLed then restarted with numpy hidden (a ``sitecustomize`` that puts ``None`` in ``sys.modules["numpy"]``).
+``sender-killed-mid-heal`` is ``tl.run_hard_failure("sender_mid_heal")`` from notebook 15 (group 0's log cut to its
+last 150 lines, the lighthouse's log left out): group 1 SIGKILLed, restarted, and group 0 SIGKILLing itself while it
+sent its state; each killed start holds the drill's kill record.
 """
 
 from __future__ import annotations
@@ -116,3 +119,42 @@ def test_the_doctor_command_reports_every_start_of_a_replica_group_run(capsys):
     starts = [line for line in out.splitlines() if line.startswith("replica group ")]
     assert starts == ["replica group 0, start 0:", "replica group 1, start 0:", "replica group 1, start 1:"]
     assert "torchft recovery without numpy: at step 0, behind the others' step 74: Numpy is not available" in out
+
+
+def test_the_drills_kills_are_named_as_kills_on_purpose_and_the_failed_heal_says_where_it_stood():
+    reports = {(g.group, g.attempt): g for g in diagnose_groups(RUNS / "sender-killed-mid-heal")}
+    assert {k: g.cause_id for k, g in reports.items()} == {(0, 0): CauseId.KILLED_ON_PURPOSE,
+                                                          (1, 0): CauseId.KILLED_ON_PURPOSE,
+                                                          (1, 1): CauseId.TORCHFT_RECOVERY_FAILED}
+    assert reports[0, 0].diagnosis.cause_fields == {"by": "ft_train.py --die-sending-state-if"}
+    assert reports[1, 0].diagnosis.cause_fields == {"by": "ReplicaGroups.kill"}
+    assert reports[0, 0].diagnosis.cause == "killed on purpose (ft_train.py --die-sending-state-if)"
+    assert "OOM" not in reports[0, 0].diagnosis.fix and "SIGKILL" in reports[0, 0].diagnosis.fix
+    assert reports[1, 1].diagnosis.evidence.startswith("at step 0, behind the others' step 107: ")
+    assert "resume from your latest checkpoint" in reports[1, 1].diagnosis.fix
+    try:
+        set_language("zh")
+        assert reports[0, 0].diagnosis.cause_text.render() == "被有意杀死（ft_train.py --die-sending-state-if）"
+        assert dict(reports[0, 0].rows())["修复建议"].startswith("不是脚本的故障")
+    finally:
+        set_language("en")
+
+
+def test_without_its_kill_record_the_same_start_is_a_death_without_an_error(tmp_path):
+    """The control: the record, not the logs, makes a kill one on purpose."""
+    shutil.copytree(RUNS / "sender-killed-mid-heal", tmp_path / "run")
+    for record in (tmp_path / "run").rglob("killed.json"):
+        record.unlink()
+    assert causes_of(tmp_path / "run")[:2] == [(0, 0, CauseId.DIED_WITHOUT_ERROR), (1, 0, CauseId.DIED_WITHOUT_ERROR)]
+
+
+def causes_of(run_dir):
+    return [(g.group, g.attempt, g.cause_id) for g in diagnose_groups(run_dir)]
+
+
+def test_the_records_hold_the_state_send_the_sender_died_in_at_its_last_committed_step():
+    records = tl.read_replica_records(RUNS / "sender-killed-mid-heal" / "metrics")
+    deaths = [s for s in records.sends if s.killed_itself]
+    assert [(d.replica_group, d.step) for d in deaths] == [(0, 107)] == [(0, records.committed(0)[-1].step)]
+    rejoined = records.committed(1, pid=records.starts[1][-1])
+    assert [(s.step, s.batches_committed, s.participants) for s in rejoined] == [(k, k, 1) for k in range(1, 7)]

@@ -8,7 +8,7 @@ import pytest
 
 from tutorial_lib.errors import ConfigError, MetricsError
 from tutorial_lib.launcher.replicas import LIGHTHOUSE_PROGRAM, group_env, lighthouse_command, start_replica_groups
-from tutorial_lib.launcher.failure_drill import run_failure_drill
+from tutorial_lib.launcher.failure_drill import run_failure_drill, run_hard_failure
 from tutorial_lib.runs.replica_records import read_replica_records, steps_table
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
@@ -110,4 +110,15 @@ def test_the_step_table_has_a_row_per_step_record_of_every_group_in_order(tmp_pa
 def test_a_failure_drill_with_a_bad_setting_is_refused_before_anything_starts(tmp_path, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         run_failure_drill(runs_dir=tmp_path, **kwargs)
+    assert list(tmp_path.iterdir()) == [], "no run folder made, nothing started"
+
+
+@pytest.mark.parametrize("what, kwargs, message", [
+    ("the lighthouse", {}, r"what must be one of \('lighthouse', 'sender_mid_heal'\), got 'the lighthouse'"),
+    ("lighthouse", {"steps_together": 0}, "steps_together must be an int >= 1, got 0"),
+    ("sender_mid_heal", {"steps_after": True}, "steps_after must be an int >= 1, got True"),
+    ("lighthouse", {"quorum_timeout_s": 0}, r"quorum_timeout_s must be > 0 \(seconds\), got 0")])
+def test_a_hard_failure_with_a_bad_setting_is_refused_before_anything_starts(tmp_path, what, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        run_hard_failure(what, runs_dir=tmp_path, **kwargs)
     assert list(tmp_path.iterdir()) == [], "no run folder made, nothing started"

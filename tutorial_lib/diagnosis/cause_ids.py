@@ -35,6 +35,7 @@ class CauseId(str, Enum):
     NCCL_ERROR = "nccl_error"
     PYTHON_EXCEPTION = "python_exception"  # field: name (the exception's class)
     KILLED_BY_SIGNAL = "killed_by_signal"  # field: signal
+    KILLED_ON_PURPOSE = "killed_on_purpose"  # field: by (a drill killed it: launcher/replicas.py's KILL_RECORD)
     EXITED_WITHOUT_TRACEBACK = "exited_without_traceback"  # field: code
     DIED_WITHOUT_ERROR = "died_without_error"
     HANG_WALL_CLOCK = "hang_wall_clock"

@@ -414,6 +414,7 @@ def exit_code_meaning(code: int) -> Message:
 CAUSE_NAMES = {
     CauseId.PYTHON_EXCEPTION: N_("Python exception ({name})"),
     CauseId.KILLED_BY_SIGNAL: N_("killed by {signal}"),
+    CauseId.KILLED_ON_PURPOSE: N_("killed on purpose ({by})"),
     CauseId.EXITED_WITHOUT_TRACEBACK: N_("exited with code {code} without a traceback"),
     CauseId.DIED_WITHOUT_ERROR: N_("died without a Python error"),
     CauseId.HANG_WALL_CLOCK: N_("hang (wall-clock timeout)"),

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..i18n import _
-from ..runs.replica_records import replica_attempt_dirs
+from ..i18n import N_, Message, _
+from ..runs.replica_records import read_kill_record, replica_attempt_dirs
 from ..runs.rundir import LOGS
 from ..torchrun.output_lines import rank_lines
 from ..torchrun.rank_logs import labelled_output
@@ -29,6 +29,8 @@ from .doctor import diagnose
 from .report import Diagnosis
 from .torchft_causes import HEALING, LOGGED_STEP, QUORUM_STATUS, RECOVERY_FAILED, SENDING
 
+KILLED_FIX = N_("not a failure of the script: this start was killed on purpose with {signal} (a drill standing in for "
+                "a machine that dies); the other groups' reports say what the loss did to them")
 LIGHTHOUSE_LOG = "lighthouse.log"  # where the workbook's notebooks and tests put it: start_lighthouse(run_dir / ...)
 
 
@@ -118,8 +120,8 @@ def diagnose_groups(run_dir: str | os.PathLike, *, lighthouse_log: str | os.Path
 
     Returns:
         One ``GroupDiagnosis`` per start, by group then start; ``[g for g in result if g.failed]`` are the failures.
-        A start that ``ReplicaGroups.kill`` SIGKILLed (torchrun and ranks at once) left no error: it reads as a rank
-        that died without a Python error.
+        A start that was killed on purpose (``ReplicaGroups.kill``, a drill's trigger) left no error of its own; its
+        kill record (``KILL_RECORD``) names it ``CauseId.KILLED_ON_PURPOSE`` and who killed it, not the OOM killer.
 
     Raises:
         ConfigError: ``run_dir`` holds no ``group<G>/attempt<A>/`` folder.
@@ -141,5 +143,9 @@ def diagnose_groups(run_dir: str | os.PathLike, *, lighthouse_log: str | os.Path
         if diagnosis.cause_id in (CauseId.TORCHFT_RECOVERY_FAILED, CauseId.TORCHFT_RECOVERY_WITHOUT_NUMPY):
             context = _heal_context(lines)
             diagnosis.evidence = f"{context}: {diagnosis.evidence}" if context else diagnosis.evidence
+        killed = read_kill_record(folder)
+        if killed is not None and diagnosis.failed:
+            diagnosis.cause_id, diagnosis.cause_fields = CauseId.KILLED_ON_PURPOSE, {"by": killed.get("by", "?")}
+            diagnosis.fix_text = Message(KILLED_FIX, {"signal": killed.get("signal", "SIGKILL")})
         result.append(GroupDiagnosis(group, attempt, diagnosis))
     return result

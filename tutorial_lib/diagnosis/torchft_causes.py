@@ -16,6 +16,8 @@ Captured from real runs of ``tutorial_lib/lessons/ft_train.py`` under ``launcher
   recv_checkpoint`` unpickles its metadata through ``Tensor.numpy()``; torchft does not declare numpy), then fails in
   its next all-reduce (``AssertionError`` in ``torchft/ddp.py``'s ``_comm_hook``); so does the healthy group that was
   sending it the state, which logs ``got exception in recovery: ... Connection closed by peer``: the failed heal.
+  (Captured while ``ft_train.py`` used ``torchft.DistributedDataParallel``, whose comm hook asserts on a failed
+  all-reduce; it now calls ``manager.allreduce`` itself, and a failed heal drops the step and trains on.)
 
 Data only (``causes.CAUSES`` builds its ``Cause`` entries from ``TORCHFT_CAUSES``, first, since these lines are
 torchft's own and the generic causes, "collective timeout" among them, would otherwise claim them).
@@ -96,10 +98,13 @@ TORCHFT_CAUSES = (
                 "restart the groups: the failed heal also stopped the healthy group that was sending the state"),
          describe=describe_recovery),
     dict(id=CauseId.TORCHFT_RECOVERY_FAILED, name=N_("torchft recovery failed"), pattern=RECOVERY_FAILED,
-         fix=N_("a live recovery (a group behind the others receiving their state from a live group) failed, and "
-                "torchft 0.2.0 then fails the next all-reduce of both sides (AssertionError in torchft/ddp.py): read "
-                "the log of the other group in the heal, the one that rejoined or the one that sent the state, for the "
-                "first error (no numpy, killed mid-heal, a timeout), fix that, and restart the stopped groups: they "
-                "heal from any group still alive, or start again from step 0 if none is"),
+         fix=N_("a live recovery (a group behind the others receiving their state from a live group) failed. torchft "
+                "drops that step and forms a new quorum: if a live group still holds the state, the group heals from it "
+                "at the next step; if none does (the group sending it died), the group trains on from its own step 0 "
+                "without an error, and what the job had learnt is lost: stop it and resume from your latest "
+                "checkpoint. (With torchft 0.2.0's DistributedDataParallel, the next all-reduce of both sides fails "
+                "instead: AssertionError in torchft/ddp.py.) Read the log of the other group in the heal, the one that "
+                "rejoined or the one that sent the state, for the first error (no numpy, killed mid-heal, a timeout) "
+                "and fix that"),
          describe=describe_recovery),
 )

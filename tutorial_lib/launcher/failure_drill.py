@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, LaunchError, MetricsError
-from ..runs.replica_records import HealRecord, ReplicaRecords, read_replica_records
+from ..runs.replica_records import HealRecord, ReplicaRecords, read_replica_records, write_kill_record
 from ..runs.rundir import LESSONS_DIR, new_run_dir
 from .replicas import TORCHRUN_LOG, ReplicaGroups, leftover_processes, start_lighthouse, start_replica_groups
 
@@ -61,11 +61,12 @@ class FailureDrill:
 
 
 def wait_for_records(groups: ReplicaGroups, what: str, state: Callable[[ReplicaRecords], bool],
-                     timeout_s: float, poll_s: float = 0.1) -> ReplicaRecords:
+                     timeout_s: float, poll_s: float = 0.1, expected_ends: Sequence[int] = ()) -> ReplicaRecords:
     """Read the groups' records every ``poll_s`` seconds until ``state(records)`` is true; return those records.
 
     Raises:
-        LaunchError: a group's torchrun ended that was not killed on purpose, or ``timeout_s`` passed; the message
+        LaunchError: a group's torchrun ended that was neither killed on purpose nor in ``expected_ends`` (groups
+            whose end is the awaited state), or ``timeout_s`` passed; the message
             names ``what`` was awaited, each group's commits so far, and the last lines of each torchrun's output.
     """
     deadline = time.monotonic() + timeout_s
@@ -78,7 +79,8 @@ def wait_for_records(groups: ReplicaGroups, what: str, state: Callable[[ReplicaR
             so_far = {g: len(records.committed(g)) for g in sorted(records.steps)}
         except MetricsError as e:  # no group has written yet
             so_far = str(e)
-        ended = [g for g, group in groups.groups.items() if group.popen.poll() is not None and group.killed_at_s is None]
+        ended = [g for g, group in groups.groups.items()
+                 if group.popen.poll() is not None and group.killed_at_s is None and g not in expected_ends]
         if ended or time.monotonic() > deadline:
             why = f"group(s) {ended} ended" if ended else f"{timeout_s:g} s passed"
             tails = {g: (group.folder / TORCHRUN_LOG).read_text(errors="replace").splitlines()[-5:]
@@ -160,3 +162,118 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
     return FailureDrill(run_dir, records, num_groups, kill_group, killed_pid, killed_at_s, restarted_at_s, heal,
                         heartbeat_timeout_ms,
                         [(g.group_id, g.attempt) for g in groups.history], left, time.monotonic() - started)
+
+
+LOSSES = ("lighthouse", "sender_mid_heal")  # run_hard_failure's ``what``
+
+
+@dataclass(frozen=True)
+class HardFailure:
+    """A failure torchft cannot heal, as it happened (``run_hard_failure``).
+
+    Attributes:
+        what: ``"lighthouse"`` (the lighthouse SIGKILLed while every group trains) or ``"sender_mid_heal"`` (the only
+            live group dies while it sends its state to the group that rejoined).
+        run_dir: the run's folder (``lighthouse.log``, ``group<G>/attempt<A>/``, ``metrics/``).
+        records: every group's steps, commits, heals and state sends.
+        killed_at_s: when the failure happened (``time.time()``: the lighthouse's kill, or the sender's own record
+            of its death; seconds since the epoch).
+        ended_at_s: when every group's torchrun had ended (``"lighthouse"``), or when the drill stopped them
+            (``"sender_mid_heal"``) (seconds since the epoch).
+        exit_codes: each group's latest torchrun exit code before the drill stopped anything (group -> code;
+            ``None``: it was still running).
+        reports: the doctor's report on every start of every group (``diagnose_groups``).
+        quorum_timeout_s: ``TORCHFT_QUORUM_TIMEOUT_SEC`` the groups ran with (seconds).
+        left_running: pids of the run's processes alive after it stopped them.
+        run_s: the wall time (seconds; printed, never a claim).
+    """
+
+    what: str
+    run_dir: Path
+    records: ReplicaRecords
+    killed_at_s: float
+    ended_at_s: float
+    exit_codes: dict[int, int]
+    reports: list
+    quorum_timeout_s: float
+    left_running: list[int]
+    run_s: float
+
+
+def run_hard_failure(what: str, *, runs_dir: str | os.PathLike | None = None, steps_together: int = 5,
+                      steps_alone: int = 5, steps_after: int = 5, heartbeat_timeout_ms: int = 2000, quorum_timeout_s: float = 5.0,
+                      step_delay_s: float = 0.05, timeout_s: float = 120.0) -> HardFailure:
+    """Put two replica groups of ``ft_train.py`` through a failure torchft cannot heal, and diagnose every start.
+
+    * ``"lighthouse"``: both groups commit ``steps_together`` steps together, then the lighthouse is SIGKILLed. No
+      new quorum can form: each group fails its next quorum within ``quorum_timeout_s`` (torchft's
+      ``TORCHFT_QUORUM_TIMEOUT_SEC``, 60 s by default) and exits.
+    * ``"sender_mid_heal"``: both commit ``steps_together`` steps together; group 1 is SIGKILLed; group 0 commits
+      ``steps_alone`` steps alone; a trigger file is created and group 1 started again. It is behind, so group 0 is
+      asked for its state, and SIGKILLs itself there (``ft_train.py --die-sending-state-if``): the heal fails, no
+      live group holds the model any more, and torchft forms a quorum of group 1 alone, which trains on from its
+      own step 0. The run waits for ``steps_after`` of those commits, then stops the groups.
+
+    Each wait reads the groups' records. The self-killed start gets a kill record; the doctor runs on every start
+    (``diagnose_groups``).
+
+    Args:
+        what: one of ``LOSSES``.
+        runs_dir: the runs folder (``None``: ``$TUTORIAL_LIB_RUNS_DIR`` or ``./runs``); the run gets a new folder.
+        steps_together, steps_alone: commits awaited before the failure (count, >= 1).
+        steps_after: ``"sender_mid_heal"``: group 1's commits awaited after the failed heal (count, >= 1).
+        heartbeat_timeout_ms: the lighthouse's (milliseconds).
+        quorum_timeout_s: how long a group waits for a quorum before it raises (seconds, > 0).
+        step_delay_s: ``ft_train.py --step-delay-s`` (seconds).
+        timeout_s: the longest wait for one phase, the groups' ends included (seconds).
+
+    Raises:
+        ConfigError: ``what`` is not one of ``LOSSES``, or a value out of range, naming it.
+        LaunchError: a phase did not happen in ``timeout_s`` (everything is stopped first).
+
+    torchft's lighthouse and heal: https://github.com/pytorch/torchft (``torchft/manager.py``, ``_async_quorum``).
+    """
+    if what not in LOSSES:
+        raise ConfigError(f"what must be one of {LOSSES}, got {what!r}")
+    _check("steps_together", steps_together, 1)
+    _check("steps_alone", steps_alone, 1)
+    _check("steps_after", steps_after, 1)
+    if not quorum_timeout_s > 0:
+        raise ConfigError(f"quorum_timeout_s must be > 0 (seconds), got {quorum_timeout_s!r}")
+    from ..diagnosis.groups import diagnose_groups  # the doctor imports the launcher's modules
+
+    started = time.monotonic()
+    run_dir = new_run_dir(f"ft-{what.replace('_', '-')}", runs_dir)
+    trigger = run_dir / "die-sending-state"
+    script_args = ["--max-steps", 1_000_000, "--step-delay-s", step_delay_s, "--log-every", 1_000_000,
+                   "--die-sending-state-if", trigger]
+    with start_lighthouse(run_dir / "lighthouse.log", heartbeat_timeout_ms=heartbeat_timeout_ms) as lighthouse:
+        with start_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=2, run_dir=run_dir, args=script_args,
+                                  env={"TORCHFT_QUORUM_TIMEOUT_SEC": f"{quorum_timeout_s:g}"}) as groups:
+            wait_for_records(groups, f"{steps_together} commits of both groups together", lambda r: all(
+                sum(s.participants == 2 for s in r.committed(g)) >= steps_together for g in (0, 1)), timeout_s)
+            if what == "lighthouse":
+                killed_at_s = time.time()
+                lighthouse.kill()
+            else:
+                lost_at_s = groups.kill(1)
+                wait_for_records(groups, f"{steps_alone} commits of group 0 without group 1", lambda r: sum(
+                    s.time_s > lost_at_s and s.participants == 1 for s in r.committed(0)) >= steps_alone, timeout_s)
+                trigger.touch()
+                groups.restart(1)
+                records = wait_for_records(groups, "group 0's death while sending its state", lambda r: any(
+                    s.killed_itself for s in r.sends), timeout_s, expected_ends=(0, 1))
+                killed_at_s = records.sends[-1].time_s
+                write_kill_record(groups.groups[0].folder, "ft_train.py --die-sending-state-if", killed_at_s)
+                rejoined = records.starts[1][-1]
+                wait_for_records(groups, f"{steps_after} commits of group 1 after the failed heal", lambda r: len(
+                    r.committed(1, pid=rejoined)) >= steps_after, timeout_s, expected_ends=(0,))
+            if what == "lighthouse":
+                exit_codes = groups.wait(timeout_s)
+            else:
+                exit_codes = {g: group.popen.poll() for g, group in groups.groups.items()}
+            ended_at_s = time.time()
+        lighthouse.stop()
+    left = [p.pid for p in leftover_processes(groups)] + ([lighthouse.process.pid] if lighthouse.alive() else [])
+    return HardFailure(what, run_dir, read_replica_records(run_dir / "metrics"), killed_at_s, ended_at_s,
+                        exit_codes, diagnose_groups(run_dir), quorum_timeout_s, left, time.monotonic() - started)

@@ -41,6 +41,7 @@ import psutil
 
 from ..child.protocol import set_parent_death_signal
 from ..errors import ConfigError, LaunchError
+from ..runs.replica_records import write_kill_record
 from .devices import DevicePlan
 from .environment import build_env
 from .job import free_port
@@ -295,6 +296,7 @@ class ReplicaGroups:
     def kill(self, group_id: int) -> float:
         """SIGKILL every process of group ``group_id`` at once (its torchrun and its ranks: no clean-up runs, as when
         its machine dies), reap them, and return the time of the kill (``time.time()``, seconds since the epoch).
+        The start's folder gets a kill record (``runs.replica_records.KILL_RECORD``): the doctor names the kill.
 
         Raises:
             ConfigError: no such group.
@@ -305,6 +307,7 @@ class ReplicaGroups:
         with contextlib.suppress(psutil.Error):
             processes.append(psutil.Process(group.popen.pid))
         group.killed_at_s = time.time()
+        write_kill_record(group.folder, "ReplicaGroups.kill", group.killed_at_s)
         for process in processes:
             with contextlib.suppress(psutil.Error):
                 process.kill()

@@ -15,9 +15,11 @@ What it shows
     * torchrun's restart stops every rank; torchft keeps the healthy replica groups stepping. Each group is a torchrun
       job of its own; the groups find each other through the lighthouse, which forms a *quorum* (the groups alive
       now) at every step, and torchft's process group is rebuilt for each new quorum;
-    * ``torchft.DistributedDataParallel`` averages gradients across the groups of the quorum, and
-      ``torchft.Optimizer`` steps only when ``manager.should_commit()`` says every group's all-reduce succeeded: a
-      step that failed half-way is dropped everywhere, never applied twice;
+    * ``manager.allreduce`` averages each gradient across the groups of the quorum, and ``torchft.Optimizer`` steps
+      only when ``manager.should_commit()`` says every group's all-reduce succeeded: a step that failed half-way is
+      dropped everywhere, never applied twice. (``torchft.DistributedDataParallel`` does the same all-reduce in a DDP
+      comm hook, but in torchft 0.2.0 that hook crashes the surviving group when a peer dies mid-all-reduce:
+      ``assert fut._fut`` in ``torchft/ddp.py``, as a failed ``wait()`` leaves the future unset.)
     * a group that (re)joins behind the others *heals*: it receives the model and optimizer state from a live peer
       (``PGTransport``, over the same gloo/NCCL process group), no checkpoint file involved;
     * ``manager.batches_committed()`` counts the batches that reached the weights: +2 per step with two groups, +1
@@ -33,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -43,7 +46,7 @@ import torch.nn as nn
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
-from torchft import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
+from torchft import DistributedSampler, Manager, Optimizer, ProcessGroupGloo
 from torchft.checkpointing.pg_transport import PGTransport
 from torchft.coordination import LighthouseServer
 
@@ -128,6 +131,7 @@ def main(argv=None):
 
     # What a healthy group sends a healing one, and how the healing one takes it in.
     def state_dict():
+        recorder.sending_state(manager)  # workbook
         return {"model": model.state_dict(), "optim": inner_optimizer.state_dict(), "sent_by": REPLICA_GROUP_ID}
 
     def load_state_dict(state):
@@ -150,7 +154,6 @@ def main(argv=None):
                                          device=torch.device("cpu")),
         init_sync=False,
     )
-    ddp_model = DistributedDataParallel(manager, model)  # all-reduces gradients through the manager's process group
     optimizer = Optimizer(manager, inner_optimizer)  # zero_grad() starts the quorum, step() commits or drops
     loss_fn = nn.MSELoss()
     recorder = Recorder(args, model)  # workbook
@@ -162,8 +165,10 @@ def main(argv=None):
             for x, y in loader:
                 step_before = manager.current_step()
                 optimizer.zero_grad()  # asks the lighthouse for this step's quorum (in the background)
-                loss = loss_fn(ddp_model(x), y)
-                loss.backward()  # the gradient all-reduce across the quorum's groups
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                for p in model.parameters():  # average each gradient across the quorum's groups
+                    manager.allreduce(p.grad).wait()  # a failure is recorded, and should_commit() drops the step
                 optimizer.step()  # applied only if should_commit(): every group's all-reduce went through
                 committed = manager.current_step() > step_before
                 recorder.step(manager, committed, loss)  # workbook
@@ -190,6 +195,9 @@ def add_workbook_flags(p):
                    help="folder for group<REPLICA_GROUP_ID>.jsonl, one line per step (created if missing)")
     p.add_argument("--step-delay-s", type=float, default=0.0,
                    help="sleep after each step (seconds), so a demo can kill a group mid-run")
+    p.add_argument("--die-sending-state-if", type=str, default=None, metavar="PATH",
+                   help="SIGKILL this rank when it is asked to send its state to a healing group while PATH exists: "
+                        "a drill's trigger for a machine that dies in the middle of a heal")
 
 
 def weights_sha256(model):
@@ -215,6 +223,12 @@ class Recorder:
     def healed(self, manager, source_group):
         # Called while the state is applied: the step is already the one the group joined at.
         self.write({"event": "heal", "step": manager.current_step(), "source_group": source_group})
+
+    def sending_state(self, manager):
+        self.write({"event": "send_state", "step": manager.current_step()})
+        if self.args.die_sending_state_if and Path(self.args.die_sending_state_if).exists():
+            self.write({"event": "killed_itself", "step": manager.current_step(), "why": "--die-sending-state-if"})
+            os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no flush of anything else: a machine dying
 
     def step(self, manager, committed, loss):
         self.write({"event": "step", "step": manager.current_step(), "committed": committed,

@@ -4,9 +4,14 @@
 when a process of the group starts, ``step`` after every optimizer step (``step``: torchft's step count after it,
 ``committed``: whether that step reached the weights, ``batches_committed``, ``participants``: groups in the step's
 quorum, ``loss_local``: the group's own loss, ``weights_sha256``: a hash of every parameter's bytes), and ``heal`` when
-the group received its state from a live group (``step``: the step it joined at, ``source_group``: who sent it). A
-restarted group appends to the same file, its lines told apart by ``pid``. A group SIGKILLed while writing may leave
-half a last line: it is skipped.
+the group received its state from a live group (``step``: the step it joined at, ``source_group``: who sent it),
+``send_state`` when it was asked to send its state to a healing group, and ``killed_itself`` when it then SIGKILLed
+itself (``--die-sending-state-if``: a drill's machine dying mid-heal). A restarted group appends to the same file, its
+lines told apart by ``pid``. A group SIGKILLed while writing may leave half a last line: it is skipped.
+
+A start of a group that the workbook killed on purpose (``ReplicaGroups.kill``, or a drill's trigger) holds
+``KILL_RECORD`` in its folder (``group<G>/attempt<A>/``): who killed it and when, so that the doctor names the kill
+instead of guessing at the OOM killer.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -49,6 +54,17 @@ class HealRecord:
 
 
 @dataclass(frozen=True)
+class SendRecord:
+    """A group was asked, at ``step``, to send its state to a healing group; ``killed_itself``: it died doing so."""
+
+    replica_group: int
+    pid: int
+    time_s: float
+    step: int
+    killed_itself: bool = False
+
+
+@dataclass(frozen=True)
 class ReplicaRecords:
     """Every group's records, in the order each group wrote them.
 
@@ -56,11 +72,13 @@ class ReplicaRecords:
         steps: group -> its ``StepRecord``s (all its processes, in order).
         heals: every ``HealRecord``, in time order.
         starts: group -> the pids of its processes, in the order they started.
+        sends: every ``SendRecord`` (a state sent to a healing group, or a death while sending it), in time order.
     """
 
     steps: dict[int, list[StepRecord]]
     heals: list[HealRecord]
     starts: dict[int, list[int]]
+    sends: list[SendRecord] = field(default_factory=list)
 
     def committed(self, group: int, pid: int | None = None) -> list[StepRecord]:
         """Group ``group``'s committed steps (of process ``pid`` only, if given)."""
@@ -102,6 +120,7 @@ def read_replica_records(metrics_dir: str | os.PathLike) -> ReplicaRecords:
     steps: dict[int, list[StepRecord]] = {}
     heals: list[HealRecord] = []
     starts: dict[int, list[int]] = {}
+    sends: list[SendRecord] = []
     for path in files:
         lines = path.read_text().splitlines()
         for number, line in enumerate(lines, 1):
@@ -118,8 +137,30 @@ def read_replica_records(metrics_dir: str | os.PathLike) -> ReplicaRecords:
                 steps.setdefault(group, []).append(StepRecord(**record))
             elif event == "heal":
                 heals.append(HealRecord(**record))
+            elif event in ("send_state", "killed_itself"):
+                sends.append(SendRecord(group, int(record["pid"]), float(record["time_s"]), int(record["step"]),
+                                        killed_itself=event == "killed_itself"))
     heals.sort(key=lambda h: h.time_s)
-    return ReplicaRecords(steps, heals, starts)
+    sends.sort(key=lambda s: s.time_s)
+    return ReplicaRecords(steps, heals, starts, sends)
+
+
+KILL_RECORD = "killed.json"  # in group<G>/attempt<A>/: {"by": who killed it, "signal": ..., "time_s": ...}
+
+
+def write_kill_record(folder: str | os.PathLike, by: str, time_s: float, signal: str = "SIGKILL") -> None:
+    """Record in a group's start folder that it was killed on purpose: ``by`` whom (a short description), with which
+    ``signal``, at ``time_s`` (``time.time()``, seconds since the epoch). ``read_kill_record`` reads it back."""
+    (Path(folder) / KILL_RECORD).write_text(json.dumps({"by": by, "signal": signal, "time_s": time_s}))
+
+
+def read_kill_record(folder: str | os.PathLike) -> dict | None:
+    """The kill record of a group's start folder (``write_kill_record``), or ``None`` when it has none or it cannot
+    be read."""
+    try:
+        return json.loads((Path(folder) / KILL_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 GROUP_ATTEMPT = re.compile(r"group(?P<group>\d+)/attempt(?P<attempt>\d+)")  # launcher/replicas.py's layout
