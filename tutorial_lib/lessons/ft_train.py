@@ -1,4 +1,4 @@
-"""Fault-tolerant DDP with torchft: replica groups that die and rejoin while the others keep training.
+"""Fault-tolerant DDP (or DiLoCo) with torchft: replica groups that die and rejoin while the others keep training.
 
 Run card (one terminal each; every group is its own torchrun job)
     python ft_train.py --max-steps 50                                # one group alone, with a lighthouse of its own
