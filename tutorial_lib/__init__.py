@@ -35,6 +35,7 @@ from .i18n import language, set_language
 from .launcher.devices import DevicePlan, collective_timeout_s, resolve_device
 from .launcher.environment import set_rank_env
 from .launcher.failure_drill import FailureDrill, HardFailure, run_failure_drill, run_hard_failure
+from .launcher.replica_run import ReplicaRun, run_replica_groups
 from .launcher.in_process import export_hf, run_in_process
 from .launcher.replicas import start_lighthouse, start_replica_groups
 from .launcher.live import enable_inline_figures
@@ -109,4 +110,5 @@ __all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exerc
 __all__ += ["ObservedRank", "ObservedRun", "read_observed"]  # observe=True: what each rank did, as torch saw it
 __all__ += ["FailureDrill", "HardFailure", "ReplicaRecords", "diagnose_groups", "read_replica_records",
             "run_failure_drill", "run_hard_failure", "start_lighthouse", "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
+__all__ += ["ReplicaRun", "run_replica_groups"]  # torchft: groups run to the end, DDP beside DiLoCo (notebook 15)
 __version__ = "0.1.0"

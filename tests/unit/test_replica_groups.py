@@ -60,7 +60,8 @@ def test_a_missing_script_is_named(tmp_path):
 
 def step(group, step, t, pid=10, committed=True, participants=2, batches=0):
     return {"event": "step", "replica_group": group, "pid": pid, "time_s": t, "step": step, "committed": committed,
-            "batches_committed": batches, "participants": participants, "loss_local": 0.5, "weights_sha256": "ab"}
+            "batches_committed": batches, "participants": participants, "loss_local": 0.5, "weights_sha256": "ab",
+            "local_step": step, "sync_step": True, "allreduce_bytes": 4}
 
 
 def write(path, records, tail=""):
@@ -98,7 +99,8 @@ def test_the_step_table_has_a_row_per_step_record_of_every_group_in_order(tmp_pa
     assert list(table[["replica_group", "step", "committed"]].itertuples(index=False, name=None)) == [
         (0, 1, True), (0, 1, False), (0, 2, True), (1, 2, True)]
     assert list(table.columns) == ["replica_group", "pid", "time_s", "step", "committed", "batches_committed",
-                                   "participants", "loss_local", "weights_sha256"]
+                                   "participants", "loss_local", "weights_sha256", "local_step", "sync_step",
+                                   "allreduce_bytes"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -5,6 +5,8 @@ starts), ``plan`` (``LaunchPlan``: every command and environment, pure), ``job``
 ``outcome`` (the result, or the error to raise, and run.json), tied together by ``run`` (``launch``, ``run_script``,
 ``setup_notebook``). Around them: ``output`` and ``live`` (what the cell shows), ``processes`` and ``sampler`` (the
 job's processes and their memory), ``devices`` and ``environment`` (what the ranks get), ``warm`` (the kernel's side
-of warm starts) and ``in_process`` (a script run in the kernel itself). It reads torchrun's formats through
-``tutorial_lib.torchrun`` and starts the programs in ``tutorial_lib.child`` by their path.
+of warm starts) and ``in_process`` (a script run in the kernel itself); for torchft, ``replicas`` (a lighthouse and
+replica groups), ``failure_drill`` (a group killed and restarted) and ``replica_run`` (groups run to the end). It
+reads torchrun's formats through ``tutorial_lib.torchrun`` and starts the programs in ``tutorial_lib.child`` by their
+path.
 """

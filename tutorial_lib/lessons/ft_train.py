@@ -1,4 +1,4 @@
-"""Fault-tolerant DDP with torchft: replica groups that die and rejoin while the others keep training.
+"""Fault-tolerant DDP (or DiLoCo) with torchft: replica groups that die and rejoin while the others keep training.
 
 Run card (one terminal each; every group is its own torchrun job)
     python ft_train.py --max-steps 50                                # one group alone, with a lighthouse of its own
@@ -10,6 +10,7 @@ Run card (one terminal each; every group is its own torchrun job)
     TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510 REPLICA_GROUP_ID=1 NUM_REPLICA_GROUPS=2 \\
         torchrun --nproc-per-node 1 --master-port 29601 ft_train.py --max-steps 200
     # kill group 1 (Ctrl-C, or kill -9 its processes): group 0 goes on alone; start it again: it heals from group 0
+    # add --algorithm diloco --sync-every 5 to both groups: DiLoCo, the groups all-reduce once every 5 steps
 
 What it shows
     * torchrun's restart stops every rank; torchft keeps the healthy replica groups stepping. Each group is a torchrun
@@ -23,7 +24,13 @@ What it shows
     * a group that (re)joins behind the others *heals*: it receives the model and optimizer state from a live peer
       (``PGTransport``, over the same gloo/NCCL process group), no checkpoint file involved;
     * ``manager.batches_committed()`` counts the batches that reached the weights: +2 per step with two groups, +1
-      while one is down (its samples are simply not trained on).
+      while one is down (its samples are simply not trained on);
+    * ``--algorithm diloco`` (DiLoCo, arXiv 2311.08105; ``torchft.local_sgd.DiLoCo``) trades communication for
+      drift: each group takes ``--sync-every`` (H) steps of its own optimizer alone, then the groups all-reduce the
+      *pseudo-gradient* (their weights at the last sync minus their weights now) once and an outer optimizer (SGD,
+      Nesterov momentum) applies its average to the weights of the last sync. The weights sent every H steps
+      are as large as the gradients DDP sends every step: 1/H of DDP's traffic. torchft commits (and counts a step)
+      only at a sync.
 
 torchft's DDP averages across replica groups only, so each group here is one rank (torchft's own train_ddp.py does
 the same); ranks inside a group would shard the model (HSDP). Needs torch, torchft and numpy (torchft sends state
@@ -38,6 +45,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,6 +57,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchft import DistributedSampler, Manager, Optimizer, ProcessGroupGloo
 from torchft.checkpointing.pg_transport import PGTransport
 from torchft.coordination import LighthouseServer
+from torchft.local_sgd import DiLoCo
 
 # The groups torchft can form: set by whoever starts the groups, one id per group (0, 1, ...).
 REPLICA_GROUP_ID = int(os.environ.get("REPLICA_GROUP_ID", 0))
@@ -57,20 +66,25 @@ NUM_REPLICA_GROUPS = int(os.environ.get("NUM_REPLICA_GROUPS", 2))
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--max-steps", type=int, default=200, help="committed steps to train (count)")
+    p.add_argument("--max-steps", type=int, default=200,
+                   help="steps to train, as torchft commits them (count): DDP every step, DiLoCo every --sync-every")
     p.add_argument("--batch-size", type=int, default=32, help="samples per group per step (count)")
     p.add_argument("--dataset-size", type=int, default=8192, help="samples in the synthetic dataset (count)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate (unitless)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate (unitless; DiLoCo's inner optimizer)")
+    p.add_argument("--algorithm", choices=["ddp", "diloco"], default="ddp",
+                   help="ddp: all-reduce the gradients every step; diloco: the weights' change every --sync-every steps")
+    p.add_argument("--sync-every", type=int, default=5,
+                   help="DiLoCo's H: local steps between two all-reduces (count; --algorithm diloco only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the dataset and the shuffle")
     p.add_argument("--pg-timeout-s", type=float, default=5.0,
                    help="gloo's collective timeout across groups (seconds): how long an all-reduce with a dead "
                         "group can hang before the step is dropped")
     p.add_argument("--manager-timeout-s", type=float, default=30.0,
                    help="the Manager's timeout for its own calls: should_commit, sending a heal (seconds)")
-    p.add_argument("--log-every", type=int, default=20, help="print a line every N steps (count)")
+    p.add_argument("--log-every", type=int, default=20, help="print a line every N commits (count; DiLoCo: syncs)")
     add_workbook_flags(p)
     args = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "dataset_size", "log_every"):
+    for name in ("max_steps", "batch_size", "dataset_size", "log_every", "sync_every"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     for name in ("pg_timeout_s", "manager_timeout_s"):
@@ -78,6 +92,9 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0 (seconds), got {getattr(args, name)}")
     if args.batch_size > args.dataset_size:
         p.error(f"--batch-size {args.batch_size} is larger than --dataset-size {args.dataset_size}")
+    if args.algorithm == "diloco" and args.max_steps % args.sync_every:
+        p.error(f"--max-steps {args.max_steps} must be a multiple of --sync-every {args.sync_every} (DiLoCo commits "
+                "only at a sync)")
     return args
 
 
@@ -153,32 +170,44 @@ def main(argv=None):
         checkpoint_transport=PGTransport(pg, timeout=timedelta(seconds=args.manager_timeout_s),
                                          device=torch.device("cpu")),
         init_sync=False,
+        use_async_quorum=args.algorithm == "ddp",  # DiLoCo needs the quorum (and any heal) before its all-reduce
     )
-    optimizer = Optimizer(manager, inner_optimizer)  # zero_grad() starts the quorum, step() commits or drops
+    if args.algorithm == "ddp":
+        optimizer = Optimizer(manager, inner_optimizer)  # zero_grad() starts the quorum, step() commits or drops
+        syncing, steps_per_commit = nullcontext(), 1
+    else:  # the model and AdamW stay plain: between two syncs nothing leaves the group
+        optimizer = inner_optimizer
+        outer_optimizer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)  # the paper's
+        # Hooks inner_optimizer.step(): every H-th step starts the quorum, all-reduces (last sync's - current weights),
+        # and if should_commit(), the outer optimizer steps from the last sync's weights with that average.
+        syncing = DiLoCo(manager, [model], inner_optimizer, outer_optimizer, sync_every=args.sync_every)
+        steps_per_commit = args.sync_every
     loss_fn = nn.MSELoss()
-    recorder = Recorder(args, model)  # workbook
+    recorder = Recorder(args, model, manager)  # workbook
 
     try:
-        epoch = 0
-        while manager.current_step() < args.max_steps:
-            sampler.set_epoch(epoch)
-            for x, y in loader:
-                step_before = manager.current_step()
-                optimizer.zero_grad()  # asks the lighthouse for this step's quorum (in the background)
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                for p in model.parameters():  # average each gradient across the quorum's groups
-                    manager.allreduce(p.grad).wait()  # a failure is recorded, and should_commit() drops the step
-                optimizer.step()  # applied only if should_commit(): every group's all-reduce went through
-                committed = manager.current_step() > step_before
-                recorder.step(manager, committed, loss)  # workbook
-                if committed and manager.current_step() % args.log_every == 0:
-                    print(f"group {REPLICA_GROUP_ID} step {manager.current_step()} loss {loss.item():.5f} "
-                          f"participants {manager.num_participants()} batches_committed {manager.batches_committed()}",
-                          flush=True)
-                if manager.current_step() >= args.max_steps:
-                    break
-            epoch += 1
+        with syncing:
+            epoch = 0
+            while manager.current_step() * steps_per_commit < args.max_steps:
+                sampler.set_epoch(epoch)
+                for x, y in loader:
+                    step_before = manager.current_step()
+                    optimizer.zero_grad()  # DDP: asks the lighthouse for this step's quorum (in the background)
+                    loss = loss_fn(model(x), y)
+                    loss.backward()
+                    if args.algorithm == "ddp":
+                        for p in model.parameters():  # average each gradient across the quorum's groups
+                            manager.allreduce(p.grad).wait()  # a failure is recorded: should_commit() drops the step
+                    optimizer.step()  # DDP: applied only if should_commit(); DiLoCo: every H-th step syncs
+                    committed = manager.current_step() > step_before
+                    recorder.step(manager, committed, loss)  # workbook
+                    if committed and manager.current_step() % args.log_every == 0:
+                        print(f"group {REPLICA_GROUP_ID} step {manager.current_step()} loss {loss.item():.5f} "
+                              f"participants {manager.num_participants()} "
+                              f"batches_committed {manager.batches_committed()}", flush=True)
+                    if manager.current_step() * steps_per_commit >= args.max_steps:
+                        break
+                epoch += 1
     finally:
         manager.shutdown(wait=False)  # stops its manager server and heartbeats; the others go on without it
         recorder.close()
@@ -188,6 +217,9 @@ def main(argv=None):
 # Workbook instrumentation
 # What the workbook's checks read: one JSON line per step per group in <metrics-dir>/group<ID>.jsonl (appended: a
 # restarted group adds its own lines, told apart by "pid"), and one "heal" line when the group received its state.
+# Each step line also says what crossed between the groups in that step, counted at the Manager (every all-reduce
+# of torchft's DDP and of DiLoCo goes through manager.allreduce): the bytes of the tensors handed to it, and whether
+# the step ended in a commit vote (manager.should_commit: DDP every step, DiLoCo at each sync).
 # ---------------------------------------------------------------------------------------------------------------
 
 def add_workbook_flags(p):
@@ -209,8 +241,20 @@ def weights_sha256(model):
 
 
 class Recorder:
-    def __init__(self, args, model):
+    def __init__(self, args, model, manager):
         self.args, self.model = args, model
+        self.local_step, self.allreduce_bytes, self.sync_step = 0, 0, False
+        allreduce, should_commit = manager.allreduce, manager.should_commit
+
+        def counted_allreduce(tensor, *a, **kw):  # what torchft's DDP comm hook and DiLoCo call, per tensor
+            self.allreduce_bytes += tensor.numel() * tensor.element_size()
+            return allreduce(tensor, *a, **kw)
+
+        def observed_should_commit(*a, **kw):
+            self.sync_step = True
+            return should_commit(*a, **kw)
+
+        manager.allreduce, manager.should_commit = counted_allreduce, observed_should_commit  # on this instance only
         Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
         self.file = open(Path(args.metrics_dir) / f"group{REPLICA_GROUP_ID}.jsonl", "a", buffering=1)
         self.write({"event": "start"})
@@ -231,9 +275,13 @@ class Recorder:
             os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no flush of anything else: a machine dying
 
     def step(self, manager, committed, loss):
+        self.local_step += 1
         self.write({"event": "step", "step": manager.current_step(), "committed": committed,
                     "batches_committed": manager.batches_committed(), "participants": manager.num_participants(),
-                    "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model)})
+                    "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model),
+                    "local_step": self.local_step, "sync_step": self.sync_step,
+                    "allreduce_bytes": self.allreduce_bytes})
+        self.allreduce_bytes, self.sync_step = 0, False
         if self.args.step_delay_s:
             time.sleep(self.args.step_delay_s)
 

@@ -3,11 +3,14 @@
 ``ft_train.py`` (the torchft lesson) appends one JSON line per event to ``<metrics-dir>/group<G>.jsonl``: ``start``
 when a process of the group starts, ``step`` after every optimizer step (``step``: torchft's step count after it,
 ``committed``: whether that step reached the weights, ``batches_committed``, ``participants``: groups in the step's
-quorum, ``loss_local``: the group's own loss, ``weights_sha256``: a hash of every parameter's bytes), and ``heal`` when
-the group received its state from a live group (``step``: the step it joined at, ``source_group``: who sent it),
-``send_state`` when it was asked to send its state to a healing group, and ``killed_itself`` when it then SIGKILLed
-itself (``--die-sending-state-if``: a drill's machine dying mid-heal). A restarted group appends to the same file, its
-lines told apart by ``pid``. A group SIGKILLed while writing may leave half a last line: it is skipped.
+quorum, ``loss_local``: the group's own loss, ``weights_sha256``: a hash of every parameter's bytes, ``local_step``: the
+process's optimizer steps so far, from 1, ``sync_step``: whether the step ended in torchft's commit vote (DDP: every
+step; DiLoCo: every ``--sync-every``-th), ``allreduce_bytes``: the bytes of the tensors the step handed to
+``manager.allreduce``, counted), ``heal`` when the group received its state from a live group (``step``: the step it
+joined at, ``source_group``: who sent it), ``send_state`` when it was asked to send its state to a healing group, and
+``killed_itself`` when it then SIGKILLed itself (``--die-sending-state-if``: a drill's machine dying mid-heal). A
+restarted group appends to the same file, its lines told apart by ``pid``. A group SIGKILLed while writing may leave
+half a last line: it is skipped.
 
 A start of a group that the workbook killed on purpose (``ReplicaGroups.kill``, or a drill's trigger) holds
 ``KILL_RECORD`` in its folder (``group<G>/attempt<A>/``): who killed it and when, so that the doctor names the kill
@@ -29,7 +32,9 @@ from ..errors import MetricsError
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One optimizer step of one group: ``time_s`` is ``time.time()`` in the rank (seconds since the epoch)."""
+    """One optimizer step of one group: ``time_s`` is ``time.time()`` in the rank (seconds since the epoch); ``step``
+    is torchft's count of committed steps after it (DiLoCo: of syncs), ``local_step`` the process's own optimizer
+    steps (DiLoCo's inner steps), ``allreduce_bytes`` the bytes handed to ``manager.allreduce`` in this step."""
 
     replica_group: int
     pid: int
@@ -40,6 +45,9 @@ class StepRecord:
     participants: int
     loss_local: float
     weights_sha256: str
+    local_step: int
+    sync_step: bool
+    allreduce_bytes: int
 
 
 @dataclass(frozen=True)
