@@ -34,7 +34,8 @@ from ..errors import MetricsError
 class StepRecord:
     """One optimizer step of one group: ``time_s`` is ``time.time()`` in the rank (seconds since the epoch); ``step``
     is torchft's count of committed steps after it (DiLoCo: of syncs), ``local_step`` the process's own optimizer
-    steps (DiLoCo's inner steps), ``allreduce_bytes`` the bytes handed to ``manager.allreduce`` in this step."""
+    steps (DiLoCo's inner steps), ``allreduce_bytes`` the bytes handed to ``manager.allreduce`` in this step (these
+    three are ``None`` in records of an ``ft_train.py`` that did not write them: the doctor's captured runs)."""
 
     replica_group: int
     pid: int
@@ -45,9 +46,9 @@ class StepRecord:
     participants: int
     loss_local: float
     weights_sha256: str
-    local_step: int
-    sync_step: bool
-    allreduce_bytes: int
+    local_step: int | None = None
+    sync_step: bool | None = None
+    allreduce_bytes: int | None = None
 
 
 @dataclass(frozen=True)
