@@ -73,9 +73,12 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
                    "FSDP2 with fp16 + GradScaler (CUDA only): a loss_scale and peak_allocated_bytes > 0 every step"),
     "grad_accum": ((), SUCCESS_IS_THE_CHECK),
     # One rank: torchft's DDP averages across replica groups, not inside one; alone, the script starts its own
-    # lighthouse. Its groups still train on gloo and the CPU (NCCL replica groups are issue 47's GPU path, not yet).
-    "ft_train": (("--max-steps", 20), SUCCESS_IS_THE_CHECK + "; one torchft replica group alone, on gloo, with a "
-                                      "lighthouse of its own (the CUDA build of torch beside torchft)"),
+    # lighthouse. --device cuda: torchft's ProcessGroupNCCL across groups (TORCH_NCCL_NONBLOCKING_TIMEOUT set from
+    # --pg-timeout-s by torchft itself, NCCL_HOSTID per group as torchft's train_ddp.py sets it), PGTransport on the
+    # GPU; then DiLoCo the same way. Written from torchft 0.2.0's source, never run on a GPU before this check.
+    "ft_train": (("--max-steps", 20, "--device", "cuda"),
+                 SUCCESS_IS_THE_CHECK + "; one torchft replica group alone on its GPU over torchft's ProcessGroupNCCL, "
+                 "with a lighthouse of its own"),
     "context_parallel_float8": ((), "context parallelism over nccl: each rank holds 1/N of the sequence, the ring "
                                     "attention's output equals one process's in bf16; float8 (torch._scaled_mm) on "
                                     "compute capability >= 8.9, else the reason recorded (notebook 12 asserts)"),

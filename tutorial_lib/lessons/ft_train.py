@@ -54,7 +54,7 @@ import torch.nn as nn
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
-from torchft import DistributedSampler, Manager, Optimizer, ProcessGroupGloo
+from torchft import DistributedSampler, Manager, Optimizer, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing.pg_transport import PGTransport
 from torchft.coordination import LighthouseServer
 from torchft.local_sgd import DiLoCo
@@ -81,6 +81,9 @@ def parse_args(argv=None):
                         "group can hang before the step is dropped")
     p.add_argument("--manager-timeout-s", type=float, default=30.0,
                    help="the Manager's timeout for its own calls: should_commit, sending a heal (seconds)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: this group's GPU (REPLICA_GROUP_ID mod the GPU count) over NCCL if there is one, else "
+                        "the CPU over gloo")
     p.add_argument("--log-every", type=int, default=20, help="print a line every N commits (count; DiLoCo: syncs)")
     add_workbook_flags(p)
     args = p.parse_args(argv)
@@ -127,6 +130,14 @@ def main(argv=None):
     if int(os.environ.get("WORLD_SIZE", 1)) != 1:
         sys.exit(f"ft_train.py runs one rank per replica group (got WORLD_SIZE={os.environ['WORLD_SIZE']}): "
                  "torchft's DDP averages across groups, not across the ranks inside one")
+    if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False); use --device cpu")
+        device = torch.device("cuda", REPLICA_GROUP_ID % torch.cuda.device_count())  # one GPU per group
+        torch.cuda.set_device(device)
+        os.environ.setdefault("NCCL_HOSTID", str(REPLICA_GROUP_ID))  # groups on one box: NCCL sees other hosts
+    else:
+        device = torch.device("cpu")
     dataset = TeacherDataset(args.dataset_size, seed=args.seed)
     # Shards the data over every group that may exist: a dead group's shard is not trained on while it is down.
     sampler = DistributedSampler(dataset, replica_rank=REPLICA_GROUP_ID, num_replica_groups=NUM_REPLICA_GROUPS,
@@ -143,7 +154,7 @@ def main(argv=None):
         lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)  # (the torchft_lighthouse command's server)
         os.environ["TORCHFT_LIGHTHOUSE"] = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
 
-    model = make_model(args.seed)
+    model = make_model(args.seed).to(device)
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     # What a healthy group sends a healing one, and how the healing one takes it in.
@@ -158,7 +169,8 @@ def main(argv=None):
 
     # The process group *across* replica groups. torchft reconfigures it (new members, new store prefix) whenever
     # the quorum changes; a short timeout turns an all-reduce with a dead group into a dropped step, not a hang.
-    pg = ProcessGroupGloo(timeout=timedelta(seconds=args.pg_timeout_s))
+    pg_timeout = timedelta(seconds=args.pg_timeout_s)
+    pg = ProcessGroupNCCL(timeout=pg_timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=pg_timeout)
     manager = Manager(
         pg=pg,
         min_replica_size=1,  # commit a step as long as one group is alive
@@ -168,7 +180,7 @@ def main(argv=None):
         timeout=timedelta(seconds=args.manager_timeout_s),
         # Heal through the process group itself (torchft's default is an HTTP server on every interface).
         checkpoint_transport=PGTransport(pg, timeout=timedelta(seconds=args.manager_timeout_s),
-                                         device=torch.device("cpu")),
+                                         device=device),
         init_sync=False,
         use_async_quorum=args.algorithm == "ddp",  # DiLoCo needs the quorum (and any heal) before its all-reduce
     )
@@ -191,6 +203,7 @@ def main(argv=None):
             while manager.current_step() * steps_per_commit < args.max_steps:
                 sampler.set_epoch(epoch)
                 for x, y in loader:
+                    x, y = x.to(device), y.to(device)
                     step_before = manager.current_step()
                     optimizer.zero_grad()  # DDP: asks the lighthouse for this step's quorum (in the background)
                     loss = loss_fn(model(x), y)
@@ -236,7 +249,7 @@ def weights_sha256(model):
     """SHA-256 of every parameter's bytes in order: two groups with equal hashes hold bitwise equal weights."""
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(p.detach().contiguous().numpy().tobytes())
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
