@@ -22,8 +22,10 @@ shares), where the script writes its own files (ft_train.py's ``metrics/``); eac
 Nothing is left: ``stop()`` cancels every job this object submitted that is not finished, and ``with`` calls it on any
 exit, an error or a KeyboardInterrupt included; ``sbatch`` and each cancel run with a kernel interrupt held back
 until they are done, so no job is submitted without its id being known. A kernel killed outright runs no clean-up:
-on the local cluster it owns (``tl.connect_slurm()``) the cluster's watchdog cancels every job within seconds; on
-another cluster the lighthouse dies with the kernel and each job ends at its ``--time`` at the latest.
+on the local cluster it owns (``tl.connect_slurm()``) the cluster's watchdog cancels every job within seconds; on any
+cluster the lighthouse dies with the kernel (its stdin closes), and each group's next quorum request fails after
+torchft's quorum timeout (``Manager(quorum_timeout=...)``, 60 s by default), which ends its job (two jobs gone 65 s
+after their kernel's SIGKILL on the local cluster, whose owner was not that kernel); at the latest at its ``--time``.
 
 The lighthouse (``replicas.start_lighthouse``) listens on 127.0.0.1 of this machine: the local cluster's nodes are
 all 127.0.0.1 (``NodeAddr``), so its jobs reach it. On a cluster of several machines run it where every node reaches
