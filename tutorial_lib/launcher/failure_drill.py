@@ -111,13 +111,15 @@ def _check(name: str, value: object, low: int) -> int:
 def _start_groups(slurm: SlurmSpec | None, lighthouse: Lighthouse, num_groups: int, run_dir: Path,
                   script_args: list, timeout_s: float) -> ReplicaGroups | SlurmReplicaGroups:
     """The drill's groups: torchrun jobs on this machine, or (``slurm``) SLURM jobs whose ``--time`` outlasts the
-    drill's three phases unless ``slurm.time_limit`` says otherwise."""
+    drill's three phases unless ``slurm.time_limit`` says otherwise, each leaving between two steps when ``scancel``
+    sends it SIGTERM (``ft_train.py --leave-on-sigterm``: a group that dies inside an all-reduce fails the other
+    groups' all-reduce in torchft 0.2.0's DDP, ``assert fut._fut`` in torchft/ddp.py; 2 of 8 cancels without it)."""
     if slurm is None:
         return start_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
                                     args=script_args)
     slurm = replace(slurm, time_limit=slurm.time_limit or time_limit(3 * timeout_s))
     return start_slurm_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
-                                      slurm=slurm, args=script_args)
+                                      slurm=slurm, args=[*script_args, "--leave-on-sigterm"])
 
 
 def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str = "ft-drill", num_groups: int = 2,
@@ -127,8 +129,8 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
     """Run ``ft_train.py`` as ``num_groups`` replica groups and put one through a failure and a return.
 
     1. every group commits ``steps_together`` steps with all groups in the quorum;
-    2. group ``kill_group`` is SIGKILLed (torchrun and rank: its machine dying; on SLURM its job is cancelled); the
-       others must commit ``steps_alone`` steps without it;
+    2. group ``kill_group`` is SIGKILLed (torchrun and rank: its machine dying; on SLURM its job is cancelled, and
+       the group leaves at the end of its current step); the others must commit ``steps_alone`` steps without it;
     3. it is started again (on SLURM: submitted again); it must heal (take its state from a live group) and commit
        ``steps_after_heal`` steps;
     4. everything is stopped (groups, then the lighthouse) and the records read.

@@ -19,6 +19,12 @@ shares), where the script writes its own files (ft_train.py's ``metrics/``); eac
 ``group<G>/attempt<A>/``: ``job.sh``, SLURM's ``ft_<G>-<job id>.out`` (the batch script's output) and
 ``ft_<G>-<job id>-node0.out`` (torchrun's own lines), and torchrun's ``logs/node0/`` (each rank's stdout and stderr).
 
+A cancel is SLURM's SIGTERM, not a machine dying: ft_train.py run with ``--leave-on-sigterm`` (``run_failure_drill``
+passes it) finishes its current step and exits, so it never leaves the other groups inside an all-reduce with it.
+One cancelled inside an all-reduce fails the other groups' all-reduce too in torchft 0.2.0's DDP (``_ManagedWork.wait``
+swallows the gloo error, then ``DistributedDataParallel._comm_hook`` fails ``assert fut._fut``, torchft/ddp.py): 2
+of 8 cancels on the local cluster ended the healthy group that way without the flag, 0 of 12 with it.
+
 Nothing is left: ``stop()`` cancels every job this object submitted that is not finished, and ``with`` calls it on any
 exit, an error or a KeyboardInterrupt included; ``sbatch`` and each cancel run with a kernel interrupt held back
 until they are done, so no job is submitted without its id being known. A kernel killed outright runs no clean-up:

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -190,6 +191,10 @@ def add_workbook_flags(p):
                    help="folder for group<REPLICA_GROUP_ID>.jsonl, one line per step (created if missing)")
     p.add_argument("--step-delay-s", type=float, default=0.0,
                    help="sleep after each step (seconds), so a demo can kill a group mid-run")
+    p.add_argument("--leave-on-sigterm", action="store_true",
+                   help="on SIGTERM (SLURM's scancel or preemption, SIGKILL following after KillWait) finish the "
+                        "current step, record it, then exit 0: the group leaves between two steps, never inside an "
+                        "all-reduce the other groups are in (torchft 0.2.0's DDP then fails theirs too)")
 
 
 def weights_sha256(model):
@@ -206,6 +211,9 @@ class Recorder:
         Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
         self.file = open(Path(args.metrics_dir) / f"group{REPLICA_GROUP_ID}.jsonl", "a", buffering=1)
         self.write({"event": "start"})
+        self.asked_to_leave = False
+        if args.leave_on_sigterm:  # Python runs the handler between two bytecodes: never inside a collective
+            signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "asked_to_leave", True))
 
     def write(self, fields):
         # One write per line, so a reader never sees half a record (a SIGKILL may cut the last line off).
@@ -220,6 +228,8 @@ class Recorder:
         self.write({"event": "step", "step": manager.current_step(), "committed": committed,
                     "batches_committed": manager.batches_committed(), "participants": manager.num_participants(),
                     "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model)})
+        if self.asked_to_leave:  # between two steps: main's finally shuts the Manager down, the others go on
+            sys.exit(0)
         if self.args.step_delay_s:
             time.sleep(self.args.step_delay_s)
 
