@@ -38,6 +38,7 @@ from .launcher.failure_drill import FailureDrill, HardFailure, run_failure_drill
 from .launcher.replica_run import ReplicaRun, run_replica_groups
 from .launcher.in_process import export_hf, run_in_process
 from .launcher.replicas import start_lighthouse, start_replica_groups
+from .launcher.slurm_replicas import start_slurm_replica_groups
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
 from .launcher.slurm_job import SlurmJob
@@ -109,6 +110,7 @@ __all__ += ["language", "set_language"]  # the language of the doctor's report a
 __all__ += ["Exercise", "Verdict", "exercise", "exercises", "progress"]  # exercises: checked on real ranks
 __all__ += ["ObservedRank", "ObservedRun", "read_observed"]  # observe=True: what each rank did, as torch saw it
 __all__ += ["FailureDrill", "HardFailure", "ReplicaRecords", "diagnose_groups", "read_replica_records",
-            "run_failure_drill", "run_hard_failure", "start_lighthouse", "start_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15)
+            "run_failure_drill", "run_hard_failure", "start_lighthouse", "start_replica_groups",
+            "start_slurm_replica_groups", "steps_table"]  # torchft: replica groups killed, restarted, healed (notebook 15); on SLURM, one job each
 __all__ += ["ReplicaRun", "run_replica_groups"]  # torchft: groups run to the end, DDP beside DiLoCo (notebook 15)
 __version__ = "0.1.0"

@@ -7,6 +7,11 @@ lighthouse on 127.0.0.1 and the groups as torchrun jobs (``replicas``), each pha
 lighthouse and the groups are context managers here: an error, a timeout or an interrupt of the cell stops them
 before it propagates, and ``FailureDrill.left_running`` says what was still alive after the stop (nothing, if the
 clean-up worked).
+
+``run_failure_drill(slurm=SlurmSpec(...))`` runs the same drill with each group as a SLURM job
+(``slurm_replicas``, ``tests/integration/test_torchft_slurm.py``'s scenario): the kill is ``scancel`` of the group's
+job, the restart a new ``sbatch``, and ``FailureDrill.left_jobs`` says which of its jobs were still in the queue after
+the stop (none, if the clean-up worked). The phases and their waits are the same code for both.
 """
 
 from __future__ import annotations
@@ -14,13 +19,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError, LaunchError, MetricsError
 from ..runs.replica_records import HealRecord, ReplicaRecords, read_replica_records, write_kill_record
 from ..runs.rundir import LESSONS_DIR, new_run_dir
-from .replicas import TORCHRUN_LOG, ReplicaGroups, leftover_processes, start_lighthouse, start_replica_groups
+from ..slurm.target import SlurmSpec
+from .replicas import Lighthouse, ReplicaGroups, leftover_processes, start_lighthouse, start_replica_groups
+from .slurm_job import time_limit
+from .slurm_replicas import SlurmReplicaGroups, leftover_jobs, start_slurm_replica_groups
 
 FT_SCRIPT = LESSONS_DIR / "ft_train.py"
 
@@ -33,16 +41,19 @@ class FailureDrill:
         run_dir: the run's folder (``lighthouse.log``, ``group<G>/attempt<A>/``, ``metrics/``).
         records: every group's steps, commits and heals.
         num_groups: replica groups started.
-        killed_group: the group SIGKILLed and restarted.
+        killed_group: the group SIGKILLed (on SLURM: its job cancelled) and restarted (resubmitted).
         killed_pid: the pid of its rank that was killed (its records before the kill carry it).
-        killed_at_s: when it was killed (``time.time()``, seconds since the epoch).
+        killed_at_s: when it was killed (``time.time()``, seconds since the epoch; on SLURM when ``scancel`` ran).
         restarted_at_s: when it was started again (seconds since the epoch).
         heal: its heal after the restart: the step it joined at and the group its state came from.
         heartbeat_timeout_ms: the lighthouse's: how long a silent group stays in the quorum (milliseconds).
         starts: ``(group, attempt)`` of every torchrun job, in start order.
-        left_running: pids of the drill's processes (lighthouse, torchruns, ranks) alive after it stopped them.
+        left_running: pids of the drill's processes (lighthouse, torchruns, ranks) alive after it stopped them (on
+            SLURM: the lighthouse's only; the jobs' processes are SLURM's, see ``left_jobs``).
         run_s: the drill's wall time (seconds; printed, never a claim).
         script: the lesson every group ran (``lessons/ft_train.py``), to show.
+        job_ids: on SLURM, the job id of each start of ``starts``, in the same order; else empty.
+        left_jobs: on SLURM, the ids of its jobs still in the queue after it cancelled them; else empty.
     """
 
     run_dir: Path
@@ -58,16 +69,18 @@ class FailureDrill:
     left_running: list[int]
     run_s: float
     script: Path = FT_SCRIPT
+    job_ids: list[int] = field(default_factory=list)
+    left_jobs: list[int] = field(default_factory=list)
 
 
-def wait_for_records(groups: ReplicaGroups, what: str, state: Callable[[ReplicaRecords], bool],
-                     timeout_s: float, poll_s: float = 0.1, expected_ends: Sequence[int] = ()) -> ReplicaRecords:
+def wait_for_records(groups: ReplicaGroups | SlurmReplicaGroups, what: str,
+                     state: Callable[[ReplicaRecords], bool], timeout_s: float, poll_s: float = 0.1, expected_ends: Sequence[int] = ()) -> ReplicaRecords:
     """Read the groups' records every ``poll_s`` seconds until ``state(records)`` is true; return those records.
 
     Raises:
-        LaunchError: a group's torchrun ended that was neither killed on purpose nor in ``expected_ends`` (groups
-            whose end is the awaited state), or ``timeout_s`` passed; the message
-            names ``what`` was awaited, each group's commits so far, and the last lines of each torchrun's output.
+        LaunchError: a group's torchrun (on SLURM: its job) ended that was neither killed on purpose nor in
+            ``expected_ends`` (groups whose end is the awaited state), or ``timeout_s`` passed; the message names
+            ``what`` was awaited, each group's commits so far, and the last lines of each torchrun's output.
     """
     deadline = time.monotonic() + timeout_s
     metrics = groups.run_dir / "metrics"
@@ -79,12 +92,10 @@ def wait_for_records(groups: ReplicaGroups, what: str, state: Callable[[ReplicaR
             so_far = {g: len(records.committed(g)) for g in sorted(records.steps)}
         except MetricsError as e:  # no group has written yet
             so_far = str(e)
-        ended = [g for g, group in groups.groups.items()
-                 if group.popen.poll() is not None and group.killed_at_s is None and g not in expected_ends]
+        ended = [g for g, group in groups.groups.items() if group.ended_on_its_own() and g not in expected_ends]
         if ended or time.monotonic() > deadline:
             why = f"group(s) {ended} ended" if ended else f"{timeout_s:g} s passed"
-            tails = {g: (group.folder / TORCHRUN_LOG).read_text(errors="replace").splitlines()[-5:]
-                     for g, group in groups.groups.items()}
+            tails = {g: group.output_tail(5) for g, group in groups.groups.items()}
             raise LaunchError(f"waiting for {what}: {why}; commits per group so far: {so_far}; the last lines of "
                               f"each group's torchrun: {tails}", run_dir=groups.run_dir,
                               command=next(iter(groups.groups.values())).command, returncode=None)
@@ -97,16 +108,31 @@ def _check(name: str, value: object, low: int) -> int:
     return value
 
 
+def _start_groups(slurm: SlurmSpec | None, lighthouse: Lighthouse, num_groups: int, run_dir: Path,
+                  script_args: list, timeout_s: float) -> ReplicaGroups | SlurmReplicaGroups:
+    """The drill's groups: torchrun jobs on this machine, or (``slurm``) SLURM jobs whose ``--time`` outlasts the
+    drill's three phases unless ``slurm.time_limit`` says otherwise. ``scancel``'s SIGTERM may land inside an
+    all-reduce: ft_train.py's ``manager.allreduce`` records that failure and the other groups drop the step (torchft
+    0.2.0's own DDP comm hook would fail ``assert fut._fut`` instead: 2 of 8 cancels ended the healthy group with it)."""
+    if slurm is None:
+        return start_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
+                                    args=script_args)
+    slurm = replace(slurm, time_limit=slurm.time_limit or time_limit(3 * timeout_s))
+    return start_slurm_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
+                                      slurm=slurm, args=script_args)
+
+
 def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str = "ft-drill", num_groups: int = 2,
                       kill_group: int = 1, steps_together: int = 5, steps_alone: int = 10, steps_after_heal: int = 10,
                       heartbeat_timeout_ms: int = 2000, step_delay_s: float = 0.05, timeout_s: float = 120.0,
-                      args: Sequence[object] = ()) -> FailureDrill:
+                      args: Sequence[object] = (), slurm: SlurmSpec | None = None) -> FailureDrill:
     """Run ``ft_train.py`` as ``num_groups`` replica groups and put one through a failure and a return.
 
     1. every group commits ``steps_together`` steps with all groups in the quorum;
-    2. group ``kill_group`` is SIGKILLed (torchrun and rank: its machine dying); the others must commit
-       ``steps_alone`` steps without it;
-    3. it is started again; it must heal (take its state from a live group) and commit ``steps_after_heal`` steps;
+    2. group ``kill_group`` is SIGKILLed (torchrun and rank: its machine dying; on SLURM its job is cancelled, and
+       the group leaves at the end of its current step); the others must commit ``steps_alone`` steps without it;
+    3. it is started again (on SLURM: submitted again); it must heal (take its state from a live group) and commit
+       ``steps_after_heal`` steps;
     4. everything is stopped (groups, then the lighthouse) and the records read.
 
     Args:
@@ -119,11 +145,15 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
         step_delay_s: ``ft_train.py --step-delay-s``: a pause after each step, so the phases span several steps.
         timeout_s: the longest wait for one phase (seconds).
         args: more arguments for ``ft_train.py``.
+        slurm: run each group as a job of this SLURM cluster (``SlurmSpec``; ``tl.connect_slurm().spec()``: the local
+            two-node cluster, whose nodes reach the lighthouse on 127.0.0.1), ``run_dir`` being on the filesystem its
+            nodes share (``slurm_replicas``); ``None``: torchrun jobs on this machine.
 
     Raises:
         ConfigError: a value out of range, naming it.
         LaunchError: the lighthouse did not start, or a phase did not happen (``wait_for_records``); everything is
-            stopped first.
+            stopped (on SLURM: every job cancelled) first.
+        SlurmError: sbatch refused a job, or a cancel failed (slurmctld not answering).
     """
     _check("num_groups", num_groups, 2)
     if _check("kill_group", kill_group, 0) >= num_groups:
@@ -135,8 +165,7 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
     run_dir = new_run_dir(label, runs_dir)
     script_args = ["--max-steps", 1_000_000, "--step-delay-s", step_delay_s, "--log-every", 1_000_000, *args]
     with start_lighthouse(run_dir / "lighthouse.log", heartbeat_timeout_ms=heartbeat_timeout_ms) as lighthouse:
-        with start_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
-                                  args=script_args) as groups:
+        with _start_groups(slurm, lighthouse, num_groups, run_dir, script_args, timeout_s) as groups:
             full = [g for g in range(num_groups)]
             records = wait_for_records(groups, f"{steps_together} commits of every group together", lambda r: all(
                 sum(s.participants == num_groups for s in r.committed(g)) >= steps_together for g in full), timeout_s)
@@ -158,10 +187,13 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
         lighthouse.stop()
     records = read_replica_records(run_dir / "metrics")
     heal = next(h for h in records.heals if h.replica_group == kill_group and h.time_s > restarted_at_s)
-    left = [p.pid for p in leftover_processes(groups)] + ([lighthouse.process.pid] if lighthouse.alive() else [])
+    on_slurm = isinstance(groups, SlurmReplicaGroups)
+    left = ([] if on_slurm else [p.pid for p in leftover_processes(groups)]) + (
+        [lighthouse.process.pid] if lighthouse.alive() else [])
     return FailureDrill(run_dir, records, num_groups, kill_group, killed_pid, killed_at_s, restarted_at_s, heal,
-                        heartbeat_timeout_ms,
-                        [(g.group_id, g.attempt) for g in groups.history], left, time.monotonic() - started)
+                        heartbeat_timeout_ms, [(g.group_id, g.attempt) for g in groups.history], left,
+                        time.monotonic() - started, job_ids=[g.job_id for g in groups.history] if on_slurm else [],
+                        left_jobs=leftover_jobs(groups) if on_slurm else [])
 
 
 LOSSES = ("lighthouse", "sender_mid_heal")  # run_hard_failure's ``what``
@@ -201,8 +233,9 @@ class HardFailure:
 
 
 def run_hard_failure(what: str, *, runs_dir: str | os.PathLike | None = None, steps_together: int = 5,
-                      steps_alone: int = 5, steps_after: int = 5, heartbeat_timeout_ms: int = 2000, quorum_timeout_s: float = 5.0,
-                      step_delay_s: float = 0.05, timeout_s: float = 120.0) -> HardFailure:
+                     steps_alone: int = 5, steps_after: int = 5, heartbeat_timeout_ms: int = 2000,
+                     quorum_timeout_s: float = 5.0, step_delay_s: float = 0.05,
+                     timeout_s: float = 120.0) -> HardFailure:
     """Put two replica groups of ``ft_train.py`` through a failure torchft cannot heal, and diagnose every start.
 
     * ``"lighthouse"``: both groups commit ``steps_together`` steps together, then the lighthouse is SIGKILLed. No

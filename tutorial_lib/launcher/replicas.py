@@ -253,6 +253,15 @@ class ReplicaGroup:
         self.tree.refresh()
         return self.popen.poll() is None or bool(self.tree.alive())
 
+    def ended_on_its_own(self) -> bool:
+        """Whether its torchrun has exited without ``kill`` (a failure, or the script's end): what a wait stops at."""
+        return self.popen.poll() is not None and self.killed_at_s is None
+
+    def output_tail(self, lines: int = 5) -> list[str]:
+        """The last ``lines`` lines of torchrun's own output (``torchrun.log``)."""
+        path = self.folder / TORCHRUN_LOG
+        return path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+
 
 @dataclass
 class ReplicaGroups:

@@ -71,7 +71,7 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
                  time_limit: str = "00:30:00", cpus_per_task: int | None = None, job_name: str = "ddp",
                  run_dir: str | os.PathLike | None = None, rendezvous_port: int | None = 29500, max_restarts: int = 0,
                  socket_ifname: str | None = None, torchrun: str = "torchrun",
-                 rendezvous_timeout_s: float | None = None) -> str:
+                 rendezvous_timeout_s: float | None = None, output_dir: str | None = None) -> str:
     """An ``sbatch`` script: one task per node, each running torchrun with the c10d rendezvous on the first node.
 
     ``srun`` starts the same torchrun command on every node; the first node of the allocation (from
@@ -119,22 +119,27 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
             ``python -m torch.distributed.run``).
         rendezvous_timeout_s: how long each node's torchrun waits for the others at the rendezvous
             (``--rdzv-conf join_timeout=``, seconds > 0); ``None``: torchrun's default (600 s).
+        output_dir: the folder of the job's output files and ``logs/``, relative to ``run_dir`` (or absolute; SLURM
+            does not create it); ``None``: ``run_dir``. Jobs sharing a ``run_dir`` (torchft's replica groups, one job
+            per group: ``group<G>/attempt<A>``) keep their files apart this way.
 
     Raises:
-        ConfigError: a count < 1, GPUs but not one rank per GPU, a bad port, time limit, timeout or name.
+        ConfigError: a count < 1, GPUs but not one rank per GPU, a bad port, time limit, timeout, name or folder.
     """
     nproc_per_node = _check_job(nnodes=nnodes, nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node,
                                 cpus_per_task=cpus_per_task, max_restarts=max_restarts, time_limit=time_limit,
                                 rendezvous_port=rendezvous_port, rendezvous_timeout_s=rendezvous_timeout_s,
                                 names=dict(job_name=job_name, partition=partition, account=account,
-                                           socket_ifname=socket_ifname, run_dir=run_dir))
+                                           socket_ifname=socket_ifname, run_dir=run_dir), output_dir=output_dir)
+    out = f"{output_dir.rstrip('/')}/" if output_dir else ""
     options = [f"--job-name={job_name}", f"--nodes={nnodes}", "--ntasks-per-node=1",
                *_optional(gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, partition=partition,
-                          account=account), f"--time={time_limit}", *_optional(chdir=run_dir), "--output=%x-%j.out"]
+                          account=account), f"--time={time_limit}", *_optional(chdir=run_dir),
+               f"--output={out}%x-%j.out"]
     # Slurm 22.05's srun no longer inherits the job's --cpus-per-task: repeat it.
-    srun = ["srun", "--kill-on-bad-exit=1", *_optional(cpus_per_task=cpus_per_task), "--output=%x-%j-node%n.out"]
+    srun = ["srun", "--kill-on-bad-exit=1", *_optional(cpus_per_task=cpus_per_task), f"--output={out}%x-%j-node%n.out"]
     # SLURM_NODEID differs per node: the node's own shell reads it (single quotes); `exec` makes torchrun the task.
-    node_task = f'trap "" USR1; exec {shlex.join(_launcher(torchrun))} --log-dir "logs/node$SLURM_NODEID" "$@"'
+    node_task = f'trap "" USR1; exec {shlex.join(_launcher(torchrun))} --log-dir "{out}logs/node$SLURM_NODEID" "$@"'
     rdzv_conf = ([] if rendezvous_timeout_s is None else ["--rdzv-conf", f"join_timeout={rendezvous_timeout_s:g}"])
     torchrun_argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--max-restarts",
                      str(max_restarts), "--rdzv-backend", "c10d", *rdzv_conf]
@@ -181,8 +186,11 @@ def _optional(**options: object) -> list[str]:
 
 def _check_job(*, nnodes: int, nproc_per_node: int | None, gpus_per_node: int, cpus_per_task: int | None,
                max_restarts: int, time_limit: str, rendezvous_port: int | None, rendezvous_timeout_s: float | None,
-               names: dict[str, object]) -> int:
+               names: dict[str, object], output_dir: str | None = None) -> int:
     """``slurm_script``'s checks; returns ``nproc_per_node`` (``gpus_per_node`` when not given)."""
+    if output_dir is not None and not (isinstance(output_dir, str) and re.fullmatch(r"[A-Za-z0-9._/+-]+", output_dir)):
+        raise ConfigError(f"output_dir must be a folder path of letters, digits, '.', '_', '-', '+' and '/' (SLURM "
+                          f"reads '%' in it as a pattern, the batch script quotes it), got {output_dir!r}")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node must be an integer >= 0 (0: a CPU job), got {gpus_per_node!r}")
     if nproc_per_node is None:
