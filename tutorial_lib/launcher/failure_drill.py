@@ -74,7 +74,8 @@ class FailureDrill:
 
 
 def wait_for_records(groups: ReplicaGroups | SlurmReplicaGroups, what: str,
-                     state: Callable[[ReplicaRecords], bool], timeout_s: float, poll_s: float = 0.1, expected_ends: Sequence[int] = ()) -> ReplicaRecords:
+                     state: Callable[[ReplicaRecords], bool], timeout_s: float, poll_s: float = 0.1,
+                     expected_ends: Sequence[int] = ()) -> ReplicaRecords:
     """Read the groups' records every ``poll_s`` seconds until ``state(records)`` is true; return those records.
 
     Raises:
@@ -112,8 +113,8 @@ def _start_groups(slurm: SlurmSpec | None, lighthouse: Lighthouse, num_groups: i
                   script_args: list, timeout_s: float) -> ReplicaGroups | SlurmReplicaGroups:
     """The drill's groups: torchrun jobs on this machine, or (``slurm``) SLURM jobs whose ``--time`` outlasts the
     drill's three phases unless ``slurm.time_limit`` says otherwise. ``scancel``'s SIGTERM may land inside an
-    all-reduce: ft_train.py's ``manager.allreduce`` records that failure and the other groups drop the step (torchft
-    0.2.0's own DDP comm hook would fail ``assert fut._fut`` instead: 2 of 8 cancels ended the healthy group with it)."""
+    all-reduce: ft_train.py's ``manager.allreduce`` records that failure and the other groups drop the step
+    (torchft 0.2.0's own DDP comm hook fails ``assert fut._fut`` instead: 2 of 8 cancels ended the healthy group)."""
     if slurm is None:
         return start_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
                                     args=script_args)
