@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 CORPUS = FIXTURES / "exercises"
 SPECS = load_all()
 SCRIPT_EXERCISES = sorted(i for i, s in SPECS.items() if s.kind == "script")
-KINDS = ("bug_kept", "alone", "forged", "solution", "literal")
+KINDS = ("bug_kept", "alone", "forged", "solution", "literal", "dropped")
 FILES = sorted(p for p in CORPUS.glob("*/*.py"))
 
 

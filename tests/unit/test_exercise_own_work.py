@@ -61,7 +61,7 @@ def test_the_shipped_solutions_and_the_notebooks_starters_are_not_refused():
     library to work its answer out: it is never launched as the learner's)."""
     found = starters()
     scripts = {i: s for i, s in load_all().items() if s.kind in ("script", "challenge")}
-    assert sorted(found) == sorted(scripts) and len(found) == 25 + 5  # 25 script exercises, 5 open challenges
+    assert sorted(found) == sorted(scripts) and len(found) == 26 + 5  # 26 script exercises, 5 open challenges
     for exercise_id, text in found.items():
         assert borrowed(text) == [], exercise_id
         assert borrowed((SOLUTIONS / scripts[exercise_id].solution).read_text()) == [], exercise_id

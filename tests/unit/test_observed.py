@@ -95,6 +95,19 @@ def test_a_rank_killed_mid_write_leaves_every_earlier_record_readable(tmp_path):
     assert not rank0.complete and rank0.exit_code is None
 
 
+def test_the_steps_recorded_so_far_are_counted_without_reading_the_record(tmp_path):
+    """What a check polls while the ranks run (15.1's replica groups): the optimizer steps in the observer's own lines,
+    a line cut by a kill not counted, 0 before the rank wrote anything."""
+    assert observed.observed_steps(tmp_path) == 0
+    path = write_rank(tmp_path, 0, ACCUMULATED[:5])
+    assert observed.observed_steps(tmp_path) == 1 == len(tl.read_observed(tmp_path)[0].steps)
+    with open(path, "a") as f:
+        f.write('{"seq": 6, "record": "optimizer_step", "step": 2')
+    assert observed.observed_steps(tmp_path) == 1 and observed.observed_steps(tmp_path, rank=1) == 0
+    write_rank(tmp_path / "b", 0, ACCUMULATED)
+    assert observed.observed_steps(tmp_path / "b") == 2 == len(tl.read_observed(tmp_path / "b")[0].steps)
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda lines: lines[:2] + lines[3:], "out of the observer's sequence"),  # a line taken out
     (lambda lines: lines + [json.dumps({"seq": len(lines) + 1, "record": "backward"})], "after the end record"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..diagnosis.doctor import Diagnosis
 from ..i18n import Message, _, render
+from ..runs.rundir import LOGS, OUTPUT_LOG
 from .core import HIDDEN, REGISTRY, Difference, Spec
 
 DOCTOR_LINES = 12  # the doctor's report in a verdict: its first lines (the whole report is in the run directory)
@@ -67,12 +68,16 @@ class Verdict:
                 out.append("  " + _("the launch failed; the doctor:"))
                 out += ["    " + line for line in _doctor_lines(self.failure, spec)[:DOCTOR_LINES]]
                 if not self.run_dirs or self.failure.run_dir != self.run_dirs[0]:  # else the line below names it
-                    out.append("  " + _("full log: {path}", path=self.failure.run_dir / "output.log"))
+                    log = self.failure.run_dir / OUTPUT_LOG  # a replica group's start (15.1) has its ranks' logs only
+                    out.append("  " + _("full log: {path}", path=log if log.exists() else self.failure.run_dir / LOGS))
             out += _difference_lines(self.differences)
             out.append("  " + _("a hint, when you want one: ex{n}.hint()", n=spec.number))
-        if self.run_dirs:
+        if self.run_dirs and (self.run_dirs[0] / OUTPUT_LOG).exists():
             out.append("  " + _("run directory: {path} (output.log: every line of every rank)",
                                 path=self.run_dirs[0]))
+        elif self.run_dirs:  # replica groups (15.1): each start's logs in group<G>/attempt<A>/logs/
+            out.append("  " + _("run directory: {path} (each replica group's start: group<G>/attempt<A>/, its ranks' "
+                                "logs in logs/)", path=self.run_dirs[0]))
         if self.warning is not None:
             out.append("  " + render(self.warning))
         if self.next_step is not None:

@@ -18,8 +18,8 @@ KeyboardInterrupt included. A kernel that dies takes them along: each torchrun d
 (``PR_SET_PDEATHSIG``, as ``launch`` does; so start groups from a thread that stays, such as the kernel's), each rank
 with its torchrun (the rank runner), and the lighthouse exits when its stdin, a pipe from the kernel, closes.
 Each group writes into ``<run_dir>/group<G>/attempt<A>/``: torchrun's own output (``torchrun.log``) and its
-``--log-dir`` (``logs/``, each rank's stdout and stderr); the groups run in ``run_dir``, where the script writes
-its own files (ft_train.py's ``metrics/``).
+``--log-dir`` (``logs/``, each rank's stdout and stderr), and with ``observe=True`` what the observer saw each rank do
+(``observed/``); the groups run in ``run_dir``, where the script writes its own files (ft_train.py's ``metrics/``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ import psutil
 from ..child.protocol import set_parent_death_signal
 from ..errors import ConfigError, LaunchError
 from ..runs.replica_records import write_kill_record
+from ..runs.rundir import observed_dir
 from .devices import DevicePlan
-from .environment import build_env
+from .environment import build_env, with_observer
 from .job import free_port
 from .plan import LOOPBACK, build_command
 from .processes import ProcessTree, is_alive
@@ -276,6 +277,7 @@ class ReplicaGroups:
     run_dir: Path
     env: dict[str, str]
     shutdown_grace_s: float
+    observe: bool = False
     groups: dict[int, ReplicaGroup] = field(default_factory=dict)
     history: list[ReplicaGroup] = field(default_factory=list)
 
@@ -288,6 +290,7 @@ class ReplicaGroups:
                                 rendezvous_id=f"group{group_id}")
         env = group_env(self.lighthouse.address, group_id, self.num_groups, self.nproc_per_group,
                         extra={**self.env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": f"{self.shutdown_grace_s:g}"})
+        env = with_observer(env, observed_dir(folder) if self.observe else None)  # each start's records of its own
         with open(folder / TORCHRUN_LOG, "wb") as out:  # a file, not a pipe: a SIGKILLed agent leaves no reader hanging
             popen = subprocess.Popen(command, cwd=self.run_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True,
@@ -374,7 +377,8 @@ class ReplicaGroups:
 
 def start_replica_groups(script: str | os.PathLike, *, lighthouse: Lighthouse, num_groups: int,
                          run_dir: str | os.PathLike, args: Sequence[object] = (), nproc_per_group: int = 1,
-                         env: Mapping[str, str] | None = None, shutdown_grace_s: float = 2.0) -> ReplicaGroups:
+                         env: Mapping[str, str] | None = None, shutdown_grace_s: float = 2.0,
+                         observe: bool = False) -> ReplicaGroups:
     """Start ``num_groups`` replica groups of ``script``, each a torchrun job of ``nproc_per_group`` gloo ranks on this
     machine, all reporting to ``lighthouse``; return at once (they run in the background: ``kill``, ``restart``,
     ``wait``, ``stop``; ``with`` stops them on leaving the block however it is left).
@@ -388,6 +392,8 @@ def start_replica_groups(script: str | os.PathLike, *, lighthouse: Lighthouse, n
         nproc_per_group: ranks per group (1 or 2 here; torchft's DDP needs 1: it averages across groups only).
         env: extra variables for every group's torchrun and ranks.
         shutdown_grace_s: torchrun's SIGTERM-to-SIGKILL grace when a group is stopped (seconds, > 0).
+        observe: run each rank with the observer (``run_script``'s ``observe=True``): every start writes what torch
+            saw its ranks do into its own ``group<G>/attempt<A>/observed/`` (``read_observed(folder)``).
 
     Raises:
         ConfigError: a bad value, naming it; the script is missing; the lighthouse is not running.
@@ -405,7 +411,7 @@ def start_replica_groups(script: str | os.PathLike, *, lighthouse: Lighthouse, n
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     groups = ReplicaGroups(script, [str(a) for a in args], lighthouse, num_groups, nproc_per_group, run_dir,
-                           dict(env or {}), shutdown_grace_s)
+                           dict(env or {}), shutdown_grace_s, bool(observe))
     try:
         for group_id in range(num_groups):
             groups._start(group_id)

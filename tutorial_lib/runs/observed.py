@@ -38,6 +38,7 @@ from ..errors import MetricsError
 from .rundir import observed_dir, observed_name
 
 SCHEMA = 1  # the records' version the observer writes (child/observer.py's SCHEMA; a test holds them equal)
+STEP_MARK = b'"record": "optimizer_step"'  # how the observer's json.dumps writes a step record's kind
 _FILE = re.compile(r"rank(\d+)(?:\.restart(\d+))?\.jsonl")
 
 
@@ -369,6 +370,17 @@ def read_observed(run_dir: str | os.PathLike, ranks: int | None = None, restart:
         raise MetricsError(f"no {', '.join(missing) or 'record'} in {str(folder)!r} (found {have}): a rank that never "
                            "started its script writes none")
     return ObservedRun(Path(run_dir), {rank: _read_rank(path, rank) for rank, path in sorted(paths.items())})
+
+
+def observed_steps(run_dir: str | os.PathLike, rank: int = 0, restart: int = 0) -> int:
+    """The optimizer steps rank ``rank`` (of torchrun's attempt ``restart``) of an observed launch has recorded so far,
+    counted in its record without reading it (cheap enough to poll while the rank runs: a check that waits for a
+    running job to reach a step); 0 when it has no record yet. A line cut short by a crash is not counted."""
+    try:
+        data = (observed_dir(run_dir) / observed_name(rank, restart)).read_bytes()
+    except OSError:
+        return 0
+    return data[:data.rfind(b"\n") + 1].count(STEP_MARK)
 
 
 def _lines(path: Path) -> list[dict]:
