@@ -1,7 +1,7 @@
 import argparse, os, time
 from datetime import timedelta
 import torch
-from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+from torchft import Manager, Optimizer, ProcessGroupGloo
 from torchft.checkpointing.pg_transport import PGTransport
 parser = argparse.ArgumentParser()
 parser.add_argument("--seed", type=int, default=0)  # the model's and the data's
@@ -30,7 +30,6 @@ pg = ProcessGroupGloo(timeout=timedelta(seconds=5))
 manager = Manager(pg=pg, min_replica_size=1, load_state_dict=load_state_dict, state_dict=state_dict,
                   replica_id=f"group_{GROUP}", timeout=timedelta(seconds=30), init_sync=False,
                   checkpoint_transport=PGTransport(pg, timeout=timedelta(seconds=30), device=torch.device("cpu")))
-ddp_model = DistributedDataParallel(manager, model)
 optimizer = Optimizer(manager, inner)  # zero_grad(): the quorum; step(): only if every group's all-reduce went through
 while manager.current_step() < args.steps:
     step = manager.current_step()  # the quorum's step: the same in every group, and healed
@@ -39,8 +38,10 @@ while manager.current_step() < args.steps:
     batch = torch.Generator().manual_seed(args.seed * 100_000 + step * 10 + GROUP)
     x = torch.randn(32, 16, generator=batch)  # this group's batch for this step
     optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(ddp_model(x), x.sum(1, keepdim=True).tanh())
-    loss.backward()  # averaged across the quorum's groups
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).tanh())
+    loss.backward()
+    for p in model.parameters():  # each gradient averaged across the quorum's groups
+        manager.allreduce(p.grad).wait()
     optimizer.step()
     time.sleep(0.05)  # a step of 50 ms at least: the check kills a group mid-run
 manager.shutdown(wait=False)
