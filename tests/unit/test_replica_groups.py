@@ -124,3 +124,10 @@ def test_a_hard_failure_with_a_bad_setting_is_refused_before_anything_starts(tmp
     with pytest.raises(ConfigError, match=message):
         run_hard_failure(what, runs_dir=tmp_path, **kwargs)
     assert list(tmp_path.iterdir()) == [], "no run folder made, nothing started"
+
+
+def test_runs_side_by_side_are_refused_before_anything_starts_when_one_sets_the_metrics_dir(tmp_path):
+    from tutorial_lib.launcher.replica_run import run_replica_groups
+    with pytest.raises(ConfigError, match=r"args must not set --metrics-dir .* got \['--metrics-dir', 'm'\]"):
+        run_replica_groups({"ddp": ["--max-steps", 5], "diloco": ["--metrics-dir", "m"]}, runs_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == [], "no run folder made, nothing started"

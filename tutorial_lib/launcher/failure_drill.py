@@ -235,7 +235,7 @@ class HardFailure:
 
 def run_hard_failure(what: str, *, runs_dir: str | os.PathLike | None = None, steps_together: int = 5,
                      steps_alone: int = 5, steps_after: int = 5, heartbeat_timeout_ms: int = 2000,
-                     quorum_timeout_s: float = 5.0, step_delay_s: float = 0.05,
+                     quorum_timeout_s: float = 3.0, step_delay_s: float = 0.05,
                      timeout_s: float = 120.0) -> HardFailure:
     """Put two replica groups of ``ft_train.py`` through a failure torchft cannot heal, and diagnose every start.
 
