@@ -149,8 +149,9 @@ NOTEBOOK_ASSERTS = {
                   "graphs and all-reduces with and without the split, FSDP2 compiled per block runs eager's "
                   "collectives; the compile failures named on 2 CPU ranks",
     "15_fault_tolerance": "two torchft replica groups as 1-rank torchrun jobs on CPU and gloo whatever the GPUs (NCCL "
-                          "replica groups are not run: never tried on a GPU here), one SIGKILLed, healed and bitwise "
-                          "equal; checkpoint_train.py's torchrun restart beside it over nccl",
+                          "replica groups: the ft_train script check), one SIGKILLed, healed and bitwise equal; "
+                          "checkpoint_train.py's torchrun restart beside it over nccl; the lighthouse and the last live "
+                          "group lost; DiLoCo beside DDP (bytes counted); exercise 15.1's check on its starter",
     "13_your_model_on_your_gpus": "config errors refused; plans of the shipped models; to_empty's control; the tiny "
                                   "Qwen2 on the GPUs: FSDP2 = one process, bitwise resume, every rank against its own "
                                   "plan counted as CUDA's tracker counts (tl.matches_plan: parameters and optimizer "
