@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ def pytest_configure(config):
         signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     # Inherited by the kernels nbval and papermill start: runs go to a temporary folder, live view as text.
     runs = Path(os.environ.get("TMPDIR", "/tmp")) / f"tutorial_lib-test-runs-{os.getpid()}"
+    config.stash[_RUNS_DIR] = runs
     os.environ["TUTORIAL_LIB_RUNS_DIR"] = str(runs)
     os.environ["TUTORIAL_LIB_LIVE"] = "text"
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -55,6 +57,19 @@ def pytest_configure(config):
 
 
 _SESSION_PID = os.getpid()
+_RUNS_DIR = pytest.StashKey[Path]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Every run the session launched wrote to this folder (about 100 MB a session); twenty sessions' worth filled a CI
+    # machine's /tmp. A passing session removes it; a failing one keeps it for its logs and says where they are.
+    runs = session.config.stash.get(_RUNS_DIR, None)
+    if runs is None or not runs.exists() or os.getpid() != _SESSION_PID:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(runs, ignore_errors=True)
+    else:
+        print(f"\nthe runs this session launched (their logs) are kept in {runs}", file=sys.stderr)
 
 
 def _interrupt_on_sigterm(signum, frame):

@@ -120,9 +120,6 @@ def setup(args):
 
 def cleanup():
     if dist.is_initialized():
-        # Free the DDP model (held in a reference cycle) while the process group still lives: left to the
-        # interpreter's exit, gloo's threads aborted about 4% of finished CPU runs (torch 2.13, SIGABRT).
-        gc.collect()
         dist.destroy_process_group()
 
 
@@ -255,6 +252,10 @@ def main():
     rank, local_rank, world_size, device = setup(args)
     try:
         train(args, rank, local_rank, world_size, device)
+        # Free the DDP model (held in a reference cycle) while the process group still lives: left to the
+        # interpreter's exit, gloo's threads aborted about 4% of finished CPU runs (torch 2.13, SIGABRT). Only after
+        # a clean finish: after a peer's failure, freeing it waits for the broken all-reduce (--pg-timeout-s).
+        gc.collect()
     finally:
         cleanup()  # also after an error: leave the process group cleanly, the peers see this rank go
 
