@@ -149,7 +149,8 @@ NOTEBOOK_ASSERTS = {
                   "graphs and all-reduces with and without the split, FSDP2 compiled per block runs eager's "
                   "collectives; the compile failures named on 2 CPU ranks",
     "15_fault_tolerance": "two torchft replica groups as 1-rank torchrun jobs on CPU and gloo whatever the GPUs (NCCL "
-                          "replica groups: the ft_train script check), one SIGKILLed, healed and bitwise equal; "
+                          "replica groups: the ft_train script checks), one SIGKILLed, healed and bitwise equal; "
+                          "the same with 2 CPU ranks per group sharding the model (HSDP); "
                           "checkpoint_train.py's torchrun restart beside it over nccl; the lighthouse and the last live "
                           "group lost; DiLoCo beside DDP (bytes counted); exercise 15.1's check on its starter",
     "13_your_model_on_your_gpus": "config errors refused; plans of the shipped models; to_empty's control; the tiny "
@@ -269,6 +270,13 @@ def plan_checks(gpu_count: int) -> list[Check]:
                         "each precision autocast supports here ends within 5% of fp32's loss; step time vs fp32",
                         tuple(Launch("ddp_train", PRECISION_ARGS + ("--precision", p), gpu_count, label=f"gpu-amp-{p}")
                               for p in ("fp32", "bf16", "fp16"))))
+    if gpu_count >= 2:  # a replica group of 2 ranks: FSDP2 over NCCL inside it, torchft's ProcessGroupNCCL across
+        checks.append(Check("ft_train HSDP", "hsdp", "ft_train",
+                            "one torchft replica group of 2 GPUs sharding the model (FSDP2 on "
+                            "nccl, torchft's all-reduce in FSDP2's hook), with a lighthouse of its own: both ranks "
+                            "commit every step, each holding half the parameters; never run on a GPU before this check",
+                            (Launch("ft_train", ("--max-steps", 20, "--device", "cuda"), 2, "cuda", 1,
+                                    label="gpu-ft-hsdp"),)))
     cpu_ranks = Launch("collectives_check", ("--sizes-bytes", 4096), nproc_per_node=2, device="cpu", gpus_per_rank=0,
                        label="gpu-cpu-ranks")
     checks.append(Check("device=cpu on a GPU machine", "cpu_ranks", "collectives_check",
@@ -565,6 +573,17 @@ def run_offload(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
             + verify_export(result.run_dir, step=8))
 
 
+def run_ft_hsdp(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
+    """ft_train.py as one replica group of 2 GPUs (HSDP): both ranks commit every step, each holding half."""
+    (launch,) = check.launches
+    result = launch_one(launch, root)
+    ranks = {r: tl.read_replica_records(result.run_dir / "metrics", group_rank=r) for r in (0, 1)}
+    held = {r: {s.params_local for s in records.steps[0]} for r, records in ranks.items()}
+    steps = {r: [s.step for s in records.committed(0)] for r, records in ranks.items()}
+    assert steps[0] == steps[1] == list(range(1, 21)) and held[0] == held[1] and len(held[0]) == 1, (steps, held)
+    return f"{result.wall_time_s:.1f} s; 20 steps committed by both ranks, each holding {min(held[0]):,} parameters"
+
+
 def notebook_runner_missing() -> str:
     """Why the notebooks cannot run here (``""``: they can): papermill and ipykernel, dependencies of this package,
     run each notebook in a Jupyter kernel, the only place ``display``, widgets and cell outputs exist."""
@@ -589,7 +608,7 @@ def run_notebook(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
 
 
 RUNNERS = {"script": run_script_check, "precisions": run_precisions, "cpu_ranks": run_cpu_ranks,
-           "offload": run_offload, "notebook": run_notebook}
+           "offload": run_offload, "hsdp": run_ft_hsdp, "notebook": run_notebook}
 
 
 def first_gpus(count: int, visible: str | None) -> str:

@@ -241,3 +241,29 @@ def test_a_drill_that_times_out_stops_its_lighthouse_and_groups_before_it_raises
         run_failure_drill(runs_dir=tmp_path, timeout_s=0.5)
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != "zombie"]
     assert left == [], [(p.pid, p.cmdline()) for p in left]
+
+
+@needs_torchft
+def test_hsdp_groups_shard_the_model_and_each_rank_heals_its_shard_from_the_same_rank(tmp_path):
+    """Issue 47's item 6, on CPU ranks: 2 groups x 2 ranks, FSDP2 inside a group, torchft across groups (FSDP2's
+    all-reduce hook). Each rank holds and sends half the model; group 1 killed, restarted, healed per rank."""
+    from tutorial_lib.launcher.failure_drill import FT_SCRIPT, run_failure_drill
+    spec = importlib.util.spec_from_file_location("ft_train_model", FT_SCRIPT)
+    lesson = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lesson)
+    n_params = sum(p.numel() for p in lesson.make_model(0).parameters())
+    drill = run_failure_drill(runs_dir=tmp_path, label="hsdp", nproc_per_group=2, steps_alone=3, steps_after_heal=5)
+    shards = {r: drill.records_of(r) for r in (0, 1)}
+    hashes = {}
+    for r, records in shards.items():
+        steps = [s for g in records.steps for s in records.steps[g]]
+        assert {s.params_local for s in steps} == {n_params // 2}, "each rank holds half of every (even) layer"
+        assert {s.allreduce_bytes for s in steps} == {4 * n_params // 2}, "and all-reduces its fp32 shard's gradient"
+        (heal,) = [h for h in records.heals if h.replica_group == 1 and h.time_s > drill.restarted_at_s]
+        assert heal.source_group == 0
+        live = {s.step: s.weights_sha256 for s in records.committed(0)}
+        back = [s for s in records.committed(1, pid=heal.pid) if s.step in live]
+        assert len(back) >= 5 and all(live[s.step] == s.weights_sha256 for s in back), r
+        hashes[r] = set(live.values())
+    assert not hashes[0] & hashes[1], "the control: the two ranks' shards differ, so equal hashes mean one shard"
+    assert drill.left_running == [] and drill.starts == [(0, 0), (1, 0), (1, 1)]

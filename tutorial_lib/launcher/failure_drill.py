@@ -72,6 +72,15 @@ class FailureDrill:
     job_ids: list[int] = field(default_factory=list)
     left_jobs: list[int] = field(default_factory=list)
 
+    def records_of(self, group_rank: int) -> ReplicaRecords:
+        """What rank ``group_rank`` of every group recorded (``records`` are rank 0's; with ``nproc_per_group=2``,
+        rank 1 recorded its own shard's steps and heals).
+
+        Raises:
+            MetricsError: no group had that many ranks.
+        """
+        return read_replica_records(self.run_dir / "metrics", group_rank=group_rank)
+
 
 def wait_for_records(groups: ReplicaGroups | SlurmReplicaGroups, what: str,
                      state: Callable[[ReplicaRecords], bool], timeout_s: float, poll_s: float = 0.1,
@@ -110,14 +119,14 @@ def _check(name: str, value: object, low: int) -> int:
 
 
 def _start_groups(slurm: SlurmSpec | None, lighthouse: Lighthouse, num_groups: int, run_dir: Path,
-                  script_args: list, timeout_s: float) -> ReplicaGroups | SlurmReplicaGroups:
+                  script_args: list, timeout_s: float, nproc_per_group: int) -> ReplicaGroups | SlurmReplicaGroups:
     """The drill's groups: torchrun jobs on this machine, or (``slurm``) SLURM jobs whose ``--time`` outlasts the
     drill's three phases unless ``slurm.time_limit`` says otherwise. ``scancel``'s SIGTERM may land inside an
     all-reduce: ft_train.py's ``manager.allreduce`` records that failure and the other groups drop the step
     (torchft 0.2.0's own DDP comm hook fails ``assert fut._fut`` instead: 2 of 8 cancels ended the healthy group)."""
     if slurm is None:
         return start_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
-                                    args=script_args)
+                                    args=script_args, nproc_per_group=nproc_per_group)
     slurm = replace(slurm, time_limit=slurm.time_limit or time_limit(3 * timeout_s))
     return start_slurm_replica_groups(FT_SCRIPT, lighthouse=lighthouse, num_groups=num_groups, run_dir=run_dir,
                                       slurm=slurm, args=script_args)
@@ -126,7 +135,8 @@ def _start_groups(slurm: SlurmSpec | None, lighthouse: Lighthouse, num_groups: i
 def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str = "ft-drill", num_groups: int = 2,
                       kill_group: int = 1, steps_together: int = 5, steps_alone: int = 10, steps_after_heal: int = 10,
                       heartbeat_timeout_ms: int = 2000, step_delay_s: float = 0.05, timeout_s: float = 120.0,
-                      args: Sequence[object] = (), slurm: SlurmSpec | None = None) -> FailureDrill:
+                      args: Sequence[object] = (), nproc_per_group: int = 1,
+                      slurm: SlurmSpec | None = None) -> FailureDrill:
     """Run ``ft_train.py`` as ``num_groups`` replica groups and put one through a failure and a return.
 
     1. every group commits ``steps_together`` steps with all groups in the quorum;
@@ -146,6 +156,9 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
         step_delay_s: ``ft_train.py --step-delay-s``: a pause after each step, so the phases span several steps.
         timeout_s: the longest wait for one phase (seconds).
         args: more arguments for ``ft_train.py``.
+        nproc_per_group: ranks per group (1 or 2): with 2, each group shards the model over its ranks (fault-tolerant
+            HSDP); the drill's phases wait on each group's rank 0 (``records``; rank 1's: ``read_replica_records(
+            run_dir / "metrics", group_rank=1)``). Local groups only.
         slurm: run each group as a job of this SLURM cluster (``SlurmSpec``; ``tl.connect_slurm().spec()``: the local
             two-node cluster, whose nodes reach the lighthouse on 127.0.0.1), ``run_dir`` being on the filesystem its
             nodes share (``slurm_replicas``); ``None``: torchrun jobs on this machine.
@@ -157,6 +170,9 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
         SlurmError: sbatch refused a job, or a cancel failed (slurmctld not answering).
     """
     _check("num_groups", num_groups, 2)
+    if _check("nproc_per_group", nproc_per_group, 1) > (2 if slurm is None else 1):
+        raise ConfigError("nproc_per_group must be " + ("1 or 2 (ranks per group on this machine)" if slurm is None else
+                          "1 on SLURM (the SLURM drill runs one rank per group)") + f", got {nproc_per_group}")
     if _check("kill_group", kill_group, 0) >= num_groups:
         raise ConfigError(f"kill_group must be one of 0..{num_groups - 1}, got {kill_group}")
     for name, value in (("steps_together", steps_together), ("steps_alone", steps_alone),
@@ -166,7 +182,8 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
     run_dir = new_run_dir(label, runs_dir)
     script_args = ["--max-steps", 1_000_000, "--step-delay-s", step_delay_s, "--log-every", 1_000_000, *args]
     with start_lighthouse(run_dir / "lighthouse.log", heartbeat_timeout_ms=heartbeat_timeout_ms) as lighthouse:
-        with _start_groups(slurm, lighthouse, num_groups, run_dir, script_args, timeout_s) as groups:
+        with _start_groups(slurm, lighthouse, num_groups, run_dir, script_args, timeout_s,
+                           nproc_per_group) as groups:
             full = [g for g in range(num_groups)]
             records = wait_for_records(groups, f"{steps_together} commits of every group together", lambda r: all(
                 sum(s.participants == num_groups for s in r.committed(g)) >= steps_together for g in full), timeout_s)

@@ -40,6 +40,20 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
+def wait_dead(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until none of ``processes`` runs (``is_alive``), ``timeout_s`` seconds at most; return those still alive.
+
+    Not ``psutil.wait_procs``: for a process that is not this one's child (a rank, whose parent was torchrun) it
+    waits until the zombie is reaped, and PID 1 here reaps every ~2 s (a SIGKILLed group's kill took 1.85 s).
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in processes if is_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if is_alive(p)]
+    return alive
+
+
 @dataclass
 class Worker:
     """A process of the job: ``rank`` from its ``RANK`` variable (``None`` if it has none)."""
@@ -194,5 +208,5 @@ class ProcessTree:
                 w.process.kill()
             except psutil.Error:
                 pass
-        psutil.wait_procs([w.process for w in leftovers], timeout=5)
+        wait_dead([w.process for w in leftovers], timeout_s=5)
         return len(leftovers)

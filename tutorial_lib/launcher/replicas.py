@@ -47,12 +47,12 @@ from .devices import DevicePlan
 from .environment import build_env, with_observer
 from .job import free_port
 from .plan import LOOPBACK, build_command
-from .processes import ProcessTree, is_alive
+from .processes import ProcessTree, is_alive, wait_dead
 
 log = logging.getLogger(__name__)
 
 LIGHTHOUSE_PROGRAM = Path(__file__).resolve().parent.parent / "child" / "lighthouse.py"
-MAX_RANKS_PER_GROUP = 2  # this machine's cores; torchft's DDP needs 1 (it averages across groups only)
+MAX_RANKS_PER_GROUP = 2  # this machine's cores; ft_train.py shards the model over 2 (HSDP)
 TORCHRUN_LOG = "torchrun.log"
 
 
@@ -323,7 +323,7 @@ class ReplicaGroups:
         for process in processes:
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        psutil.wait_procs(processes, timeout=10)
+        wait_dead(processes, timeout_s=10)
         group.popen.wait(timeout=10)
         return group.killed_at_s
 
@@ -362,11 +362,15 @@ class ReplicaGroups:
     def stop(self) -> int:
         """Stop every start of every group (SIGTERM to torchrun, ``shutdown_grace_s``, then SIGKILL to whatever
         remains); return how many processes had to be killed. The lighthouse is the caller's to stop."""
-        killed = 0
-        for group in self.history:
-            if group.running():
-                killed += group.tree.stop(group.popen, self.shutdown_grace_s)
-        return killed
+        running = [group for group in self.history if group.running()]
+        for group in running:  # every torchrun stops its ranks at once, not one group after the other
+            with contextlib.suppress(ProcessLookupError):
+                group.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.shutdown_grace_s
+        while any(g.popen.poll() is None for g in running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # what is left: each tree's SIGKILL (and a torchrun that ignored the SIGTERM gets another, then its grace)
+        return sum(group.tree.stop(group.popen, self.shutdown_grace_s) for group in running)
 
     def __enter__(self) -> ReplicaGroups:
         return self
@@ -389,7 +393,7 @@ def start_replica_groups(script: str | os.PathLike, *, lighthouse: Lighthouse, n
         num_groups: replica groups (count, >= 1).
         run_dir: the groups' working folder and where their logs go (``group<G>/attempt<A>/``), created if missing.
         args: the script's arguments.
-        nproc_per_group: ranks per group (1 or 2 here; torchft's DDP needs 1: it averages across groups only).
+        nproc_per_group: ranks per group (1 or 2 here; ft_train.py shards its model over 2: HSDP).
         env: extra variables for every group's torchrun and ranks.
         shutdown_grace_s: torchrun's SIGTERM-to-SIGKILL grace when a group is stopped (seconds, > 0).
         observe: run each rank with the observer (``run_script``'s ``observe=True``): every start writes what torch

@@ -3,6 +3,7 @@
 Run card (one terminal each; every group is its own torchrun job)
     python ft_train.py --max-steps 50                                # one group alone, with a lighthouse of its own
     torchrun --nproc-per-node 1 ft_train.py --max-steps 50          # the same under torchrun
+    torchrun --nproc-per-node 2 ft_train.py --max-steps 50          # one HSDP group: 2 ranks sharding the model
 
     torchft_lighthouse --min_replicas 1 --bind 127.0.0.1:29510       # the lighthouse: who is alive, the quorum
     TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510 REPLICA_GROUP_ID=0 NUM_REPLICA_GROUPS=2 \\
@@ -11,6 +12,7 @@ Run card (one terminal each; every group is its own torchrun job)
         torchrun --nproc-per-node 1 --master-port 29601 ft_train.py --max-steps 200
     # kill group 1 (Ctrl-C, or kill -9 its processes): group 0 goes on alone; start it again: it heals from group 0
     # add --algorithm diloco --sync-every 5 to both groups: DiLoCo, the groups all-reduce once every 5 steps
+    # --nproc-per-node 2 for both groups: HSDP, each group shards the model over its 2 ranks
 
 What it shows
     * torchrun's restart stops every rank; torchft keeps the healthy replica groups stepping. Each group is a torchrun
@@ -30,11 +32,15 @@ What it shows
       *pseudo-gradient* (their weights at the last sync minus their weights now) once and an outer optimizer (SGD,
       Nesterov momentum) applies its average to the weights of the last sync. The weights sent every H steps
       are as large as the gradients DDP sends every step: 1/H of DDP's traffic. torchft commits (and counts a step)
-      only at a sync.
+      only at a sync;
+    * a group of several ranks (``torchrun --nproc-per-node 2``) is fault-tolerant HSDP (replicas x shards, as in
+      torchtitan's torchft integration): FSDP2's ``fully_shard`` splits every layer over the group's ranks and
+      reduce-scatters the gradients inside the group; torchft all-reduces each rank's *shard* of the gradient with
+      the same rank of the other groups (FSDP2's all-reduce hook). A rank sends 1/N of the model's gradient across
+      groups, and heals its shard from the same rank of a live group.
 
-torchft's DDP averages across replica groups only, so each group here is one rank (torchft's own train_ddp.py does
-the same); ranks inside a group would shard the model (HSDP). Needs torch, torchft and numpy (torchft sends state
-through numpy and does not declare it). Everything above the "Workbook instrumentation" section is the lesson.
+Needs torch, torchft and numpy (torchft sends state through numpy and does not declare it). Everything above the
+"Workbook instrumentation" section is the lesson.
 """
 
 import argparse
@@ -50,9 +56,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed import TCPStore
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset
 from torchft import DistributedSampler, Manager, Optimizer, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing.pg_transport import PGTransport
@@ -127,13 +137,17 @@ def make_model(seed):
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)  # torchft logs each quorum, heal and commit at INFO
-    if int(os.environ.get("WORLD_SIZE", 1)) != 1:
-        sys.exit(f"ft_train.py runs one rank per replica group (got WORLD_SIZE={os.environ['WORLD_SIZE']}): "
-                 "torchft's DDP averages across groups, not across the ranks inside one")
+    # Ranks *inside* this replica group (torchrun's); the groups themselves are torchft's.
+    rank, local_rank, world_size = (int(os.environ.get(k, d)) for k, d in
+                                    (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    sharded = world_size > 1  # HSDP: the group's ranks shard the model
+    if sharded and args.algorithm == "diloco":
+        sys.exit(f"--algorithm diloco runs one rank per replica group here (got WORLD_SIZE={world_size})")
     if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             sys.exit("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False); use --device cpu")
-        device = torch.device("cuda", REPLICA_GROUP_ID % torch.cuda.device_count())  # one GPU per group
+        # one GPU per rank, the groups on one box side by side
+        device = torch.device("cuda", (REPLICA_GROUP_ID * world_size + local_rank) % torch.cuda.device_count())
         torch.cuda.set_device(device)
         os.environ.setdefault("NCCL_HOSTID", str(REPLICA_GROUP_ID))  # groups on one box: NCCL sees other hosts
     else:
@@ -141,20 +155,30 @@ def main(argv=None):
     dataset = TeacherDataset(args.dataset_size, seed=args.seed)
     # Shards the data over every group that may exist: a dead group's shard is not trained on while it is down.
     sampler = DistributedSampler(dataset, replica_rank=REPLICA_GROUP_ID, num_replica_groups=NUM_REPLICA_GROUPS,
-                                 group_rank=0, num_replicas=1, shuffle=True, seed=args.seed, drop_last=True)
+                                 group_rank=rank, num_replicas=world_size, shuffle=True, seed=args.seed,
+                                 drop_last=True)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     if len(loader) == 0:
-        sys.exit(f"--dataset-size {args.dataset_size} leaves each of {NUM_REPLICA_GROUPS} groups fewer samples "
-                 f"than --batch-size {args.batch_size}")
+        sys.exit(f"--dataset-size {args.dataset_size} leaves each of {NUM_REPLICA_GROUPS * world_size} ranks "
+                 f"fewer samples than --batch-size {args.batch_size}")
 
     if "RANK" not in os.environ:  # `python ft_train.py`: the store torchrun would host, in this process
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="0", WORLD_SIZE="1")
-    if "TORCHFT_LIGHTHOUSE" not in os.environ:  # no lighthouse given: one of our own, and this group trains alone
+    if "TORCHFT_LIGHTHOUSE" not in os.environ and rank == 0:  # none given: one of our own, this group trains alone
+        # (only the group's rank 0 talks to the lighthouse)
         lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)  # (the torchft_lighthouse command's server)
         os.environ["TORCHFT_LIGHTHOUSE"] = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
 
     model = make_model(args.seed).to(device)
+    if sharded:  # each rank keeps 1/world_size of every layer; FSDP2 reduce-scatters the gradients in the group
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=60),
+                                device_id=device if device.type == "cuda" else None)
+        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     # What a healthy group sends a healing one, and how the healing one takes it in.
@@ -182,8 +206,17 @@ def main(argv=None):
         checkpoint_transport=PGTransport(pg, timeout=timedelta(seconds=args.manager_timeout_s),
                                          device=device),
         init_sync=False,
-        use_async_quorum=args.algorithm == "ddp",  # DiLoCo needs the quorum (and any heal) before its all-reduce
+        # DiLoCo needs the quorum (and any heal) before its all-reduce; with FSDP2 the heal's state_dict() must not
+        # run beside the forward pass (it did: the sender crashed in backward on a freed parameter's storage).
+        use_async_quorum=args.algorithm == "ddp" and not sharded,
     )
+    if sharded:
+        def average_across_groups(grad_shard):  # FSDP2 calls this with each layer's reduce-scattered gradient
+            manager.allreduce(grad_shard).wait()  # the same rank of every group holds the same shard
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(average_across_groups)
     if args.algorithm == "ddp":
         optimizer = Optimizer(manager, inner_optimizer)  # zero_grad() starts the quorum, step() commits or drops
         syncing, steps_per_commit = nullcontext(), 1
@@ -208,7 +241,7 @@ def main(argv=None):
                     optimizer.zero_grad()  # DDP: asks the lighthouse for this step's quorum (in the background)
                     loss = loss_fn(model(x), y)
                     loss.backward()
-                    if args.algorithm == "ddp":
+                    if args.algorithm == "ddp" and not sharded:  # (HSDP: in the hook above)
                         for p in model.parameters():  # average each gradient across the quorum's groups
                             manager.allreduce(p.grad).wait()  # a failure is recorded: should_commit() drops the step
                     optimizer.step()  # DDP: applied only if should_commit(); DiLoCo: every H-th step syncs
@@ -224,12 +257,15 @@ def main(argv=None):
     finally:
         manager.shutdown(wait=False)  # stops its manager server and heartbeats; the others go on without it
         recorder.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Workbook instrumentation
 # What the workbook's checks read: one JSON line per step per group in <metrics-dir>/group<ID>.jsonl (appended: a
 # restarted group adds its own lines, told apart by "pid"), and one "heal" line when the group received its state.
+# In an HSDP group, rank R > 0 of the group writes group<ID>.rank<R>.jsonl, with the hash and size of its own shard.
 # Each step line also says what crossed between the groups in that step, counted at the Manager (every all-reduce
 # of torchft's DDP and of DiLoCo goes through manager.allreduce): the bytes of the tensors handed to it, and whether
 # the step ended in a commit vote (manager.should_commit: DDP every step, DiLoCo at each sync).
@@ -249,8 +285,13 @@ def weights_sha256(model):
     """SHA-256 of every parameter's bytes in order: two groups with equal hashes hold bitwise equal weights."""
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(local_tensor(p).detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def local_tensor(p):
+    """The part of ``p`` this rank holds: its FSDP2 shard, or all of it."""
+    return p.to_local() if isinstance(p, DTensor) else p
 
 
 class Recorder:
@@ -269,7 +310,10 @@ class Recorder:
 
         manager.allreduce, manager.should_commit = counted_allreduce, observed_should_commit  # on this instance only
         Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
-        self.file = open(Path(args.metrics_dir) / f"group{REPLICA_GROUP_ID}.jsonl", "a", buffering=1)
+        rank = int(os.environ.get("RANK", 0))
+        self.file = open(Path(args.metrics_dir) / (f"group{REPLICA_GROUP_ID}.jsonl" if rank == 0 else
+                                                   f"group{REPLICA_GROUP_ID}.rank{rank}.jsonl"), "a", buffering=1)
+        self.params_local = sum(local_tensor(p).numel() for p in model.parameters())
         self.write({"event": "start"})
 
     def write(self, fields):
@@ -293,7 +337,7 @@ class Recorder:
                     "batches_committed": manager.batches_committed(), "participants": manager.num_participants(),
                     "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model),
                     "local_step": self.local_step, "sync_step": self.sync_step,
-                    "allreduce_bytes": self.allreduce_bytes})
+                    "allreduce_bytes": self.allreduce_bytes, "params_local": self.params_local})
         self.allreduce_bytes, self.sync_step = 0, False
         if self.args.step_delay_s:
             time.sleep(self.args.step_delay_s)

@@ -6,11 +6,12 @@ when a process of the group starts, ``step`` after every optimizer step (``step`
 quorum, ``loss_local``: the group's own loss, ``weights_sha256``: a hash of every parameter's bytes, ``local_step``: the
 process's optimizer steps so far, from 1, ``sync_step``: whether the step ended in torchft's commit vote (DDP: every
 step; DiLoCo: every ``--sync-every``-th), ``allreduce_bytes``: the bytes of the tensors the step handed to
-``manager.allreduce``, counted), ``heal`` when the group received its state from a live group (``step``: the step it
+``manager.allreduce``, counted, ``params_local``: the parameter elements the rank holds), ``heal`` when the group received its state from a live group (``step``: the step it
 joined at, ``source_group``: who sent it), ``send_state`` when it was asked to send its state to a healing group, and
 ``killed_itself`` when it then SIGKILLed itself (``--die-sending-state-if``: a drill's machine dying mid-heal). A
 restarted group appends to the same file, its lines told apart by ``pid``. A group SIGKILLed while writing may leave
-half a last line: it is skipped.
+half a last line: it is skipped. In a group of several ranks (HSDP: the model sharded over them), rank ``R > 0``
+writes ``group<G>.rank<R>.jsonl``, the same records of its own shard (``read_replica_records(..., group_rank=R)``).
 
 A start of a group that the workbook killed on purpose (``ReplicaGroups.kill``, or a drill's trigger) holds
 ``KILL_RECORD`` in its folder (``group<G>/attempt<A>/``): who killed it and when, so that the doctor names the kill
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import MetricsError
+from ..errors import ConfigError, MetricsError
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class StepRecord:
     """One optimizer step of one group: ``time_s`` is ``time.time()`` in the rank (seconds since the epoch); ``step``
     is torchft's count of committed steps after it (DiLoCo: of syncs), ``local_step`` the process's own optimizer
     steps (DiLoCo's inner steps), ``allreduce_bytes`` the bytes handed to ``manager.allreduce`` in this step (these
-    three are ``None`` in records of an ``ft_train.py`` that did not write them: the doctor's captured runs)."""
+    three are ``None`` in records of an ``ft_train.py`` that did not write them: the doctor's captured runs),
+    ``params_local`` the parameter elements this rank holds (all of the model's, or its HSDP shard's)."""
 
     replica_group: int
     pid: int
@@ -49,6 +51,7 @@ class StepRecord:
     local_step: int | None = None
     sync_step: bool | None = None
     allreduce_bytes: int | None = None
+    params_local: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,16 +119,23 @@ def steps_table(records: ReplicaRecords) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(StepRecord.__dataclass_fields__))
 
 
-def read_replica_records(metrics_dir: str | os.PathLike) -> ReplicaRecords:
-    """Read every ``group<G>.jsonl`` in ``metrics_dir``.
+def read_replica_records(metrics_dir: str | os.PathLike, group_rank: int = 0) -> ReplicaRecords:
+    """Read every group's records in ``metrics_dir``: rank ``group_rank`` of each group's (``group<G>.jsonl`` for
+    rank 0, ``group<G>.rank<R>.jsonl`` for rank ``R`` of an HSDP group).
 
     Raises:
-        MetricsError: the folder holds no ``group*.jsonl``, or a line other than a file's last is not a record (the
-            file and line named).
+        ConfigError: ``group_rank`` is not an int >= 0.
+        MetricsError: the folder holds no such file, or a line other than a file's last is not a record (the file
+            and line named).
     """
-    files = sorted(Path(metrics_dir).glob("group*.jsonl"))
+    if isinstance(group_rank, bool) or not isinstance(group_rank, int) or group_rank < 0:
+        raise ConfigError(f"group_rank must be an int >= 0, got {group_rank!r}")
+    pattern = re.compile(r"group\d+\.jsonl" if group_rank == 0 else rf"group\d+\.rank{group_rank}\.jsonl")
+    files = sorted(p for p in Path(metrics_dir).glob("group*.jsonl") if pattern.fullmatch(p.name))
     if not files:
-        raise MetricsError(f"no group*.jsonl in {metrics_dir}: did the groups run ft_train.py with this --metrics-dir?")
+        name = "group<G>.jsonl" if group_rank == 0 else f"group<G>.rank{group_rank}.jsonl"
+        raise MetricsError(f"no {name} in {metrics_dir}: did the groups run ft_train.py with this --metrics-dir"
+                           + (f", with more than {group_rank} rank(s) each?" if group_rank else "?"))
     steps: dict[int, list[StepRecord]] = {}
     heals: list[HealRecord] = []
     starts: dict[int, list[int]] = {}
