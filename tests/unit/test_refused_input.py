@@ -7,6 +7,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import ConfigError, LaunchSpec
+from tutorial_lib.launcher.run import own_script
 from tutorial_lib.launcher.spec import check_spec_fields
 from tutorial_lib.runs.rundir import LAUNCH_OUTPUTS, launch_outputs_in, shipped_script
 
@@ -151,3 +152,27 @@ def test_a_name_far_from_every_script_gets_no_guess():
     with pytest.raises(ConfigError) as refused:
         shipped_script("zzzz")
     assert "did you mean" not in str(refused.value) and "available: " in str(refused.value)
+
+
+@pytest.mark.parametrize("given", ["path", "str", "slash", "bare"])
+def test_a_folder_given_to_run_script_is_named_as_a_folder_with_its_scripts(tmp_path, monkeypatch, given):
+    """Issue 48: a folder given as the script is named as a folder, with the .py files in it, as ``launch`` names it;
+    nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TUTORIAL_LIB_RUNS_DIR", raising=False)
+    folder = tmp_path / "myproj"
+    folder.mkdir()
+    tl.write_script("ddp_train", folder)
+    script = {"path": folder, "str": str(folder), "slash": f"{folder}/", "bare": "myproj"}[given]
+    before = snapshot(tmp_path)
+    named = r"is a folder, not a script: give the .py file to run \(in it: ddp_train.py\)"
+    with pytest.raises(ConfigError, match=named):
+        tl.run_script(script, device="cpu")
+    with pytest.raises(ConfigError, match=named):
+        tl.launch(LaunchSpec(script, device="cpu"))
+    (folder / "ddp_train.py").unlink()
+    with pytest.raises(ConfigError, match=r"is a folder, not a script: give the .py file to run \(it holds no .py"):
+        tl.run_script(script, device="cpu")
+    assert snapshot(tmp_path) == {k: v for k, v in before.items() if k != "myproj/ddp_train.py"}, "nothing made"
+    (folder / "train.py").write_text("print('mine')\n")
+    assert own_script(folder / "train.py") == (folder / "train.py").resolve(), "the script in it is taken"

@@ -119,9 +119,7 @@ class LaunchSpec:
         ``command.txt`` (before any process starts)."""
         script = Path(self.script)
         if script.is_dir():
-            scripts = sorted(p.name for p in script.glob("*.py"))[:5]
-            raise ConfigError(f"script {str(script)!r} is a folder, not a script: give the .py file to run"
-                              + (f" (in it: {', '.join(scripts)})" if scripts else " (it holds no .py file)"))
+            raise ConfigError(folder_given_as_script(script))
         if not script.is_file():
             raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir), or "
                               f"give the path of your own script")
@@ -245,6 +243,13 @@ def no_metrics_message(run_dir: Path, loss_pattern: str | re.Pattern | None) -> 
     return wrote + (f"no line it printed matched its loss_pattern, {shown}{example}: pass loss_pattern= a regular "
                     "expression with the groups (?P<step>...) and (?P<loss>...) that matches its step lines (e.g. "
                     "r'it (?P<step>\\d+) -> (?P<loss>[\\d.]+)' for 'it 3 -> 0.250'); output.log has every line")
+
+
+def folder_given_as_script(folder: Path) -> str:
+    """The refusal of a folder given as the script to run, naming the ``.py`` files in it (the first five)."""
+    scripts = sorted(p.name for p in folder.glob("*.py") if p.is_file())[:5]
+    return (f"script {str(folder)!r} is a folder, not a script: give the .py file to run"
+            + (f" (in it: {', '.join(scripts)})" if scripts else " (it holds no .py file)"))
 
 
 def already_launched(run_dir: Path) -> str:
