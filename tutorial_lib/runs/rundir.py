@@ -179,8 +179,8 @@ def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
             "(no '/' or '..': a run directory stays inside its root)"
         )
     root = Path(root) if root is not None else default_runs_root()
-    if not root.exists():
-        _MADE_ROOTS.add(root.resolve())  # removed_if_refused removes it again if the launch is refused
+    missing = [folder.resolve() for folder in (root, *root.parents) if not folder.exists()]
+    _MADE_ROOTS.update(missing)  # removed_if_refused removes them again if the launch is refused
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -199,24 +199,25 @@ def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
     raise ConfigError(f"could not find a free run directory name under {str(root)!r}")
 
 
-_MADE_ROOTS: set[Path] = set()  # runs folders new_run_dir created in this process
+_MADE_ROOTS: set[Path] = set()  # runs folders (and their parents) new_run_dir created in this process
 
 
 @contextlib.contextmanager
 def removed_if_refused(run_dir: Path):
-    """Remove ``run_dir``, a fresh folder made by the caller (``new_run_dir``), when the ``with`` block raises
-    ``ConfigError``: input refused before anything was launched leaves no folder behind, nor the runs folder
-    ``new_run_dir`` created for it when it is empty again. A folder that holds what a launch writes
-    (``LAUNCH_OUTPUTS``) is kept."""
+    """Remove ``run_dir``, a fresh folder made by the caller (``new_run_dir``), when the ``with`` block (the checks
+    and planning before anything starts) raises: input refused before anything was launched leaves no folder behind,
+    nor the runs folder (and its parents) ``new_run_dir`` created for it when they are empty again. A folder that
+    holds what a launch writes (``LAUNCH_OUTPUTS``) is kept."""
     try:
         yield run_dir
-    except ConfigError:
+    except BaseException:  # a ConfigError, or a bug's or an interrupt's exception: nothing was started either way
         if not launch_outputs_in(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
-            root = Path(run_dir).resolve().parent
-            if root in _MADE_ROOTS and not any(root.iterdir()):
-                root.rmdir()  # the runs folder new_run_dir made for this refused launch: gone with it
-                _MADE_ROOTS.discard(root)
+            folder = Path(run_dir).resolve().parent
+            while folder in _MADE_ROOTS and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()  # a folder new_run_dir made for this refused launch: gone with it
+                _MADE_ROOTS.discard(folder)
+                folder = folder.parent
         raise
 
 
