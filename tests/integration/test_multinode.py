@@ -112,7 +112,8 @@ def test_node_commands_and_slurm_script_for_a_real_cluster():
         "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr gpu-a --master-port 29500 train.py --max-steps 5",
         "torchrun --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr gpu-a --master-port 29500 train.py --max-steps 5",
     ]
-    job = tl.slurm_script("my train.py", ["--lr", 0.1], nnodes=3, gpus_per_node=8, cpus_per_task=32, max_restarts=2)
+    job = tl.slurm_script("my train.py", ["--lr", 0.1], nnodes=3, gpus_per_node=8, cpus_per_task=32, max_restarts=2,
+                          torchrun="torchrun")  # the nodes' own, found on their PATH (default: this interpreter's)
     for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "export OMP_NUM_THREADS=4",
                  "srun --kill-on-bad-exit=1 --cpus-per-task=32 --output=%x-%j-node%n.out \\\n"

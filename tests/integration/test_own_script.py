@@ -121,6 +121,25 @@ def test_a_lesson_copied_alone_into_your_folder_runs_there_and_each_launch_keeps
         assert f"--metrics-dir {result.run_dir / 'metrics'}" in (result.run_dir / "command.txt").read_text()
 
 
+def test_a_lesson_copied_into_your_folder_named_like_a_run_directory_stays_yours(tmp_path, run_root, monkeypatch):
+    """Issue 48: a folder was a run directory when its name looked like ``new_run_dir``'s (``<stamp>-<label>``), so
+    ``20250101-090000-myproj/ddp_train.py``, copied there by hand, had ``tl.launch`` write its files into the
+    learner's folder and refuse the second launch. Now only ``new_run_dir``'s mark (``.tutorial-run``) makes one:
+    both launches get run directories of their own under the runs folder, and the folder is unchanged."""
+    monkeypatch.setenv("TUTORIAL_LIB_RUNS_DIR", str(run_root))
+    folder = tmp_path / "20250101-090000-myproj"
+    folder.mkdir()
+    shutil.copy(tl.write_script("ddp_train", tl.new_run_dir("source", tmp_path)), folder)
+    before = snapshot(folder)
+    runs = [tl.launch(tl.LaunchSpec(folder / "ddp_train.py", args=["--max-steps", steps, "--dataset-size", 256],
+                                    nproc_per_node=2, device="cpu", timeout_s=120, live="off")) for steps in (1, 2)]
+    assert snapshot(folder) == before and os.listdir(folder) == ["ddp_train.py"], sorted(os.listdir(folder))
+    assert sorted(p.name for p in run_root.iterdir()) == sorted(run.run_dir.name for run in runs), "one folder each"
+    for run, steps in zip(runs, (1, 2)):
+        assert run.run_dir.parent == run_root.resolve() and (run.run_dir / ".tutorial-run").is_file()
+        assert sorted(run.metrics().groupby("rank")["step"].count().tolist()) == [steps, steps], run.run_dir
+
+
 def test_a_folder_holding_your_own_launch_files_is_kept_and_never_read_as_the_runs(tmp_path, run_root, monkeypatch):
     """A fresh user's report: launching a script whose folder (then the default run_dir) held their own output.log,
     run.json and metrics/rank0.jsonl replaced the first two and read the third as the run's metrics. Now the launch
@@ -208,7 +227,7 @@ def test_a_bad_working_folder_is_refused_before_anything_starts(tmp_path, run_ro
     run_dir = tl.new_run_dir("lesson", run_root)
     with pytest.raises(tl.ConfigError, match="cwd"):
         tl.launch(tl.LaunchSpec(tl.write_script("ddp_train", run_dir), device="cpu", cwd=cwd))
-    assert sorted(os.listdir(run_dir)) == ["ddp_train.py"], "no command.txt: nothing was started"
+    assert sorted(os.listdir(run_dir)) == [".tutorial-run", "ddp_train.py"], "no command.txt: nothing was started"
 
 
 def test_a_loss_pattern_without_step_and_loss_groups_is_refused_before_anything_starts(project, run_root):

@@ -50,7 +50,9 @@ def test_a_cpu_job_requests_no_gpu_and_a_gpu_job_one_rank_per_gpu():
     for line in ("#SBATCH --nodes=2", "#SBATCH --partition=debug", "#SBATCH --account=proj1",
                  "#SBATCH --chdir=/shared/runs/r1", "#SBATCH --output=%x-%j.out", "export GLOO_SOCKET_IFNAME=lo",
                  "srun --kill-on-bad-exit=1 --output=%x-%j-node%n.out \\\n"
-                 """    bash -c 'trap "" USR1; exec torchrun --log-dir "logs/node$SLURM_NODEID" "$@"' torchrun \\\n""",
+                 # issue 48: this interpreter's torchrun, found without an activated venv (not `torchrun` by name)
+                 f"""    bash -c 'trap "" USR1; exec {TORCHRUN} """
+                 """--log-dir "logs/node$SLURM_NODEID" "$@"' torchrun \\\n""",
                  "    --nnodes 2 --nproc-per-node 2 --max-restarts 0 --rdzv-backend c10d \\\n",
                  '--rdzv-endpoint "$head_node:$rdzv_port" --redirects 3',  # issue 44: each rank's lines in its files
                  "export PYTHONUNBUFFERED=1",
@@ -271,6 +273,52 @@ def test_a_two_node_ddp_job_runs_two_ranks_per_node_with_one_global_loss(slurm_c
     assert (per_step["min"] == per_step["max"]).all(), "every rank holds the same all-reduced loss"
     assert metrics.groupby("step")["loss_local"].nunique().min() > 1, "the local losses differ: 4 shards of data"
     print(f"2 nodes x 2 ranks on the local cluster: {elapsed_s:.1f} s from sbatch to COMPLETED")
+
+
+DOCS_SLURM = Path(__file__).resolve().parents[2] / "docs" / "slurm.md"
+
+
+def docs_batch_example() -> str:
+    """The Python block of docs/slurm.md that writes and submits a batch script (``tl.slurm_script``)."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS_SLURM.read_text(), re.S)
+    (block,) = [b for b in blocks if "tl.slurm_script(" in b and '"sbatch"' in b]
+    return block
+
+
+def run_docs_example(cluster, cwd: Path, runs: Path, code: str) -> tuple[Path, object]:
+    """Run ``code`` as a learner would, ``.venv/bin/python`` with no venv activated (``PATH`` holds no torchrun);
+    wait for the job it submitted. Returns its run directory and its ``JobInfo``."""
+    path = "/usr/bin:/bin"
+    assert shutil.which("torchrun", path=path) is None, "the control needs a PATH without torchrun"
+    env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "SLURM_CONF": str(cluster.conf),
+           "TUTORIAL_LIB_RUNS_DIR": str(runs), "PYTHONPATH": str(DOCS_SLURM.parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    job_id = int(re.fullmatch(r"Submitted batch job (\d+)\s*", done.stdout).group(1))
+    (run_dir,) = runs.iterdir()
+    return run_dir, wait_until_finished(job_id, conf=cluster.conf, timeout_s=JOB_TIMEOUT_S)
+
+
+@pytest.mark.integration
+def test_the_docs_batch_script_example_runs_as_written(slurm_cluster, tmp_path):
+    """Issue 48: docs/slurm.md's example, run as written by ``.venv/bin/python`` with no venv activated, failed with
+    ``torchrun: not found`` (exit 127): the batch script called torchrun by name. Now it calls this interpreter's
+    torchrun: the job completes, 2 nodes x 2 ranks with one all-reduced loss. The control, the same example with
+    ``torchrun="torchrun"`` (the old default), still fails that way."""
+    code = docs_batch_example()
+    assert 'socket_ifname="lo")' in code
+    run_dir, info = run_docs_example(slurm_cluster, tmp_path, tmp_path / "runs", code)
+    assert (info.state, info.exit_code) == (JobState.COMPLETED, 0), (info, sorted(p.name for p in run_dir.iterdir()))
+    metrics = tl.read_metrics(run_dir, ranks=4)
+    assert sorted(metrics["rank"].unique()) == [0, 1, 2, 3] and set(metrics["world_size"]) == {4}
+    assert metrics.groupby("step")["loss_global"].nunique().max() == 1, "every rank holds the same all-reduced loss"
+    assert sorted(metrics["step"].unique()) == [1, 2, 3, 4, 5]
+    named = code.replace('socket_ifname="lo")', 'socket_ifname="lo", torchrun="torchrun")')
+    run_dir, info = run_docs_example(slurm_cluster, tmp_path, tmp_path / "runs-named", named)
+    assert (info.state, info.exit_code) == (JobState.FAILED, 127), info
+    said = "".join(p.read_text() for p in run_dir.glob("*.out"))
+    assert "torchrun: not found" in said, said
+    assert not (run_dir / "metrics").exists(), "no rank ran"
 
 
 @pytest.mark.integration

@@ -7,6 +7,7 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib import ConfigError, LaunchSpec
+from tutorial_lib.launcher.run import own_script
 from tutorial_lib.launcher.spec import check_spec_fields
 from tutorial_lib.runs.rundir import LAUNCH_OUTPUTS, launch_outputs_in, shipped_script
 
@@ -151,3 +152,84 @@ def test_a_name_far_from_every_script_gets_no_guess():
     with pytest.raises(ConfigError) as refused:
         shipped_script("zzzz")
     assert "did you mean" not in str(refused.value) and "available: " in str(refused.value)
+
+
+@pytest.mark.parametrize("given", ["path", "str", "slash", "bare"])
+def test_a_folder_given_to_run_script_is_named_as_a_folder_with_its_scripts(tmp_path, monkeypatch, given):
+    """Issue 48: a folder given as the script is named as a folder, with the .py files in it, as ``launch`` names it;
+    nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TUTORIAL_LIB_RUNS_DIR", raising=False)
+    folder = tmp_path / "myproj"
+    folder.mkdir()
+    tl.write_script("ddp_train", folder)
+    script = {"path": folder, "str": str(folder), "slash": f"{folder}/", "bare": "myproj"}[given]
+    before = snapshot(tmp_path)
+    named = r"is a folder, not a script: give the .py file to run \(in it: ddp_train.py\)"
+    with pytest.raises(ConfigError, match=named):
+        tl.run_script(script, device="cpu")
+    with pytest.raises(ConfigError, match=named):
+        tl.launch(LaunchSpec(script, device="cpu"))
+    (folder / "ddp_train.py").unlink()
+    with pytest.raises(ConfigError, match=r"is a folder, not a script: give the .py file to run \(it holds no .py"):
+        tl.run_script(script, device="cpu")
+    assert snapshot(tmp_path) == {k: v for k, v in before.items() if k != "myproj/ddp_train.py"}, "nothing made"
+    (folder / "train.py").write_text("print('mine')\n")
+    assert own_script(folder / "train.py") == (folder / "train.py").resolve(), "the script in it is taken"
+
+
+BAD_TYPES = [
+    ({"env": None}, r"env must be a dict of environment variables \(str to str; \{\} for none\), got None"),
+    ({"args": None}, r"args must be a list of the script's arguments \(e.g. \['--max-steps', 20\]; \[\] for none\), "
+                     r"got None"),
+    ({"args": 5}, r"args must be a list of the script's arguments .*, got 5"),
+    ({"start_nodes": 1}, r"start_nodes must be a list of node ranks in 0..0 or None \(every node\), got 1"),
+    ({"nproc_per_node": 0}, "nproc_per_node must be >= 1, got 0"),
+    ({"timeout_s": -1}, "timeout_s must be a number > 0, got -1"),
+    ({"live": "nah"}, "live must be one of"),
+]
+
+
+@pytest.mark.parametrize("spec, match", BAD_TYPES, ids=[str(s) for s, _ in BAD_TYPES])
+@pytest.mark.parametrize("how", ["launch", "run_script own", "run_script shipped"])
+def test_a_refused_launch_writes_nothing_whatever_the_bad_value(tmp_path, monkeypatch, spec, match, how):
+    """Issue 48: every refused launch writes nothing: a bad value of the wrong type (``env=None``, ``args=5``) was a
+    TypeError or AttributeError from inside the planning that left the run directory made for it behind; now it is
+    a ``ConfigError`` naming the value, and the folders made for the launch are removed again."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TUTORIAL_LIB_RUNS_DIR", raising=False)
+    folder = tmp_path / "myproj"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('mine')\n")
+    before = snapshot(tmp_path)
+    call = {"launch": lambda: tl.launch(LaunchSpec(folder / "train.py", **{"device": "cpu", **spec})),
+            "run_script own": lambda: tl.run_script(folder / "train.py", **{"device": "cpu", **spec}),
+            "run_script shipped": lambda: tl.run_script("ddp_train", **{"device": "cpu", **spec})}[how]
+    with pytest.raises(ConfigError, match=match):
+        call()
+    assert snapshot(tmp_path) == before, "no runs/ folder, no run directory, nothing in the learner's folder"
+
+
+def test_a_refused_launch_removes_the_parents_it_made_for_its_runs_folder_and_keeps_the_rest(tmp_path):
+    """Issue 48: ``runs_dir=a/b/runs`` made ``a/`` and ``a/b/`` too, and a refused launch left them behind."""
+    with pytest.raises(ConfigError, match="nproc_per_node must be >= 1"):
+        tl.run_script("ddp_train", nproc_per_node=0, runs_dir=tmp_path / "a" / "b" / "runs", device="cpu")
+    assert os.listdir(tmp_path) == [], "a/, a/b/ and a/b/runs/ are gone"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "mine.txt").write_text("the learner's")
+    with pytest.raises(ConfigError, match="nproc_per_node must be >= 1"):
+        tl.run_script("ddp_train", nproc_per_node=0, runs_dir=tmp_path / "a" / "b" / "runs", device="cpu")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["a", "a/mine.txt"], "a/ stays"
+
+
+def test_an_exception_while_planning_removes_the_run_directory_made_for_it(tmp_path, monkeypatch):
+    """Not only a ``ConfigError``: whatever stops a launch before it starts (a bug, an interrupt) leaves nothing."""
+    import tutorial_lib.launcher.run as run
+
+    def broken(spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "_plan_any", broken)
+    with pytest.raises(KeyboardInterrupt):
+        tl.run_script("ddp_train", runs_dir=tmp_path / "runs", device="cpu")
+    assert os.listdir(tmp_path) == []

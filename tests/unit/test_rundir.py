@@ -17,7 +17,7 @@ def test_run_dirs_are_fresh_and_unique(tmp_path):
     a = tl.new_run_dir("ddp", tmp_path)
     b = tl.new_run_dir("ddp", tmp_path)
     assert a != b and a.is_dir() and b.is_dir() and a.parent == b.parent == tmp_path.resolve()
-    assert list(a.iterdir()) == []
+    assert [p.name for p in a.iterdir()] == [".tutorial-run"], "only the mark that the library made it"
 
 
 def test_runs_root_defaults_to_the_environment_variable(tmp_path, monkeypatch):
@@ -142,3 +142,13 @@ def test_a_lessons_run_directory_is_told_from_a_learners_folder(tmp_path):
     assert is_lesson_run_dir(made), "a script of one's own copied into a folder new_run_dir made for it"
     (made / "grads").mkdir()  # a lesson's own output folder (--save-grads-dir grads): still its run directory
     assert is_lesson_run_dir(made), "a folder new_run_dir made stays a run directory (a second launch is refused)"
+    named_like_one = tmp_path / "20250101-090000-myproj"  # issue 48: the decision is the library's mark, not the name
+    named_like_one.mkdir()
+    shutil.copy(LESSONS_DIR / "ddp_train.py", named_like_one)
+    assert not is_lesson_run_dir(named_like_one), "a learner's folder named like a run directory is still theirs"
+    tl.write_script("collectives_check", named_like_one)
+    assert not is_lesson_run_dir(named_like_one), "a lesson copy beside one copied by hand: still the learner's"
+    (named_like_one / "ddp_train.py").unlink()
+    assert is_lesson_run_dir(named_like_one), "holding only write_script's copy, it is one"
+    (made / ".tutorial-run").unlink()
+    assert not is_lesson_run_dir(made), "without new_run_dir's mark, the name alone makes no run directory"

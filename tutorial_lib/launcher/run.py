@@ -33,7 +33,7 @@ from .outcome import failure_error, stopped_outcome, timeout_error, with_diagnos
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
 from .slurm_job import plan_slurm_launch, run_slurm_plan
-from .spec import LaunchResult, LaunchSpec, check_spec_fields
+from .spec import LaunchResult, LaunchSpec, check_spec_fields, folder_given_as_script
 
 # run_script's own arguments: given to it, never as LaunchSpec fields.
 _RUN_SCRIPT_OWN = {"script": "the first argument", "args": "the second argument",
@@ -228,8 +228,10 @@ def own_script(script: str | os.PathLike) -> Path | None:
     path = Path(text).expanduser()
     shipped = text.removesuffix(".py") in available_scripts() and not isinstance(script, os.PathLike)
     if not shipped or "/" in text or text.startswith("~"):
+        if path.is_dir():
+            raise ConfigError(folder_given_as_script(path))
         if not path.is_file():
-            raise ConfigError(f"unknown script {text!r}: it is {'a folder' if path.is_dir() else 'no file'} (looked in "
+            raise ConfigError(f"unknown script {text!r}: it is no file (looked in "
                               f"{os.getcwd()!r}) and no shipped script; {closest_script(text)}shipped: "
                               f"{', '.join(available_scripts())}")
         return path.resolve()

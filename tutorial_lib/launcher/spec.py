@@ -117,11 +117,11 @@ class LaunchSpec:
 
         Reads only: whether ``run_dir`` can be written is found when the launch starts, by writing its
         ``command.txt`` (before any process starts)."""
+        if not isinstance(self.script, (str, os.PathLike)) or os.fspath(self.script) in ("", b""):
+            raise ConfigError(f"script must be the path of a .py file (str or Path), got {self.script!r}")
         script = Path(self.script)
         if script.is_dir():
-            scripts = sorted(p.name for p in script.glob("*.py"))[:5]
-            raise ConfigError(f"script {str(script)!r} is a folder, not a script: give the .py file to run"
-                              + (f" (in it: {', '.join(scripts)})" if scripts else " (it holds no .py file)"))
+            raise ConfigError(folder_given_as_script(script))
         if not script.is_file():
             raise ConfigError(f"script {str(script)!r} does not exist; create it with write_script(name, run_dir), or "
                               f"give the path of your own script")
@@ -151,6 +151,12 @@ class LaunchSpec:
         if isinstance(self.args, (str, bytes)):
             raise ConfigError(f"args must be a list of arguments, not one string: got {self.args!r}; "
                               f"use shlex.split({self.args!r})")
+        if not isinstance(self.args, (list, tuple)):
+            raise ConfigError(f"args must be a list of the script's arguments (e.g. ['--max-steps', 20]; [] for "
+                              f"none), got {self.args!r}")
+        if not isinstance(self.env, Mapping):
+            raise ConfigError(f"env must be a dict of environment variables (str to str; {{}} for none), got "
+                              f"{self.env!r}")
         for key, value in self.env.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise ConfigError(f"env must map str to str, got {key!r}: {value!r}")
@@ -167,6 +173,9 @@ class LaunchSpec:
         if self.slurm is not None:
             return self._slurm_device_plan()
         if self.start_nodes is not None:
+            if not isinstance(self.start_nodes, (list, tuple, range)):
+                raise ConfigError(f"start_nodes must be a list of node ranks in 0..{self.nnodes - 1} or None (every "
+                                  f"node), got {self.start_nodes!r}")
             nodes = list(self.start_nodes)
             if not nodes or len(set(nodes)) != len(nodes) or not set(nodes) <= set(range(self.nnodes)):
                 raise ConfigError(f"start_nodes must be distinct node ranks in 0..{self.nnodes - 1} (nnodes="
@@ -245,6 +254,13 @@ def no_metrics_message(run_dir: Path, loss_pattern: str | re.Pattern | None) -> 
     return wrote + (f"no line it printed matched its loss_pattern, {shown}{example}: pass loss_pattern= a regular "
                     "expression with the groups (?P<step>...) and (?P<loss>...) that matches its step lines (e.g. "
                     "r'it (?P<step>\\d+) -> (?P<loss>[\\d.]+)' for 'it 3 -> 0.250'); output.log has every line")
+
+
+def folder_given_as_script(folder: Path) -> str:
+    """The refusal of a folder given as the script to run, naming the ``.py`` files in it (the first five)."""
+    scripts = sorted(p.name for p in folder.glob("*.py") if p.is_file())[:5]
+    return (f"script {str(folder)!r} is a folder, not a script: give the .py file to run"
+            + (f" (in it: {', '.join(scripts)})" if scripts else " (it holds no .py file)"))
 
 
 def already_launched(run_dir: Path) -> str:

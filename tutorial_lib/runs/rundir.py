@@ -6,6 +6,8 @@ ever overwritten. What is in it, by the names below:
 ====================  =====================================================================================
 ``<script>.py``       the lesson script as it ran, copied unchanged from ``tutorial_lib/lessons/`` (``write_script``):
                       what a learner reads is exactly what ran, and can be copied to a cluster
+``.tutorial-run``     ``new_run_dir``'s mark (``RUN_DIR_MARKER``): this folder is a run directory the library made, so a
+                      script launched from it writes its launch's files here (``is_lesson_run_dir``)
 ``command.txt``       the cold command that reruns the launch by hand (one ``# node N`` block per simulated node)
 ``output.log``        every line torchrun and the ranks printed, also those the cell did not show
 ``run.json``          how the launch ended (``RunRecord``, below)
@@ -82,7 +84,9 @@ OBSERVED_SUBDIR = "observed"
 # What a launch writes into its run directory: a folder holding any of them is refused (``launch_outputs_in``).
 LAUNCH_OUTPUTS = (COMMAND_TXT, OUTPUT_LOG, RUN_RECORD, LOGS, METRICS_SUBDIR, SAMPLES_SUBDIR, OBSERVED_SUBDIR)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
-_STAMPED_RE = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9][A-Za-z0-9._-]{0,80}(-\d+)?$")  # new_run_dir's folder names
+# new_run_dir's mark in each folder it makes: only the library's own folders are run directories (is_lesson_run_dir),
+# whatever their names; a learner's folder named like one (20250101-090000-proj/) stays theirs.
+RUN_DIR_MARKER = ".tutorial-run"
 
 
 def available_scripts() -> list[str]:
@@ -119,7 +123,8 @@ def launch_outputs_in(run_dir: str | os.PathLike) -> list[str]:
 
 def is_lesson_run_dir(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` is a run directory made for the script in it: a folder ``new_run_dir`` made (its
-    ``<stamp>-<label>`` name), whatever a launch or the learner left in it since (a second launch there is refused);
+    ``RUN_DIR_MARKER``, not its ``<stamp>-<label>`` name), whatever a launch or the learner left in it since (a second
+    launch there is refused);
     or a folder holding only copies ``write_script`` made (its ``WRITTEN_SCRIPTS`` list) and what a launch of them
     writes (``LAUNCH_OUTPUTS``, ``checkpoints/``). A folder holding anything else (a learner's project: ``train.py``
     beside ``data/``, their own ``output.log``, a lesson they copied by hand) is not: ``launch`` gives a script there
@@ -129,7 +134,7 @@ def is_lesson_run_dir(folder: str | os.PathLike) -> bool:
         folder: an existing folder (a script's parent). Hidden entries and ``__pycache__`` are not counted.
     """
     folder = Path(folder)
-    if _STAMPED_RE.match(folder.name) is not None:
+    if (folder / RUN_DIR_MARKER).is_file():
         return True
     outputs = {*LAUNCH_OUTPUTS, CHECKPOINTS_SUBDIR}
     names = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != "__pycache__"]
@@ -163,7 +168,7 @@ def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
         root: parent folder (created if missing); ``None`` means ``default_runs_root()``.
 
     Returns:
-        The new, empty directory (absolute path).
+        The new directory (absolute path), holding only its ``RUN_DIR_MARKER`` (``.tutorial-run``).
 
     Raises:
         ConfigError: ``name`` is not a plain label, or ``root`` exists but is not a writable directory.
@@ -174,8 +179,8 @@ def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
             "(no '/' or '..': a run directory stays inside its root)"
         )
     root = Path(root) if root is not None else default_runs_root()
-    if not root.exists():
-        _MADE_ROOTS.add(root.resolve())  # removed_if_refused removes it again if the launch is refused
+    missing = [folder.resolve() for folder in (root, *root.parents) if not folder.exists()]
+    _MADE_ROOTS.update(missing)  # removed_if_refused removes them again if the launch is refused
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -189,28 +194,30 @@ def new_run_dir(name: str, root: str | os.PathLike | None = None) -> Path:
             candidate.mkdir()  # exist_ok=False: an existing run is never reused
         except FileExistsError:
             continue
+        (candidate / RUN_DIR_MARKER).write_text("a run directory made by tutorial_lib.new_run_dir\n")
         return candidate.resolve()
     raise ConfigError(f"could not find a free run directory name under {str(root)!r}")
 
 
-_MADE_ROOTS: set[Path] = set()  # runs folders new_run_dir created in this process
+_MADE_ROOTS: set[Path] = set()  # runs folders (and their parents) new_run_dir created in this process
 
 
 @contextlib.contextmanager
 def removed_if_refused(run_dir: Path):
-    """Remove ``run_dir``, a fresh folder made by the caller (``new_run_dir``), when the ``with`` block raises
-    ``ConfigError``: input refused before anything was launched leaves no folder behind, nor the runs folder
-    ``new_run_dir`` created for it when it is empty again. A folder that holds what a launch writes
-    (``LAUNCH_OUTPUTS``) is kept."""
+    """Remove ``run_dir``, a fresh folder made by the caller (``new_run_dir``), when the ``with`` block (the checks
+    and planning before anything starts) raises: input refused before anything was launched leaves no folder behind,
+    nor the runs folder (and its parents) ``new_run_dir`` created for it when they are empty again. A folder that
+    holds what a launch writes (``LAUNCH_OUTPUTS``) is kept."""
     try:
         yield run_dir
-    except ConfigError:
+    except BaseException:  # a ConfigError, or a bug's or an interrupt's exception: nothing was started either way
         if not launch_outputs_in(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
-            root = Path(run_dir).resolve().parent
-            if root in _MADE_ROOTS and not any(root.iterdir()):
-                root.rmdir()  # the runs folder new_run_dir made for this refused launch: gone with it
-                _MADE_ROOTS.discard(root)
+            folder = Path(run_dir).resolve().parent
+            while folder in _MADE_ROOTS and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()  # a folder new_run_dir made for this refused launch: gone with it
+                _MADE_ROOTS.discard(folder)
+                folder = folder.parent
         raise
 
 
@@ -236,7 +243,7 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
     if target.exists():
         raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
     shutil.copyfile(LESSONS_DIR / f"{stem}.py", target)
-    if _STAMPED_RE.match(run_dir.name) is None:  # a folder new_run_dir made is a run directory anyway
+    if not (run_dir / RUN_DIR_MARKER).is_file():  # a folder new_run_dir made is a run directory anyway
         with open(run_dir / WRITTEN_SCRIPTS, "a") as written:  # is_lesson_run_dir tells this copy from a learner's
             written.write(target.name + "\n")
     return target.resolve()

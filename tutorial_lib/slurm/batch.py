@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from collections.abc import Sequence
 
 from ..errors import ConfigError
@@ -27,12 +28,22 @@ def _check(nnodes: int, nproc_per_node: int, port: int, port_name: str = "master
         raise ConfigError(f"{port_name} must be an integer in 1024..65535, got {port!r}")
 
 
-def _launcher(torchrun: str) -> list[str]:
-    """The torchrun command as argv (``"python -m torch.distributed.run"`` -> 3 words)."""
+def this_torchrun() -> str:
+    """This interpreter's torchrun, ``<sys.executable> -m torch.distributed.run``: what ``slurm_script`` and a launch
+    on SLURM run on the nodes unless told otherwise. It needs no activated environment (``torchrun`` by name is found
+    on ``PATH`` only where the venv's ``bin/`` is on it: a job from a kernel or a script run as ``.venv/bin/python``
+    failed with ``torchrun: not found``, exit 127), only this Python at the same path on every node."""
+    return shlex.join([sys.executable, "-m", "torch.distributed.run"])
+
+
+def _launcher(torchrun: str | None) -> list[str]:
+    """The torchrun command as argv (``"python -m torch.distributed.run"`` -> 3 words; ``None``: ``this_torchrun``)."""
+    if torchrun is None:
+        torchrun = this_torchrun()
     launcher = shlex.split(torchrun) if isinstance(torchrun, str) else []
     if not launcher:
         raise ConfigError(f"torchrun must be the torchrun command on the nodes, e.g. 'torchrun' or "
-                          f"'python -m torch.distributed.run', got {torchrun!r}")
+                          f"'python -m torch.distributed.run', or None (this interpreter's), got {torchrun!r}")
     return launcher
 
 
@@ -70,7 +81,7 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
                  gpus_per_node: int = 0, partition: str | None = None, account: str | None = None,
                  time_limit: str = "00:30:00", cpus_per_task: int | None = None, job_name: str = "ddp",
                  run_dir: str | os.PathLike | None = None, rendezvous_port: int | None = 29500, max_restarts: int = 0,
-                 socket_ifname: str | None = None, torchrun: str = "torchrun",
+                 socket_ifname: str | None = None, torchrun: str | None = None,
                  rendezvous_timeout_s: float | None = None, output_dir: str | None = None) -> str:
     """An ``sbatch`` script: one task per node, each running torchrun with the c10d rendezvous on the first node.
 
@@ -115,8 +126,8 @@ def slurm_script(script: str, args: Sequence[object] = (), *, nnodes: int, nproc
         socket_ifname: the network interface between the nodes, exported as ``GLOO_SOCKET_IFNAME`` (and
             ``NCCL_SOCKET_IFNAME`` on GPUs) when the libraries pick the wrong one; ``"lo"`` for the local cluster,
             whose nodes are all 127.0.0.1. ``None``: the libraries choose.
-        torchrun: the torchrun command on the nodes (``torchrun``, a venv's ``/path/bin/torchrun`` or
-            ``python -m torch.distributed.run``).
+        torchrun: the torchrun command on the nodes (``"torchrun"``: the one on their ``PATH``, or a path);
+            ``None``: this interpreter's (``this_torchrun()``: no activated environment needed).
         rendezvous_timeout_s: how long each node's torchrun waits for the others at the rendezvous
             (``--rdzv-conf join_timeout=``, seconds > 0); ``None``: torchrun's default (600 s).
         output_dir: the folder of the job's output files and ``logs/``, relative to ``run_dir`` (or absolute; SLURM

@@ -11,8 +11,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import shlex
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +19,7 @@ from pathlib import Path
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
 from ..i18n import N_
 from ..notebook.parameters import check_positive_int
+from .batch import this_torchrun
 from .commands import NeverStarts, node_states
 from .local_cluster import LocalCluster
 
@@ -128,7 +127,7 @@ class SlurmSpec:
 
     def torchrun_command(self) -> str:
         """The torchrun command on the nodes (``torchrun``, or this interpreter's by default)."""
-        return self.torchrun or shlex.join([sys.executable, "-m", "torch.distributed.run"])
+        return self.torchrun or this_torchrun()
 
 
 @dataclass
