@@ -321,7 +321,8 @@ def run_hard_failure(what: str, *, runs_dir: str | os.PathLike | None = None, st
                     r.committed(1, pid=rejoined)) >= steps_after, timeout_s, expected_ends=(0,))
             if what == "lighthouse":
                 exit_codes = groups.wait(timeout_s)
-            else:
+            else:  # group 0's torchrun sees its rank's death within its monitor interval: wait for it, not a race
+                groups.groups[0].popen.wait(timeout=timeout_s)
                 exit_codes = {g: group.popen.poll() for g, group in groups.groups.items()}
             ended_at_s = time.time()
         lighthouse.stop()
