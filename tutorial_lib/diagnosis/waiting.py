@@ -190,9 +190,10 @@ def first_divergence(observed) -> str:
 def waiting_cause(diagnosis, failure, ranked) -> None:
     """Ranks waited in a collective (timed out, or a rank finished first): name the rank elsewhere when its stack or
     traceback says more. A rank inside torch.compile (dynamo's or inductor's frames in its main thread's stack, printed
-    when torchrun stopped it) on a collective timeout; else a rank that waited in a call inside ``if rank == 0:``
-    while another was in a different collective or finished (``rank_branch``; the observer's records, when the launch
-    was observed, show the first collective that differed).
+    when torchrun stopped it) on a collective timeout; else the rank that issued a collective the others had moved
+    past, from the observer's records when the launch was observed (``collectives.extra_collective``), or from its
+    stack: a call inside ``if rank == 0:`` while another was in a different collective or finished
+    (``rank_branch_call``). Either way ``cause_fields`` are ``rank``, ``op`` and ``where``.
 
     Args:
         diagnosis: the doctor's ``Diagnosis`` so far (its cause a collective timeout or a finished rank).
