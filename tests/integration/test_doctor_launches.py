@@ -136,29 +136,58 @@ def notebook_07_starter(number: int) -> str:
     return next(c.source for c in notebook.cells if c.source.startswith(header)).removeprefix(header)
 
 
+def launch_starter_3(run_root, source: str, seed: int, observe: bool) -> tl.Diagnosis:
+    """Notebook 07's exercise 3 starter (or a variant of it) on 2 CPU ranks, its 3 s collective timeout: the
+    doctor's diagnosis, the same from the error and from the run directory alone."""
+    run_dir = tl.new_run_dir("rank-branch", run_root)
+    (run_dir / "train.py").write_text(source)
+    with pytest.raises(tl.LaunchError) as info:
+        tl.launch(tl.LaunchSpec(run_dir / "train.py", args=["--seed", seed], device="cpu", nproc_per_node=2,
+                                live="off", timeout_s=120, observe=observe))
+    assert not isinstance(info.value, tl.LaunchTimeout), str(info.value)
+    d, _ = both(info.value)
+    return d
+
+
 def test_a_collective_only_rank_0_calls_is_named_with_the_collective_in_every_run(run_root):
-    """Issue 48: notebook 07's exercise 3 starter (the loss all-reduced inside ``if rank == 0:``, DDP, a 3 s timeout).
-    Which rank's collective times out first is chance (the doctor blamed rank 1, 1, then 0 before): 10 launches, rank
-    0 and its all_reduce every time; observed launches also show the first collective the ranks' records disagree on
-    (rank 0's 4-byte all_reduce against rank 1's next one), unobserved ones the line."""
+    """Issue 48: notebook 07's exercise 3 starter (the loss all-reduced inside ``if rank == 0:``, DDP, a 3 s timeout),
+    observed. Which rank's collective times out first is chance (the doctor blamed rank 1, 1, then 0 before; the error
+    still names either): 10 launches, rank 0 and its all_reduce at its line every time, read from the ranks' records
+    (rank 0's 4-byte all_reduce against rank 1's next collective, in its next step)."""
     source = notebook_07_starter(3)
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "dist.all_reduce(global_loss)" in text)
-    named = []
+    named, first = [], set()
     for seed in range(10):
-        run_dir = tl.new_run_dir("rank0-only", run_root)
-        (run_dir / "train.py").write_text(source)
-        with pytest.raises(tl.LaunchError) as info:
-            tl.launch(tl.LaunchSpec(run_dir / "train.py", args=["--seed", seed], device="cpu", nproc_per_node=2,
-                                    live="off", timeout_s=120, observe=seed % 2 == 0))
-        d, _ = both(info.value)
-        named.append((d.cause, d.cause_fields))
+        d = launch_starter_3(run_root, source, seed, observe=True)
+        named.append((d.cause_id, d.cause_fields))
+        first.add(d.rank)
         assert f"rank 0 called dist.all_reduce(global_loss) at train.py:{line}" in d.fix, d.fix
-        if seed % 2 == 0:
-            assert re.match(r"collective \d+ of group \d+: rank 0 all_reduce \(4 bytes, step \d+, outside backward\), "
-                            r"rank 1 \w+", d.evidence), d.evidence
-        else:
-            assert d.evidence == f"train.py:{line}: dist.all_reduce(global_loss)", d.evidence
-    assert named == [("collective only rank 0 calls", {"rank": 0})] * 10, named
+        assert re.match(r"collective \d+ of group \d+: rank 0 all_reduce \(4 bytes, step \d+, outside backward\), "
+                        r"rank 1 \w+", d.evidence), d.evidence
+    fields = {"rank": 0, "op": "all_reduce", "where": f"train.py:{line}"}
+    assert named == [(CauseId.RANK_BRANCH_COLLECTIVE, fields)] * 10, (named, first)
+
+
+@pytest.mark.parametrize("branch, observe, rank", [
+    ("if rank == 1:", True, 1),  # the control: the other rank's extra collective names that rank
+    ("if is_master:", True, 0),  # a branch the source check cannot read as one on the rank: the records alone
+    ("if rank == 0:", False, 0),  # not observed: the ranks' stacks and the script's source
+])
+def test_the_rank_with_the_extra_collective_is_named_whichever_it_is(run_root, branch, observe, rank):
+    source = notebook_07_starter(3).replace("if rank == 0:", branch).replace(
+        "rank, world_size = dist.get_rank(), dist.get_world_size()\n",
+        "rank, world_size = dist.get_rank(), dist.get_world_size()\nis_master = rank == 0\n")
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "dist.all_reduce(global_loss)" in text)
+    d = launch_starter_3(run_root, source, 0, observe)
+    assert (d.cause_id, d.cause_fields) == (CauseId.RANK_BRANCH_COLLECTIVE,
+                                            {"rank": rank, "op": "all_reduce", "where": f"train.py:{line}"}), str(d)
+    if branch == "if is_master:":
+        assert d.fix.startswith(f"rank 0 issued all_reduce at train.py:{line} (collective ") and "step " in d.fix, d.fix
+    else:
+        called = f"rank {rank} called dist.all_reduce(global_loss) at train.py:{line}, inside '{branch[:-1]}'"
+        assert called in d.fix, d.fix
+    if not observe:
+        assert d.evidence == f"train.py:{line}: dist.all_reduce(global_loss)", d.evidence
 
 
 @pytest.mark.parametrize("args", [[], ["--init-first"]])

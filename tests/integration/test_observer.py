@@ -55,6 +55,9 @@ def test_every_collective_is_recorded_in_order_with_its_size_and_dtype(run_root,
         assert rank.groups[rank.process_group["group"]]["ranks"] == [0, 1]
         assert rank.seeds == [1234] and rank.initial_seed == 1234
         assert rank.complete and rank.exit_code == 0 and rank.errors == []
+        # where the script called each one: its own line, at module level (torch's and the runner's frames left out)
+        assert [[(Path(s.path).name, s.line, s.function) for s in c.stack] for c in rank.collectives] == \
+            [[("observe_collectives.py", line, "<module>")] for line in (19, 19, 19, 19, 23, 26, 29)]
 
 
 def test_observing_off_leaves_no_record_and_the_same_output(run_root):

@@ -12,7 +12,9 @@ import importlib.util
 import json
 import os
 import struct
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -162,6 +164,30 @@ def test_the_observer_and_the_reader_agree_on_names_and_schema():
     assert [child.record_name(r, k) for r in (0, 3) for k in (0, 2)] == \
         [rundir.observed_name(r, k) for r in (0, 3) for k in (0, 2)]
     assert child.records.WRAPPER_CLASSES  # its sibling (observer_torch.py) loaded by its path too
+
+
+def test_where_the_script_called_is_recorded_and_read_as_call_sites(tmp_path):
+    """The observer keeps the script's own frames (here this test's), not the installed packages' (pytest's) nor a
+    library folder's (a stand-in for torch's); the reader makes them ``CallSite`` values, and an older record without
+    them reads as ``()``."""
+    sites = child_observer().records.CallSites(SimpleNamespace(__file__=str(tmp_path / "torch" / "__init__.py")))
+
+    def the_scripts_own():
+        return sites.stack(sys._getframe())
+
+    stack = the_scripts_own()
+    here = Path(__file__).resolve()
+    assert [(Path(p).resolve(), f) for p, _, f in stack] == [(here, "test_where_the_script_called_is_recorded_and_read_"
+                                                                    "as_call_sites"), (here, "the_scripts_own")], stack
+    step = ("optimizer_step", dict(step=1, optimizer="SGD", optimizer_id=1, lr=[0.1], state_bytes=0, params=[]))
+    write_rank(tmp_path, 0, [(kind, {**fields, "stack": stack}) for kind, fields in (collective("barrier", 1, None, 0),
+                                                                                      step)])
+    write_rank(tmp_path, 1, [collective("barrier", 1, None, 0), step])
+    run = tl.read_observed(tmp_path, ranks=2)
+    site = run[0].collectives[0].stack[-1]
+    assert isinstance(site, observed.CallSite) and site.function == "the_scripts_own" and site.line == stack[-1][1]
+    assert site.where == f"test_observed.py:{stack[-1][1]}" and run[0].steps[0].stack == run[0].collectives[0].stack
+    assert run[0].steps[0].seq == 3 and run[1].collectives[0].stack == () and run[1].steps[0].stack == ()
 
 
 def test_observe_turns_the_ranks_observer_on_and_off_in_the_plan(tmp_path, monkeypatch):

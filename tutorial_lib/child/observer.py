@@ -14,7 +14,8 @@ script has imported torch (at once when the warm-start helper preloaded it), hoo
   object collectives, point-to-point. ``BackendSelect``, not ``Autograd``: under ``torch.inference_mode()`` tensors
   skip the autograd keys, and an autograd-key kernel missed those all-reduces (torch 2.8 and 2.13); ``BackendSelect``
   is in every dispatch. A collective nested in an observed one (2.8's functional ops call ``c10d`` ops) is not
-  counted twice.
+  counted twice. Each collective, backward and optimizer step carries where the script called it from (``stack``:
+  the script's own frames, ``observer_torch.CallSites``), what tells a rank that moved on from one still behind.
 * **wraps**: DDP, FSDP1 and ``DataParallel`` are seen when they register the module they wrap (torch's global
   ``register_module_module_registration_hook``); FSDP2's ``fully_shard`` (and ``replicate``) units from torch's own
   registry of composable states; ``parallelize_module`` (tensor parallel) by wrapping that one function. Each is
@@ -178,7 +179,7 @@ class Observer:
         self.pending: dict[int, list] = {}  # id(optimizer) -> its gradients, read before its step
         self.errors: set[str] = set()
         self.local = threading.local()  # .depth: a collective nested in an observed one is not counted again
-        self.torch = None
+        self.torch = self.sites = None  # sites: where the script called from (records.CallSites), once torch is in
 
     def write(self, record: str, **fields) -> None:
         self.recorder.write(record, **fields)
@@ -208,7 +209,8 @@ class Observer:
         self.collectives += 1
         self.groups[group_name] += 1
         self.write("collective", group=group_name, group_seq=self.groups[group_name], step=self.steps + 1,
-                   backward=self.in_backward or None, thread=threading.current_thread().name, **fields)
+                   backward=self.in_backward or None, thread=threading.current_thread().name,
+                   stack=self.sites.stack(sys._getframe(1)), **fields)
 
     def group_name(self, group) -> str:
         """The group's name; its ``group`` record is written the first time it is seen."""
@@ -237,7 +239,8 @@ class Observer:
         self.write("backward", index=self.backwards, step=self.steps + 1, tensors=len(tensors),
                    loss=float(first.detach()) if first is not None and first.numel() == 1 else None,
                    shape=list(first.shape) if first is not None else None,
-                   dtype=records.dtype_name(first) if first is not None else None)
+                   dtype=records.dtype_name(first) if first is not None else None,
+                   stack=self.sites.stack(sys._getframe(1)))
 
     def before_step(self, optimizer) -> None:
         self.scan_wraps()
@@ -257,7 +260,8 @@ class Observer:
         if entry is None or entry[0]() is not optimizer:
             entry = self.optimizers[id(optimizer)] = (weakref.ref(optimizer), len(self.optimizers) + 1)
         self.write("optimizer_step", step=self.steps, optimizer=type(optimizer).__name__, optimizer_id=entry[1],
-                   lr=[g.get("lr") for g in optimizer.param_groups], state_bytes=state_bytes, params=params)
+                   lr=[g.get("lr") for g in optimizer.param_groups], state_bytes=state_bytes, params=params,
+                   stack=self.sites.stack(sys._getframe(1)))
 
     def outermost(self) -> list[tuple[int, object]]:
         """``[(wrap id, module)]`` of the wrapped modules no other wrapped module holds (FSDP2's root, not its units),
@@ -362,7 +366,7 @@ def start(folder: str, argv: list[str]) -> Observer:
 def install(observer: Observer, torch) -> None:
     """Hook into an imported torch: the dispatcher's collectives, ``init_process_group``, ``manual_seed``,
     ``backward``, the optimizers' and modules' global hooks, and ``parallelize_module`` once it is imported."""
-    observer.torch = torch
+    observer.torch, observer.sites = torch, records.CallSites(torch)
     observer.write("torch", version=torch.__version__, initial_seed=torch.initial_seed())
     below = torch._C._after_ADInplaceOrView_keyset.remove(torch._C.DispatchKey.BackendSelect)
     for namespace, table in (("c10d", records.C10D_OPS), ("_c10d_functional", records.FUNCTIONAL_OPS)):

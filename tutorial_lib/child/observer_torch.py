@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import ctypes
 import hashlib
+import os
+import sysconfig
 
 # torch's op (without its namespace) -> (the torch.distributed function's name, its kind, the input and output
 # arguments). Kinds count what a lesson counts: FSDP2's ``_allgather_base_`` is an all-gather.
@@ -264,6 +266,36 @@ def tensors_in(torch, value) -> list:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in tensors_in(torch, v)]
     return []
+
+
+class CallSites:
+    """Where the script called torch from: the calling thread's frames of the script's own code (``[path, line,
+    function]``, outermost first, the innermost ``limit``), without torch's, the standard library's, installed
+    packages' or this folder's (the workbook's runner) frames. Whether a code object is the script's is decided once.
+    A collective DDP issues during ``backward()`` on CPU has the script's ``loss.backward()`` line; one issued on
+    autograd's own thread (CUDA) has no frame of the script: ``[]``."""
+
+    def __init__(self, torch, limit: int = 12) -> None:
+        paths = sysconfig.get_paths()
+        folders = {os.path.dirname(torch.__file__), paths["stdlib"], paths["purelib"], paths["platlib"],
+                   os.path.dirname(os.path.abspath(__file__))}
+        self.skip = tuple({os.path.join(f, "") for folder in folders for f in (folder, os.path.realpath(folder))})
+        self.limit, self.own = limit, {}
+
+    def stack(self, frame) -> list:
+        """The script's frames from ``frame`` outwards, outermost first."""
+        found = []
+        while frame is not None and len(found) < self.limit:
+            code = frame.f_code
+            own = self.own.get(code)
+            if own is None:
+                name = code.co_filename
+                own = self.own[code] = not (name.startswith("<") or name.startswith(self.skip)
+                                            or os.path.realpath(name).startswith(self.skip))
+            if own:
+                found.append([code.co_filename, frame.f_lineno, code.co_name])
+            frame = frame.f_back
+        return found[::-1]
 
 
 def dtype_name(t) -> str:

@@ -31,7 +31,8 @@ class CauseId(str, Enum):
     INVALID_DEVICE_ORDINAL = "invalid_device_ordinal"
     COLLECTIVE_TIMEOUT = "collective_timeout"
     COMPILING_RANK = "compiling_rank"  # field: ranks (a collective timed out while they compiled)
-    RANK_BRANCH_COLLECTIVE = "rank_branch_collective"  # field: rank (it called a collective inside `if rank == 0:`)
+    # fields: rank (it issued a collective the others did not: `if rank == 0: dist.all_reduce(x)`), op, where
+    RANK_BRANCH_COLLECTIVE = "rank_branch_collective"
     NCCL_ERROR = "nccl_error"
     PYTHON_EXCEPTION = "python_exception"  # field: name (the exception's class)
     KILLED_BY_SIGNAL = "killed_by_signal"  # field: signal

@@ -2,16 +2,18 @@
 
 Two causes the doctor finds this way (``waiting_cause``), after torch reported a collective timeout or a rank that
 finished while others waited: a rank still inside torch.compile (its stack), and a collective that only
-some ranks call (its source).
+some ranks call (the observer's records when the launch was observed, else its source).
 
 Every collective is a rendezvous of all ranks. A script that calls one inside a branch on the rank (``if rank == 0:
 dist.all_reduce(loss)``) leaves the other ranks elsewhere: in their next collective (which then pairs with the wrong
 one, or waits in vain), or finished. Torch reports this as a timeout on whichever rank gives up first, so the rank
 the error names is chance (three runs of the same script: rank 1, rank 1, rank 0). What does not change from run to
 run is where each rank was: a rank whose innermost line of its own code is a call inside a branch on the rank, while
-another rank was in a different collective or had finished. This module finds that rank from the ranks' tracebacks
-and stacks, reading the script's source with ``ast``; and, when the launch was observed (``observe=True``), the first
-collective at which the ranks' records differ (``runs.observed``: what torch saw each rank issue).
+another rank was in a different collective or had finished. When the launch was observed (``observe=True``), the
+ranks' records say it whatever the branch looks like (``collectives.extra_collective``: the collective one rank
+issued that the others had moved past, with its op and the line that called it); otherwise this module finds the
+rank from the ranks' tracebacks and stacks, reading the script's source with ``ast`` (a branch whose test names the
+rank).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..i18n import N_, Message
+from ..errors import MetricsError
 from ..runs.observed import read_observed
 from ..runs.rundir import LOGS, node_log_dirs, observed_dir
 from ..torchrun.formats import ANY_FRAME, FAULTHANDLER_FRAME
 from ..torchrun.root_cause import FINISHED
 from ..torchrun.stacks import compiling_ranks, stopped_ranks_stacks
 from .cause_ids import CauseId
+from .collectives import extra_collective
 
 # Frames that are not the learner's code: libraries, the workbook's rank runner, runpy.
 _NOT_OWN = re.compile(r"/(site-packages|dist-packages|lib/python\d[\d.]*)/|/tutorial_lib/child/|<frozen |/runpy\.py$")
@@ -54,6 +58,12 @@ RANK_BRANCH_FIX = N_("rank {rank} called {call} at {where}, inside '{condition}'
                      "it paired with a different collective or waited for ranks that had moved on. Call every "
                      "collective on every rank, outside branches on the rank, and keep only what differs (the "
                      "print, the file write) inside them (07, exercise 3)")
+# The same, read from the observer's records (an observed launch), where no branch on the rank is in sight.
+RECORDED_FIX = N_("rank {rank} issued {op} at {where} (collective {index} of process group {group}, step {step}), and "
+                  "the other ranks had moved past that point without issuing it: it paired with a different collective "
+                  "or waited for ranks that had moved on. Call every collective on every rank in the same order, "
+                  "outside branches and functions only some ranks run, and keep only what differs (the print, the "
+                  "file write) inside them (07, exercise 3)")
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,8 @@ class RankBranchCall:
 
     Attributes:
         rank: the rank (global).
-        call: the call on that line, as written (``"dist.all_reduce(global_loss)"``).
+        call: the call on that line, as written (``"dist.all_reduce(global_loss)"``); op: the function it calls
+            (``"all_reduce"``).
         where: ``"train.py:22"``.
         condition: the branch it is in, as written (``"if rank == 0"``, or ``"else of: if rank == 0"``).
     """
@@ -71,6 +82,7 @@ class RankBranchCall:
     call: str
     where: str
     condition: str
+    op: str = ""
 
 
 def own_frames(text: str) -> list[tuple[str, int]]:
@@ -140,8 +152,15 @@ def rank_branch_call(texts: dict[int, str], finished: set[int]) -> RankBranchCal
         branch = rank_condition(path, line)
         others = [r for r in texts if r != rank and places[r] != places[rank] and _IN_COLLECTIVE.search(texts[r])]
         if branch is not None and (others or finished - {rank}):
-            return RankBranchCall(rank=rank, call=branch[0], where=f"{Path(path).name}:{line}", condition=branch[1])
+            return RankBranchCall(rank=rank, call=branch[0], where=f"{Path(path).name}:{line}", condition=branch[1],
+                                  op=_called(branch[0]))
     return None
+
+
+def _called(call: str) -> str:
+    """The name of the function ``call`` (a call as written) calls: ``"all_reduce"`` of ``"dist.all_reduce(x)"``."""
+    func = ast.parse(call, mode="eval").body.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 def first_divergence(observed) -> str:
@@ -171,9 +190,10 @@ def first_divergence(observed) -> str:
 def waiting_cause(diagnosis, failure, ranked) -> None:
     """Ranks waited in a collective (timed out, or a rank finished first): name the rank elsewhere when its stack or
     traceback says more. A rank inside torch.compile (dynamo's or inductor's frames in its main thread's stack, printed
-    when torchrun stopped it) on a collective timeout; else a rank that waited in a call inside ``if rank == 0:``
-    while another was in a different collective or finished (``rank_branch``; the observer's records, when the launch
-    was observed, show the first collective that differed).
+    when torchrun stopped it) on a collective timeout; else the rank that issued a collective the others had moved
+    past, from the observer's records when the launch was observed (``collectives.extra_collective``), or from its
+    stack: a call inside ``if rank == 0:`` while another was in a different collective or finished
+    (``rank_branch_call``). Either way ``cause_fields`` are ``rank``, ``op`` and ``where``.
 
     Args:
         diagnosis: the doctor's ``Diagnosis`` so far (its cause a collective timeout or a finished rank).
@@ -189,9 +209,32 @@ def waiting_cause(diagnosis, failure, ranked) -> None:
         diagnosis.fix_text = Message(COMPILING_FIX, {"ranks": named})
         return
     texts = {**stacks, **{e.rank: e.traceback for e in failure.ends if e.rank is not None and e.traceback}}
-    found = rank_branch_call(texts, {e.rank for e in failure.ends if e.how == FINISHED and e.rank is not None})
-    if found is not None:
-        diagnosis.cause_id, diagnosis.cause_fields = CauseId.RANK_BRANCH_COLLECTIVE, {"rank": found.rank}
+    finished = {e.rank for e in failure.ends if e.how == FINISHED and e.rank is not None}
+    observed = _records(diagnosis.run_dir)
+    extra = extra_collective(observed, finished) if observed is not None else None
+    found = rank_branch_call(texts, finished)
+    if extra is not None:  # the records name the rank and the collective, whatever the branch looks like
+        rank = extra.ranks[0] if len(extra.ranks) == 1 else ", ".join(map(str, extra.ranks))
+        diagnosis.cause_id = CauseId.RANK_BRANCH_COLLECTIVE
+        diagnosis.cause_fields = {"rank": rank, "op": extra.op, "where": extra.where}
+        if found is not None and found.rank in extra.ranks and found.where == extra.where:
+            diagnosis.fix_text = Message(RANK_BRANCH_FIX, dataclasses.asdict(found))
+        else:
+            diagnosis.fix_text = Message(RECORDED_FIX, {"rank": rank, "op": extra.op, "where": extra.where,
+                                                        "index": extra.index, "group": extra.group, "step": extra.step})
+        diagnosis.evidence = first_divergence(observed) or f"{extra.where}: {extra.op}"
+    elif found is not None:
+        diagnosis.cause_id = CauseId.RANK_BRANCH_COLLECTIVE
+        diagnosis.cause_fields = {"rank": found.rank, "op": found.op, "where": found.where}
         diagnosis.fix_text = Message(RANK_BRANCH_FIX, dataclasses.asdict(found))
-        observed = read_observed(diagnosis.run_dir) if observed_dir(diagnosis.run_dir).is_dir() else None
         diagnosis.evidence = (observed and first_divergence(observed)) or f"{found.where}: {found.call}"
+
+
+def _records(run_dir: Path):
+    """The launch's observer records (``read_observed``), or ``None``: not observed, or a record unreadable."""
+    if not observed_dir(run_dir).is_dir():
+        return None
+    try:
+        return read_observed(run_dir)
+    except MetricsError:
+        return None

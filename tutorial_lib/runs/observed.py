@@ -97,6 +97,25 @@ class TensorRecord:
 
 
 @dataclass(frozen=True)
+class CallSite:
+    """One frame of the script's own code where it called torch (``path``, ``line``, ``function``); ``where`` shows it
+    as ``"train.py:22"``."""
+
+    path: str
+    line: int
+    function: str
+
+    @property
+    def where(self) -> str:
+        """``"<file name>:<line>"``."""
+        return f"{Path(self.path).name}:{self.line}"
+
+
+def _stack(r: dict) -> tuple[CallSite, ...]:
+    return tuple(CallSite(str(path), int(line), str(function)) for path, line, function in r.get("stack") or ())
+
+
+@dataclass(frozen=True)
 class Collective:
     """One collective a rank issued (one call of torch's op), in the order it issued them.
 
@@ -114,6 +133,8 @@ class Collective:
         dtype: the first input's dtype (``"float32"``); shapes: the inputs' shapes (up to 16).
         reduce_op: ``"sum"``, ``"avg"``, ... where torch tells it (torch 2.13, functional ops), else ``None``.
         step: the optimizer step it led up to (from 1). backward: the ``backward()`` call it ran in, else ``None``.
+        stack: where the script called it from, its own frames outermost first (``()``: none, e.g. autograd's thread
+            on CUDA; a record written before the observer kept it).
     """
 
     seq: int
@@ -131,6 +152,7 @@ class Collective:
     step: int
     backward: int | None
     thread: str = ""
+    stack: tuple[CallSite, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,7 +196,8 @@ class ParamRecord:
 @dataclass(frozen=True)
 class OptimizerStep:
     """One ``optimizer.step()`` that ran (a step ``GradScaler`` skipped is not one): ``step`` counts every optimizer's
-    steps on the rank from 1; ``state_bytes``: the optimizer state's bytes after it (a DTensor's local shard)."""
+    steps on the rank from 1; ``state_bytes``: the optimizer state's bytes after it (a DTensor's local shard);
+    ``seq`` and ``stack`` as ``Collective``'s: its place in the record, where the script called ``step()``."""
 
     step: int
     optimizer: str
@@ -182,6 +205,8 @@ class OptimizerStep:
     lr: tuple
     state_bytes: int
     params: tuple[ParamRecord, ...]
+    seq: int = 0
+    stack: tuple[CallSite, ...] = ()
 
     def param(self, name: str) -> ParamRecord:
         """The parameter called ``name``; ``MetricsError`` naming those there are if none is."""
@@ -194,7 +219,7 @@ class OptimizerStep:
 @dataclass(frozen=True)
 class Backward:
     """One ``backward()``: its number (from 1), the step it led up to, and what it ran on (``loss``: its value when it
-    was one number; under a ``GradScaler`` that is the scaled loss)."""
+    was one number; under a ``GradScaler`` that is the scaled loss); ``seq`` and ``stack`` as ``Collective``'s."""
 
     index: int
     step: int
@@ -202,6 +227,8 @@ class Backward:
     tensors: int
     shape: tuple | None
     dtype: str | None
+    seq: int = 0
+    stack: tuple[CallSite, ...] = ()
 
 
 @dataclass
@@ -422,7 +449,7 @@ def _add(observed: ObservedRank, r: dict) -> None:
             seq=r["seq"], op=r["op"], kind=r["kind"], torch_op=r["torch_op"], group=r["group"], group_size=size,
             group_seq=r["group_seq"], input_bytes=r["input_bytes"], output_bytes=r["output_bytes"], dtype=r["dtype"],
             shapes=tuple(tuple(s) for s in r["shapes"]), reduce_op=r["reduce_op"], step=r["step"],
-            backward=r["backward"], thread=r.get("thread", "")))
+            backward=r["backward"], thread=r.get("thread", ""), stack=_stack(r)))
     elif kind == "group":
         observed.groups[r["name"]] = {k: v for k, v in r.items() if k not in ("seq", "record")}
     elif kind == "wrap":
@@ -430,10 +457,12 @@ def _add(observed: ObservedRank, r: dict) -> None:
         observed.wraps.append(Wrap(r["id"], r["wrapper"], r["module"], r["step"], settings))
     elif kind == "optimizer_step":
         observed.steps.append(OptimizerStep(r["step"], r["optimizer"], r["optimizer_id"], tuple(r["lr"]),
-                                            r["state_bytes"], tuple(_param(p) for p in r["params"])))
+                                            r["state_bytes"], tuple(_param(p) for p in r["params"]), r["seq"],
+                                            _stack(r)))
     elif kind == "backward":
         observed.backwards.append(Backward(r["index"], r["step"], r["loss"], r["tensors"],
-                                           tuple(r["shape"]) if r["shape"] is not None else None, r["dtype"]))
+                                           tuple(r["shape"]) if r["shape"] is not None else None, r["dtype"],
+                                           r["seq"], _stack(r)))
     elif kind == "init_process_group":
         observed.process_group = {k: v for k, v in r.items() if k not in ("seq", "record")}
     elif kind == "seed":
