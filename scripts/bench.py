@@ -5,6 +5,8 @@
     python scripts/bench.py --reps 5 --out bench.json
 
 Sections (targets in brackets; a ratio over its target is printed as MISSED, and the exit code is 1):
+    lessons    each lesson script's workbook share of its code lines [<= 0.25] and, for ddp_train.py and train_lm.py,
+               its lines [<= 200, <= 450] (issue 48; scripts/lesson_stats.py counts, reading the files only)
     launcher   tutorial_lib's cold launch of ddp_train.py vs bare ``python -m torch.distributed.run`` with the same
                argv and environment, alternating, median wall time ratio [<= 1.05]
     warm       the same 20-step 2-rank DDP job four ways, alternating: launch() warm (ranks forked from the kernel's
@@ -66,14 +68,29 @@ from tutorial_lib.launcher.environment import build_env  # noqa: E402
 from tutorial_lib.launcher.job import free_port  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
-SECTIONS = ("launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu", "soak", "matrix", "compile")
+SECTIONS = ("lessons", "launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu", "soak", "matrix",
+            "compile")
 # soak (launches + matrix), matrix, compile: when asked for
-DEFAULT_SECTIONS = ("launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu")
+DEFAULT_SECTIONS = ("lessons", "launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu")
 
 
 def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
     ok = None if target is None else value <= target
     return {"benchmark": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok, "note": note}
+
+
+def bench_lessons() -> list[dict]:
+    """scripts/lesson_stats.py's figures as rows: the workbook's share of each lesson's code, and the two lessons'
+    line counts issue 48 sets targets for."""
+    from lesson_stats import MAX_LINES, MIN_LESSON_SHARE, table
+    rows = []
+    for r in table():
+        if r["name"] in MAX_LINES:
+            rows.append(row(f"lesson {r['name']}.py lines", r["lines"], MAX_LINES[r["name"]], "lines",
+                            f"{r['flags']} flags"))
+        rows.append(row(f"lesson {r['name']}.py workbook share", 1 - r["lesson_share"], 1 - MIN_LESSON_SHARE, "share",
+                        f"{r['scaffold_lines']} of {r['code_lines']} code lines"))
+    return rows
 
 
 def bench_launcher(root: Path, reps: int) -> list[dict]:
@@ -531,7 +548,7 @@ def main() -> int:
         root = Path(tmp)
         for section in args.only:
             start = time.monotonic()
-            fn = {"launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
+            fn = {"lessons": bench_lessons, "launcher": lambda: bench_launcher(root, args.reps), "metrics": lambda: bench_metrics(root, args.reps),
                   "observe": lambda: bench_observe(root, args.reps),
                   "memory": lambda: bench_memory(root), "plan": bench_plan, "workbook": lambda: bench_workbook(root, ("warm", "cold") if "warm" in args.only else ("warm",)),
                   "warm": lambda: bench_warm(root, args.reps),
