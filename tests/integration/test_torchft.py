@@ -247,11 +247,9 @@ def test_a_drill_that_times_out_stops_its_lighthouse_and_groups_before_it_raises
 def test_hsdp_groups_shard_the_model_and_each_rank_heals_its_shard_from_the_same_rank(tmp_path):
     """Issue 47's item 6, on CPU ranks: 2 groups x 2 ranks, FSDP2 inside a group, torchft across groups (FSDP2's
     all-reduce hook). Each rank holds and sends half the model; group 1 killed, restarted, healed per rank."""
+    import tutorial_lib as tl
     from tutorial_lib.launcher.failure_drill import FT_SCRIPT, run_failure_drill
-    spec = importlib.util.spec_from_file_location("ft_train_model", FT_SCRIPT)
-    lesson = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lesson)
-    n_params = sum(p.numel() for p in lesson.make_model(0).parameters())
+    n_params = sum(p.numel() for p in tl.import_script(FT_SCRIPT).make_model(0).parameters())
     drill = run_failure_drill(runs_dir=tmp_path, label="hsdp", nproc_per_group=2, steps_alone=3, steps_after_heal=5)
     shards = {r: drill.records_of(r) for r in (0, 1)}
     hashes = {}
