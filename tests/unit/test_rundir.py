@@ -64,12 +64,29 @@ def test_show_script_numbers_lines_and_finds_functions(tmp_path):
     first = next(i for i, line in enumerate(source, 1) if line.startswith("def setup("))
     assert listing.splitlines()[1].lstrip() == f"{first}  def setup(args):"  # numbers right-aligned to the widest shown
     assert "@record" in str(tl.show_script(path, "main")), "decorators are part of the listing"
-    both = str(tl.show_script(path, "cleanup", "setup"))
-    assert both.index("def cleanup") < both.index("\n...\n") < both.index("def setup")
+    both = str(tl.show_script(path, "make_model", "setup"))
+    assert both.index("def make_model") < both.index("\n...\n") < both.index("def setup")
     assert str(tl.show_script(path, first_line=2, last_line=3)).splitlines()[1:] == [f"2  {source[1]}", f"3  {source[2]}"]
     assert "<span" in tl.show_script(path, "setup")._repr_html_()
     with pytest.raises(ConfigError, match="no top-level function or class 'nope'"):
         tl.show_script(path, "nope")
+    instruments = str(tl.show_script(path, "make_profiler"))  # the lesson's instruments, in _workbook.py beside it
+    assert instruments.startswith("# _workbook.py") and "def make_profiler" in instruments
+
+
+def test_write_script_puts_the_instruments_beside_a_lesson_that_imports_them(tmp_path):
+    tl.write_script("ddp_train", tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.py")) == ["_workbook.py", "ddp_train.py"]
+    assert tl.script_path(tmp_path).name == "ddp_train.py", "a helper is never the run's script"
+    assert tl.import_script(tmp_path / "ddp_train.py").workbook is not None
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "ddp_train.py").write_bytes((tmp_path / "ddp_train.py").read_bytes())
+    assert tl.import_script(alone / "ddp_train.py").workbook is None, "no _workbook.py beside it: none, not a cached one"
+    other = tmp_path / "other"
+    other.mkdir()
+    tl.write_script("sampler_demo", other)
+    assert sorted(p.name for p in other.glob("*.py")) == ["sampler_demo.py"], "only for a lesson that imports them"
 
 
 def test_import_script_gives_the_scripts_classes_without_running_main(tmp_path):

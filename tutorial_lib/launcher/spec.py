@@ -258,7 +258,7 @@ def no_metrics_message(run_dir: Path, loss_pattern: str | re.Pattern | None) -> 
 
 def folder_given_as_script(folder: Path) -> str:
     """The refusal of a folder given as the script to run, naming the ``.py`` files in it (the first five)."""
-    scripts = sorted(p.name for p in folder.glob("*.py") if p.is_file())[:5]
+    scripts = sorted(p.name for p in folder.glob("*.py") if p.is_file() and not p.name.startswith("_"))[:5]
     return (f"script {str(folder)!r} is a folder, not a script: give the .py file to run"
             + (f" (in it: {', '.join(scripts)})" if scripts else " (it holds no .py file)"))
 

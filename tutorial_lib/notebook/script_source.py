@@ -12,12 +12,13 @@ import ast
 import html
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
 from ..errors import ConfigError
-from ..runs.rundir import LESSONS_DIR, available_scripts, closest_script
+from ..runs.rundir import LESSONS_DIR, WORKBOOK_MODULE, available_scripts, closest_script
 
 
 class ScriptListing:
@@ -60,7 +61,8 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
     Args:
         path: the script.
         names: top-level functions or classes to show (each with its decorators), in this order;
-            none: the lines ``first_line``..``last_line`` (1-based, inclusive; default the whole file).
+            none: the lines ``first_line``..``last_line`` (1-based, inclusive; default the whole file). Names
+            the script lacks and the ``_workbook.py`` beside it has (a lesson's instruments) are shown from there.
         between: ``(start_text, end_text)``: instead, the lines from the first one containing
             ``start_text`` to the next one containing ``end_text`` (inclusive), so an excerpt
             survives edits that move line numbers.
@@ -81,13 +83,21 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
         return ScriptListing(path, [(start, end)])
     if not names:
         return ScriptListing(path, [(first_line, last_line)])
-    tree = ast.parse(Path(path).read_text())
-    spans = {node.name: (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno)
-             for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    spans = _top_level_spans(path)
+    instruments = Path(path).parent / WORKBOOK_MODULE
+    if not set(names) & set(spans) and instruments.is_file() and set(names) <= set(_top_level_spans(instruments)):
+        path, spans = instruments, _top_level_spans(instruments)  # the lesson's instruments, beside it
     for name in names:
         if name not in spans:
             raise ConfigError(f"{Path(path).name} has no top-level function or class {name!r}; has {sorted(spans)}")
     return ScriptListing(path, [spans[name] for name in names])
+
+
+def _top_level_spans(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """Each top-level function and class of ``path``: its first line (decorators included) and last line."""
+    tree = ast.parse(Path(path).read_text())
+    return {node.name: (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno)
+            for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
 
 
 def import_script(script: str | os.PathLike) -> ModuleType:
@@ -110,6 +120,24 @@ def import_script(script: str | os.PathLike) -> ModuleType:
     module_spec = importlib.util.spec_from_file_location(f"_tutorial_lib_script_{path.stem}", path)
     if module_spec is None or module_spec.loader is None:
         raise ConfigError(f"{str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    # The script's ``import _workbook`` finds the file beside it, as a rank does, or none: not another run's copy.
+    workbook, sys.modules["_workbook"] = sys.modules.pop("_workbook", None), _load(path.parent / WORKBOOK_MODULE)
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        if workbook is None:
+            sys.modules.pop("_workbook", None)
+        else:
+            sys.modules["_workbook"] = workbook
+    return module
+
+
+def _load(path: Path) -> ModuleType | None:
+    """The module in ``path``, or ``None`` (which makes ``import`` of it raise ImportError) when there is no file."""
+    if not path.is_file():
+        return None
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module

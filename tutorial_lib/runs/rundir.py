@@ -87,6 +87,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 # new_run_dir's mark in each folder it makes: only the library's own folders are run directories (is_lesson_run_dir),
 # whatever their names; a learner's folder named like one (20250101-090000-proj/) stays theirs.
 RUN_DIR_MARKER = ".tutorial-run"
+# The workbook's instruments for the lessons (metrics, failures on purpose): a lesson imports it only when it sits beside
+# it, so a lesson copied alone trains without it. Files whose names start with "_" are never a run's script.
+WORKBOOK_MODULE = "_workbook.py"
 
 
 def available_scripts() -> list[str]:
@@ -222,7 +225,8 @@ def removed_if_refused(run_dir: Path):
 
 
 def write_script(name: str, run_dir: str | os.PathLike) -> Path:
-    """Copy the shipped training script ``name`` unchanged into ``run_dir``.
+    """Copy the shipped training script ``name`` unchanged into ``run_dir``, with ``_workbook.py`` (the workbook's
+    instruments, ``WORKBOOK_MODULE``) beside it when the script imports it and the folder has none yet.
 
     Args:
         name: a script name from ``available_scripts()``, e.g. ``"ddp_train"`` (``.py`` optional).
@@ -243,15 +247,21 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
     if target.exists():
         raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
     shutil.copyfile(LESSONS_DIR / f"{stem}.py", target)
+    copies = [target.name]
+    instruments = run_dir / WORKBOOK_MODULE
+    if "import _workbook" in target.read_text() and not instruments.exists():
+        shutil.copyfile(LESSONS_DIR / WORKBOOK_MODULE, instruments)  # the lesson's optional instruments, beside it
+        copies.append(instruments.name)
     if not (run_dir / RUN_DIR_MARKER).is_file():  # a folder new_run_dir made is a run directory anyway
         with open(run_dir / WRITTEN_SCRIPTS, "a") as written:  # is_lesson_run_dir tells this copy from a learner's
-            written.write(target.name + "\n")
+            written.write("".join(name + "\n" for name in copies))
     return target.resolve()
 
 
 def script_path(run_dir: str | os.PathLike) -> Path:
     """The training script of a run: the one ``*.py`` file at the top of its run directory (the copy ``write_script``
-    put there, exactly what ran), e.g. for ``show_script`` or ``import_script``.
+    put there, exactly what ran), e.g. for ``show_script`` or ``import_script``; a name starting with ``_`` (the
+    lesson's ``_workbook.py``) is a helper, never the script.
 
     Args:
         run_dir: a run directory (``LaunchResult.run_dir``, ``LaunchError.run_dir``).
@@ -262,7 +272,7 @@ def script_path(run_dir: str | os.PathLike) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; pass the run directory of a launch")
-    scripts = sorted(p for p in run_dir.glob("*.py") if p.is_file())
+    scripts = sorted(p for p in run_dir.glob("*.py") if p.is_file() and not p.name.startswith("_"))
     if len(scripts) != 1:
         found = ", ".join(p.name for p in scripts) or "none"
         raise ConfigError(f"{str(run_dir)!r} should hold exactly one script (*.py), the one that ran; found {found}")
