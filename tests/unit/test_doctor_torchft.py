@@ -20,7 +20,7 @@ import tutorial_lib as tl
 from tutorial_lib.diagnosis.causes import CauseId
 from tutorial_lib.diagnosis.groups import diagnose_groups
 from tutorial_lib.errors import ConfigError
-from tutorial_lib.i18n import set_language
+from tutorial_lib.i18n import language, set_language
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs" / "torchft"
 
@@ -68,6 +68,16 @@ def test_a_heal_without_numpy_names_the_healing_group_and_the_healthy_one_it_too
     assert (sender.diagnosis.last_steps, healing.diagnosis.last_steps) == ({0: 74}, {0: 0})
     assert "pip install numpy" in healing.diagnosis.fix
     assert healing.diagnosis.error == "AssertionError"  # what it raised: torchft's DDP hook after the failed heal
+
+
+def test_the_heal_context_is_worded_in_the_language_in_use_and_the_log_line_stays_as_logged():
+    before = language()
+    set_language("zh")
+    try:
+        _sender, _killed, healing = diagnose_groups(RUNS / "recovery-without-numpy")
+    finally:
+        set_language(before)
+    assert healing.diagnosis.evidence == "在第 0 步，落后于其他组的第 74 步: Numpy is not available"
 
 
 def test_one_groups_start_is_a_run_directory_for_diagnose():

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, LaunchError, LaunchTimeout, MetricsError, RankFailure
-from ..i18n import Message
+from ..i18n import Message, _
 from ..runs.metrics import last_steps as logged_last_steps
 from ..runs.printed_metrics import last_printed_steps
 from ..runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, available_scripts, node_log_dirs
@@ -323,8 +323,8 @@ def _finished_cause(diagnosis: Diagnosis, failure: RankFailure) -> None:
     diagnosis.fix_text = Message(FINISHED_FIX[0], {"rank": failure.rank, "waiting": ", ".join(map(str, waiting)) or "?"},
                                  FINISHED_FIX[1], max(len(waiting), 1))
     peer = next((e for e in failure.ends if e.how == LOST_PEER and e.traceback), None)
-    diagnosis.evidence = (f"rank {peer.rank}, waiting: {_exception_line(peer.traceback)}" if peer else
-                          f"rank {failure.rank} exited 0")
+    diagnosis.evidence = (_("rank {rank}, waiting: {error}", rank=peer.rank, error=_exception_line(peer.traceback))
+                          if peer else _("rank {rank} exited 0", rank=failure.rank))
 
 
 def _syntax_cause(diagnosis: Diagnosis, failure: RankFailure) -> bool:

@@ -96,16 +96,18 @@ def _logged_steps(lines: list[tuple[int | None, str]]) -> dict[int, int]:
 def _heal_context(lines: list[tuple[int | None, str]]) -> str:
     """Where this start's failed heal stood: ``"at step 0, behind the others' step 74"`` (it was healing) or ``"at
     step 74, sending its state to replica rank(s) 1"``, from the last such line before torchft's ``got exception in
-    recovery``; ``""`` when its logs have none."""
+    recovery``; ``""`` when its logs have none. Worded in ``tl.language()``; the log's own words follow it."""
     context = ""
     for _rank, line in lines:
         if RECOVERY_FAILED.search(line):
             return context
         healing, sending = HEALING.search(line), SENDING.search(line)
         if healing:
-            context = f"at step {healing['step']}, behind the others' step {healing['max_step']}"
+            context = _("at step {step}, behind the others' step {max_step}", step=healing["step"],
+                        max_step=healing["max_step"])
         elif sending:
-            context = f"at step {sending['step']}, sending its state to replica rank(s) {sending['ranks']}"
+            context = _("at step {step}, sending its state to replica rank(s) {ranks}", step=sending["step"],
+                        ranks=sending["ranks"])
     return ""
 
 
