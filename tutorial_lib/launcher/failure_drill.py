@@ -319,11 +319,8 @@ def run_hard_failure(what: str, *, runs_dir: str | os.PathLike | None = None, st
                 rejoined = records.starts[1][-1]
                 wait_for_records(groups, f"{steps_after} commits of group 1 after the failed heal", lambda r: len(
                     r.committed(1, pid=rejoined)) >= steps_after, timeout_s, expected_ends=(0,))
-            if what == "lighthouse":
-                exit_codes = groups.wait(timeout_s)
-            else:  # group 0's torchrun sees its rank's death within its monitor interval: wait for it, not a race
-                groups.groups[0].popen.wait(timeout=timeout_s)
-                exit_codes = {g: group.popen.poll() for g, group in groups.groups.items()}
+            # sender_mid_heal: group 0's torchrun sees its rank's death within its monitor interval: wait for it
+            exit_codes = groups.wait(timeout_s, None if what == "lighthouse" else (0,))
             ended_at_s = time.time()
         lighthouse.stop()
     left = [p.pid for p in leftover_processes(groups)] + ([lighthouse.process.pid] if lighthouse.alive() else [])

@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -343,21 +343,21 @@ class ReplicaGroups:
         """The ids of the groups whose latest start still runs, sorted."""
         return sorted(g for g, group in self.groups.items() if group.running())
 
-    def wait(self, timeout_s: float) -> dict[int, int]:
-        """Wait until every group's latest start has ended (``timeout_s`` seconds at most); return each group's
-        torchrun exit code.
+    def wait(self, timeout_s: float, group_ids: Iterable[int] | None = None) -> dict[int, int | None]:
+        """Wait until the latest start of every group in ``group_ids`` (default: all) has ended (``timeout_s`` seconds
+        at most); return each group's torchrun exit code (``None``: a group not waited for that still runs).
 
         Raises:
             LaunchError: still running after ``timeout_s`` (nothing is stopped: call ``stop``).
         """
         deadline = time.monotonic() + timeout_s
-        for group in self.groups.values():
+        for group in (self.groups[g] for g in (self.groups if group_ids is None else group_ids)):
             try:
                 group.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise LaunchError(f"replica group {group.group_id} still runs after {timeout_s:g} s",
                                   run_dir=self.run_dir, command=group.command, returncode=None) from None
-        return {g: group.popen.returncode for g, group in self.groups.items()}
+        return {g: group.popen.poll() for g, group in self.groups.items()}
 
     def stop(self) -> int:
         """Stop every start of every group (SIGTERM to torchrun, ``shutdown_grace_s``, then SIGKILL to whatever
