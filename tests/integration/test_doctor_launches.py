@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.diagnosis.causes import CAUSES, CauseId
+from tutorial_lib.diagnosis.causes import CauseId, cause_by_id
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -34,8 +34,9 @@ def launch_fixture(run_root, name: str, args=(), **spec) -> tl.LaunchError:
 def both(error: tl.LaunchError) -> tuple[tl.Diagnosis, tl.Diagnosis]:
     """The doctor on the error and on the run directory alone: they must say the same."""
     from_error, from_dir = tl.diagnose(error), tl.diagnose(error.run_dir)
-    assert (from_error.rank, from_error.exit_code, from_error.cause) == \
-        (from_dir.rank, from_dir.exit_code, from_dir.cause) == (error.rank, error.exit_code, from_dir.cause)
+    said = from_dir.cause_id, from_dir.cause_fields
+    assert (from_error.rank, from_error.exit_code, (from_error.cause_id, from_error.cause_fields)) == \
+        (from_dir.rank, from_dir.exit_code, said) == (error.rank, error.exit_code, said)
     return from_error, from_dir
 
 
@@ -48,9 +49,9 @@ def test_a_native_crash_is_named_with_its_rank_and_signal_every_time(run_root):
     for _ in range(20):
         e = launch_fixture(run_root, "native_crash.py", ["1:segv"])
         d = tl.diagnose(e.run_dir)
-        named.append((e.rank, e.exit_code, d.rank, d.signal, d.cause))
+        named.append((e.rank, e.exit_code, d.rank, d.signal, d.cause_id, d.cause_fields))
         assert "failed on rank 1 (killed by SIGSEGV, exit code -11)" in str(e), str(e)
-    assert named == [(1, -11, 1, "SIGSEGV", "killed by SIGSEGV")] * 20, named
+    assert named == [(1, -11, 1, "SIGSEGV", CauseId.KILLED_BY_SIGNAL, {"signal": "SIGSEGV"})] * 20, named
 
 
 def test_a_fatal_signal_leaves_the_ranks_python_stack_and_every_signal_is_named(run_root):
@@ -77,7 +78,8 @@ def test_a_value_error_in_a_script_without_record_is_read_from_the_ranks_log(run
     stderr.log (the launcher's copy of the output can stop before it)."""
     e = launch_fixture(run_root, "rank_raises.py", ["1:ValueError"])
     d, _ = both(e)
-    assert (e.rank, e.exit_code, d.cause, d.raised) == (1, 1, "Python exception (ValueError)", [1]), str(d)
+    assert (e.rank, e.exit_code, d.cause_id, d.cause_fields, d.raised) == \
+        (1, 1, CauseId.PYTHON_EXCEPTION, {"name": "ValueError"}, [1]), str(d)
     assert d.error == "ValueError: bad batch on rank 1" and "without a traceback" not in str(d)
     assert e.failure.traceback.startswith("Traceback (most recent call last):\n  File ") and \
         "rank_runner" not in e.failure.traceback, "the traceback starts at the script's first frame"
@@ -87,8 +89,6 @@ def test_a_value_error_in_a_script_without_record_is_read_from_the_ranks_log(run
 def test_the_doctor_reads_a_failure_once_and_diagnose_of_the_error_reads_no_disk(run_root):
     """Issue 34: the failure is one value, made when the launch failed; ``tl.diagnose(error)`` returns it even with the
     run directory gone, and it says what the doctor reads from the folder alone. Its cause is a typed id."""
-    from tutorial_lib.diagnosis.causes import CauseId
-
     e = launch_fixture(run_root, "rank_raises.py", ["1:ValueError"])
     assert e.diagnosis is not None and tl.diagnose(e) is e.diagnosis
     from_dir = tl.diagnose(e.run_dir)
@@ -98,7 +98,8 @@ def test_the_doctor_reads_a_failure_once_and_diagnose_of_the_error_reads_no_disk
         d = tl.diagnose(e)  # the folder does not exist: nothing is read
         assert (d.cause_id, d.cause_fields, d.rank, d.exit_code) == (CauseId.PYTHON_EXCEPTION, {"name": "ValueError"},
                                                                       1, 1)
-        assert (d.cause, d.fix, d.error) == (from_dir.cause, from_dir.fix, from_dir.error)
+        assert (d.cause_id, d.cause_fields, d.fix, d.error) == \
+            (from_dir.cause_id, from_dir.cause_fields, from_dir.fix, from_dir.error)
         with pytest.raises(tl.ConfigError):
             tl.diagnose(e.run_dir)  # the control: the same question asked of the missing folder fails
     finally:
@@ -108,7 +109,7 @@ def test_the_doctor_reads_a_failure_once_and_diagnose_of_the_error_reads_no_disk
 def test_every_rank_that_raised_is_reported(run_root):
     e = launch_fixture(run_root, "rank_raises.py", ["all:KeyError"])
     d, _ = both(e)
-    assert d.raised == [0, 1] and d.cause == "Python exception (KeyError)", str(d)
+    assert (d.raised, d.cause_id, d.cause_fields) == ([0, 1], CauseId.PYTHON_EXCEPTION, {"name": "KeyError"}), str(d)
     assert "peer was gone" not in d.fix and "ranks 0, 1 each raised" in d.fix and "ranks 0, 1 each raised" in str(e)
 
 
@@ -117,7 +118,8 @@ def test_a_rank_that_skipped_the_final_barrier_is_named(run_root):
     rank 0's barrier and the branch it is in (its source), not only the rank that finished."""
     e = launch_fixture(run_root, "skip_final_barrier.py")
     d, _ = both(e)
-    assert (e.rank, e.exit_code, d.finished, d.cause) == (1, 0, [1], "collective only rank 0 calls"), str(d)
+    assert (e.rank, e.exit_code, d.finished, d.cause_id) == (1, 0, [1], CauseId.RANK_BRANCH_COLLECTIVE), str(d)
+    assert (d.cause_fields["rank"], d.cause_fields["op"]) == (0, "barrier"), d.cause_fields
     assert "rank 1 finished (exit code 0) while rank 0 waited for it" in str(e)
     line = _line_of(FIXTURES / "skip_final_barrier.py", "dist.barrier()  # rank 1 never calls it")
     assert f"rank 0 called dist.barrier() at skip_final_barrier.py:{line}, inside 'if rank == 0'" in d.fix, d.fix
@@ -207,7 +209,7 @@ def test_the_gpu_idiom_on_a_machine_without_a_gpu_is_named(run_root, args):
 def test_an_invalid_device_ordinal_has_a_cause_and_a_fix():
     """No GPU here to make it for real: the CUDA runtime's text (cudaErrorInvalidDevice), as torch 2.8's CUDA wheel
     ships it (libcudart's error strings), and torch.cuda's own check."""
-    cause = next(c for c in CAUSES if c.name == "invalid device ordinal")
+    cause = cause_by_id(CauseId.INVALID_DEVICE_ORDINAL)
     for line in ("torch.AcceleratorError: CUDA error: invalid device ordinal",
                  "RuntimeError: CUDA error: invalid device ordinal", "AssertionError: Invalid device id"):
         assert cause.pattern.search(line), line

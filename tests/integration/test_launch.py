@@ -193,7 +193,7 @@ def test_sigint_to_the_launching_process_stops_the_job(run_root):
     assert b"interrupted: stopped torchrun and its workers" in out
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
     d = tl.diagnose(run_dir)  # `python -m tutorial_lib doctor RUN_DIR` afterwards: stopped on request, no crash
-    assert (d.cause, d.failed, d.rank) == ("interrupted", False, None) and "nothing to fix" in d.fix, str(d)
+    assert (d.cause_id, d.failed, d.rank) == (CauseId.INTERRUPTED, False, None) and "nothing to fix" in d.fix, str(d)
 
 
 def test_interrupting_a_jupyter_kernel_stops_the_job(run_root):

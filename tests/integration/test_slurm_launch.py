@@ -19,6 +19,7 @@ import pytest
 from conftest import private_slurm_cluster, wait_no_job_processes
 
 import tutorial_lib as tl
+from tutorial_lib.diagnosis.cause_ids import CauseId
 from tutorial_lib.exercises.core import Context
 from tutorial_lib.slurm import JobState, NeverStarts, cancel, queue, submit, wait_for_state
 from tutorial_lib.torchrun.attempts import last_attempt
@@ -145,7 +146,7 @@ def test_the_doctor_reads_a_failed_slurm_run_directory(failed_node_run):
     run_dir, job = failed_node_run.run_dir, failed_node_run.job
     d = tl.diagnose(run_dir)
     assert d.failed and d.error == "RuntimeError: injected failure on rank 3 at step 2 (--fail-rank/--fail-step)"
-    assert d.cause == "Python exception (RuntimeError)"
+    assert (d.cause_id, d.cause_fields) == (CauseId.PYTHON_EXCEPTION, {"name": "RuntimeError"})
     node = node_of(job, 3)
     if d.rank != 3 and node != 1:
         # Known gap, reported for the lead to reconcile with the doctor's multi-node rule: it numbers the error file
@@ -244,7 +245,7 @@ def test_after_sbatch_refuses_a_job_the_doctor_says_so_with_sbatchs_message(slur
     record = json.loads((run_dir / "run.json").read_text())
     assert (record["status"], record["submit_error"]) == ("refused", info.value.stderr)
     d = tl.diagnose(run_dir)
-    assert (d.failed, d.submitted, d.cause, d.evidence) == (True, False, "sbatch refused the job", info.value.stderr)
+    assert (d.failed, d.submitted, d.cause_id, d.evidence) == (True, False, CauseId.SBATCH_REFUSED, info.value.stderr)
     text = str(d)
     assert "sbatch refused the job, so no SLURM job ran" in text and "holds no output.log" not in text, text
     assert "empty: no step ran" in text and "Memory specification can not be satisfied" in text, text

@@ -272,7 +272,8 @@ def test_async_save_on_the_training_process_group_breaks_the_job(tmp_path):
             "default", "--pg-timeout-s", 10]
     with pytest.raises(LaunchError) as info:
         launch(tmp_path / "runs", "save-default-group", args, 2)
-    assert tl.diagnose(info.value).cause in ("collective mismatch", "collective timeout (hang)"), str(info.value)
+    cause_id = tl.diagnose(info.value).cause_id
+    assert cause_id in (CauseId.COLLECTIVE_MISMATCH, CauseId.COLLECTIVE_TIMEOUT), str(info.value)
     assert not wait_no_job_processes(str(tmp_path))
 
 

@@ -8,6 +8,7 @@ launches use the ``run_root`` fixture, which fails the test if any process of th
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib.diagnosis.causes import CAUSES, CauseId, exit_code_meaning, signal_name
+from tutorial_lib.diagnosis.causes import CAUSES, CauseId, cause_by_id, exit_code_meaning, signal_name
 from tutorial_lib.torchrun.stacks import last_traceback
 
 SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -72,59 +73,67 @@ def make_run(root: Path, *, lines=(), rank=None, exit_code=1, traceback="", othe
     return run_dir
 
 
-# One fixture per cause: (output lines, root-cause rank, exit code, root-cause traceback, expected cause).
+def said(cause_id: CauseId, **fields) -> tuple[CauseId, dict]:
+    """What the doctor must say: the cause's id and its fields (``Diagnosis.cause_id``, ``cause_fields``)."""
+    return cause_id, fields
+
+
+# One fixture per cause: (output lines, root-cause rank, exit code, root-cause traceback, expected ``said(...)``).
 FIXTURES = {
     "port in use": (["Traceback (most recent call last):", "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
                      "network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address "
-                     "already in use"], None, None, "", "port in use"),
+                     "already in use"], None, None, "", said(CauseId.PORT_IN_USE)),
     "rendezvous timeout": (["Traceback (most recent call last):", "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"],
-                           None, None, "", "rendezvous timeout"),
+                           None, None, "", said(CauseId.RENDEZVOUS_TIMEOUT)),
     "cpu oom": ([], 1, 1, traceback_of("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. "
                                        "DefaultCPUAllocator: can't allocate memory: you tried to allocate "
-                                       "101106057216 bytes."), "out of memory"),
+                                       "101106057216 bytes."), said(CauseId.OUT_OF_MEMORY)),
     "cuda oom": ([], 0, 1, traceback_of("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 280.00 GiB."),
-                 "out of memory"),
+                 said(CauseId.OUT_OF_MEMORY)),
     "gloo size mismatch": (["[default0]:terminate called after throwing an instance of 'gloo::EnforceNotMet'",
                             "[default0]:  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. "
                             "84488 vs 4. Received data size doesn't match expected size. Is there a distributed "
-                            "collective mismatch in your code?"], 0, -6, "", "collective mismatch"),
+                            "collective mismatch in your code?"], 0, -6, "", said(CauseId.COLLECTIVE_MISMATCH)),
     "DETAIL mismatch": ([], 1, 1, traceback_of("RuntimeError: Detected mismatch between collectives on ranks. "
                                                "Rank 1 is running collective: CollectiveFingerPrint(OpType=ALLREDUCE"
                                                ", TensorShape=[64, 64]), but Rank 0 is running collective: "
                                                "CollectiveFingerPrint(OpType=ALLREDUCE, TensorShape=[])"),
-                        "collective mismatch"),
+                        said(CauseId.COLLECTIVE_MISMATCH)),
     "unused parameters": ([], 0, 1, traceback_of("RuntimeError: Expected to have finished reduction in the prior "
-                                                 "iteration before starting a new one."), "DDP unused parameters"),
+                                                 "iteration before starting a new one."),
+                          said(CauseId.UNUSED_PARAMETERS)),
     "ddp compile buckets": ([], 0, 1, traceback_of("AssertionError: First bucket should be smaller/equal to other "
                                                    "buckets to get comms warmed up ASAP"),
-                            "DDP + torch.compile bucket split"),
+                            said(CauseId.COMPILE_BUCKET_SPLIT)),
     "inductor without a compiler": ([], 0, 1, traceback_of("torch._inductor.exc.InductorError: InvalidCxxCompiler: No "
                                                            "working C++ compiler found in torch._inductor.config.cpp.cxx:"
-                                                           " (None, 'g++')"), "no C++ compiler for inductor"),
+                                                           " (None, 'g++')"), said(CauseId.COMPILE_NO_CXX)),
     "recompile limit": ([], 1, 1, traceback_of("torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to "
-                                               "fullgraph=True"), "torch.compile recompile limit"),
+                                               "fullgraph=True"), said(CauseId.COMPILE_RECOMPILE_LIMIT)),
     "fullgraph break": ([], 0, 1, traceback_of("torch._dynamo.exc.Unsupported: Failed to trace builtin operator"),
-                        "graph break under fullgraph=True"),
+                        said(CauseId.COMPILE_GRAPH_BREAK)),
     "gloo timeout": ([], 0, 1, traceback_of("RuntimeError: [unbound_buffer.cc:78] Timed out waiting 5000ms for recv "
-                                            "operation to complete"), "collective timeout (hang)"),
+                                            "operation to complete"), said(CauseId.COLLECTIVE_TIMEOUT)),
     "nccl watchdog": (["[default0]:[rank0]:[E1130 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
                        "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 5000 milliseconds"],
-                      0, -6, "", "collective timeout (hang)"),
+                      0, -6, "", said(CauseId.COLLECTIVE_TIMEOUT)),
     "nccl error": ([], 1, 1, traceback_of("torch.distributed.DistBackendError: NCCL error in: "
-                                          "ProcessGroupNCCL.cpp:1970, unhandled system error"), "NCCL error"),
+                                          "ProcessGroupNCCL.cpp:1970, unhandled system error"),
+                   said(CauseId.NCCL_ERROR)),
     "python exception": (["[default0]:RuntimeError: Connection closed by peer [127.0.0.1]:1234"], 1, 1,
-                         traceback_of("ValueError: bad batch shape (3, 5)"), "Python exception (ValueError)"),
+                         traceback_of("ValueError: bad batch shape (3, 5)"),
+                         said(CauseId.PYTHON_EXCEPTION, name="ValueError")),
     "checkpoint of another model": ([], 0, 1, traceback_of("ValueError: Size mismatch between saved torch.Size([4, 128]) "
                                                           "and current: torch.Size([128, 128]) for model.net.6.weight",
-                                                          "load_checkpoint"), "checkpoint does not match the model"),
-    "sigkill": (["[default1]:step 2/50 loss 0.1"], 1, -9, "", "killed by SIGKILL"),
+                                                          "load_checkpoint"), said(CauseId.CHECKPOINT_MISMATCH)),
+    "sigkill": (["[default1]:step 2/50 loss 0.1"], 1, -9, "", said(CauseId.KILLED_BY_SIGNAL, signal="SIGKILL")),
     "abort at exit": (["[default1]:step 20/20 loss 0.1", "[default1]:terminate called without an active exception",
-                       "[default1]:Fatal Python error: Aborted"], 1, -6, "", "abort at interpreter exit"),
+                       "[default1]:Fatal Python error: Aborted"], 1, -6, "", said(CauseId.ABORT_AT_EXIT)),
     "sigsegv": (["[default0]:Fatal Python error: Segmentation fault", "[default0]:",
                  "[default0]:Current thread 0x00007f4a (most recent call first):",
                  '[default0]:  File "/site-packages/torch/nn/parallel/distributed.py", line 1473 in _ddp_init_helper',
                  '[default0]:  File "/runs/x/ddp_train.py", line 240 in train'],
-                0, -11, "", "killed by SIGSEGV"),
+                0, -11, "", said(CauseId.KILLED_BY_SIGNAL, signal="SIGSEGV")),
 }
 
 
@@ -134,18 +143,18 @@ def test_the_doctor_names_the_cause_rank_and_exit_code_of_each_fixture_run(tmp_p
     run_dir = make_run(tmp_path, lines=lines, rank=rank, exit_code=exit_code, traceback=traceback,
                        steps={0: 2, 1: 3})
     d = tl.diagnose(run_dir)
-    assert d.failed and d.cause == cause, (d.cause, str(d))
+    assert d.failed and (d.cause_id, d.cause_fields) == cause, (d.cause_id, d.cause_fields, str(d))
     assert d.rank == rank and d.exit_code == exit_code
     assert d.last_steps == {0: 2, 1: 3}
     assert d.fix and re.search(r"\([01]\d, ", d.fix), "every fix points to a notebook section"
     text = str(d)
     assert text.count("\n") <= 8, "a few lines"
-    assert f"suspected cause  {cause}" in text and "fix" in text and text.count(d.error[:60] or "\0") <= 1
+    assert f"suspected cause  {d.cause}" in text and "fix" in text and text.count(d.error[:60] or "\0") <= 1
     if traceback:
         assert d.error == traceback.strip().splitlines()[-1] and d.error[:150] in text
     if exit_code is not None and exit_code < 0:
         assert d.signal == signal_name(exit_code) and f"({d.signal})" in text
-    assert "<table>" in d._repr_html_() and cause.split(" (")[0] in d._repr_html_()
+    assert "<table>" in d._repr_html_() and html.escape(d.cause) in d._repr_html_()
 
 
 @pytest.mark.parametrize("case, shape, hint", [
@@ -169,7 +178,7 @@ def test_an_nccl_timeout_with_several_gpus_on_the_machine_suggests_disabling_p2p
     elif shape:
         (run_dir / "command.txt").write_text(f"cd x && python -m torch.distributed.run {shape} --tee 3 ddp_train.py\n")
     d = tl.diagnose(run_dir)
-    assert d.cause == cause and d.fix.startswith(next(c.fix for c in CAUSES if c.name == cause))
+    assert d.cause_id == cause[0] and d.fix.startswith(cause_by_id(cause[0]).fix)
     assert ('rerun with env={"NCCL_P2P_DISABLE": "1"}' in d.fix) is hint, d.fix
     assert ("python -m tutorial_lib env" in str(d)) is hint
 
@@ -187,7 +196,8 @@ def test_the_first_failing_rank_is_blamed_not_the_peer_that_lost_its_connection(
                        other_errors={0: peer})
     (run_dir / "logs" / "none_abc" / "attempt_0" / "0" / "error.json").touch()  # the peer's file is later
     d = tl.diagnose(run_dir)
-    assert d.rank == 1 and d.cause == "Python exception (KeyError)" and d.error == "KeyError: 'labels'"
+    assert (d.rank, d.cause_id, d.cause_fields) == (1, CauseId.PYTHON_EXCEPTION, {"name": "KeyError"})
+    assert d.error == "KeyError: 'labels'"
 
 
 def test_on_simulated_nodes_the_earliest_error_file_names_the_global_rank(tmp_path):
@@ -203,7 +213,8 @@ def test_on_simulated_nodes_the_earliest_error_file_names_the_global_rank(tmp_pa
     with open(run_dir / "output.log", "a") as f:
         f.write("  rank      : 3 (local_rank: 1)\n  exitcode  : 1 (pid: 7)\n")
     d = tl.diagnose(run_dir)
-    assert d.rank == 3 and d.exit_code == 1 and d.cause == "Python exception (ValueError)"
+    assert (d.rank, d.exit_code) == (3, 1)
+    assert (d.cause_id, d.cause_fields) == (CauseId.PYTHON_EXCEPTION, {"name": "ValueError"})
 
 
 # torchrun's summary when rank 1 ended without an error file and rank 0 then failed on the lost connection
@@ -233,18 +244,19 @@ Root Cause (first observed failure):
 
 
 @pytest.mark.parametrize("exit_code, lines, cause, evidence, fix", [
-    (3, ["[default1]:rank 1 reached step 1"], "exited with code 3 without a traceback",
+    (3, ["[default1]:rank 1 reached step 1"], said(CauseId.EXITED_WITHOUT_TRACEBACK, code=3),
      "the rank's last line was 'rank 1 reached step 1'", "sys.exit(3), exit(3) or os._exit(3)"),
     (2, ["[default1]:usage: train.py [-h] [--lr LR]", "[default1]:train.py: error: unrecognized arguments: --lr2"],
-     "exited with code 2 without a traceback", "unrecognized arguments: --lr2", "argparse's code for bad"),
+     said(CauseId.EXITED_WITHOUT_TRACEBACK, code=2), "unrecognized arguments: --lr2", "argparse's code for bad"),
     (-8, ["[default1]:Fatal Python error: Floating point exception", "[default1]:",
           "[default1]:Current thread 0x00007f4a (most recent call first):",
           '[default1]:  File "/runs/x/train.py", line 18 in main'],
-     "killed by SIGFPE", "Fatal Python error: Floating point exception at train.py:18 in main", "integer division"),
-    (-4, ["[default1]:Fatal Python error: Illegal instruction"], "killed by SIGILL",
+     said(CauseId.KILLED_BY_SIGNAL, signal="SIGFPE"),
+     "Fatal Python error: Floating point exception at train.py:18 in main", "integer division"),
+    (-4, ["[default1]:Fatal Python error: Illegal instruction"], said(CauseId.KILLED_BY_SIGNAL, signal="SIGILL"),
      "Fatal Python error: Illegal instruction", "built for a newer CPU"),
-    (-7, ["[default1]:Fatal Python error: Bus error"], "killed by SIGBUS", "Fatal Python error: Bus error",
-     "/dev/shm"),
+    (-7, ["[default1]:Fatal Python error: Bus error"], said(CauseId.KILLED_BY_SIGNAL, signal="SIGBUS"),
+     "Fatal Python error: Bus error", "/dev/shm"),
 ])
 def test_a_rank_that_left_no_error_file_is_blamed_not_the_peer_whose_file_says_the_connection_was_lost(
         tmp_path, exit_code, lines, cause, evidence, fix):
@@ -257,7 +269,7 @@ def test_a_rank_that_left_no_error_file_is_blamed_not_the_peer_whose_file_says_t
     with open(run_dir / "output.log", "a") as f:
         f.write(summary + "\n")
     d = tl.diagnose(run_dir)
-    assert (d.rank, d.exit_code, d.cause) == (1, exit_code, cause), str(d)
+    assert (d.rank, d.exit_code, (d.cause_id, d.cause_fields)) == (1, exit_code, cause), str(d)
     assert evidence in d.evidence and fix in d.fix and "(07, section" in d.fix
     assert not d.error, "the peer's lost connection is not rank 1's error"
 
@@ -284,7 +296,7 @@ def test_exit_codes_without_a_traceback_are_explained():
      '"module.net.0.weight": in the checkpoint, not in this model'),
 ])
 def test_a_checkpoint_of_another_model_is_named_with_the_key_and_both_shapes(line, evidence):
-    cause = next(c for c in CAUSES if c.name == "checkpoint does not match the model")
+    cause = cause_by_id(CauseId.CHECKPOINT_MISMATCH)
     assert cause.pattern.search(line) and cause.describe(line) == evidence
     assert "arguments it was saved with" in cause.fix and "(05, section 3" in cause.fix
 
@@ -308,7 +320,7 @@ def test_a_traceback_only_printed_to_the_log_is_the_root_cause(tmp_path):
     with open(run_dir / "output.log", "a") as f:
         f.write(summary.replace("Connection closed by peer [127.0.0.1]:45973.", "To enable traceback see: ...") + "\n")
     d = tl.diagnose(run_dir)
-    assert (d.rank, d.exit_code, d.cause) == (0, 1, "checkpoint does not match the model"), str(d)
+    assert (d.rank, d.exit_code, d.cause_id) == (0, 1, CauseId.CHECKPOINT_MISMATCH), str(d)
     assert d.error == inner[-1] and d.evidence == "model.net.6.weight: saved [4, 128], this model [128, 128]"
     assert "arguments it was saved with" in d.fix
     assert last_traceback(rank_log) == "\n".join(rank_log[1:-1]), "from the outer Traceback to the last error line"
@@ -325,12 +337,12 @@ def test_the_last_traceback_of_a_log_spans_its_chain_and_stops_before_later_outp
 
 
 def test_the_causes_are_checked_specific_first():
-    names = [c.name for c in CAUSES]
-    assert names.index("out of memory") < names.index("collective timeout (hang)")
-    assert names.index("collective mismatch") < names.index("collective timeout (hang)")
-    assert names.index("collective timeout (hang)") < names.index("NCCL error"), "a NCCL watchdog timeout is a hang"
+    ids = [c.id for c in CAUSES]
+    assert ids.index(CauseId.OUT_OF_MEMORY) < ids.index(CauseId.COLLECTIVE_TIMEOUT)
+    assert ids.index(CauseId.COLLECTIVE_MISMATCH) < ids.index(CauseId.COLLECTIVE_TIMEOUT)
+    assert ids.index(CauseId.COLLECTIVE_TIMEOUT) < ids.index(CauseId.NCCL_ERROR), "a NCCL watchdog timeout is a hang"
     # torch 2.13 raises FailOnRecompileLimitHit from dynamo's Unsupported: the chain shows both
-    assert names.index("torch.compile recompile limit") < names.index("graph break under fullgraph=True")
+    assert ids.index(CauseId.COMPILE_RECOMPILE_LIMIT) < ids.index(CauseId.COMPILE_GRAPH_BREAK)
 
 
 def test_c_plus_plus_info_lines_are_not_evidence(tmp_path):
@@ -338,7 +350,7 @@ def test_c_plus_plus_info_lines_are_not_evidence(tmp_path):
              "[default0]:[rank0]:[I1130 ProcessGroupWrapper.cpp:710] [Rank 0] Running collective: "
              "CollectiveFingerPrint(SequenceNumber=0, OpType=ALLGATHER)"]
     d = tl.diagnose(make_run(tmp_path, lines=noise, rank=1, exit_code=1, traceback=traceback_of("ValueError: x")))
-    assert d.cause == "Python exception (ValueError)"
+    assert (d.cause_id, d.cause_fields) == (CauseId.PYTHON_EXCEPTION, {"name": "ValueError"})
 
 
 def test_signal_names():
@@ -364,7 +376,8 @@ def test_diagnose_takes_the_launch_error_itself(tmp_path):
     error = tl.LaunchError("x.py failed on rank 1 (exit code 1)", run_dir=run_dir, command=["torchrun"],
                            returncode=1, failure=failure)
     d = tl.diagnose(error)
-    assert d.rank == 1 and d.cause == "Python exception (ZeroDivisionError)" and d.last_steps == {0: 4, 1: 4}
+    assert (d.rank, d.cause_id, d.cause_fields) == (1, CauseId.PYTHON_EXCEPTION, {"name": "ZeroDivisionError"})
+    assert d.last_steps == {0: 4, 1: 4}
 
 
 def test_a_wall_clock_timeout_is_diagnosed_as_a_hang(tmp_path):
@@ -429,8 +442,9 @@ def test_ddp_under_detail_on_gloo_crashes_in_its_constructor_or_names_the_mismat
                           env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert not isinstance(e, tl.LaunchTimeout)
     d = tl.diagnose(e.run_dir)
-    assert d.cause in ("killed by SIGSEGV", "collective mismatch"), str(d)
-    if d.cause == "killed by SIGSEGV":
+    found = (d.cause_id, d.cause_fields)
+    assert found in ((CauseId.KILLED_BY_SIGNAL, {"signal": "SIGSEGV"}), (CauseId.COLLECTIVE_MISMATCH, {})), str(d)
+    if d.cause_id == CauseId.KILLED_BY_SIGNAL:
         assert d.exit_code == -11 and "_ddp_init_helper" in d.evidence, d.evidence
         assert d.last_steps == {}, "before the first step"
     else:
@@ -457,15 +471,16 @@ def test_a_hang_ends_at_the_process_group_timeout_on_the_waiting_rank(run_root):
 def test_a_crashing_rank_is_named_with_its_traceback(run_root):
     e, _ = launch_failure(run_root, "ddp_train", FAIL + ["--fail-mode", "raise"])
     d = tl.diagnose(e.run_dir)
-    assert e.rank == d.rank == 1 and d.exit_code == 1 and d.cause == "Python exception (RuntimeError)"
+    assert e.rank == d.rank == 1 and d.exit_code == 1
+    assert (d.cause_id, d.cause_fields) == (CauseId.PYTHON_EXCEPTION, {"name": "RuntimeError"})
     assert d.error == "RuntimeError: injected failure on rank 1 at step 2 (--fail-rank/--fail-step)"
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("how, exit_code, cause", [
-    ("exit:3", 3, "exited with code 3 without a traceback"),
-    ("os_exit:3", 3, "exited with code 3 without a traceback"),
-    ("SIGFPE", -8, "killed by SIGFPE"),
+    ("exit:3", 3, said(CauseId.EXITED_WITHOUT_TRACEBACK, code=3)),
+    ("os_exit:3", 3, said(CauseId.EXITED_WITHOUT_TRACEBACK, code=3)),
+    ("SIGFPE", -8, said(CauseId.KILLED_BY_SIGNAL, signal="SIGFPE")),
 ])
 def test_a_rank_that_ends_without_a_traceback_is_named_not_the_peer_that_lost_it(run_root, how, exit_code, cause):
     """torchrun names rank 0 as the root cause (the only error file: "Connection closed by peer"); rank 1 did it."""
@@ -476,7 +491,7 @@ def test_a_rank_that_ends_without_a_traceback_is_named_not_the_peer_that_lost_it
     e = info.value
     assert (e.rank, e.exit_code) == (1, exit_code), str(e)
     for d in (tl.diagnose(e), tl.diagnose(e.run_dir)):
-        assert (d.rank, d.exit_code, d.cause) == (1, exit_code, cause), str(d)
+        assert (d.rank, d.exit_code, (d.cause_id, d.cause_fields)) == (1, exit_code, cause), str(d)
     if exit_code > 0:
         assert e.cause == "exited with code 3 without a traceback; its last line was 'rank 1 reached step 1'"
         assert "sys.exit(3)" in d.fix and d.evidence == "the rank's last line was 'rank 1 reached step 1'"

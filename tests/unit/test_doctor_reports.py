@@ -52,7 +52,7 @@ def test_an_interrupted_run_is_reported_as_interrupted_not_as_a_killed_rank(tmp_
     run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
     d = tl.diagnose(run_dir)
-    assert (d.cause, d.failed, d.rank) == ("interrupted", False, None), str(d)
+    assert (d.cause_id, d.failed, d.rank) == (CauseId.INTERRUPTED, False, None), str(d)
     assert d.fix.startswith("nothing to fix: you stopped it") and "command.txt" in d.fix, d.fix
     assert d.last_steps == {0: 255, 1: 255}, d.last_steps
     assert set(d.where) == {0, 1} and "all_reduce" in d.where[1], d.where
@@ -67,7 +67,7 @@ def test_a_run_stopped_by_the_launching_process_names_its_error(tmp_path):
     run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
     set_run_json(run_dir, status="stopped", summary="stopped by ValueError", stopped_by="ValueError")
     d = tl.diagnose(run_dir)
-    assert (d.cause, d.failed) == ("stopped by the launching process", False), str(d)
+    assert (d.cause_id, d.failed) == (CauseId.STOPPED, False), str(d)
     assert "raised ValueError while it waited" in d.fix and "ValueError" in d.fix_text.render("zh"), d.fix
 
 
@@ -87,7 +87,7 @@ def test_a_run_whose_job_sbatch_refused_says_so_with_sbatchs_message_not_that_ou
     RunRecord(RunStatus.REFUSED, 0.1, summary="ddp_train.py was not submitted", submit_error=SBATCH_REFUSED
               ).write(run_dir)
     d = tl.diagnose(run_dir)
-    assert (d.failed, d.submitted, d.cause, d.evidence) == (True, False, "sbatch refused the job", SBATCH_REFUSED)
+    assert (d.failed, d.submitted, d.cause_id, d.evidence) == (True, False, CauseId.SBATCH_REFUSED, SBATCH_REFUSED)
     assert str(d).splitlines() == [
         f"failed           {run_dir.name}: sbatch refused the job, so no SLURM job ran",
         "sbatch said      sbatch: error: Memory specification can not be satisfied",
@@ -110,7 +110,7 @@ def test_a_run_stopped_at_its_timeout_is_a_hang_with_its_limit(tmp_path):
     run_dir = copy("torch-2.13-interrupted-ddp", tmp_path)
     set_run_json(run_dir, status="timeout", timeout_s=10.0, limit="timeout_s", summary="timed out")
     d = tl.diagnose(run_dir)
-    assert (d.cause, d.failed, d.timeout_s, d.limit) == ("hang (wall-clock timeout)", True, 10.0, "timeout_s"), str(d)
+    assert (d.cause_id, d.failed, d.timeout_s, d.limit) == (CauseId.HANG_WALL_CLOCK, True, 10.0, "timeout_s"), str(d)
     assert "stopped at the wall-clock limit (10 s)" in str(d), str(d)
 
 
@@ -121,7 +121,7 @@ def test_the_doctor_names_the_file_and_line_of_a_syntax_error_in_the_script(tmp_
     """A script launched with a SyntaxError (before run_script compiled it first): Python prints no traceback, only
     the file, the line, a caret and the error; @record writes no error file."""
     d = tl.diagnose(copy("torch-2.13-syntax-error", tmp_path))
-    assert (d.cause, d.rank, d.exit_code) == ("syntax error", 0, 1), str(d)
+    assert (d.cause_id, d.rank, d.exit_code) == (CauseId.SYNTAX_ERROR, 0, 1), str(d)
     assert d.evidence == "/tmp/doc2/syntax.py, line 1" and d.error == "SyntaxError: '(' was never closed", str(d)
     assert "`python -m py_compile /tmp/doc2/syntax.py`" in d.fix and "sys.exit" not in d.fix, d.fix
     fix_zh = d.fix_text.render("zh")
@@ -141,7 +141,7 @@ def test_a_syntax_error_in_an_imported_module_names_that_module(tmp_path):
     start = text.index("E1201")  # torchrun's own lines stay: the report replaces the ranks' lines before them
     log.write_text(report + text[start:])
     d = tl.diagnose(run_dir)
-    assert (d.cause, d.evidence) == ("syntax error", "/tmp/x/helper.py, line 7"), str(d)
+    assert (d.cause_id, d.evidence) == (CauseId.SYNTAX_ERROR, "/tmp/x/helper.py, line 7"), str(d)
     assert "py_compile /tmp/x/helper.py" in d.fix, d.fix
 
 
@@ -182,7 +182,8 @@ def test_the_last_steps_include_the_ones_a_script_printed(tmp_path):
     run_dir = copy("torch-2.13-printed-steps-then-raised", tmp_path)
     assert not list((run_dir / "metrics").glob("rank*.jsonl")), "no metrics JSON: only printed points"
     d = tl.diagnose(run_dir)
-    assert d.last_steps == {0: 2, 1: 2} and d.cause == "Python exception (RuntimeError)", str(d)
+    assert d.last_steps == {0: 2, 1: 2}, str(d)
+    assert (d.cause_id, d.cause_fields) == (CauseId.PYTHON_EXCEPTION, {"name": "RuntimeError"}), str(d)
     assert "rank 0: 2, rank 1: 2" in str(d) and "no rank logged a step" not in str(d), str(d)
     assert last_printed_steps(run_dir) == {0: 2, 1: 2}
     # A rank that wrote metrics JSON: its JSON steps win; a rank that only printed keeps its printed step.
@@ -271,8 +272,8 @@ def test_a_slurm_job_that_could_never_start_is_named_from_the_folder_alone(tmp_p
     RunRecord(RunStatus.FAILED, 0.05, summary=summary, slurm_job={"job_id": 7, "state": "CANCELLED",
                                                                    "never_starts": "PartitionConfig"}).write(run_dir)
     d = tl.diagnose(run_dir)
-    assert (d.failed, d.cause_id, d.cause, d.evidence) == (True, CauseId.SLURM_NEVER_STARTS,
-                                                           "the SLURM job can never start (PartitionConfig)", summary)
+    assert (d.failed, d.cause_id, d.cause_fields, d.evidence) == (True, CauseId.SLURM_NEVER_STARTS,
+                                                                  {"reason": "PartitionConfig"}, summary)
     assert "SlurmSpec" in d.fix and "(06, section 6)" in d.fix
     tl.set_language("zh")
     assert "永远无法启动（PartitionConfig）" in str(d) and "见 06 第 6 节" in str(d)
@@ -340,7 +341,8 @@ def test_a_shape_error_outside_a_pipeline_is_not_called_a_micro_batch_split(tmp_
     run_dir = copy("torch-2.13-own-pipeline-uneven-microbatches", tmp_path)
     for path in (p for p in run_dir.rglob("*") if p.is_file()):  # the same failure, no pipelining frame in it
         path.write_text(path.read_text().replace("torch/distributed/pipelining/", "torch/nn/"))
-    assert tl.diagnose(run_dir).cause == "Python exception (RuntimeError)"
+    d = tl.diagnose(run_dir)
+    assert (d.cause_id, d.cause_fields) == (CauseId.PYTHON_EXCEPTION, {"name": "RuntimeError"}), str(d)
 
 
 
@@ -376,7 +378,7 @@ def test_a_collective_timeout_while_a_peer_compiles_names_the_compiling_rank(tmp
     tests/fixtures/compile_recompiling_rank.py made both runs (2 CPU ranks, TORCHINDUCTOR_FORCE_DISABLE_CACHES=1).
     The control: the same run with its compiler frames renamed is the plain collective timeout again."""
     d = tl.diagnose(copy(f"torch-{version}-compile-recompiling-rank", tmp_path))
-    assert (d.rank, d.cause_id, d.cause) == (0, CauseId.COMPILING_RANK, "collective timeout while rank 1 compiled"), str(d)
+    assert (d.rank, d.cause_id, d.cause_fields) == (0, CauseId.COMPILING_RANK, {"ranks": "1"}), str(d)
     assert "rank 1 was still compiling" in d.fix and "(14, section 7" in d.fix, d.fix
     control = copy(f"torch-{version}-compile-recompiling-rank", tmp_path / "control")
     for path in (p for p in control.rglob("*") if p.is_file()):

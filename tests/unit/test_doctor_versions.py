@@ -24,27 +24,29 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "run_dirs"
 VERSIONS = sorted(p.name for p in FIXTURES.glob("torch-*") if p.is_dir())
 FAIL_RANK = 1  # notebooks 05 and 07 make rank 1 misbehave
 
-# case -> what the doctor must say. Which rank is named first is left open where it is a race between the
-# culprit and the peer that lost it (07's skipped collective, DETAIL: both ranks raise).
+# case -> what the doctor must say (cause: its CauseId; fields: its cause_fields, if any). Which rank is named first
+# is left open where it is a race between the culprit and the peer that lost it (07's skipped collective, DETAIL:
+# both ranks raise).
 EXPECTED = {
-    "01-unused-parameters": dict(cause="DDP unused parameters", exit_code=1),
-    "02-uneven-inputs-without-join": dict(cause="collective timeout (hang)", exit_code=1),
-    "05-rank0-only-fsdp-save": dict(cause="collective timeout (hang)", exit_code=1),
-    "05-rank-killed-during-save-then-restarted": dict(cause="killed by SIGKILL", rank=FAIL_RANK, exit_code=-9,
-                                                      recovered=True),
-    "06-missing-node": dict(cause="rendezvous timeout", rank=None),
-    "06-taken-port": dict(cause="port in use", rank=None),
-    "07-hang-stall-timeout": dict(cause="hang (no progress)"),
-    "07-hang-collective-timeout": dict(cause="collective timeout (hang)", rank=0, exit_code=1),  # the waiting rank
-    "07-skipped-collective": dict(cause="collective mismatch"),
-    "07-detail-mismatch": dict(cause="collective mismatch", exit_code=1),
-    "07-crashing-rank": dict(cause="Python exception (RuntimeError)", rank=FAIL_RANK, exit_code=1),
-    "07-out-of-memory": dict(cause="out of memory", rank=FAIL_RANK, exit_code=1),
+    "01-unused-parameters": dict(cause=CauseId.UNUSED_PARAMETERS, exit_code=1),
+    "02-uneven-inputs-without-join": dict(cause=CauseId.COLLECTIVE_TIMEOUT, exit_code=1),
+    "05-rank0-only-fsdp-save": dict(cause=CauseId.COLLECTIVE_TIMEOUT, exit_code=1),
+    "05-rank-killed-during-save-then-restarted": dict(cause=CauseId.KILLED_BY_SIGNAL, fields={"signal": "SIGKILL"},
+                                                      rank=FAIL_RANK, exit_code=-9, recovered=True),
+    "06-missing-node": dict(cause=CauseId.RENDEZVOUS_TIMEOUT, rank=None),
+    "06-taken-port": dict(cause=CauseId.PORT_IN_USE, rank=None),
+    "07-hang-stall-timeout": dict(cause=CauseId.HANG_NO_PROGRESS),
+    "07-hang-collective-timeout": dict(cause=CauseId.COLLECTIVE_TIMEOUT, rank=0, exit_code=1),  # the waiting rank
+    "07-skipped-collective": dict(cause=CauseId.COLLECTIVE_MISMATCH),
+    "07-detail-mismatch": dict(cause=CauseId.COLLECTIVE_MISMATCH, exit_code=1),
+    "07-crashing-rank": dict(cause=CauseId.PYTHON_EXCEPTION, fields={"name": "RuntimeError"}, rank=FAIL_RANK,
+                             exit_code=1),
+    "07-out-of-memory": dict(cause=CauseId.OUT_OF_MEMORY, rank=FAIL_RANK, exit_code=1),
     # notebook 14's compile failures (compile_train.py); every rank fails alike, so which is named first is open
-    "14-compile-bucket-split": dict(cause="DDP + torch.compile bucket split", exit_code=1),
-    "14-compile-no-cxx": dict(cause="no C++ compiler for inductor", exit_code=1),
-    "14-compile-recompile-limit": dict(cause="torch.compile recompile limit", exit_code=1),
-    "14-compile-fullgraph-break": dict(cause="graph break under fullgraph=True", exit_code=1),
+    "14-compile-bucket-split": dict(cause=CauseId.COMPILE_BUCKET_SPLIT, exit_code=1),
+    "14-compile-no-cxx": dict(cause=CauseId.COMPILE_NO_CXX, exit_code=1),
+    "14-compile-recompile-limit": dict(cause=CauseId.COMPILE_RECOMPILE_LIMIT, exit_code=1),
+    "14-compile-fullgraph-break": dict(cause=CauseId.COMPILE_GRAPH_BREAK, exit_code=1),
 }
 
 
@@ -68,7 +70,7 @@ def test_both_ci_versions_have_every_case():
 def test_the_doctor_recognises_each_notebook_failure_on_each_version(tmp_path, version, case):
     d = tl.diagnose(restore(version, case, tmp_path))
     want = EXPECTED[case]
-    assert d.cause == want["cause"], f"{version} {case}:\n{d}"
+    assert (d.cause_id, d.cause_fields) == (want["cause"], want.get("fields", {})), f"{version} {case}:\n{d}"
     recovered = want.get("recovered", False)
     assert (d.failed, d.recovered) == (not recovered, recovered), str(d)
     for name in ("rank", "exit_code"):
@@ -145,4 +147,4 @@ def test_when_both_ranks_time_out_the_one_with_a_reported_exit_code_is_named(tmp
     wrote its error file and reported only rank 1's exit code. The named rank comes with its exit code."""
     run_dir = Path(shutil.copytree(RACES / "torch-2.8-both-time-out-one-reported", tmp_path / "run"))
     d = tl.diagnose(run_dir)
-    assert (d.rank, d.exit_code, d.cause) == (1, 1, "collective timeout (hang)"), str(d)
+    assert (d.rank, d.exit_code, d.cause_id) == (1, 1, CauseId.COLLECTIVE_TIMEOUT), str(d)
