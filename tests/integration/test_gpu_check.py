@@ -17,7 +17,7 @@ from tutorial_lib.errors import ConfigError
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_SCRIPTS = {p.stem for p in LESSONS_DIR.glob("*.py")}  # every file, as the package ships them
+SHIPPED_SCRIPTS = {p.stem for p in LESSONS_DIR.glob("*.py") if not p.name.startswith("_")}  # the lessons (_workbook.py: their instruments)
 NOTEBOOKS = {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
 
 
