@@ -13,9 +13,11 @@ each reached from the lesson in one line marked ``# workbook``:
 Only torch and the standard library, like the lessons.
 """
 
+import hashlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
@@ -235,3 +237,111 @@ def allocate_too_much(rank, step, device):
     sys.stdout.write(f"rank {rank}: allocating {size / 2**30:.0f} GiB at step {step} (--fail-mode oom)\n")
     sys.stdout.flush()
     return torch.empty(size, dtype=torch.uint8, device=device)
+
+
+# --- ft_train.py (notebook 15) ----------------------------------------------------------------------------------
+# What the workbook's checks read: one JSON line per step per group in <metrics-dir>/group<ID>.jsonl (appended: a
+# restarted group adds its own lines, told apart by "pid"), and one "heal" line when the group received its state.
+# In an HSDP group, rank R > 0 of the group writes group<ID>.rank<R>.jsonl, with the hash and size of its own shard.
+# Each step line also says what crossed between the groups in that step, counted at the Manager (every all-reduce
+# of torchft's DDP and of DiLoCo goes through manager.allreduce): the bytes of the tensors handed to it, and whether
+# the step ended in a commit vote (manager.should_commit: DDP every step, DiLoCo at each sync).
+
+def add_torchft_flags(p):
+    """ft_train.py's flags for the workbook: where its records go, a pause per step, a death on purpose mid-heal."""
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for group<REPLICA_GROUP_ID>.jsonl, one line per step (created if missing)")
+    p.add_argument("--step-delay-s", type=float, default=0.0,
+                   help="sleep after each step (seconds), so a demo can kill a group mid-run")
+    p.add_argument("--die-sending-state-if", type=str, default=None, metavar="PATH",
+                   help="SIGKILL this rank when it is asked to send its state to a healing group while PATH exists: "
+                        "a drill's trigger for a machine that dies in the middle of a heal")
+
+
+def replica_group():
+    """This replica group's id, from the variable ft_train.py reads too (set by whoever starts the groups)."""
+    return int(os.environ.get("REPLICA_GROUP_ID", 0))
+
+
+def local_part(t):
+    """The part of ``t`` this rank holds: a DTensor's local shard (FSDP2, tensor parallel), or all of it."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def weights_sha256(model):
+    """SHA-256 of every parameter's bytes in order: two groups with equal hashes hold bitwise equal weights."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(local_part(p).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class TorchftRecorder:
+    """ft_train.py's records, one JSON line each (the comment above this section says which)."""
+
+    def __init__(self, args, model, manager):
+        self.args, self.model, self.group = args, model, replica_group()
+        self.local_step, self.allreduce_bytes, self.sync_step = 0, 0, False
+        allreduce, should_commit = manager.allreduce, manager.should_commit
+
+        def counted_allreduce(tensor, *a, **kw):  # what torchft's DDP comm hook and DiLoCo call, per tensor
+            self.allreduce_bytes += tensor.numel() * tensor.element_size()
+            return allreduce(tensor, *a, **kw)
+
+        def observed_should_commit(*a, **kw):
+            self.sync_step = True
+            return should_commit(*a, **kw)
+
+        manager.allreduce, manager.should_commit = counted_allreduce, observed_should_commit  # on this instance only
+        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+        rank = int(os.environ.get("RANK", 0))
+        self.file = open(Path(args.metrics_dir) / (f"group{self.group}.jsonl" if rank == 0 else
+                                                   f"group{self.group}.rank{rank}.jsonl"), "a", buffering=1)
+        self.params_local = sum(local_part(p).numel() for p in model.parameters())
+        self.write({"event": "start"})
+
+    def write(self, fields):
+        # One write per line, so a reader never sees half a record (a SIGKILL may cut the last line off).
+        self.file.write(json.dumps({"replica_group": self.group, "pid": os.getpid(), "time_s": time.time(),
+                                    **fields}) + "\n")
+
+    def healed(self, manager, source_group):
+        # Called while the state is applied: the step is already the one the group joined at.
+        self.write({"event": "heal", "step": manager.current_step(), "source_group": source_group})
+
+    def sending_state(self, manager):
+        self.write({"event": "send_state", "step": manager.current_step()})
+        if self.args.die_sending_state_if and Path(self.args.die_sending_state_if).exists():
+            self.write({"event": "killed_itself", "step": manager.current_step(), "why": "--die-sending-state-if"})
+            os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no flush of anything else: a machine dying
+
+    def step(self, manager, committed, loss):
+        self.local_step += 1
+        self.write({"event": "step", "step": manager.current_step(), "committed": committed,
+                    "batches_committed": manager.batches_committed(), "participants": manager.num_participants(),
+                    "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model),
+                    "local_step": self.local_step, "sync_step": self.sync_step,
+                    "allreduce_bytes": self.allreduce_bytes, "params_local": self.params_local})
+        self.allreduce_bytes, self.sync_step = 0, False
+        if self.args.step_delay_s:
+            time.sleep(self.args.step_delay_s)
+
+    def close(self):
+        self.file.close()
+
+
+# --- one JSON file of results per rank (context_parallel_float8.py, tensor_parallel.py: notebook 12) -------------
+
+def add_rank_json_flags(p, filename):
+    """The lesson's flag for the workbook: ``--metrics-dir``, the folder of its ``filename`` (``RANK`` in it: this
+    rank's number)."""
+    p.add_argument("--metrics-dir", type=str, default="metrics", help=f"folder for {filename} (created)")
+
+
+def write_rank_json(args, filename, result):
+    """Write ``result``, every number of this rank's run, to ``<metrics-dir>/<filename>`` (RANK replaced by this
+    rank's number), the file the notebooks read; return its path."""
+    path = Path(args.metrics_dir) / filename.replace("RANK", str(int(os.environ.get("RANK", 0))))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
