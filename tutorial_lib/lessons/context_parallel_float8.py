@@ -64,7 +64,7 @@ def parse_args(argv=None):
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, "
                         "30 on gloo")
     if workbook:  # workbook
-        workbook.add_rank_json_flags(p, "cp_float8_rankRANK.json")  # workbook: --metrics-dir
+        workbook.add_rank_json_flags(p, "cp_float8_rank<RANK>.json")  # workbook: --metrics-dir
     args = p.parse_args(argv)
     for name in ("seq_len", "n_heads", "head_dim", "matmul_size"):
         if getattr(args, name) <= 0:
@@ -206,7 +206,7 @@ def main():
                                  f"{'' if ran else ': ' + result[name]['reason']}\n")
             dist.barrier()
         if workbook:  # workbook
-            workbook.write_rank_json(args, "cp_float8_rankRANK.json", result)  # workbook: what notebook 12 reads
+            workbook.write_rank_json(args, "cp_float8_rank<RANK>.json", result)  # workbook: what notebook 12 reads
     finally:
         dist.destroy_process_group()
 
