@@ -13,14 +13,21 @@ each reached from the lesson in one line marked ``# workbook``:
 Only torch and the standard library, like the lessons.
 """
 
+import collections
+import contextlib
+import hashlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 FAIL_MODES = ("raise", "hang", "skip-collective", "oom")
@@ -235,3 +242,404 @@ def allocate_too_much(rank, step, device):
     sys.stdout.write(f"rank {rank}: allocating {size / 2**30:.0f} GiB at step {step} (--fail-mode oom)\n")
     sys.stdout.flush()
     return torch.empty(size, dtype=torch.uint8, device=device)
+
+
+# --- ft_train.py (notebook 15) ----------------------------------------------------------------------------------
+# What the workbook's checks read: one JSON line per step per group in <metrics-dir>/group<ID>.jsonl (appended: a
+# restarted group adds its own lines, told apart by "pid"), and one "heal" line when the group received its state.
+# In an HSDP group, rank R > 0 of the group writes group<ID>.rank<R>.jsonl, with the hash and size of its own shard.
+# Each step line also says what crossed between the groups in that step, counted at the Manager (every all-reduce
+# of torchft's DDP and of DiLoCo goes through manager.allreduce): the bytes of the tensors handed to it, and whether
+# the step ended in a commit vote (manager.should_commit: DDP every step, DiLoCo at each sync).
+
+def add_torchft_flags(p):
+    """ft_train.py's flags for the workbook: where its records go, a pause per step, a death on purpose mid-heal."""
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for group<REPLICA_GROUP_ID>.jsonl, one line per step (created if missing)")
+    p.add_argument("--step-delay-s", type=float, default=0.0,
+                   help="sleep after each step (seconds), so a demo can kill a group mid-run")
+    p.add_argument("--die-sending-state-if", type=str, default=None, metavar="PATH",
+                   help="SIGKILL this rank when it is asked to send its state to a healing group while PATH exists: "
+                        "a drill's trigger for a machine that dies in the middle of a heal")
+
+
+def replica_group():
+    """This replica group's id, from the variable ft_train.py reads too (set by whoever starts the groups)."""
+    return int(os.environ.get("REPLICA_GROUP_ID", 0))
+
+
+def local_part(t):
+    """The part of ``t`` this rank holds: a DTensor's local shard (FSDP2, tensor parallel), or all of it."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def weights_sha256(model):
+    """SHA-256 of every parameter's bytes in order: two groups with equal hashes hold bitwise equal weights."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(local_part(p).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class TorchftRecorder:
+    """ft_train.py's records, one JSON line each (the comment above this section says which)."""
+
+    def __init__(self, args, model, manager):
+        self.args, self.model, self.group = args, model, replica_group()
+        self.local_step, self.allreduce_bytes, self.sync_step = 0, 0, False
+        allreduce, should_commit = manager.allreduce, manager.should_commit
+
+        def counted_allreduce(tensor, *a, **kw):  # what torchft's DDP comm hook and DiLoCo call, per tensor
+            self.allreduce_bytes += tensor.numel() * tensor.element_size()
+            return allreduce(tensor, *a, **kw)
+
+        def observed_should_commit(*a, **kw):
+            self.sync_step = True
+            return should_commit(*a, **kw)
+
+        manager.allreduce, manager.should_commit = counted_allreduce, observed_should_commit  # on this instance only
+        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+        rank = int(os.environ.get("RANK", 0))
+        self.file = open(Path(args.metrics_dir) / (f"group{self.group}.jsonl" if rank == 0 else
+                                                   f"group{self.group}.rank{rank}.jsonl"), "a", buffering=1)
+        self.params_local = sum(local_part(p).numel() for p in model.parameters())
+        self.write({"event": "start"})
+
+    def write(self, fields):
+        # One write per line, so a reader never sees half a record (a SIGKILL may cut the last line off).
+        self.file.write(json.dumps({"replica_group": self.group, "pid": os.getpid(), "time_s": time.time(),
+                                    **fields}) + "\n")
+
+    def healed(self, manager, source_group):
+        # Called while the state is applied: the step is already the one the group joined at.
+        self.write({"event": "heal", "step": manager.current_step(), "source_group": source_group})
+
+    def sending_state(self, manager):
+        self.write({"event": "send_state", "step": manager.current_step()})
+        if self.args.die_sending_state_if and Path(self.args.die_sending_state_if).exists():
+            self.write({"event": "killed_itself", "step": manager.current_step(), "why": "--die-sending-state-if"})
+            os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no flush of anything else: a machine dying
+
+    def step(self, manager, committed, loss):
+        self.local_step += 1
+        self.write({"event": "step", "step": manager.current_step(), "committed": committed,
+                    "batches_committed": manager.batches_committed(), "participants": manager.num_participants(),
+                    "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model),
+                    "local_step": self.local_step, "sync_step": self.sync_step,
+                    "allreduce_bytes": self.allreduce_bytes, "params_local": self.params_local})
+        self.allreduce_bytes, self.sync_step = 0, False
+        if self.args.step_delay_s:
+            time.sleep(self.args.step_delay_s)
+
+    def close(self):
+        self.file.close()
+
+
+# --- one JSON file of results per rank (context_parallel_float8.py, tensor_parallel.py: notebook 12) -------------
+
+def add_rank_json_flags(p, filename):
+    """The lesson's flag for the workbook: ``--metrics-dir``, the folder of its ``filename`` (``<RANK>``: this rank's
+    number)."""
+    p.add_argument("--metrics-dir", type=str, default="metrics", help=f"folder for {filename} (created)")
+
+
+def write_rank_json(args, filename, result):
+    """Write ``result``, every number of this rank's run, to ``<metrics-dir>/<filename>`` (``<RANK>`` replaced by this
+    rank's number), the file the notebooks read; return its path."""
+    path = Path(args.metrics_dir) / filename.replace("<RANK>", os.environ.get("RANK", "0"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
+
+# --- tensor_parallel.py (notebook 12) ---------------------------------------------------------------------------
+# What notebook 12 reads of the tensor-parallel lessons besides the losses they compare with one process: collective
+# counts (torch.profiler), which process group ran each (a TorchDispatchMode), the activation bytes autograd saves for
+# backward (saved_tensors_hooks), who holds which rows of a weight, the differences from one process, --track-memory
+# (torch's MemTracker over step 2 of the model lesson, which tutorial_lib's plan_tp_memory predicts), and the
+# fused-qkv control. Each rank's record is <metrics-dir>/tp_rank<RANK>.json (write_rank_json).
+
+def add_tp_flags(p):
+    """tensor_parallel.py's flags for the workbook."""
+    add_rank_json_flags(p, "tp_rank<RANK>.json")
+    p.add_argument("--track-memory", action="store_true",
+                   help="model lesson: run step 2 under torch's memory tracker (MemTracker) and record its peak by "
+                        "category (bytes) in the step's memory_peak")
+
+
+def check_tp_flags(p, args):
+    if args.track_memory and "model" not in args.lessons:
+        p.error("--track-memory tracks step 2 of the model lesson: add model to --lessons")
+
+
+@contextlib.contextmanager
+def tp_block_pass(block, phase):
+    """The forward or backward ``phase`` of ``run_block``: fills the dict with {phase: collective counts} and, for the
+    forward, "activation_bytes" per module, when it exits."""
+    out, saved = {}, SavedActivations(block)
+    with count_collectives() as counts, saved.recording() if phase == "forward" else contextlib.nullcontext():
+        yield out
+    out[phase] = counts
+    if phase == "forward":
+        out["activation_bytes"] = dict(saved.by_module)
+
+
+def tp_block_records(one, runs, fresh_block, mesh, x):
+    """The block lesson's record: each run ``(block, run)`` of ``runs`` summarised and compared with ``one``, the TP
+    block's shards, and the fused-qkv control on ``fresh_block``."""
+    out = {"one_process": summary_of(one), "shapes": {}}
+    for label, (block, run) in runs.items():
+        out[label] = {**summary_of(run), **compare(run, one)}
+        if label == "TP":
+            out["shapes"] = {name: {"global": list(p.shape), "local": list(local_part(p).shape),
+                                    "placements": [placement_name(q) for q in getattr(p, "placements", [])]}
+                             for name, p in block.named_parameters()}
+    out["fused qkv, ColwiseParallel (wrong)"] = fused_qkv_control(fresh_block, mesh, x, one["output"])
+    return out
+
+
+def tp_sequence_record(run, reference, one, block):
+    """The sequence lesson's record: this rank's slice against the same slice of one process."""
+    return {"SP": {**summary_of(run), **compare(run, reference)}, "one_process": summary_of(one),
+            "norm_grad_placements": [placement_name(q) for q in getattr(block.norm1.weight.grad, "placements", [])]}
+
+
+@contextlib.contextmanager
+def tp_model_step(args, step, model, optimizer):
+    """One step of the model lesson: fills the dict with its activation bytes, its collectives (step 1) and
+    --track-memory's peak (step 2) when it exits."""
+    record, saved = {}, SavedActivations(model)
+    with count_collectives(enabled=step == 1) as counts, saved.recording(), \
+            tracking_memory(args, step, model, optimizer) as memory:
+        yield record
+    record.update({"activation_bytes": saved.total(), **({"collectives": counts} if step == 1 else {}),
+                   **({"memory_peak": memory} if memory else {})})
+
+
+def tp_model_record(model, reference, logits):
+    """The model lesson's record of one layout beside its steps: the logits' shards and the parameter bytes."""
+    return {"logits_local_shape": list(local_part(logits).shape),
+            "logits_placements": [placement_name(q) for q in logits.placements],
+            "param_bytes": sum(local_part(p).numel() * local_part(p).element_size() for p in model.parameters()),
+            "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
+
+
+HOLDINGS = ("blocks.0.attn.wq.weight", "blocks.0.attn.wo.weight", "blocks.0.mlp.fc2.bias", "blocks.0.norm1.weight",
+            "embed.tok.weight", "head.weight")  # the parameters whose rows and columns the 2d lesson locates
+
+
+def tp_2d_holdings(model, reference):
+    """Before training: which rows (and columns) of ``HOLDINGS``' parameters this rank holds, and their layouts."""
+    return {"holdings": {name: held_block(local_part(p), dict(reference.named_parameters())[name])
+                         for name, p in model.named_parameters() if name in HOLDINGS},
+            "placements": {name: [placement_name(q) for q in p.placements] for name, p in model.named_parameters()
+                           if name in HOLDINGS}}
+
+
+@contextlib.contextmanager
+def tp_2d_step(step):
+    """One step of the 2d lesson: fills the dict with its collectives (step 1) and their groups (step 2)."""
+    record = {}
+    with count_collectives(enabled=step == 1) as counts, collective_groups(enabled=step == 2) as groups:
+        yield record
+    record.update({**({"collectives": counts} if step == 1 else {}),
+                   **({"collectives_by_group": groups} if step == 2 else {})})
+
+
+def tp_2d_record(mesh, dp_rank, holdings, steps, model, reference):
+    """The 2d lesson's record: the mesh, this rank's groups and holdings, the steps and the parameter bytes."""
+    return {"mesh_shape": list(mesh.shape), "mesh_coordinate": mesh.get_coordinate(), "dp_rank": dp_rank,
+            "tp_group": dist.get_process_group_ranks(mesh["tp"].get_group()),
+            "dp_group": dist.get_process_group_ranks(mesh["dp"].get_group()), **holdings, "steps": steps,
+            "param_bytes": sum(local_part(p).numel() * local_part(p).element_size() for p in model.parameters()),
+            "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
+
+
+@contextlib.contextmanager
+def tracking_memory(args, step, model, optimizer):
+    """--track-memory: torch's ``MemTracker`` over step 2 (step 1 creates the optimizer's state and DTensor's sharding
+    caches); the dict is filled with the tracker's peak, {category: bytes} of this rank's device, when it exits."""
+    peak = {}
+    if not (args.track_memory and step == 2):
+        yield peak
+        return
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)  # now: the parameters and the optimizer's state as they are
+    with tracker:
+        yield peak
+    snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    peak.update({getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()})
+
+
+def summary_of(run):
+    return {"collectives_forward": run["forward"], "collectives_backward": run["backward"],
+            "activation_bytes": run["activation_bytes"], "output_max_abs": run["output"].abs().max().item()}
+
+
+def compare(run, reference):
+    """Largest differences from the one-process run: output, input gradient, each parameter's gradient, and the
+    largest magnitudes they are relative to."""
+    grads = {n: (g - reference["grads"][n]).abs().max().item() for n, g in run["grads"].items()}
+    return {"output_max_abs_diff": (run["output"] - reference["output"]).abs().max().item(),
+            "input_grad_max_abs_diff": (run["input_grad"] - reference["input_grad"]).abs().max().item(),
+            "param_grad_max_abs_diff": max(grads.values()), "param_grad_max_abs_diff_by_name": grads,
+            "param_grad_max_abs": max(g.abs().max().item() for g in reference["grads"].values()),
+            "input_grad_max_abs": reference["input_grad"].abs().max().item()}
+
+
+class FusedAttention(nn.Module):
+    """nanoGPT's attention: one Linear makes q, k and v, laid out [q | k | v] along its output features."""
+
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in self.c_attn(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def fused_qkv_control(block, mesh, x, reference_output):
+    """``block`` (a fresh tensor_parallel.py Block) with a fused qkv Linear, split by ColwiseParallel like q, k, v:
+    rank 0 gets [q | first half of k] (for 2 ranks), so its "k" and "v" are not k and v. Returns the output's
+    distance from the unsplit model's."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    fused = FusedAttention(block.attn.wq.in_features, block.attn.wq.out_features // block.attn.head_dim
+                           ).to(block.attn.wq.weight.device)
+    with torch.no_grad():  # the same q, k, v and output weights as the reference, fused
+        fused.c_attn.weight.copy_(torch.cat([block.attn.wq.weight, block.attn.wk.weight, block.attn.wv.weight]))
+        fused.c_attn.bias.copy_(torch.cat([block.attn.wq.bias, block.attn.wk.bias, block.attn.wv.bias]))
+        fused.c_proj.load_state_dict(block.attn.wo.state_dict())
+    block.attn = fused
+    unsplit = block(x).detach()  # fused but whole: the same function as the reference
+    parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                     "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
+    with torch.no_grad():
+        output = block(x)
+    return {"unsplit_max_abs_diff": (unsplit - reference_output).abs().max().item(),
+            "output_max_abs_diff": (output - reference_output).abs().max().item()}
+
+
+def placement_name(placement):
+    """``Shard(0)``, ``Replicate()``, ``Partial()`` (or ``_StridedShard(0)``): a DTensor's layout on one mesh dim."""
+    name = type(placement).__name__
+    if name == "_StridedShard":
+        return f"_StridedShard({placement.dim})"
+    if placement.is_shard():
+        return f"Shard({placement.dim})"
+    return "Replicate()" if placement.is_replicate() else "Partial()"
+
+
+def held_block(shard, full):
+    """Which rows (and columns) of ``full`` this rank's ``shard`` is, found by comparing values: [[row0, row1],
+    [col0, col1]] (half-open), or None when the shard is no contiguous block of ``full``."""
+    full = full.detach()
+    shard = shard.detach().reshape(-1, 1) if full.dim() == 1 else shard.detach()
+    full2 = full.reshape(-1, 1) if full.dim() == 1 else full
+    h, w = shard.shape
+    for r in range(0, full2.shape[0] - h + 1, max(h, 1)):
+        for c in range(0, full2.shape[1] - w + 1, max(w, 1)):
+            if torch.equal(full2[r:r + h, c:c + w], shard):
+                return [[r, r + h], [c, c + w]]
+    return None
+
+
+COLLECTIVES = {"c10d::allreduce_": "all_reduce",  # each c10d collective is one dispatcher op on every backend
+               "c10d::allgather_into_tensor_coalesced_": "all_gather", "c10d::_allgather_base_": "all_gather",
+               "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
+               "c10d::_reduce_scatter_base_": "reduce_scatter"}
+
+
+@contextlib.contextmanager
+def count_collectives(enabled=True):
+    """Count the collectives issued inside the block with torch.profiler; the dict is filled when it exits."""
+    counts = {name: 0 for name in dict.fromkeys(COLLECTIVES.values())}
+    if not enabled:
+        yield counts
+        return
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield counts
+    for event in prof.events():
+        if event.name in COLLECTIVES:
+            counts[COLLECTIVES[event.name]] += 1
+
+
+@contextlib.contextmanager
+def collective_groups(enabled=True):
+    """Which process group ran each collective inside the block: {"all_reduce [0, 1]": calls, ...}.
+
+    A ``TorchDispatchMode`` sees every op called from Python with its arguments: DTensor's functional
+    collectives name their group (``group_name``), FSDP2's c10d ops carry the ProcessGroup itself. (Not run with
+    the profiler: on torch 2.13 an op the mode intercepts shows up twice in the profile.)"""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.utils._python_dispatch import TorchDispatchMode
+    kinds = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
+             "_allgather_base_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+             "_reduce_scatter_base_": "reduce_scatter"}
+    found = collections.Counter()
+
+    class Groups(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kind = kinds.get(func.__name__.split(".")[0]) if func.namespace in ("c10d", "_c10d_functional") else None
+            if kind:
+                names = [a for a in args if isinstance(a, str)]  # functional: (..., reduce_op, [size,] group_name)
+                pg = (_resolve_process_group(names[-1]) if names else
+                      dist.ProcessGroup.unbox(next(a for a in args if type(a).__name__ == "ScriptObject")))
+                found[f"{kind} {dist.get_process_group_ranks(pg)}"] += 1
+            return func(*args, **(kwargs or {}))
+
+    out = {}
+    if not enabled:
+        yield out
+        return
+    with Groups():
+        yield out
+    out.update(sorted(found.items()))
+
+
+class SavedActivations:
+    """Bytes autograd saves for backward while ``recording()``, per module (the innermost one running).
+
+    Parameters (and views of them, like a Linear's transposed weight) are not activations: a saved tensor whose
+    storage is a parameter's is skipped. A tensor saved twice (a Linear input also saved by the next op) counts once.
+    """
+
+    def __init__(self, model):
+        self.model, self.stack, self.seen = model, ["(top)"], set()
+        self.by_module = collections.Counter()
+        self.params = {local_part(p).untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(self, t):
+        lt = local_part(t)
+        key = (lt.data_ptr(), lt.numel())
+        if lt.untyped_storage().data_ptr() not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.by_module[self.stack[-1]] += lt.numel() * lt.element_size()
+        return t
+
+    def enter(self, name):
+        self.stack.append(name)  # (returns None: a hook's return value would replace the module's input or output)
+
+    def leave(self):
+        self.stack.pop()
+
+    @contextlib.contextmanager
+    def recording(self):
+        handles = []
+        for name, module in self.model.named_modules():
+            if name:
+                handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self.enter(name)))
+                handles.append(module.register_forward_hook(lambda m, a, o: self.leave()))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+                yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def total(self):
+        return sum(self.by_module.values())

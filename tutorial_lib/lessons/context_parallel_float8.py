@@ -20,22 +20,26 @@ What it shows
       and fp32: what float8 training (torchao's ``convert_to_float8_training``) does in every Linear. It needs a GPU
       with compute capability 8.9 or newer (Ada, such as the RTX 4090D; Hopper); elsewhere the lesson records why
       it did not run.
-Each rank writes ``<metrics-dir>/cp_float8_rank<RANK>.json``. Only torch and the Python standard library.
+Each rank prints whether each lesson ran; in a workbook run, ``_workbook.py`` beside it writes every number to
+``<metrics-dir>/cp_float8_rank<RANK>.json``. Only torch and the Python standard library.
 """
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy runs without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
 
 LESSONS = ("context_parallel", "float8")
 FLOAT8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (sm_89, RTX 4090 / 4090D) and Hopper (sm_90) onwards
@@ -59,7 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, "
                         "30 on gloo")
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for cp_float8_rank<RANK>.json (created)")
+    if workbook:  # workbook
+        workbook.add_rank_json_flags(p, "cp_float8_rank<RANK>.json")  # workbook: --metrics-dir
     args = p.parse_args(argv)
     for name in ("seq_len", "n_heads", "head_dim", "matmul_size"):
         if getattr(args, name) <= 0:
@@ -154,10 +159,6 @@ def lesson_float8(args, rank, world_size, device):
     return results
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: not needed to use either technique.
-# ---------------------------------------------------------------------------------------------------------------
-
 @contextlib.contextmanager
 def undo_context_parallel_patches():
     """Put ``F.scaled_dot_product_attention`` and DTensor's SDPA handlers back, whatever happened inside.
@@ -204,9 +205,8 @@ def main():
                 sys.stdout.write(f"{name}: {'ran' if ran else 'did not run'} on {world_size} rank(s)"
                                  f"{'' if ran else ': ' + result[name]['reason']}\n")
             dist.barrier()
-        path = Path(args.metrics_dir) / f"cp_float8_rank{rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
+        if workbook:  # workbook
+            workbook.write_rank_json(args, "cp_float8_rank<RANK>.json", result)  # workbook: what notebook 12 reads
     finally:
         dist.destroy_process_group()
 

@@ -39,21 +39,16 @@ What it shows
       the same rank of the other groups (FSDP2's all-reduce hook). A rank sends 1/N of the model's gradient across
       groups, and heals its shard from the same rank of a live group.
 
-Needs torch, torchft and numpy (torchft sends state through numpy and does not declare it). Everything above the
-"Workbook instrumentation" section is the lesson.
+Needs torch, torchft and numpy (torchft sends state through numpy and does not declare it). In a workbook run,
+``_workbook.py`` beside it adds the records notebook 15 reads (``--metrics-dir``) and its drills' flags.
 """
 
 import argparse
-import hashlib
-import json
 import logging
 import os
-import signal
 import sys
-import time
 from contextlib import nullcontext
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -62,12 +57,16 @@ from torch.distributed import TCPStore
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset
 from torchft import DistributedSampler, Manager, Optimizer, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing.pg_transport import PGTransport
 from torchft.coordination import LighthouseServer
 from torchft.local_sgd import DiLoCo
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy trains without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
 
 # The groups torchft can form: set by whoever starts the groups, one id per group (0, 1, ...).
 REPLICA_GROUP_ID = int(os.environ.get("REPLICA_GROUP_ID", 0))
@@ -95,7 +94,8 @@ def parse_args(argv=None):
                    help="auto: this group's GPU (REPLICA_GROUP_ID mod the GPU count) over NCCL if there is one, else "
                         "the CPU over gloo")
     p.add_argument("--log-every", type=int, default=20, help="print a line every N commits (count; DiLoCo: syncs)")
-    add_workbook_flags(p)
+    if workbook:  # workbook
+        workbook.add_torchft_flags(p)  # workbook: --metrics-dir, --step-delay-s, --die-sending-state-if
     args = p.parse_args(argv)
     for name in ("max_steps", "batch_size", "dataset_size", "log_every", "sync_every"):
         if getattr(args, name) <= 0:
@@ -183,13 +183,15 @@ def main(argv=None):
 
     # What a healthy group sends a healing one, and how the healing one takes it in.
     def state_dict():
-        recorder.sending_state(manager)  # workbook
+        if recorder:  # workbook
+            recorder.sending_state(manager)  # workbook
         return {"model": model.state_dict(), "optim": inner_optimizer.state_dict(), "sent_by": REPLICA_GROUP_ID}
 
     def load_state_dict(state):
         model.load_state_dict(state["model"])
         inner_optimizer.load_state_dict(state["optim"])
-        recorder.healed(manager, source_group=state["sent_by"])  # workbook
+        if recorder:  # workbook
+            recorder.healed(manager, source_group=state["sent_by"])  # workbook
 
     # The process group *across* replica groups. torchft reconfigures it (new members, new store prefix) whenever
     # the quorum changes; a short timeout turns an all-reduce with a dead group into a dropped step, not a hang.
@@ -228,7 +230,7 @@ def main(argv=None):
         syncing = DiLoCo(manager, [model], inner_optimizer, outer_optimizer, sync_every=args.sync_every)
         steps_per_commit = args.sync_every
     loss_fn = nn.MSELoss()
-    recorder = Recorder(args, model, manager)  # workbook
+    recorder = workbook.TorchftRecorder(args, model, manager) if workbook else None  # workbook: group<ID>.jsonl
 
     try:
         with syncing:
@@ -246,7 +248,8 @@ def main(argv=None):
                             manager.allreduce(p.grad).wait()  # a failure is recorded: should_commit() drops the step
                     optimizer.step()  # DDP: applied only if should_commit(); DiLoCo: every H-th step syncs
                     committed = manager.current_step() > step_before
-                    recorder.step(manager, committed, loss)  # workbook
+                    if recorder:  # workbook
+                        recorder.step(manager, committed, loss)  # workbook
                     if committed and manager.current_step() % args.log_every == 0:
                         print(f"group {REPLICA_GROUP_ID} step {manager.current_step()} loss {loss.item():.5f} "
                               f"participants {manager.num_participants()} "
@@ -256,94 +259,10 @@ def main(argv=None):
                 epoch += 1
     finally:
         manager.shutdown(wait=False)  # stops its manager server and heartbeats; the others go on without it
-        recorder.close()
+        if recorder:  # workbook
+            recorder.close()  # workbook
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation
-# What the workbook's checks read: one JSON line per step per group in <metrics-dir>/group<ID>.jsonl (appended: a
-# restarted group adds its own lines, told apart by "pid"), and one "heal" line when the group received its state.
-# In an HSDP group, rank R > 0 of the group writes group<ID>.rank<R>.jsonl, with the hash and size of its own shard.
-# Each step line also says what crossed between the groups in that step, counted at the Manager (every all-reduce
-# of torchft's DDP and of DiLoCo goes through manager.allreduce): the bytes of the tensors handed to it, and whether
-# the step ended in a commit vote (manager.should_commit: DDP every step, DiLoCo at each sync).
-# ---------------------------------------------------------------------------------------------------------------
-
-def add_workbook_flags(p):
-    p.add_argument("--metrics-dir", type=str, default="metrics",
-                   help="folder for group<REPLICA_GROUP_ID>.jsonl, one line per step (created if missing)")
-    p.add_argument("--step-delay-s", type=float, default=0.0,
-                   help="sleep after each step (seconds), so a demo can kill a group mid-run")
-    p.add_argument("--die-sending-state-if", type=str, default=None, metavar="PATH",
-                   help="SIGKILL this rank when it is asked to send its state to a healing group while PATH exists: "
-                        "a drill's trigger for a machine that dies in the middle of a heal")
-
-
-def weights_sha256(model):
-    """SHA-256 of every parameter's bytes in order: two groups with equal hashes hold bitwise equal weights."""
-    digest = hashlib.sha256()
-    for p in model.parameters():
-        digest.update(local_tensor(p).detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def local_tensor(p):
-    """The part of ``p`` this rank holds: its FSDP2 shard, or all of it."""
-    return p.to_local() if isinstance(p, DTensor) else p
-
-
-class Recorder:
-    def __init__(self, args, model, manager):
-        self.args, self.model = args, model
-        self.local_step, self.allreduce_bytes, self.sync_step = 0, 0, False
-        allreduce, should_commit = manager.allreduce, manager.should_commit
-
-        def counted_allreduce(tensor, *a, **kw):  # what torchft's DDP comm hook and DiLoCo call, per tensor
-            self.allreduce_bytes += tensor.numel() * tensor.element_size()
-            return allreduce(tensor, *a, **kw)
-
-        def observed_should_commit(*a, **kw):
-            self.sync_step = True
-            return should_commit(*a, **kw)
-
-        manager.allreduce, manager.should_commit = counted_allreduce, observed_should_commit  # on this instance only
-        Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
-        rank = int(os.environ.get("RANK", 0))
-        self.file = open(Path(args.metrics_dir) / (f"group{REPLICA_GROUP_ID}.jsonl" if rank == 0 else
-                                                   f"group{REPLICA_GROUP_ID}.rank{rank}.jsonl"), "a", buffering=1)
-        self.params_local = sum(local_tensor(p).numel() for p in model.parameters())
-        self.write({"event": "start"})
-
-    def write(self, fields):
-        # One write per line, so a reader never sees half a record (a SIGKILL may cut the last line off).
-        self.file.write(json.dumps({"replica_group": REPLICA_GROUP_ID, "pid": os.getpid(), "time_s": time.time(),
-                                    **fields}) + "\n")
-
-    def healed(self, manager, source_group):
-        # Called while the state is applied: the step is already the one the group joined at.
-        self.write({"event": "heal", "step": manager.current_step(), "source_group": source_group})
-
-    def sending_state(self, manager):
-        self.write({"event": "send_state", "step": manager.current_step()})
-        if self.args.die_sending_state_if and Path(self.args.die_sending_state_if).exists():
-            self.write({"event": "killed_itself", "step": manager.current_step(), "why": "--die-sending-state-if"})
-            os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no flush of anything else: a machine dying
-
-    def step(self, manager, committed, loss):
-        self.local_step += 1
-        self.write({"event": "step", "step": manager.current_step(), "committed": committed,
-                    "batches_committed": manager.batches_committed(), "participants": manager.num_participants(),
-                    "loss_local": loss.item(), "weights_sha256": weights_sha256(self.model),
-                    "local_step": self.local_step, "sync_step": self.sync_step,
-                    "allreduce_bytes": self.allreduce_bytes, "params_local": self.params_local})
-        self.allreduce_bytes, self.sync_step = 0, False
-        if self.args.step_delay_s:
-            time.sleep(self.args.step_delay_s)
-
-    def close(self):
-        self.file.close()
 
 
 if __name__ == "__main__":

@@ -26,23 +26,19 @@ What it shows (every lesson builds the same model from the same seed, and the sa
       groups; which rows of a weight each rank holds, which group runs which collective, and the loss of each
       data-parallel group (and their mean) against one process on the same rows.
 
-Collectives are counted with torch.profiler: each is one c10d dispatcher op whatever the backend
-(``c10d::allreduce_``; DTensor's all-gathers and reduce-scatters are ``c10d::allgather_into_tensor_coalesced_`` and
-``c10d::reduce_scatter_tensor_coalesced_``, FSDP2's ``c10d::_allgather_base_`` and ``c10d::_reduce_scatter_base_``).
-Which process group ran each one is read with a ``TorchDispatchMode`` (2d lesson). Activation bytes: every tensor
-autograd saves for backward passes a ``saved_tensors_hooks`` pack hook; parameters are not counted, and each tensor
-counts once. Each rank writes ``<metrics-dir>/tp_rank<RANK>.json``. Only torch and the Python standard library.
+Rank 0 prints each output's and each step's loss against one process. In a workbook run, ``_workbook.py`` beside it
+measures what notebook 12 reads: collectives counted with torch.profiler (each is one c10d dispatcher op whatever the
+backend), which process group ran each (a ``TorchDispatchMode``), activation bytes (every tensor autograd saves for
+backward passes a ``saved_tensors_hooks`` pack hook), who holds which rows, and a fused-qkv control; each rank
+writes ``<metrics-dir>/tp_rank<RANK>.json``. Only torch and the Python standard library.
 """
 
 import argparse
-import collections
 import contextlib
-import json
 import os
 import sys
 import warnings
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -53,6 +49,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module)
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy runs without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
 
 LESSONS = ("block", "sequence", "model", "2d")
 
@@ -81,8 +82,8 @@ def parse_args(argv=None):
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, "
                         "30 on gloo")
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for tp_rank<RANK>.json (created)")
-    add_workbook_flags(p)
+    if workbook:  # workbook
+        workbook.add_tp_flags(p)  # workbook: --metrics-dir, --track-memory
     args = p.parse_args(argv)
     for name in ("vocab_size", "dim", "n_heads", "n_layers", "seq_len", "batch_size"):
         if getattr(args, name) <= 0:
@@ -94,8 +95,8 @@ def parse_args(argv=None):
                 f"{args.max_steps}")
     if args.lr <= 0 or args.pg_timeout_s <= 0:
         p.error(f"--lr and --pg-timeout-s must be > 0, got {args.lr}, {args.pg_timeout_s}")
-    if args.track_memory and "model" not in args.lessons:
-        p.error("--track-memory tracks step 2 of the model lesson: add model to --lessons")
+    if workbook:  # workbook
+        workbook.check_tp_flags(p, args)  # workbook
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda, but torch.cuda.is_available() is False (no GPU visible, or a CPU-only torch build); "
                 "use --device cpu or --device auto")
@@ -287,22 +288,41 @@ def whole(t):
 
 # --- the lessons ---------------------------------------------------------------------------------------------------
 
+def measured(name, *args):  # workbook: the workbook's measurement `name` around a block of code, or none (a copy alone)
+    return getattr(workbook, name)(*args) if workbook else contextlib.nullcontext({})  # workbook
+
+
+def run_block(block, x):
+    """Forward and backward of one block on ``x`` (a leaf); loss = sum of squares / 2."""
+    x = x.detach().clone().requires_grad_(True)
+    with measured("tp_block_pass", block, "forward") as forward:  # workbook: collectives, activation bytes
+        y = block(x)
+    with measured("tp_block_pass", block, "backward") as backward:  # workbook: collectives
+        (y.float().pow(2).sum() / 2).backward()
+    return {"output": y.detach(), "input_grad": x.grad,
+            "grads": {n: whole(p.grad) for n, p in block.named_parameters()}, **forward, **backward}
+
+
+def say(rank, label, run, reference):
+    """Rank 0 prints how far a run's output is from one process's."""
+    if rank == 0:
+        diff = (run["output"] - reference["output"]).abs().max().item()
+        sys.stdout.write(f"{label}: output max |difference| from one process {diff:.2e}\n")
+
+
 def lesson_block(args, rank, world_size, device):
     """One Block under tensor parallelism: forward and backward against the unsharded block on the same input."""
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
     x = torch.randn(2, args.seq_len, args.dim, generator=torch.Generator().manual_seed(args.seed + 1)).to(device)
     one = run_block(build(Block, args, device), x)  # one process: the whole block
-    out = {"one_process": summary_of(one), "shapes": {}}
+    runs = {}
     for label, plan in [("TP", block_plan()), ("TP, q/k/v each ColwiseParallel", block_plan(prepare_input=False))]:
         block = parallelize_module(build(Block, args, device), mesh, plan)
-        run = run_block(block, x)
-        out[label] = {**summary_of(run), **compare(run, one)}
-        if label == "TP":
-            out["shapes"] = {name: {"global": list(p.shape), "local": list(local(p).shape),
-                                    "placements": [placement_name(q) for q in getattr(p, "placements", [])]}
-                             for name, p in block.named_parameters()}
-    out["fused qkv, ColwiseParallel (wrong)"] = fused_qkv_control(args, mesh, x, one["output"], device)
-    return out
+        runs[label] = block, run_block(block, x)
+        say(rank, f"block, {label}", runs[label][1], one)
+    if workbook:  # workbook: summaries, comparisons, shards and the fused-qkv control
+        return workbook.tp_block_records(one, runs, build(Block, args, device), mesh, x)  # workbook
+    return {}
 
 
 def lesson_sequence(args, rank, world_size, device):
@@ -314,8 +334,8 @@ def lesson_sequence(args, rank, world_size, device):
     run = run_block(block, x.chunk(world_size, dim=1)[rank])  # this rank's tokens only
     reference = {**one, "output": one["output"].chunk(world_size, dim=1)[rank],
                  "input_grad": one["input_grad"].chunk(world_size, dim=1)[rank]}
-    return {"SP": {**summary_of(run), **compare(run, reference)}, "one_process": summary_of(one),
-            "norm_grad_placements": [placement_name(q) for q in getattr(block.norm1.weight.grad, "placements", [])]}
+    say(rank, "sequence, SP (rank 0's tokens)", run, reference)
+    return workbook.tp_sequence_record(run, reference, one, block) if workbook else {}  # workbook
 
 
 def train_step(model, optimizer, x, y):
@@ -349,21 +369,17 @@ def lesson_model(args, rank, world_size, device):
         steps = []
         for step in range(1, args.max_steps + 1):
             x, y = batch(args, step, device)
-            saved = SavedActivations(model)
-            with count_collectives(enabled=step == 1) as counts, saved.recording(), \
-                    tracking_memory(args, step, model, optimizer) as memory:  # workbook: --track-memory, step 2
+            with measured("tp_model_step", args, step, model, optimizer) as record:  # workbook: collectives, ...
                 loss, logits = train_step(model, optimizer, x, y)
             ref_loss = F.cross_entropy(reference(x).flatten(0, 1), y.flatten())
             ref_loss.backward()
             ref_optimizer.step()
             ref_optimizer.zero_grad(set_to_none=True)
-            steps.append({"step": step, "loss": whole(loss).item(), "loss_one_process": ref_loss.item(),
-                          "activation_bytes": saved.total(), **({"collectives": counts} if step == 1 else {}),
-                          **({"memory_peak": memory} if memory else {})})
-        out[label] = {"steps": steps, "logits_local_shape": list(local(logits).shape),
-                      "logits_placements": [placement_name(q) for q in logits.placements],
-                      "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
-                      "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
+            steps.append({"step": step, "loss": whole(loss).item(), "loss_one_process": ref_loss.item(), **record})
+            if rank == 0:
+                sys.stdout.write(f"model, {label}, step {step}: loss {steps[-1]['loss']:.6f}, one process "
+                                 f"{steps[-1]['loss_one_process']:.6f}\n")
+        out[label] = {"steps": steps, **(workbook.tp_model_record(model, reference, logits) if workbook else {})}  # workbook
     return out
 
 
@@ -384,18 +400,14 @@ def lesson_2d(args, rank, world_size, device):
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
-    holdings = {name: held_block(local(p), dict(reference.named_parameters())[name])
-                for name, p in model.named_parameters() if name in HOLDINGS}
-    placements = {name: [placement_name(q) for q in p.placements] for name, p in model.named_parameters()
-                  if name in HOLDINGS}
+    holdings = workbook.tp_2d_holdings(model, reference) if workbook else {}  # workbook: who holds which rows
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=args.lr)
     steps = []
     for step in range(1, args.max_steps + 1):
         x, y = batch(args, step, device, rows=dp_size * args.batch_size)  # the global batch of every dp group
         rows = slice(dp_rank * args.batch_size, (dp_rank + 1) * args.batch_size)  # this dp group's rows
-        with count_collectives(enabled=step == 1) as counts, collective_groups(enabled=step == 2) as groups, \
-                warnings.catch_warnings():
+        with measured("tp_2d_step", step) as record, warnings.catch_warnings():  # workbook: collectives, groups
             # torch 2.13's FSDP2 warns when a module returns a view (in-place ops on it would skip a hook): the
             # head's whole logits (DTensor.to_local()) are one, and nothing here modifies them in place.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -410,232 +422,13 @@ def lesson_2d(args, rank, world_size, device):
         ref_optimizer.step()
         ref_optimizer.zero_grad(set_to_none=True)
         steps.append({"step": step, "loss": loss.item(), "loss_one_process_same_rows": ref_rows_loss,
-                      "loss_one_process_whole_batch": ref_loss.item(),
-                      **({"collectives": counts} if step == 1 else {}),
-                      **({"collectives_by_group": groups} if step == 2 else {})})
-    return {"mesh_shape": list(mesh.shape), "mesh_coordinate": mesh.get_coordinate(), "dp_rank": dp_rank,
-            "tp_group": dist.get_process_group_ranks(mesh["tp"].get_group()),
-            "dp_group": dist.get_process_group_ranks(mesh["dp"].get_group()),
-            "holdings": holdings, "placements": placements, "steps": steps,
-            "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
-            "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
-
-
-HOLDINGS = ("blocks.0.attn.wq.weight", "blocks.0.attn.wo.weight", "blocks.0.mlp.fc2.bias", "blocks.0.norm1.weight",
-            "embed.tok.weight", "head.weight")  # the parameters whose rows and columns the 2d lesson locates
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: what the notebook reads (collective counts, activation bytes, comparisons with one
-# process, who holds which rows, --track-memory: torch's MemTracker over step 2 of the model lesson, which
-# tutorial_lib's plan_tp_memory predicts), and the fused-qkv control. Not needed to use tensor parallelism.
-# ---------------------------------------------------------------------------------------------------------------
-
-def add_workbook_flags(p):
-    p.add_argument("--track-memory", action="store_true",
-                   help="model lesson: run step 2 under torch's memory tracker (MemTracker) and record its peak by "
-                        "category (bytes) in the step's memory_peak")
-
-
-@contextlib.contextmanager
-def tracking_memory(args, step, model, optimizer):
-    """--track-memory: torch's ``MemTracker`` over step 2 (step 1 creates the optimizer's state and DTensor's sharding
-    caches); the dict is filled with the tracker's peak, {category: bytes} of this rank's device, when it exits."""
-    peak = {}
-    if not (args.track_memory and step == 2):
-        yield peak
-        return
-    from torch.distributed._tools.mem_tracker import MemTracker
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer)  # now: the parameters and the optimizer's state as they are
-    with tracker:
-        yield peak
-    snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    peak.update({getattr(k, "name", str(k)): int(v) for k, v in snapshot.items()})
-
-
-def run_block(block, x):
-    """Forward and backward of one block on ``x`` (a leaf), profiled separately; loss = sum of squares / 2."""
-    x = x.detach().clone().requires_grad_(True)
-    saved = SavedActivations(block)
-    with count_collectives() as forward, saved.recording():
-        y = block(x)
-    with count_collectives() as backward:
-        (y.float().pow(2).sum() / 2).backward()
-    return {"output": y.detach(), "input_grad": x.grad,
-            "grads": {n: whole(p.grad) for n, p in block.named_parameters()},
-            "forward": forward, "backward": backward, "activation_bytes": dict(saved.by_module)}
-
-
-def summary_of(run):
-    return {"collectives_forward": run["forward"], "collectives_backward": run["backward"],
-            "activation_bytes": run["activation_bytes"], "output_max_abs": run["output"].abs().max().item()}
-
-
-def compare(run, reference):
-    """Largest differences from the one-process run: output, input gradient, each parameter's gradient, and the
-    largest magnitudes they are relative to."""
-    grads = {n: (g - reference["grads"][n]).abs().max().item() for n, g in run["grads"].items()}
-    return {"output_max_abs_diff": (run["output"] - reference["output"]).abs().max().item(),
-            "input_grad_max_abs_diff": (run["input_grad"] - reference["input_grad"]).abs().max().item(),
-            "param_grad_max_abs_diff": max(grads.values()), "param_grad_max_abs_diff_by_name": grads,
-            "param_grad_max_abs": max(g.abs().max().item() for g in reference["grads"].values()),
-            "input_grad_max_abs": reference["input_grad"].abs().max().item()}
-
-
-class FusedAttention(nn.Module):
-    """nanoGPT's attention: one Linear makes q, k and v, laid out [q | k | v] along its output features."""
-
-    def __init__(self, dim, n_heads):
-        super().__init__()
-        self.head_dim = dim // n_heads
-        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in self.c_attn(x).chunk(3, dim=-1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
-
-
-def fused_qkv_control(args, mesh, x, reference_output, device):
-    """The Block with a fused qkv Linear, split by ColwiseParallel like q, k, v: rank 0 gets [q | first half of k]
-    (for 2 ranks), so its "k" and "v" are not k and v. Returns the output's distance from the unsplit model's."""
-    block = build(Block, args, device)
-    fused = FusedAttention(args.dim, args.n_heads).to(device)
-    with torch.no_grad():  # the same q, k, v and output weights as the reference, fused
-        fused.c_attn.weight.copy_(torch.cat([block.attn.wq.weight, block.attn.wk.weight, block.attn.wv.weight]))
-        fused.c_attn.bias.copy_(torch.cat([block.attn.wq.bias, block.attn.wk.bias, block.attn.wv.bias]))
-        fused.c_proj.load_state_dict(block.attn.wo.state_dict())
-    block.attn = fused
-    unsplit = block(x).detach()  # fused but whole: the same function as the reference
-    parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
-                                     "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
-    with torch.no_grad():
-        output = block(x)
-    return {"unsplit_max_abs_diff": (unsplit - reference_output).abs().max().item(),
-            "output_max_abs_diff": (output - reference_output).abs().max().item()}
-
-
-def placement_name(placement):
-    """``Shard(0)``, ``Replicate()``, ``Partial()`` (or ``_StridedShard(0)``): a DTensor's layout on one mesh dim."""
-    name = type(placement).__name__
-    if name == "_StridedShard":
-        return f"_StridedShard({placement.dim})"
-    if placement.is_shard():
-        return f"Shard({placement.dim})"
-    return "Replicate()" if placement.is_replicate() else "Partial()"
-
-
-def held_block(shard, full):
-    """Which rows (and columns) of ``full`` this rank's ``shard`` is, found by comparing values: [[row0, row1],
-    [col0, col1]] (half-open), or None when the shard is no contiguous block of ``full``."""
-    full = full.detach()
-    shard = shard.detach().reshape(-1, 1) if full.dim() == 1 else shard.detach()
-    full2 = full.reshape(-1, 1) if full.dim() == 1 else full
-    h, w = shard.shape
-    for r in range(0, full2.shape[0] - h + 1, max(h, 1)):
-        for c in range(0, full2.shape[1] - w + 1, max(w, 1)):
-            if torch.equal(full2[r:r + h, c:c + w], shard):
-                return [[r, r + h], [c, c + w]]
-    return None
-
-
-COLLECTIVES = {"c10d::allreduce_": "all_reduce",  # each c10d collective is one dispatcher op on every backend
-               "c10d::allgather_into_tensor_coalesced_": "all_gather", "c10d::_allgather_base_": "all_gather",
-               "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
-               "c10d::_reduce_scatter_base_": "reduce_scatter"}
-
-
-@contextlib.contextmanager
-def count_collectives(enabled=True):
-    """Count the collectives issued inside the block with torch.profiler; the dict is filled when it exits."""
-    counts = {name: 0 for name in dict.fromkeys(COLLECTIVES.values())}
-    if not enabled:
-        yield counts
-        return
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        yield counts
-    for event in prof.events():
-        if event.name in COLLECTIVES:
-            counts[COLLECTIVES[event.name]] += 1
-
-
-@contextlib.contextmanager
-def collective_groups(enabled=True):
-    """Which process group ran each collective inside the block: {"all_reduce [0, 1]": calls, ...}.
-
-    A ``TorchDispatchMode`` sees every op called from Python with its arguments: DTensor's functional
-    collectives name their group (``group_name``), FSDP2's c10d ops carry the ProcessGroup itself. (Not run with
-    the profiler: on torch 2.13 an op the mode intercepts shows up twice in the profile.)"""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-    from torch.utils._python_dispatch import TorchDispatchMode
-    kinds = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
-             "_allgather_base_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-             "_reduce_scatter_base_": "reduce_scatter"}
-    found = collections.Counter()
-
-    class Groups(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kind = kinds.get(func.__name__.split(".")[0]) if func.namespace in ("c10d", "_c10d_functional") else None
-            if kind:
-                names = [a for a in args if isinstance(a, str)]  # functional: (..., reduce_op, [size,] group_name)
-                pg = (_resolve_process_group(names[-1]) if names else
-                      dist.ProcessGroup.unbox(next(a for a in args if type(a).__name__ == "ScriptObject")))
-                found[f"{kind} {dist.get_process_group_ranks(pg)}"] += 1
-            return func(*args, **(kwargs or {}))
-
-    out = {}
-    if not enabled:
-        yield out
-        return
-    with Groups():
-        yield out
-    out.update(sorted(found.items()))
-
-
-class SavedActivations:
-    """Bytes autograd saves for backward while ``recording()``, per module (the innermost one running).
-
-    Parameters (and views of them, like a Linear's transposed weight) are not activations: a saved tensor whose
-    storage is a parameter's is skipped. A tensor saved twice (a Linear input also saved by the next op) counts once.
-    """
-
-    def __init__(self, model):
-        self.model, self.stack, self.seen = model, ["(top)"], set()
-        self.by_module = collections.Counter()
-        self.params = {local(p).untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(self, t):
-        lt = local(t)
-        key = (lt.data_ptr(), lt.numel())
-        if lt.untyped_storage().data_ptr() not in self.params and key not in self.seen:
-            self.seen.add(key)
-            self.by_module[self.stack[-1]] += lt.numel() * lt.element_size()
-        return t
-
-    def enter(self, name):
-        self.stack.append(name)  # (returns None: a hook's return value would replace the module's input or output)
-
-    def leave(self):
-        self.stack.pop()
-
-    @contextlib.contextmanager
-    def recording(self):
-        handles = []
-        for name, module in self.model.named_modules():
-            if name:
-                handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self.enter(name)))
-                handles.append(module.register_forward_hook(lambda m, a, o: self.leave()))
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
-                yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def total(self):
-        return sum(self.by_module.values())
+                      "loss_one_process_whole_batch": ref_loss.item(), **record})
+        if mesh["tp"].get_local_rank() == 0:
+            sys.stdout.write(f"2d, dp group {dp_rank}, step {step}: loss {loss.item():.6f}, one process on its rows "
+                             f"{ref_rows_loss:.6f}\n")
+    if workbook:  # workbook
+        return workbook.tp_2d_record(mesh, dp_rank, holdings, steps, model, reference)  # workbook
+    return {"steps": steps}
 
 
 @record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
@@ -655,10 +448,9 @@ def main():
             if rank == 0:
                 sys.stdout.write(f"{name}: done on {world_size} rank(s)\n")
             dist.barrier()
-        path = Path(args.metrics_dir) / f"tp_rank{rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
-        sys.stdout.write(f"rank {rank}: {', '.join(args.lessons)} done; every number in {path.resolve()}\n")
+        if workbook:  # workbook
+            path = workbook.write_rank_json(args, "tp_rank<RANK>.json", result)  # workbook: what notebook 12 reads
+            sys.stdout.write(f"rank {rank}: {', '.join(args.lessons)} done; every number in {path.resolve()}\n")  # workbook
     finally:
         dist.destroy_process_group()
 
