@@ -72,13 +72,16 @@ def lesson_stats(path: str | Path) -> dict:
 
 
 def table(lessons_dir: Path = LESSONS_DIR) -> list[dict]:
-    """One row per lesson: its name, ``lesson_stats``, and whether it meets issue 48's targets."""
+    """One row per lesson: its name, ``lesson_stats``, and whether it meets issue 48's targets. ``_workbook.py`` (the
+    lessons' instruments, not a lesson) is counted on a row of its own at the end, with no target."""
     rows = []
-    for path in sorted(lessons_dir.glob("*.py")):
+    for path in sorted(lessons_dir.glob("*.py"), key=lambda p: (p.name.startswith("_"), p.name)):
         stats = lesson_stats(path)
         limit = MAX_LINES.get(path.stem)
         stats.update(name=path.stem, max_lines=limit,
                      meets=(limit is None or stats["lines"] <= limit) and stats["lesson_share"] >= MIN_LESSON_SHARE)
+        if path.name.startswith("_"):
+            stats["meets"] = None  # the instruments the lessons import when present: no lesson target
         rows.append(stats)
     return rows
 
@@ -87,10 +90,13 @@ def main() -> int:
     rows = table()
     print(f"{'lesson':<24} {'lines':>6} {'flags':>6} {'code':>6} {'lesson':>7} {'workbook':>9} {'share':>6}  target")
     for r in rows:
-        target = (f"<= {r['max_lines']} lines, " if r["max_lines"] else "") + f">= {MIN_LESSON_SHARE:.0%} lesson"
+        target = (f"<= {r['max_lines']} lines, " if r["max_lines"] else "") + f">= {MIN_LESSON_SHARE:.0%} lesson: "
+        target = "the lessons' instruments, not a lesson" if r["meets"] is None else target + (
+            "met" if r["meets"] else "MISSED")
         print(f"{r['name']:<24} {r['lines']:>6} {r['flags']:>6} {r['code_lines']:>6} {r['lesson_lines']:>7} "
-              f"{r['scaffold_lines']:>9} {r['lesson_share']:>6.0%}  {target}: {'met' if r['meets'] else 'MISSED'}")
-    print(f"{sum(r['meets'] for r in rows)} of {len(rows)} lessons meet issue 48's targets")
+              f"{r['scaffold_lines']:>9} {r['lesson_share']:>6.0%}  {target}")
+    lessons = [r for r in rows if r["meets"] is not None]
+    print(f"{sum(r['meets'] for r in lessons)} of {len(lessons)} lessons meet issue 48's targets")
     return 0
 
 
