@@ -116,12 +116,19 @@ PREPARE = {"train_hf": ["--create-tiny-model", "tiny"]}  # run first in the same
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s != "sync_batchnorm"])
 def test_every_script_runs_as_plain_python(tmp_path, name):
+    # a TMPDIR of its own: a world of one leaves nothing there but torch's own empty folders (a FileStore's folder
+    # in /tmp once stayed behind on every run of three scripts)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
     if name in PREPARE:
-        assert run([LESSONS_DIR / f"{name}.py", *PREPARE[name]], tmp_path).returncode == 0
+        assert run([LESSONS_DIR / f"{name}.py", *PREPARE[name]], tmp_path, env=env).returncode == 0
     deterministic = ["--deterministic"] if name in ("train_lm", "train_hf") else []  # issue 46: for a CUDA resume
-    out = run([LESSONS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m", *deterministic], tmp_path)
+    out = run([LESSONS_DIR / f"{name}.py", *SMALL_ARGS[name], "--metrics-dir", "m", *deterministic], tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list((tmp_path / "m").iterdir()), "it wrote its results"
+    temp = list((tmp_path / "tmp").iterdir())
+    assert all(p.name.startswith("torchinductor_") for p in temp), [p.name for p in temp]
+    assert [p for p in (tmp_path / "tmp").rglob("*") if not p.is_dir()] == []
     if deterministic:  # what torch says it ran with, not what was asked
         assert json.loads((tmp_path / "m" / "model_rank0.json").read_text())["deterministic_algorithms"] is True
 

@@ -35,7 +35,9 @@ notebooks use to measure it and to break it on purpose (metrics, save/load costs
 injection, flag checks), each called from the lesson in one marked line. Each rank appends one JSON line per step to
 ``<metrics-dir>/rank<RANK>.jsonl`` (with ``attempt`` = TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``) and its
 save/load timings and bytes to ``<metrics-dir>/checkpoint_rank<RANK>.json``.
-Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
+Only torch and the Python standard library are imported, so the file can be copied to a cluster as is; DCP needs
+numpy installed beside torch (it gathers its save and load plans with ``gather_object``, which goes through numpy,
+and pip's torch does not install it).
 """
 
 import argparse

@@ -19,7 +19,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -73,7 +72,7 @@ def setup(args):
     if "RANK" in os.environ:  # launched by torchrun: it set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         dist.init_process_group(backend=backend, timeout=timeout, device_id=device_id)
     else:
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="collectives_check_"), "store"), 1)
+        store = dist.HashStore()  # in memory: a world of one needs no rendezvous (nor a folder in /tmp)
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
     return device, backend, index

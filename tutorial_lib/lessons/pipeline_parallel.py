@@ -22,7 +22,9 @@ What it shows
 For each configuration (a schedule and m) each stage records, for every micro-batch, when its forward and its
 backward ran, in what order, and the bytes it held saved for backward after each; the p2p sends and receives of
 the step are counted with torch.profiler. Each rank writes ``<metrics-dir>/pp_rank<RANK>.json``.
-Only torch and the Python standard library.
+Only torch and the Python standard library are imported; ``PipelineStage`` needs numpy installed beside torch (its
+first step sends the stages' shapes with ``send_object_list``, which goes through numpy; pip's torch does not
+install it).
 """
 
 import argparse

@@ -41,7 +41,9 @@ a little (the modules change between releases). The last ``--val-fraction`` of i
 
 Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook uses to
 measure it (the per-step JSON lines in ``<metrics-dir>/rank<RANK>.jsonl``, memory tracking, FLOPs). Only torch and the
-Python standard library are used, so the file can be copied to a cluster as is.
+Python standard library are imported, so the file can be copied to a cluster as is; checkpoints (``--save-every``,
+``--resume``) need numpy installed beside torch (DCP gathers its plans with ``gather_object``, which goes through
+numpy; pip's torch does not install it).
 """
 
 import argparse
@@ -882,7 +884,7 @@ class StepLog:
         # Which bytes this rank trains on: every rank must read the same corpus (tests/test_train_lm.py compares).
         (self.metrics_dir / f"data_rank{rank}.json").write_text(json.dumps({
             "rank": rank, "corpus_bytes": len(data),
-            "corpus_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest(),
+            "corpus_sha256": hashlib.sha256(bytes(data.tolist())).hexdigest(),  # uint8 values: the bytes
             "python": sys.version.split()[0]}))
 
     def start(self, step):

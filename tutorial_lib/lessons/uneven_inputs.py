@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -68,7 +67,7 @@ def main():
     if "RANK" in os.environ:  # launched by torchrun
         dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:  # plain `python`: a world of one, so the same code runs
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+        store = dist.HashStore()  # in memory: a world of one needs no rendezvous (nor a folder in /tmp)
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout, device_id=device_id)
     try:
         train(args, device)
