@@ -342,16 +342,12 @@ def check_compile_train(run):
 
 
 def check_context_parallel_float8(run):
-    for r in run.per_rank("metrics/cp_float8_rank{}.json"):
-        assert r["world_size"] == 2 and {"context_parallel", "float8"} <= set(r)
-        if not CUDA_RANKS:  # both are GPU-only: on CPU each records why it did not run
-            assert r["context_parallel"]["ran"] is False and r["float8"]["ran"] is False
-            # torch's CPU attention has no sharding strategy; without numpy, context parallelism does not even import
-            assert r["context_parallel"]["reason"].startswith(
-                ("NotImplementedError", "ModuleNotFoundError: No module named 'numpy'")), r["context_parallel"]
-            assert "need a CUDA GPU" in r["float8"]["reason"]
-    if not CUDA_RANKS:
-        assert "context_parallel: did not run on 2 rank(s): " in run.output()
+    # Alone it writes no JSON (that is _workbook.py's, issue 48): it prints why each technique did or did not run.
+    assert not (run.folder / "metrics").exists()
+    if not CUDA_RANKS:  # both are GPU-only: on CPU each says why it did not run
+        # torch's CPU attention has no sharding strategy; without numpy, context parallelism does not even import
+        assert re.search(r"^context_parallel: did not run on 2 rank\(s\): (NotImplementedError|ModuleNotFoundError: "
+                         r"No module named 'numpy')", run.output(), re.M), run.output()
         assert "float8: did not run on 2 rank(s): float8 matmuls (torch._scaled_mm) need a CUDA GPU" in run.output()
 
 
@@ -368,8 +364,9 @@ def check_ddp_knobs(run):
 
 
 def check_ddp_train(run):
-    # what a learner sees; its metrics files are the workbook's (they may go to a sibling module, issue 48)
-    assert re.search(r"^step 2/2 ", run.output(), re.M), run.output()
+    # what a learner sees, on both ranks: the global loss; its metrics files are _workbook.py's (issue 48)
+    assert len(re.findall(r"^step 2/2: loss \d+\.\d+ \(this rank's \d+\.\d+\), epoch 0$", run.output(), re.M)) == 2
+    assert not (run.folder / "metrics").exists()
 
 
 def check_distributed_eval(run):
@@ -393,10 +390,10 @@ def check_fsdp_train(run):
 
 
 def check_ft_train(run):
-    steps = [json.loads(line) for line in (run.folder / "metrics" / "group0.jsonl").read_text().splitlines()]
-    last = [s for s in steps if s.get("event") == "step"][-1]
-    assert (last["step"], last["committed"], last["batches_committed"]) == (2, True, 2), last
-    assert "group 0 step 2 loss" in run.output()
+    # alone: no records (they are _workbook.py's, issue 48); each rank prints its committed steps
+    last = re.findall(r"^group 0 step 2 loss \d+\.\d+ participants 1 batches_committed (\d+)$", run.output(), re.M)
+    assert last == ["2", "2"], run.output()
+    assert not (run.folder / "metrics").exists()
 
 
 def check_grad_accum(run):
@@ -446,11 +443,11 @@ def check_sync_batchnorm(run):
 
 
 def check_tensor_parallel(run):
-    for r in run.per_rank("metrics/tp_rank{}.json"):
-        for layout in ("TP", "TP + SP"):
-            steps = r["model"][layout]["steps"]
-            assert [s["step"] for s in steps] == [1, 2]
-            assert all(abs(s["loss"] - s["loss_one_process"]) < 1e-4 for s in steps), "the one-process losses"
+    # alone: rank 0 prints each step's loss beside one process's (the JSON is _workbook.py's, issue 48)
+    steps = re.findall(r"^model, (TP|TP \+ SP), step (\d+): loss ([\d.]+), one process ([\d.]+)$", run.output(), re.M)
+    assert [(layout, step) for layout, step, _, _ in steps] == [("TP", "1"), ("TP", "2"), ("TP + SP", "1"),
+                                                                ("TP + SP", "2")], run.output()
+    assert all(abs(float(loss) - float(one)) < 1e-4 for _, _, loss, one in steps), "the one-process losses"
     assert "model: done on 2 rank(s)" in run.output()
 
 
