@@ -66,7 +66,7 @@ def test_bad_launch_input_is_refused_before_anything_starts(tmp_path, case):
         tl.launch(make(script))
     assert message in str(info.value)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before, "nothing was started"
-    assert sorted(p.name for p in script.parent.iterdir()) == [".tutorial-run", "ddp_train.py"], "no command.txt, logs"
+    assert sorted(p.name for p in script.parent.iterdir()) == [".tutorial-run", "_workbook.py", "ddp_train.py"], "no command.txt"
 
 
 @pytest.mark.parametrize("name, args, message", [
