@@ -274,7 +274,7 @@ class FSDPStepRecorder:
         self.activations = SavedActivations()
         self.block_forwards = 0  # forward calls of the blocks per step: checkpointing recomputes each one in backward
         for m in model.modules():
-            if type(m).__name__ == "Block":
+            if any(c.__name__ == "Block" for c in type(m).__mro__):  # the lesson's Block (FSDP2's FSDPBlock subclasses it)
                 m.register_forward_pre_hook(self.count_block_forward)
         if args.activation_checkpointing:
             for m in model.modules():
