@@ -154,6 +154,21 @@ def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_rank_runners_exit
     assert "usage:" in text and "C stdio line, as NCCL INFO writes it" in text
 
 
+
+@pytest.mark.parametrize("name, args, printed", [
+    ("fsdp_train", ["--strategy", "fsdp2", "--dim", 32, "--n-layers", 1, "--max-steps", 2], "step 2/2 loss_global "),
+    ("checkpoint_train", ["--max-steps", 2, "--save-every", 2], "step 2: saved step-2 (dcp)"),
+])
+def test_a_lesson_copied_alone_trains_without_the_workbooks_instruments(tmp_path, name, args, printed):
+    """Issue 48: the lesson imports ``_workbook.py`` only when it is beside it; a copy alone trains, writes no metrics
+    and has none of the workbook's flags."""
+    (tmp_path / f"{name}.py").write_bytes((LESSONS_DIR / f"{name}.py").read_bytes())
+    out = run([f"{name}.py", *args], tmp_path)
+    assert out.returncode == 0 and printed in out.stdout, out.stderr[-2000:]
+    assert not (tmp_path / "metrics").exists() and not (tmp_path / "_workbook.py").exists()
+    refused = run([f"{name}.py", "--metrics-dir", "m"], tmp_path)
+    assert refused.returncode == 2 and "unrecognized arguments: --metrics-dir" in refused.stderr
+
 # --- one name per concept across the scripts (issue 17) ---------------------------------------------------------
 
 # A concept the scripts share -> its one flag, and the names it once had in some script (which must not come back).

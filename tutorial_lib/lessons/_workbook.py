@@ -8,7 +8,14 @@ each reached from the lesson in one line marked ``# workbook``:
   failures on purpose ``--fail-rank/--fail-step/--fail-mode`` (notebook 07);
 * ``StepRecorder``: one JSON line per step per rank in ``<metrics-dir>/rank<RANK>.jsonl``, whose keys the workbook's
   plots read (``tutorial_lib.runs.metrics`` lists them), gradient and memory statistics, torch.profiler traces;
-* ``memory_fields``: exact tensor bytes, plus allocator peaks (CUDA) or the process's RSS (CPU).
+* ``memory_fields``: exact tensor bytes (a DTensor's: this rank's shard), plus allocator peaks (CUDA) or the
+  process's RSS (CPU).
+
+Those serve ``ddp_train.py``. The sections after them serve one lesson each: ``ft_train.py``'s per-group records
+(notebook 15), one JSON file of results per rank (``context_parallel_float8.py``, ``tensor_parallel.py``: notebook
+12) and tensor parallelism's collectives, activations and comparisons, ``fsdp_train.py``'s sharded memory,
+activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), and ``checkpoint_train.py``'s
+saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``).
 
 Only torch and the standard library, like the lessons.
 """
@@ -17,6 +24,7 @@ import collections
 import contextlib
 import hashlib
 import json
+import math
 import os
 import resource
 import signal
@@ -185,9 +193,14 @@ def save_grads(model, out_dir, rank):
     torch.save(grads, Path(out_dir) / f"grads_rank{rank}.pt")
 
 
+def local(t):
+    """This rank's part of a tensor: a DTensor's local shard (FSDP2, tensor parallel), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def tensor_bytes(tensors):
-    """The bytes ``tensors`` hold (``None`` entries count 0)."""
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    """The bytes ``tensors`` hold on this rank (a DTensor: its local shard; ``None`` entries count 0)."""
+    return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
 
 
 def memory_fields(model, optimizer, device):
@@ -268,16 +281,11 @@ def replica_group():
     return int(os.environ.get("REPLICA_GROUP_ID", 0))
 
 
-def local_part(t):
-    """The part of ``t`` this rank holds: a DTensor's local shard (FSDP2, tensor parallel), or all of it."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def weights_sha256(model):
     """SHA-256 of every parameter's bytes in order: two groups with equal hashes hold bitwise equal weights."""
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(local_part(p).detach().cpu().contiguous().numpy().tobytes())
+        digest.update(local(p).detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -302,7 +310,7 @@ class TorchftRecorder:
         rank = int(os.environ.get("RANK", 0))
         self.file = open(Path(args.metrics_dir) / (f"group{self.group}.jsonl" if rank == 0 else
                                                    f"group{self.group}.rank{rank}.jsonl"), "a", buffering=1)
-        self.params_local = sum(local_part(p).numel() for p in model.parameters())
+        self.params_local = sum(local(p).numel() for p in model.parameters())
         self.write({"event": "start"})
 
     def write(self, fields):
@@ -376,7 +384,7 @@ def check_tp_flags(p, args):
 def tp_block_pass(block, phase):
     """The forward or backward ``phase`` of ``run_block``: fills the dict with {phase: collective counts} and, for the
     forward, "activation_bytes" per module, when it exits."""
-    out, saved = {}, SavedActivations(block)
+    out, saved = {}, SavedByModule(block)
     with count_collectives() as counts, saved.recording() if phase == "forward" else contextlib.nullcontext():
         yield out
     out[phase] = counts
@@ -391,7 +399,7 @@ def tp_block_records(one, runs, fresh_block, mesh, x):
     for label, (block, run) in runs.items():
         out[label] = {**summary_of(run), **compare(run, one)}
         if label == "TP":
-            out["shapes"] = {name: {"global": list(p.shape), "local": list(local_part(p).shape),
+            out["shapes"] = {name: {"global": list(p.shape), "local": list(local(p).shape),
                                     "placements": [placement_name(q) for q in getattr(p, "placements", [])]}
                              for name, p in block.named_parameters()}
     out["fused qkv, ColwiseParallel (wrong)"] = fused_qkv_control(fresh_block, mesh, x, one["output"])
@@ -408,7 +416,7 @@ def tp_sequence_record(run, reference, one, block):
 def tp_model_step(args, step, model, optimizer):
     """One step of the model lesson: fills the dict with its activation bytes, its collectives (step 1) and
     --track-memory's peak (step 2) when it exits."""
-    record, saved = {}, SavedActivations(model)
+    record, saved = {}, SavedByModule(model)
     with count_collectives(enabled=step == 1) as counts, saved.recording(), \
             tracking_memory(args, step, model, optimizer) as memory:
         yield record
@@ -418,9 +426,9 @@ def tp_model_step(args, step, model, optimizer):
 
 def tp_model_record(model, reference, logits):
     """The model lesson's record of one layout beside its steps: the logits' shards and the parameter bytes."""
-    return {"logits_local_shape": list(local_part(logits).shape),
+    return {"logits_local_shape": list(local(logits).shape),
             "logits_placements": [placement_name(q) for q in logits.placements],
-            "param_bytes": sum(local_part(p).numel() * local_part(p).element_size() for p in model.parameters()),
+            "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
             "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
 
 
@@ -430,7 +438,7 @@ HOLDINGS = ("blocks.0.attn.wq.weight", "blocks.0.attn.wo.weight", "blocks.0.mlp.
 
 def tp_2d_holdings(model, reference):
     """Before training: which rows (and columns) of ``HOLDINGS``' parameters this rank holds, and their layouts."""
-    return {"holdings": {name: held_block(local_part(p), dict(reference.named_parameters())[name])
+    return {"holdings": {name: held_block(local(p), dict(reference.named_parameters())[name])
                          for name, p in model.named_parameters() if name in HOLDINGS},
             "placements": {name: [placement_name(q) for q in p.placements] for name, p in model.named_parameters()
                            if name in HOLDINGS}}
@@ -451,7 +459,7 @@ def tp_2d_record(mesh, dp_rank, holdings, steps, model, reference):
     return {"mesh_shape": list(mesh.shape), "mesh_coordinate": mesh.get_coordinate(), "dp_rank": dp_rank,
             "tp_group": dist.get_process_group_ranks(mesh["tp"].get_group()),
             "dp_group": dist.get_process_group_ranks(mesh["dp"].get_group()), **holdings, "steps": steps,
-            "param_bytes": sum(local_part(p).numel() * local_part(p).element_size() for p in model.parameters()),
+            "param_bytes": sum(local(p).numel() * local(p).element_size() for p in model.parameters()),
             "param_bytes_one_process": sum(p.numel() * p.element_size() for p in reference.parameters())}
 
 
@@ -601,7 +609,7 @@ def collective_groups(enabled=True):
     out.update(sorted(found.items()))
 
 
-class SavedActivations:
+class SavedByModule:
     """Bytes autograd saves for backward while ``recording()``, per module (the innermost one running).
 
     Parameters (and views of them, like a Linear's transposed weight) are not activations: a saved tensor whose
@@ -611,10 +619,10 @@ class SavedActivations:
     def __init__(self, model):
         self.model, self.stack, self.seen = model, ["(top)"], set()
         self.by_module = collections.Counter()
-        self.params = {local_part(p).untyped_storage().data_ptr() for p in model.parameters()}
+        self.params = {local(p).untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(self, t):
-        lt = local_part(t)
+        lt = local(t)
         key = (lt.data_ptr(), lt.numel())
         if lt.untyped_storage().data_ptr() not in self.params and key not in self.seen:
             self.seen.add(key)
@@ -643,3 +651,303 @@ class SavedActivations:
 
     def total(self):
         return sum(self.by_module.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fsdp_train.py: sharded memory per rank, the bytes each forward keeps for backward, the blocks' forward calls, the
+# FSDP units and the collectives each step runs (--count-collectives).
+# ---------------------------------------------------------------------------------------------------------------
+
+def add_fsdp_flags(p):
+    """Add ``fsdp_train.py``'s workbook flags to its parser ``p``."""
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--count-collectives", action="store_true",
+                   help="count each step's all-gathers, reduce-scatters and all-reduces with torch.profiler "
+                        "(metric keys all_gather_calls, reduce_scatter_calls, all_reduce_calls)")
+
+
+class FSDPStepRecorder:
+    """``fsdp_train.py``'s measurements: ``<metrics-dir>/model_rank<RANK>.json`` once (the parameter shapes for the
+    analytic memory model, the FSDP units), and one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` (the keys
+    of ``row`` below, the workbook's contract with its notebooks)."""
+
+    def __init__(self, args, rank, world_size, device, model, optimizer, scaler, shapes):
+        self.args, self.rank, self.world_size, self.device = args, rank, world_size, device
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.activations = SavedActivations()
+        self.block_forwards = 0  # forward calls of the blocks per step: checkpointing recomputes each one in backward
+        for m in model.modules():
+            if any(c.__name__ == "Block" for c in type(m).__mro__):  # the lesson's Block (FSDP2's FSDPBlock subclasses it)
+                m.register_forward_pre_hook(self.count_block_forward)
+        if args.activation_checkpointing:
+            for m in model.modules():
+                if type(m).__name__ == "CheckpointWrapper":
+                    m.register_forward_pre_hook(self.activations.checkpoint_input)
+        self.units = fsdp_units(model, args.strategy)
+        metrics_dir = Path(args.metrics_dir)
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        (metrics_dir / f"model_rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "world_size": world_size, "strategy": args.strategy, "shapes": shapes,
+            "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(self.units),
+            "unit_params": self.units, "args": vars(args)}))
+        self.file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
+        self.collectives = CollectiveCounter(args.count_collectives)
+
+    def count_block_forward(self, module, inputs):
+        self.block_forwards += 1
+
+    def step_start(self):
+        self.collectives.start()  # --count-collectives: this step's forward, backward and optimizer step
+        self.saved_bytes, self.zero_grads, self.block_forwards = 0, None, 0
+
+    @contextlib.contextmanager
+    def saved_activations(self):
+        """Around one forward (and its loss): the largest bytes a forward of this step kept for backward."""
+        with torch.autograd.graph.saved_tensors_hooks(self.activations.pack, lambda t: t):
+            yield
+        self.saved_bytes = max(self.saved_bytes, self.activations.take())
+
+    def gradients(self):
+        """After the last backward of the step, before the optimizer step: zeros (fp16) and the scale used."""
+        if self.args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
+            self.zero_grads = sum(int((local(p.grad) == 0).sum()) for p in self.model.parameters() if p.grad is not None)
+        self.loss_scale = self.scaler.get_scale() if self.scaler else 1.0  # the scale this step's backward used
+
+    def optimizer_done(self):
+        self.collectives.stop()  # (the loss all-reduce after it is the workbook's, not training's)
+
+    def step_done(self, step, loss_sum, loss_global, step_time_s):
+        args = self.args
+        row = {"step": step, "max_steps": args.max_steps, "rank": self.rank, "world_size": self.world_size,
+               "device": str(self.device), "strategy": args.strategy, "precision": args.precision,
+               "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
+               "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
+               "fsdp_units": len(self.units), "activation_bytes": self.saved_bytes, "block_forwards": self.block_forwards,
+               "grad_scaler": self.scaler is not None, "loss_scale": self.loss_scale,
+               **memory_fields(self.model, self.optimizer, self.device),
+               "param_device": str(local(next(self.model.parameters())).device),  # cpu under --cpu-offload
+               **self.collectives.counts}
+        if self.zero_grads is not None:
+            row["grad_zero_elements"] = self.zero_grads
+        self.file.write(json.dumps(row) + "\n")
+
+    def close(self):
+        self.file.close()
+
+
+def fsdp_units(model, strategy):
+    """The FSDP units of a wrapped model: FSDP2, ``{unit: [the parameters it all-gathers]}`` (names as before
+    checkpoint wrapping; a parameter belongs to the innermost unit that contains it, the rest to ``root``); FSDP1,
+    one empty entry per unit (counted only); DDP, none."""
+    if strategy == "ddp":
+        return {}
+    if strategy == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        return {f"unit{i}": [] for i in range(sum(isinstance(m, FSDP) for m in model.modules()))}
+    from torch.distributed.fsdp import FSDPModule
+    names = [name for name, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model]
+    prefixes = sorted((name + "." for name in names), key=len, reverse=True)
+    membership = {}
+    for name, _ in model.named_parameters():
+        plain = name.replace("_checkpoint_wrapped_module.", "")
+        unit = next((p[:-1] for p in prefixes if name.startswith(p)), "root").replace("._checkpoint_wrapped_module", "")
+        membership.setdefault(unit.replace("_checkpoint_wrapped_module.", ""), []).append(plain)
+    return membership
+
+
+class SavedActivations:
+    """Counts the bytes autograd keeps for backward during one forward: the activation memory.
+
+    Every tensor saved for backward passes the pack hook; parameters (leaves that require grad, or views of
+    them) are not activations and are skipped; storages are counted once. Inside a non-reentrant checkpoint
+    the checkpoint's own hooks take over and nothing is saved, but each checkpointed block keeps its input
+    for the recomputation: a forward pre-hook on the wrapper adds those bytes. Under DDP's autocast the bf16
+    copies of the weights that matmuls save are counted too: they are memory held for backward.
+    """
+
+    def __init__(self):
+        self.storages = {}
+
+    def pack(self, t):
+        base = t._base if t._base is not None else t
+        if not (base.requires_grad and base.is_leaf):
+            s = t.untyped_storage()
+            self.storages[(s.data_ptr(), t.device)] = s.nbytes()
+        return t
+
+    def checkpoint_input(self, module, args):
+        s = args[0].untyped_storage()
+        self.storages[(s.data_ptr(), args[0].device)] = s.nbytes()
+
+    def take(self):
+        total, self.storages = sum(self.storages.values()), {}
+        return total
+
+
+class CollectiveCounter:
+    """Counts the collectives between ``start()`` and ``stop()`` with torch.profiler, into ``counts``.
+
+    Every c10d collective is a dispatcher op whatever the backend: ``c10d::_allgather_base_`` (an all-gather;
+    ``c10d::allgather_`` for a list of outputs), ``c10d::_reduce_scatter_base_`` (a reduce-scatter),
+    ``c10d::allreduce_`` (an all-reduce)."""
+
+    OPS = {"c10d::_allgather_base_": "all_gather_calls", "c10d::allgather_": "all_gather_calls",  # FSDP1 on gloo
+           "c10d::_reduce_scatter_base_": "reduce_scatter_calls",
+           "c10d::allreduce_": "all_reduce_calls"}
+
+    def __init__(self, enabled):
+        self.enabled, self.counts, self.profiler = enabled, {}, None
+        if enabled:  # torch 2.13's profiler logs each start and stop; 2.8's CUDA wheel without a GPU, an error
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+    def start(self):
+        if self.enabled:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.start()
+
+    def stop(self):
+        if self.enabled:
+            self.profiler.stop()
+            self.counts = dict.fromkeys(self.OPS.values(), 0)
+            for event in self.profiler.events():
+                if event.name in self.OPS:
+                    self.counts[self.OPS[event.name]] += 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checkpoint_train.py: each save's and load's time and bytes per rank, the state a run loaded (--dump-loaded-state),
+# the per-step record across elastic restarts, and failures on purpose (--fail-*: a raise, a SIGKILL inside a save).
+# ---------------------------------------------------------------------------------------------------------------
+
+CHECKPOINT_MARKER, FULL_FILE = "checkpoint.json", "model_optim.pt"  # checkpoint_train.py's COMPLETE_MARKER, FULL_FILE
+
+
+def add_checkpoint_flags(p):
+    """Add ``checkpoint_train.py``'s workbook flags to its parser ``p``."""
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl and checkpoint_rank<RANK>.json (created if missing)")
+    p.add_argument("--dump-loaded-state", action="store_true",
+                   help="after loading, write the full model and optimizer state to "
+                        "<metrics-dir>/loaded_state.pt (rank 0) to compare round trips")
+    p.add_argument("--fail-rank", type=int, default=-1,
+                   help="inject a failure on this global rank, on the first attempt only (-1: none)")
+    p.add_argument("--fail-step", type=int, default=0,
+                   help="step at which the failure happens (raise: before the step; kill-during-save: "
+                        "during the save after that step)")
+    p.add_argument("--fail-mode", choices=["raise", "kill-during-save"], default="raise",
+                   help="raise: RuntimeError; kill-during-save: SIGKILL after writing part of the checkpoint")
+
+
+def check_checkpoint_flags(p, args):
+    """Refuse a kill during a save that never happens (``p.error`` exits with 2)."""
+    if args.fail_mode == "kill-during-save" and args.fail_rank >= 0 and (
+            args.save_every == 0 or args.fail_step % args.save_every):
+        p.error(f"--fail-step {args.fail_step} must be a multiple of --save-every {args.save_every} "
+                "with --fail-mode kill-during-save (the kill happens inside that step's save)")
+
+
+def attempt_number():
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))  # torchrun's restarts so far: 0 on the first attempt
+
+
+def inject_checkpoint_failure(args, rank, step, where):
+    """--fail-*, only on the first attempt (an elastic restart then succeeds): raise before the step
+    (``inject_failure``'s RuntimeError), or kill-during-save: SIGKILL inside the save (``where`` = "save")."""
+    if rank != args.fail_rank or step != args.fail_step or attempt_number() != 0:
+        return
+    if where == "step" and args.fail_mode == "raise":
+        inject_failure(args, rank, step, None)
+    if where == "save" and args.fail_mode == "kill-during-save":
+        sys.stdout.write(f"rank {rank}: killed by SIGKILL in the middle of the step-{step} save\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handler: like an OOM kill or a node loss
+
+
+class CheckpointStepRecorder:
+    """``checkpoint_train.py``'s measurements: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` and every
+    save and load, with its time and bytes, in ``<metrics-dir>/checkpoint_rank<RANK>.json`` (appended to by every
+    attempt). It also injects --fail-mode raise (``begin``)."""
+
+    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer):
+        self.args, self.rank, self.world_size, self.device, self.model, self.optimizer = (
+            args, rank, world_size, device, model, optimizer)
+        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank, "world_size": world_size,
+                       "attempt": attempt_number()}
+        self.resumed_from = 0  # the step of the checkpoint loaded (0: none)
+        self.metrics_dir = Path(args.metrics_dir)
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.events_path = self.metrics_dir / f"checkpoint_rank{rank}.json"
+        self.events = json.loads(self.events_path.read_text())["events"] if self.events_path.exists() else []  # earlier attempts
+        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # append: restarts add lines
+
+    def begin(self, step):
+        """At the start of ``step``: --fail-mode raise, a no-op by default."""
+        inject_checkpoint_failure(self.args, self.rank, step, "step")
+
+    @contextlib.contextmanager
+    def checkpoint_event(self, event, path=None, step=None):
+        """Around one save (``step``) or load (``path``): its wall time on this rank, barriers included, and the bytes
+        this rank wrote (its files in the step folder) or needed (its shards or whole tensors, plus the metadata)."""
+        start = time.perf_counter()
+        yield
+        time_s = time.perf_counter() - start
+        if event == "save":
+            self.log_event({"event": "save", "step": step, "format": self.args.format, "attempt": attempt_number(),
+                            "time_s": time_s, "bytes": self.bytes_written(Path(self.args.checkpoint_dir) / f"step-{step}")})
+            return
+        path = Path(path)
+        marker = json.loads((path / CHECKPOINT_MARKER).read_text())
+        self.resumed_from = marker["step"]
+        if marker["format"] == "dcp":
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            read = state_bytes({"model": model_sd, "optim": optim_sd}) + (path / ".metadata").stat().st_size
+        else:
+            read = (path / FULL_FILE).stat().st_size if self.rank == 0 else 0
+        own = path / f"extra_rank{self.rank}.pt"
+        read += (own if own.exists() else path / "extra_rank0.pt").stat().st_size
+        self.log_event({"event": "load", "step": marker["step"], "format": marker["format"], "attempt": attempt_number(),
+                        "saved_world_size": marker["world_size"], "time_s": time_s, "bytes": read, "path": str(path)})
+
+    def bytes_written(self, folder):
+        """Bytes of the files this rank wrote into the step folder: its own state, its shards; rank 0 also the
+        metadata (DCP) or the full file (the marker is not counted)."""
+        names = [f"extra_rank{self.rank}.pt"] + [p.name for p in folder.glob(f"__{self.rank}_*.distcp")]
+        if self.rank == 0:
+            names += [".metadata"] if self.args.format == "dcp" else [FULL_FILE]
+        return sum((folder / name).stat().st_size for name in names)
+
+    def log_event(self, event):
+        self.events.append(event)
+        self.events_path.write_text(json.dumps({"rank": self.rank, "world_size": self.world_size, "events": self.events}))
+
+    def dump_loaded_state(self):
+        """--dump-loaded-state: the full model and optimizer state right after the load, written by rank 0 (every rank
+        must call this: gathering a full state dict is a collective under FSDP)."""
+        if self.args.dump_loaded_state:
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                                 get_optimizer_state_dict)
+            full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, on rank 0's CPU only
+            model_sd = get_model_state_dict(self.model, options=full)
+            optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+            if self.rank == 0:
+                torch.save({"model": model_sd, "optim": optim_sd}, self.metrics_dir / "loaded_state.pt")
+
+    def step_done(self, step, loss, loss_global, lr, epoch, step_time_s):
+        self.file.write(json.dumps({
+            "step": step, **self.static, "resumed_from_step": self.resumed_from,
+            "loss_local": loss.item(), "loss_global": loss_global.item(), "lr": lr,
+            "epoch": epoch, "step_time_s": step_time_s, **memory_fields(self.model, self.optimizer, self.device),
+        }) + "\n")
+
+    def close(self):
+        self.file.close()
+
+
+def state_bytes(state):
+    """Tensor bytes held by this rank in a (nested) state dict; a DTensor counts its local shard."""
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return tensor_bytes([state]) if torch.is_tensor(state) else 0

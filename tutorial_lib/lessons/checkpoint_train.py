@@ -7,7 +7,7 @@ Run card
     torchrun --nproc-per-node 1 checkpoint_train.py --strategy fsdp2 \
         --resume ../other-run/checkpoints/step-6                              # 2-rank save, 1-rank load
     torchrun --nproc-per-node 2 --max-restarts 1 checkpoint_train.py --resume latest \
-        --save-every 4 --fail-rank 1 --fail-step 7                            # crash once, restart, resume
+        --save-every 4 --fail-rank 1 --fail-step 7        # crash once, restart, resume (--fail-*: _workbook.py)
 
 What it shows
     * a checkpoint is everything the next step depends on: model, optimizer, LR scheduler, grad
@@ -30,14 +30,13 @@ What it shows
     * ``--resume latest`` continues from the newest complete checkpoint (or starts fresh if there is
       none), which is what an elastic restart (torchrun ``--max-restarts``) needs.
 
-Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook's
-notebooks use to measure it and to break it on purpose (metrics, save/load costs, the loaded state, failure
-injection, flag checks), each called from the lesson in one marked line. Each rank appends one JSON line per step to
-``<metrics-dir>/rank<RANK>.jsonl`` (with ``attempt`` = TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``) and its
-save/load timings and bytes to ``<metrics-dir>/checkpoint_rank<RANK>.json``.
 Only torch and the Python standard library are imported, so the file can be copied to a cluster as is; DCP needs
 numpy installed beside torch (it gathers its save and load plans with ``gather_object``, which goes through numpy,
-and pip's torch does not install it).
+and pip's torch does not install it). In a workbook run, ``_workbook.py`` beside it adds what the notebooks use to
+measure it and to break it on purpose, each reached from a line marked ``# workbook``: one JSON line per step per rank
+in ``<metrics-dir>/rank<RANK>.jsonl`` (with ``attempt`` = TORCHELASTIC_RESTART_COUNT and ``resumed_from_step``), each
+save's and load's time and bytes in ``<metrics-dir>/checkpoint_rank<RANK>.json``, ``--dump-loaded-state`` and the
+failures on purpose (``--fail-rank``, ``--fail-step``, ``--fail-mode``).
 """
 
 import argparse
@@ -45,9 +44,7 @@ import contextlib
 import json
 import os
 import random
-import resource
 import shutil
-import signal
 import sys
 import time
 import warnings
@@ -65,6 +62,17 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy trains without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
+
+
+class NoRecorder:  # stands in for _workbook's recorder in a copy without _workbook.py: every call does nothing
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: contextlib.nullcontext()  # (and is an empty `with` where one is expected)
+
 
 COMPLETE_MARKER = "checkpoint.json"  # written last, inside the temporary folder, before the rename
 FULL_FILE = "model_optim.pt"
@@ -110,8 +118,27 @@ def parse_args(argv=None):
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, 30 on gloo")
-    add_workbook_flags(p)
-    return check_args(p, p.parse_args(argv))
+    if workbook:  # workbook
+        workbook.add_checkpoint_flags(p)  # workbook: --metrics-dir, --dump-loaded-state, --fail-*
+    args = check_args(p, p.parse_args(argv))
+    if workbook:  # workbook
+        workbook.check_checkpoint_flags(p, args)  # workbook
+    return args
+
+
+def check_args(p, args):
+    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
+    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "n_layers", "output_dim"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("save_every", "stop_at_step", "warmup_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    return args
 
 
 def setup(args):
@@ -294,7 +321,8 @@ def save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, ra
     extra = {"rng": rng_state(device), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
              "batches": batches.state_dict(), "step": step}
     torch.save(extra, tmp / f"extra_rank{rank}.pt")
-    maybe_fail(args, rank, step, "save")  # workbook: --fail-mode kill-during-save, a no-op by default
+    if workbook:  # workbook
+        workbook.inject_checkpoint_failure(args, rank, step, "save")  # workbook: --fail-mode kill-during-save
     # 2. model and optimizer
     if args.format == "dcp":
         # Every rank writes its own shards (__<rank>_0.distcp) in parallel; rank 0 adds .metadata.
@@ -378,7 +406,8 @@ def train(args, rank, local_rank, world_size, device):
     batches = ResumableBatches(args.dataset_size, args.batch_size, rank, world_size, args.seed)
     data_x, data_y = synthetic_dataset(args)
     torch.manual_seed(args.seed + 7919 * (rank + 1))  # each rank its own dropout masks
-    recorder = StepRecorder(args, rank, local_rank, world_size, device, model, optimizer)  # workbook
+    recorder = (workbook.CheckpointStepRecorder(args, rank, local_rank, world_size, device, model, optimizer)  # workbook
+                if workbook else NoRecorder())  # workbook
     attempt, resumed_from = attempt_number(), 0
     path = resume_path(args)
     if path is not None:
@@ -396,7 +425,7 @@ def train(args, rank, local_rank, world_size, device):
     loss_fn = nn.MSELoss()
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
     for step in range(resumed_from + 1, last_step + 1):
-        maybe_fail(args, rank, step, "step")  # workbook: --fail-mode raise, a no-op by default
+        recorder.begin(step)  # workbook: --fail-mode raise, a no-op by default
         t0 = time.perf_counter()
         idx = batches.next_indices()
         x, y = data_x[idx].to(device), data_y[idx].to(device)
@@ -416,7 +445,7 @@ def train(args, rank, local_rank, world_size, device):
             with recorder.checkpoint_event("save", step=step):  # workbook: this rank's save time and bytes
                 save_checkpoint(args, step, model, optimizer, scheduler, scaler, batches, rank, world_size, device)
             sys.stdout.write(f"step {step}: saved step-{step} ({args.format}) loss_global {loss_global.item():.5f}\n")
-    recorder.close()
+    recorder.close()  # workbook
     barrier()  # nobody tears the process group down while a peer still uses it
 
 
@@ -428,165 +457,6 @@ def main():
         train(args, rank, local_rank, world_size, device)
     finally:
         cleanup()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: not needed to train or checkpoint on a cluster.
-# What the notebooks use to measure this script and to break it on purpose, each called from the lesson above in one
-# marked line: flag checks, the per-step metrics record (one JSON line per step per rank), each save's and load's time
-# and bytes per rank, the state a run loaded (--dump-loaded-state), and failure injection (--fail-*).
-# ---------------------------------------------------------------------------------------------------------------
-
-def add_workbook_flags(p):
-    p.add_argument("--metrics-dir", type=str, default="metrics",
-                   help="folder for rank<RANK>.jsonl and checkpoint_rank<RANK>.json (created if missing)")
-    p.add_argument("--dump-loaded-state", action="store_true",
-                   help="after loading, write the full model and optimizer state to "
-                        "<metrics-dir>/loaded_state.pt (rank 0) to compare round trips")
-    p.add_argument("--fail-rank", type=int, default=-1,
-                   help="inject a failure on this global rank, on the first attempt only (-1: none)")
-    p.add_argument("--fail-step", type=int, default=0,
-                   help="step at which the failure happens (raise: before the step; kill-during-save: "
-                        "during the save after that step)")
-    p.add_argument("--fail-mode", choices=["raise", "kill-during-save"], default="raise",
-                   help="raise: RuntimeError; kill-during-save: SIGKILL after writing part of the checkpoint")
-
-
-def check_args(p, args):
-    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
-    for name in ("max_steps", "batch_size", "dataset_size", "input_dim", "hidden_dim", "n_layers", "output_dim"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("save_every", "stop_at_step", "warmup_steps"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not 0 <= args.dropout < 1:
-        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.pg_timeout_s <= 0:
-        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
-    if args.fail_mode == "kill-during-save" and args.fail_rank >= 0 and (
-            args.save_every == 0 or args.fail_step % args.save_every):
-        p.error(f"--fail-step {args.fail_step} must be a multiple of --save-every {args.save_every} "
-                "with --fail-mode kill-during-save (the kill happens inside that step's save)")
-    return args
-
-
-def maybe_fail(args, rank, step, where):
-    """Inject the requested failure, only on the first attempt (an elastic restart then succeeds)."""
-    if rank != args.fail_rank or step != args.fail_step or attempt_number() != 0:
-        return
-    if where == "step" and args.fail_mode == "raise":
-        raise RuntimeError(f"injected failure on rank {rank} at step {step} (--fail-rank/--fail-step)")
-    if where == "save" and args.fail_mode == "kill-during-save":
-        sys.stdout.write(f"rank {rank}: killed by SIGKILL in the middle of the step-{step} save\n")
-        sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handler: like an OOM kill or a node loss
-
-
-class StepRecorder:
-    """This rank's measurements: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` and every save and load,
-    with its time and bytes, in ``<metrics-dir>/checkpoint_rank<RANK>.json`` (appended to by every attempt)."""
-
-    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer):
-        self.args, self.rank, self.world_size, self.device, self.model, self.optimizer = (
-            args, rank, world_size, device, model, optimizer)
-        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank, "world_size": world_size,
-                       "attempt": attempt_number()}
-        self.resumed_from = 0  # the step of the checkpoint loaded (0: none)
-        self.metrics_dir = Path(args.metrics_dir)
-        self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        self.events_path = self.metrics_dir / f"checkpoint_rank{rank}.json"
-        self.events = json.loads(self.events_path.read_text())["events"] if self.events_path.exists() else []  # earlier attempts
-        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # append: restarts add lines
-
-    @contextlib.contextmanager
-    def checkpoint_event(self, event, path=None, step=None):
-        """Around one save (``step``) or load (``path``): its wall time on this rank, barriers included, and the bytes
-        this rank wrote (its files in the step folder) or needed (its shards or whole tensors, plus the metadata)."""
-        start = time.perf_counter()
-        yield
-        time_s = time.perf_counter() - start
-        if event == "save":
-            self.log_event({"event": "save", "step": step, "format": self.args.format, "attempt": attempt_number(),
-                            "time_s": time_s, "bytes": self.bytes_written(Path(self.args.checkpoint_dir) / f"step-{step}")})
-            return
-        path = Path(path)
-        marker = json.loads((path / COMPLETE_MARKER).read_text())
-        self.resumed_from = marker["step"]
-        if marker["format"] == "dcp":
-            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-            read = state_bytes({"model": model_sd, "optim": optim_sd}) + (path / ".metadata").stat().st_size
-        else:
-            read = (path / FULL_FILE).stat().st_size if self.rank == 0 else 0
-        own = path / f"extra_rank{self.rank}.pt"
-        read += (own if own.exists() else path / "extra_rank0.pt").stat().st_size
-        self.log_event({"event": "load", "step": marker["step"], "format": marker["format"], "attempt": attempt_number(),
-                        "saved_world_size": marker["world_size"], "time_s": time_s, "bytes": read, "path": str(path)})
-
-    def bytes_written(self, folder):
-        """Bytes of the files this rank wrote into the step folder: its own state, its shards; rank 0 also the
-        metadata (DCP) or the full file (the marker is not counted)."""
-        names = [f"extra_rank{self.rank}.pt"] + [p.name for p in folder.glob(f"__{self.rank}_*.distcp")]
-        if self.rank == 0:
-            names += [".metadata"] if self.args.format == "dcp" else [FULL_FILE]
-        return sum((folder / name).stat().st_size for name in names)
-
-    def log_event(self, event):
-        self.events.append(event)
-        self.events_path.write_text(json.dumps({"rank": self.rank, "world_size": self.world_size, "events": self.events}))
-
-    def dump_loaded_state(self):
-        """--dump-loaded-state: the full model and optimizer state right after the load, written by rank 0 (every rank
-        must call this: gathering a full state dict is a collective under FSDP)."""
-        if self.args.dump_loaded_state:
-            model_sd = get_model_state_dict(self.model, options=full_options())
-            optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=full_options())
-            if self.rank == 0:
-                torch.save({"model": model_sd, "optim": optim_sd}, self.metrics_dir / "loaded_state.pt")
-
-    def step_done(self, step, loss, loss_global, lr, epoch, step_time_s):
-        self.file.write(json.dumps({
-            "step": step, **self.static, "resumed_from_step": self.resumed_from,
-            "loss_local": loss.item(), "loss_global": loss_global.item(), "lr": lr,
-            "epoch": epoch, "step_time_s": step_time_s, **memory_fields(self.model, self.optimizer, self.device),
-        }) + "\n")
-
-    def close(self):
-        self.file.close()
-
-
-def tensor_bytes(tensors):
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard only
-        total += local.numel() * local.element_size()
-    return total
-
-
-def state_bytes(state):
-    """Tensor bytes held by this rank in a (nested) state dict; a DTensor counts its local shard."""
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    return tensor_bytes([state]) if torch.is_tensor(state) else 0
-
-
-def memory_fields(model, optimizer, device):
-    params = list(model.parameters())
-    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    fields = {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params),
-              "optimizer_state_bytes": tensor_bytes(state)}
-    if device.type == "cuda":
-        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
-    else:
-        with open("/proc/self/statm") as f:  # Linux; fields are in pages
-            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return fields
 
 
 if __name__ == "__main__":

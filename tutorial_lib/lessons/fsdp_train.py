@@ -19,34 +19,38 @@ What it shows
     * activation checkpointing keeps only each block's input and recomputes the rest in backward;
     * wrap granularity: one FSDP unit per block, one unit for the whole model, or one per Linear.
 
-Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook's
-notebooks use to measure it (metrics, memory, activation bytes, collective counts, flag checks), each called from the
-lesson in one marked line. Each rank appends one JSON line per step to ``<metrics-dir>/rank<RANK>.jsonl`` with exact
-tensor bytes of its parameters, gradients and optimizer state (local shards), the bytes saved for backward
-(activations), RSS on CPU and the allocator peak on CUDA; ``<metrics-dir>/model_rank<RANK>.json`` lists the parameter
-shapes (for the analytic memory model) and the FSDP units (FSDP2: which parameters each unit gathers).
-With ``--count-collectives`` each line also counts the step's all-gathers, reduce-scatters and all-reduces
-(``all_gather_calls``, ``reduce_scatter_calls``, ``all_reduce_calls``; torch.profiler).
-Only torch and the Python standard library are used, so the file can be copied to a cluster as is.
+Only torch and the Python standard library are used, so the file can be copied to a cluster as is. In a workbook run,
+``_workbook.py`` beside it adds the notebooks' measurements, each reached from a line marked ``# workbook``: one JSON
+line per step per rank in ``<metrics-dir>/rank<RANK>.jsonl`` with the exact bytes of this rank's parameters, gradients
+and optimizer state (local shards), the bytes saved for backward (activations), RSS on CPU and the allocator peak on
+CUDA; ``<metrics-dir>/model_rank<RANK>.json`` with the parameter shapes (for the analytic memory model) and the FSDP
+units; and with ``--count-collectives`` the step's all-gathers, reduce-scatters and all-reduces (torch.profiler).
 """
 
 import argparse
 import contextlib
 import functools
-import json
-import math
 import os
-import resource
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy trains without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
+
+
+class NoRecorder:  # stands in for _workbook's recorder in a copy without _workbook.py: every call does nothing
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: contextlib.nullcontext()  # (and is an empty `with` where one is expected)
+
 
 STRATEGIES = ("ddp", "fsdp2", "fsdp1")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -96,8 +100,31 @@ def parse_args(argv=None):
                         "aot_eager (traces forward and backward, runs them eagerly: quick to compile)")
     p.add_argument("--no-optimize-ddp", action="store_true",
                    help="ddp + compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
-    add_workbook_flags(p)
+    if workbook:  # workbook
+        workbook.add_fsdp_flags(p)  # workbook: --metrics-dir, --count-collectives
     return check_args(p, p.parse_args(argv))
+
+
+def check_args(p, args):
+    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum_steps", "max_steps"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.dim % args.n_heads:
+        p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
+    if args.pg_timeout_s <= 0:
+        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
+    if args.compile and args.strategy == "fsdp1":
+        p.error("--compile is implemented for --strategy ddp and fsdp2 (each block compiled, then wrapped), got fsdp1")
+    if args.no_optimize_ddp and not (args.compile and args.strategy == "ddp"):
+        p.error("--no-optimize-ddp changes how torch.compile splits DDP's graph: it needs --compile --strategy ddp")
+    if args.cpu_offload and args.strategy != "fsdp2":
+        p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.precision == "fp16" and not use_cuda:
+        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
+        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
+    return args
 
 
 def setup(args):
@@ -294,7 +321,8 @@ def train(args, rank, world_size, device):
     scaler = make_scaler(args, device)
     # DDP has no mixed-precision policy: autocast casts per op instead (FSDP2/FSDP1 get it from the policy).
     autocast = args.strategy == "ddp" and args.precision != "fp32"
-    recorder = StepRecorder(args, rank, world_size, device, model, optimizer, scaler, shapes)  # workbook
+    recorder = (workbook.FSDPStepRecorder(args, rank, world_size, device, model, optimizer, scaler, shapes)  # workbook
+                if workbook else NoRecorder())  # workbook
     for step in range(1, args.max_steps + 1):
         t0 = time.perf_counter()
         recorder.step_start()  # workbook: --count-collectives starts counting this step's collectives
@@ -309,10 +337,10 @@ def train(args, rank, world_size, device):
             # gradients between micro-steps, the memory that sharding saves.
             skip_sync = args.strategy == "ddp" and dist.is_initialized() and micro < args.grad_accum_steps - 1
             with model.no_sync() if skip_sync else contextlib.nullcontext():
-                with recorder.saved_activations(), \
-                        torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):  # workbook
-                    logits = model(x)
-                    loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
+                with recorder.saved_activations():  # workbook: the bytes this forward keeps for backward
+                    with torch.autocast(device.type, dtype=dtype_of(args.precision), enabled=autocast):
+                        logits = model(x)
+                        loss = F.cross_entropy(logits.float().view(-1, args.vocab_size), y.view(-1)) / args.grad_accum_steps
                 (scaler.scale(loss) if scaler else loss).backward()  # DDP all-reduces / FSDP reduce-scatters here
             loss_sum += loss.detach()
         recorder.gradients()  # workbook: gradient elements that underflowed (fp16), the scale backward used
@@ -332,7 +360,7 @@ def train(args, rank, world_size, device):
         recorder.step_done(step, loss_sum, loss_global, step_time_s)  # workbook: one JSON line per step
         sys.stdout.write(f"step {step}/{args.max_steps} loss_global {loss_global.item():.5f} "
                          f"step_time_s {step_time_s:.3f}\n")  # one write per line: ranks never interleave
-    recorder.close()
+    recorder.close()  # workbook
     if dist.is_initialized():
         dist.barrier()  # nobody tears the process group down while a peer still uses it
 
@@ -345,213 +373,6 @@ def main():
         train(args, rank, world_size, device)
     finally:
         cleanup()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: not needed to train on a cluster.
-# What the notebooks use to measure this script, each called from the lesson above in one marked line: flag checks,
-# the per-step metrics record (one JSON line per step per rank), exact memory per rank, the bytes each forward keeps
-# for backward, the blocks' forward calls, the FSDP units and the collectives each step runs (--count-collectives).
-# ---------------------------------------------------------------------------------------------------------------
-
-def add_workbook_flags(p):
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
-    p.add_argument("--count-collectives", action="store_true",
-                   help="count each step's all-gathers, reduce-scatters and all-reduces with torch.profiler "
-                        "(metric keys all_gather_calls, reduce_scatter_calls, all_reduce_calls)")
-
-
-def check_args(p, args):
-    """Refuse bad values before anything starts, naming the flag and the value (argparse exits with 2)."""
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum_steps", "max_steps"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if args.dim % args.n_heads:
-        p.error(f"--n-heads must divide --dim, got --dim {args.dim} --n-heads {args.n_heads}")
-    if args.pg_timeout_s <= 0:
-        p.error(f"--pg-timeout-s must be > 0, got {args.pg_timeout_s}")
-    if args.compile and args.strategy == "fsdp1":
-        p.error("--compile is implemented for --strategy ddp and fsdp2 (each block compiled, then wrapped), got fsdp1")
-    if args.no_optimize_ddp and not (args.compile and args.strategy == "ddp"):
-        p.error("--no-optimize-ddp changes how torch.compile splits DDP's graph: it needs --compile --strategy ddp")
-    if args.cpu_offload and args.strategy != "fsdp2":
-        p.error(f"--cpu-offload is implemented for --strategy fsdp2 only, got --strategy {args.strategy}")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if args.precision == "fp16" and not use_cuda:
-        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
-        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
-    return args
-
-
-class StepRecorder:
-    """This rank's measurements: ``<metrics-dir>/model_rank<RANK>.json`` once, and one JSON line per step in
-    ``<metrics-dir>/rank<RANK>.jsonl`` (the keys of ``row`` below, the workbook's contract with its notebooks)."""
-
-    def __init__(self, args, rank, world_size, device, model, optimizer, scaler, shapes):
-        self.args, self.rank, self.world_size, self.device = args, rank, world_size, device
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
-        self.activations = SavedActivations()
-        self.block_forwards = 0  # forward calls of the blocks per step: checkpointing recomputes each one in backward
-        for m in model.modules():
-            if isinstance(m, Block):
-                m.register_forward_pre_hook(self.count_block_forward)
-        if args.activation_checkpointing:
-            for m in model.modules():
-                if type(m).__name__ == "CheckpointWrapper":
-                    m.register_forward_pre_hook(self.activations.checkpoint_input)
-        self.units = fsdp_units(model, args.strategy)
-        metrics_dir = Path(args.metrics_dir)
-        metrics_dir.mkdir(parents=True, exist_ok=True)
-        (metrics_dir / f"model_rank{rank}.json").write_text(json.dumps({
-            "rank": rank, "world_size": world_size, "strategy": args.strategy, "shapes": shapes,
-            "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(self.units),
-            "unit_params": self.units, "args": vars(args)}))
-        self.file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
-        self.collectives = CollectiveCounter(args.count_collectives)
-
-    def count_block_forward(self, module, inputs):
-        self.block_forwards += 1
-
-    def step_start(self):
-        self.collectives.start()  # --count-collectives: this step's forward, backward and optimizer step
-        self.saved_bytes, self.zero_grads, self.block_forwards = 0, None, 0
-
-    @contextlib.contextmanager
-    def saved_activations(self):
-        """Around one forward (and its loss): the largest bytes a forward of this step kept for backward."""
-        with torch.autograd.graph.saved_tensors_hooks(self.activations.pack, lambda t: t):
-            yield
-        self.saved_bytes = max(self.saved_bytes, self.activations.take())
-
-    def gradients(self):
-        """After the last backward of the step, before the optimizer step: zeros (fp16) and the scale used."""
-        if self.args.precision == "fp16":  # gradient elements that underflowed to exactly 0 (scaled ones, with a scaler)
-            self.zero_grads = sum(int((local(p.grad) == 0).sum()) for p in self.model.parameters() if p.grad is not None)
-        self.loss_scale = self.scaler.get_scale() if self.scaler else 1.0  # the scale this step's backward used
-
-    def optimizer_done(self):
-        self.collectives.stop()  # (the loss all-reduce after it is the workbook's, not training's)
-
-    def step_done(self, step, loss_sum, loss_global, step_time_s):
-        args = self.args
-        row = {"step": step, "max_steps": args.max_steps, "rank": self.rank, "world_size": self.world_size,
-               "device": str(self.device), "strategy": args.strategy, "precision": args.precision,
-               "loss_local": loss_sum.item(), "loss_global": loss_global.item(), "step_time_s": step_time_s,
-               "samples_per_s": args.batch_size * args.grad_accum_steps / step_time_s,
-               "fsdp_units": len(self.units), "activation_bytes": self.saved_bytes, "block_forwards": self.block_forwards,
-               "grad_scaler": self.scaler is not None, "loss_scale": self.loss_scale,
-               **memory_fields(self.model, self.optimizer, self.device), **self.collectives.counts}
-        if self.zero_grads is not None:
-            row["grad_zero_elements"] = self.zero_grads
-        self.file.write(json.dumps(row) + "\n")
-
-    def close(self):
-        self.file.close()
-
-
-def fsdp_units(model, strategy):
-    """The FSDP units of a wrapped model: FSDP2, ``{unit: [the parameters it all-gathers]}`` (names as before
-    checkpoint wrapping; a parameter belongs to the innermost unit that contains it, the rest to ``root``); FSDP1,
-    one empty entry per unit (counted only); DDP, none."""
-    if strategy == "ddp":
-        return {}
-    if strategy == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        return {f"unit{i}": [] for i in range(sum(isinstance(m, FSDP) for m in model.modules()))}
-    from torch.distributed.fsdp import FSDPModule
-    names = [name for name, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model]
-    prefixes = sorted((name + "." for name in names), key=len, reverse=True)
-    membership = {}
-    for name, _ in model.named_parameters():
-        plain = name.replace("_checkpoint_wrapped_module.", "")
-        unit = next((p[:-1] for p in prefixes if name.startswith(p)), "root").replace("._checkpoint_wrapped_module", "")
-        membership.setdefault(unit.replace("_checkpoint_wrapped_module.", ""), []).append(plain)
-    return membership
-
-
-def local(t):
-    """This rank's part of a tensor: the local shard of a DTensor (FSDP2), the tensor itself otherwise."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def tensor_bytes(tensors):
-    return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
-
-
-def memory_fields(model, optimizer, device):
-    """Exact bytes of this rank's parameters, gradients and optimizer state, plus RSS (CPU) or allocator peak."""
-    params = list(model.parameters())
-    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    fields = {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params),
-              "optimizer_state_bytes": tensor_bytes(state),
-              "param_device": str(local(params[0]).device)}
-    if device.type == "cuda":
-        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
-    else:
-        with open("/proc/self/statm") as f:  # Linux; fields are in pages
-            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return fields
-
-
-class SavedActivations:
-    """Counts the bytes autograd keeps for backward during one forward: the activation memory.
-
-    Every tensor saved for backward passes the pack hook; parameters (leaves that require grad, or views of
-    them) are not activations and are skipped; storages are counted once. Inside a non-reentrant checkpoint
-    the checkpoint's own hooks take over and nothing is saved, but each checkpointed block keeps its input
-    for the recomputation: a forward pre-hook on the wrapper adds those bytes. Under DDP's autocast the bf16
-    copies of the weights that matmuls save are counted too: they are memory held for backward.
-    """
-
-    def __init__(self):
-        self.storages = {}
-
-    def pack(self, t):
-        base = t._base if t._base is not None else t
-        if not (base.requires_grad and base.is_leaf):
-            s = t.untyped_storage()
-            self.storages[(s.data_ptr(), t.device)] = s.nbytes()
-        return t
-
-    def checkpoint_input(self, module, args):
-        s = args[0].untyped_storage()
-        self.storages[(s.data_ptr(), args[0].device)] = s.nbytes()
-
-    def take(self):
-        total, self.storages = sum(self.storages.values()), {}
-        return total
-
-
-class CollectiveCounter:
-    """Counts the collectives between ``start()`` and ``stop()`` with torch.profiler, into ``counts``.
-
-    Every c10d collective is a dispatcher op whatever the backend: ``c10d::_allgather_base_`` (an all-gather;
-    ``c10d::allgather_`` for a list of outputs), ``c10d::_reduce_scatter_base_`` (a reduce-scatter),
-    ``c10d::allreduce_`` (an all-reduce)."""
-
-    OPS = {"c10d::_allgather_base_": "all_gather_calls", "c10d::allgather_": "all_gather_calls",  # FSDP1 on gloo
-           "c10d::_reduce_scatter_base_": "reduce_scatter_calls",
-           "c10d::allreduce_": "all_reduce_calls"}
-
-    def __init__(self, enabled):
-        self.enabled, self.counts, self.profiler = enabled, {}, None
-        if enabled:  # torch 2.13's profiler logs each start and stop; 2.8's CUDA wheel without a GPU, an error
-            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-
-    def start(self):
-        if self.enabled:
-            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            self.profiler.start()
-
-    def stop(self):
-        if self.enabled:
-            self.profiler.stop()
-            self.counts = dict.fromkeys(self.OPS.values(), 0)
-            for event in self.profiler.events():
-                if event.name in self.OPS:
-                    self.counts[self.OPS[event.name]] += 1
 
 
 if __name__ == "__main__":
