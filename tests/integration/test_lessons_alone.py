@@ -96,7 +96,7 @@ COMMANDS = {
     "unused_params": [("torchrun", ["--loss-uses", "both", "--max-steps", 2, "--hidden-dim", 16])],
 }
 # What a copied lesson may leave in its folder (besides itself).
-WRITES = {"checkpoint_train": {"metrics", "checkpoints"}, "train_hf": {"metrics", "tiny"}}
+WRITES = {"checkpoint_train": {"checkpoints"}, "train_hf": {"metrics", "tiny"}}
 # What torch itself leaves in TMPDIR, empty: torchrun's log folder and inductor's cache folder.
 TORCH_TEMP = re.compile(r"torchelastic_\w+|torchinductor_\w+")
 # What the probe reports importable in the lesson's folder, before the launch.
@@ -314,11 +314,11 @@ def steps_done(run: Run, pattern: str, steps: int):
 
 
 def check_checkpoint_train(run):
-    steps_done(run, "metrics/rank{}.jsonl", 2)
-    assert "step 2: saved step-2 (dcp)" in run.output()
+    # alone: the checkpoint, no metrics (the per-step records and save timings are _workbook.py's, issue 48)
+    assert len(re.findall(r"^step 2: saved step-2 \(dcp\) loss_global \d+\.\d+$", run.output(), re.M)) == 2
     assert sorted(os.listdir(run.folder / "checkpoints")) == ["step-2"], "complete, no .tmp-step-2 left"
     assert run.json("checkpoints/step-2/checkpoint.json")["step"] == 2
-    assert all(r["events"][0]["event"] == "save" for r in run.per_rank("metrics/checkpoint_rank{}.json"))
+    assert not (run.folder / "metrics").exists()
 
 
 def check_collective_mismatch(run):
@@ -384,9 +384,11 @@ def check_fsdp_knobs(run):
 
 
 def check_fsdp_train(run):
-    steps_done(run, "metrics/rank{}.jsonl", 2)
-    assert run.json("metrics/model_rank0.json")["strategy"] == "fsdp2"
-    assert "step 2/2 loss_global" in run.output()
+    # alone: both ranks print the same global loss each step; the JSON records are _workbook.py's (issue 48)
+    losses = re.findall(r"^step (\d)/2 loss_global (\S+) step_time_s", run.output(), re.M)
+    assert sorted(step for step, _ in losses) == ["1", "1", "2", "2"], run.output()
+    assert len({loss for step, loss in losses if step == "2"}) == 1, "one global loss"
+    assert not (run.folder / "metrics").exists()
 
 
 def check_ft_train(run):

@@ -248,7 +248,7 @@ def ranks_by_node(run_dir: Path) -> dict[int, set[int]]:
     losses = {int(rank): {f"{loss:.5f}" for loss in group["loss_local"]} for rank, group in metrics.groupby("rank")}
     found = {}
     for node, folders in rank_folders(run_dir).items():
-        printed = [set(re.findall(r"loss_local (\S+)", (folder / "stdout.log").read_text())) for folder in folders]
+        printed = [set(re.findall(r"\(this rank's (\S+)\)", (folder / "stdout.log").read_text())) for folder in folders]
         found[node] = {rank for lines in printed for rank, logged in losses.items() if lines and lines <= logged}
     return found
 

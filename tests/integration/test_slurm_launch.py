@@ -69,7 +69,7 @@ def test_a_two_node_ddp_launch_streams_every_rank_and_leaves_a_run_directory_lik
     # The cell saw the job's state and every rank's lines, rank-prefixed, streamed from the nodes' files.
     assert f"SLURM job {job.job_id}: RUNNING on node[0-1]" in shown and f"SLURM job {job.job_id}: COMPLETED" in shown
     for rank in range(4):
-        assert re.search(rf"^\[rank {rank}\] step 6/6 ", shown, re.M), shown[-2000:]
+        assert re.search(rf"^\[rank {rank}\] step 6/6: ", shown, re.M), shown[-2000:]
     log = (run_dir / "output.log").read_text()
     assert {int(r) for r in re.findall(r"^\[rank (\d+)\] step 6/6", log, re.M)} == {0, 1, 2, 3}
     # The run directory: the sbatch command and the batch script, per-node logs in the local layout, run.json.
