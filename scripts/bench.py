@@ -28,13 +28,18 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                where the kernel's own work is a larger share of a shorter whole]
     gpu        when CUDA exists: nccl all_reduce bus bandwidth for a size sweep, bf16 vs fp32 step time,
                FSDP2 vs DDP peak allocated memory per GPU
-    compile    (only when asked: ``--only compile``, about 10 minutes on 2 cores) train_lm.py --compile (inductor, one
-               CPU process) tokens/s against its own eager run and against nanoGPT's ``train.py --compile=True`` at
-               nanoGPT's small configuration (``config/train_shakespeare_char.py``), ``OMP_NUM_THREADS`` equal, on the
-               same bytes; the ratios printed with the commands used [train_lm compiled / eager >= nanoGPT's own
-               compiled / eager (its eager run is measured too); train_lm compiled >= 0.9 x nanoGPT compiled].
-               nanoGPT is read from ``--nanogpt-dir`` (a checkout of karpathy/nanoGPT; the README's comparison
-               used 3adf61e)
+    nanogpt    (only when asked: ``--only nanogpt``, or ``compile``, its old name; about 25 minutes on 2 cores at the
+               defaults) train_lm.py against nanoGPT's ``train.py`` at nanoGPT's small configuration
+               (``config/train_shakespeare_char.py``: 6 x 384, block 256, batch 64, dropout 0.2), fp32, one CPU process
+               each with ``OMP_NUM_THREADS`` equal (``--threads``, 1), on the same bytes, eager and compiled
+               (``--compile`` / ``--compile=True``, inductor): ``--nanogpt-rounds`` alternated rounds (the two
+               programs side by side in each, the order flipped every round), each run ``--nanogpt-warmup`` steps
+               and then ``--nanogpt-steps`` measured ones, a step timed as the interval between the lines the
+               programs print after each step (both log every step). A run's tokens/s: the median of its measured
+               steps; each round's train_lm / nanoGPT, the load average at each run's start and the commands are
+               printed; the figure: the median of the rounds' ratios [train_lm / nanoGPT >= 1.0, eager and
+               compiled]. nanoGPT is read from ``--nanogpt-dir`` (a checkout of karpathy/nanoGPT; the figures in
+               docs/benchmarks.md used 3adf61e)
     soak       (only when asked: ``--only soak``, about 40 minutes at the defaults) ``--soak-launches`` back-to-back
                launches of a short lesson script and as many of a plain script that ends the way the seeds'
                do (``destroy_process_group()`` and return): spurious failures [<= 0], and every exit abort
@@ -47,9 +52,11 @@ Machine load distorts every ratio: run it on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -69,14 +76,16 @@ from tutorial_lib.launcher.job import free_port  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
 SECTIONS = ("lessons", "launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu", "soak", "matrix",
-            "compile")
-# soak (launches + matrix), matrix, compile: when asked for
+            "nanogpt", "compile")
+# soak (launches + matrix), matrix, nanogpt (compile: its old name): when asked for
 DEFAULT_SECTIONS = ("lessons", "launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu")
 
 
-def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "") -> dict:
-    ok = None if target is None else value <= target
-    return {"benchmark": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok, "note": note}
+def row(name: str, value: float, target: float | None, unit: str = "x", note: str = "", at_least: bool = False) -> dict:
+    """A table row; the target is a ceiling (value <= target), or with ``at_least`` a floor (value >= target)."""
+    ok = None if target is None else (value >= target if at_least else value <= target)
+    return {"benchmark": name, "value": round(value, 4), "unit": unit, "target": target, "ok": ok, "note": note,
+            "at_least": at_least}
 
 
 def bench_lessons() -> list[dict]:
@@ -455,14 +464,17 @@ def failure_matrix(root: Path, repeats: int) -> list[dict]:
 
 
 # nanoGPT's small configuration (config/train_shakespeare_char.py: 6 layers, width 384, 6 heads, 256-token windows,
-# batch 64, dropout 0.2), fp32, one CPU process; train_lm.py with the same shape (the README's eager comparison).
+# batch 64, dropout 0.2), fp32, one CPU process; train_lm.py with the same shape. Both print a line every step.
 NANOGPT_ARGS = ["config/train_shakespeare_char.py", "--dataset=stdlib", "--device=cpu", "--dtype=float32",
                 "--eval_iters=1", "--eval_interval=100000", "--log_interval=1", "--always_save_checkpoint=False"]
 TRAIN_LM_ARGS = ["--parallel", "none", "--n-layers", 6, "--d-model", 384, "--n-heads", 6, "--block-size", 256,
                  "--batch-size", 64, "--dropout", 0.2, "--precision", "fp32", "--lr", 1e-3, "--warmup-steps", 100,
-                 "--eval-windows", 1]
-NANOGPT_ITER = r"iter (\d+): loss [\d.]+, time ([\d.]+)ms"
-SKIP_STEPS = 2  # the first steps compile (and recompile): tokens/s counts the steps after them
+                 "--eval-windows", 1, "--log-every", 1]
+TOKENS_PER_STEP = 64 * 256  # batch 64 x block 256, no accumulation, in both
+# The line each program prints after a step (group 1: the step; nanoGPT counts from 0, train_lm from 1).
+STEP_LINE = {"train_lm": re.compile(r"step (\d+)/\d+ loss"), "nanoGPT": re.compile(r"iter (\d+): loss")}
+NANOGPT_ITER = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")  # nanoGPT's own clock
+NANOGPT_MODES = ("eager", "compiled")
 
 
 def write_nanogpt_data(nanogpt: Path) -> None:
@@ -479,51 +491,147 @@ def write_nanogpt_data(nanogpt: Path) -> None:
     (folder / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 256}))
 
 
-def timed_run(command: list, cwd: Path, threads: int) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(map(str, command))} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return proc.stdout
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has run so far (Linux: /proc/PID/stat's utime and stime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # after "pid (name)": state, ppid, ..., utime (12th), stime
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_compile(root: Path, nanogpt: Path, steps: int, threads: int) -> list[dict]:
-    """tokens/s after compiling: train_lm.py --compile vs its eager run (against nanoGPT's own compiled / eager ratio,
-    the target), and vs nanoGPT's train.py --compile=True (target >= 0.9)."""
-    import re
+def line_times(command: list, cwd: Path, env: dict, pattern: re.Pattern, log: Path,
+               timeout_s: float = 3600) -> tuple[dict, dict, str]:
+    """Run ``command``, reading its output as it comes: {step: monotonic time its line arrived}, {step: the process's
+    CPU seconds then}, and the output.
+
+    The interval between two consecutive step lines is one whole turn of the training loop, whatever the program does
+    in it (data, forward, backward, clipping, the optimizer, its logging and metrics): the same clock for both
+    programs. stdout is unbuffered (PYTHONUNBUFFERED=1), so a line arrives when it is printed. The CPU seconds are
+    the same turns counted in the process's own CPU time, which other work on the machine inflates much less."""
+    import threading
+    wall, cpu, lines = {}, {}, []
+    with open(log, "w") as err:
+        proc = subprocess.Popen([str(c) for c in command], cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"},
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                now = time.monotonic()
+                lines.append(line)
+                m = pattern.match(line)
+                if m:
+                    wall[int(m[1])] = now
+                    with contextlib.suppress(OSError):  # the process may end right after its last line
+                        cpu[int(m[1])] = cpu_seconds(proc.pid)
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+    if rc:
+        raise RuntimeError(f"{' '.join(map(str, command))} failed ({rc}): {log.read_text()[-2000:]}")
+    return wall, cpu, "".join(lines)
+
+
+def measured_intervals(stamps: dict, warmup: int, steps: int) -> list[float]:
+    """The seconds of steps warmup+1 .. warmup+steps (counting the program's first step as 1): each the interval
+    between its line and the line before. Needs the lines of steps 1 .. warmup+steps, consecutive."""
+    if warmup < 1:
+        raise ValueError("warmup must be >= 1: the first step has no line before it")
+    keys = sorted(stamps)
+    if len(keys) < warmup + steps or keys[:warmup + steps] != list(range(keys[0], keys[0] + warmup + steps)):
+        raise ValueError(f"need {warmup + steps} consecutive step lines, got steps {keys}")
+    times = [stamps[k] for k in keys[:warmup + steps]]
+    return [b - a for a, b in zip(times[warmup - 1:], times[warmup:])]
+
+
+def round_summary(rounds: list[dict], clock: str = "") -> dict:
+    """Per-round figures of both programs -> each round's train_lm / nanoGPT, their median (the figure), and the
+    median of each program's figure over the rounds. ``clock``: "" (tokens/s), " cpu" (tokens per CPU second)."""
+    ratios = [r["train_lm" + clock] / r["nanoGPT" + clock] for r in rounds]
+    return {"ratios": ratios, "ratio": statistics.median(ratios),
+            "train_lm": statistics.median(r["train_lm" + clock] for r in rounds),
+            "nanoGPT": statistics.median(r["nanoGPT" + clock] for r in rounds)}
+
+
+def bench_nanogpt(root: Path, nanogpt: Path, steps: int, rounds: int, warmup: dict, modes: tuple,
+                  threads: int) -> list[dict]:
+    """train_lm.py against nanoGPT's train.py, eager and compiled, tokens/s in alternated rounds.
+
+    Each round runs, per mode, the two programs one after the other (train_lm first in odd rounds, nanoGPT first in
+    even ones, so neither always gets the quieter half of a drifting load); each run does ``warmup[mode]`` steps,
+    then ``steps`` measured steps (train_lm one more: its last step evaluates, as nanoGPT's first does, and neither
+    is measured). A run's tokens/s is the median of its measured steps; a round's ratio is train_lm / nanoGPT of the
+    two runs side by side; the figure is the median of the rounds' ratios [>= 1.0]."""
     if not (nanogpt / "train.py").is_file() or not (nanogpt / "config" / "train_shakespeare_char.py").is_file():
-        print(f"[bench] compile: no nanoGPT checkout in {nanogpt}: git clone https://github.com/karpathy/nanoGPT "
-              f"{nanogpt} (the README's comparison used commit 3adf61e)", flush=True)
-        return [row("compile: nanoGPT checkout missing (--nanogpt-dir)", 0.0, None, unit="-")]
+        print(f"[bench] nanogpt: no nanoGPT checkout in {nanogpt}: git clone https://github.com/karpathy/nanoGPT "
+              f"{nanogpt} (the figures in docs/benchmarks.md used commit 3adf61e)", flush=True)
+        return [row("nanogpt: nanoGPT checkout missing (--nanogpt-dir)", 0.0, None, unit="-")]
     write_nanogpt_data(nanogpt)
-    lm = [sys.executable, ROOT / "tutorial_lib" / "lessons" / "train_lm.py", *TRAIN_LM_ARGS, "--max-steps",
-          steps + SKIP_STEPS]
-    runs = {"train_lm eager": lm, "train_lm --compile": [*lm, "--compile"],
-            "nanoGPT --compile=True": [sys.executable, "train.py", *NANOGPT_ARGS, "--compile=True",
-                                       f"--max_iters={steps + SKIP_STEPS}"],
-            "nanoGPT --compile=False": [sys.executable, "train.py", *NANOGPT_ARGS, "--compile=False",
-                                        f"--max_iters={steps + SKIP_STEPS}"]}
-    tokens_per_s, commands = {}, {}
-    for name, command in runs.items():
-        cwd = nanogpt if name.startswith("nanoGPT") else root / name.replace(" --", "_").replace(" ", "_")
-        cwd.mkdir(exist_ok=True)
-        out = timed_run(command, cwd, threads)
-        if name.startswith("nanoGPT"):
-            times = [float(t) / 1000 for i, t in re.findall(NANOGPT_ITER, out) if int(i) >= SKIP_STEPS]
-            tokens_per_s[name] = 64 * 256 / statistics.median(times)  # batch 64 x block 256, no accumulation
-        else:
-            rows_ = [json.loads(line) for line in (cwd / "metrics" / "rank0.jsonl").read_text().splitlines()]
-            tokens_per_s[name] = statistics.median(r["tokens_per_s"] for r in rows_ if r["step"] > SKIP_STEPS)
-        commands[name] = f"cd {cwd} && OMP_NUM_THREADS={threads} " + " ".join(map(str, command))
-        print(f"[bench] compile: {name}: {tokens_per_s[name]:.0f} tokens/s\n    {commands[name]}", flush=True)
-    compiled = tokens_per_s["train_lm --compile"]
-    nanogpt_gain = tokens_per_s["nanoGPT --compile=True"] / tokens_per_s["nanoGPT --compile=False"]
-    note = ", ".join(f"{k} {v:.0f} tokens/s" for k, v in tokens_per_s.items()) + f" (median of steps after {SKIP_STEPS})"
-    return [row("compile: train_lm --compile / train_lm eager", compiled / tokens_per_s["train_lm eager"], None,
-                note=f"target: at least nanoGPT's own compiled / eager, {nanogpt_gain:.2f} here; {note}"),
-            row("compile: nanoGPT --compile=True / nanoGPT eager", nanogpt_gain, None, note="the first row's target"),
-            row("compile: train_lm --compile / nanoGPT --compile=True", compiled / tokens_per_s["nanoGPT --compile=True"],
-                None, note=f"target >= 0.9; OMP_NUM_THREADS={threads} each; the commands are printed above")]
+    # Each program's OMP_NUM_THREADS equal; inductor's cache in this benchmark's folder (removed at the end): the
+    # first compiled round compiles from nothing, later ones may reuse its kernels (a shorter start, same steps).
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor-cache")}
+    per_mode = {mode: [] for mode in modes}
+    commands = {}
+    for rnd in range(rounds):
+        for mode in modes:
+            w = warmup[mode]
+            lm = [sys.executable, ROOT / "tutorial_lib" / "lessons" / "train_lm.py", *TRAIN_LM_ARGS,
+                  "--max-steps", w + steps + 1, *(["--compile"] if mode == "compiled" else [])]
+            ng = [sys.executable, "train.py", *NANOGPT_ARGS, f"--compile={mode == 'compiled'}",
+                  f"--max_iters={w + steps - 1}", f"--out_dir={root / 'nanoGPT-out'}"]  # iterations 0..max_iters
+            result = {}
+            order = ("train_lm", "nanoGPT") if rnd % 2 == 0 else ("nanoGPT", "train_lm")
+            for name in order:
+                cwd = nanogpt if name == "nanoGPT" else root / f"train_lm-{mode}-{rnd}"
+                cwd.mkdir(exist_ok=True)
+                command = lm if name == "train_lm" else ng
+                commands[(name, mode)] = f"cd {cwd} && OMP_NUM_THREADS={threads} " + " ".join(map(str, command))
+                load = os.getloadavg()[0]
+                start = time.monotonic()
+                wall, cpu, out = line_times(command, cwd, env, STEP_LINE[name], root / f"{name}-{mode}-{rnd}.stderr")
+                seconds, cpu_s = measured_intervals(wall, w, steps), measured_intervals(cpu, w, steps)
+                if name == "nanoGPT":  # its own clock: "time Tms" of the same iterations
+                    own = {int(i): float(t) / 1000 for i, t in NANOGPT_ITER.findall(out)}
+                    own = [own[i] for i in range(w, w + steps)]
+                else:  # its own clock: step_time_s in its metrics (the step, without writing the line itself)
+                    lines = (cwd / "metrics" / "rank0.jsonl").read_text().splitlines()
+                    own = [r["step_time_s"] for r in map(json.loads, lines) if w < r["step"] <= w + steps]
+                result[name] = TOKENS_PER_STEP / statistics.median(seconds)
+                result[f"{name} own clock"] = TOKENS_PER_STEP / statistics.median(own)
+                result[f"{name} cpu"] = TOKENS_PER_STEP / statistics.median(cpu_s)
+                result[f"{name} load"] = load
+                print(f"[bench] nanogpt {mode} round {rnd + 1}/{rounds}: {name} {result[name]:.0f} tokens/s (steps "
+                      f"{', '.join(f'{x:.2f}' for x in seconds)} s; CPU {', '.join(f'{x:.2f}' for x in cpu_s)} s: "
+                      f"{result[name + ' cpu']:.0f} tokens per CPU second; its own clock "
+                      f"{result[name + ' own clock']:.0f} tokens/s), run {time.monotonic() - start:.0f} s, load "
+                      f"average {load:.2f} at its start", flush=True)
+            per_mode[mode].append(result)
+            print(f"[bench] nanogpt {mode} round {rnd + 1}/{rounds}: train_lm / nanoGPT "
+                  f"{result['train_lm'] / result['nanoGPT']:.3f} (per CPU second "
+                  f"{result['train_lm cpu'] / result['nanoGPT cpu']:.3f})", flush=True)
+    for (name, mode), command in commands.items():
+        print(f"[bench] nanogpt {mode}, {name}: {command}", flush=True)
+    rows, tokens = [], {}
+    for mode, results in per_mode.items():
+        s = round_summary(results)
+        tokens[mode] = s
+        per_round = "; ".join(f"{ratio:.3f} ({r['train_lm']:.0f} / {r['nanoGPT']:.0f}, load {r['train_lm load']:.1f}/"
+                              f"{r['nanoGPT load']:.1f})" for ratio, r in zip(s["ratios"], results))
+        print(f"[bench] nanogpt {mode}: train_lm / nanoGPT {s['ratio']:.3f}, median of {len(results)} rounds: "
+              f"{per_round}", flush=True)
+        rows.append(row(f"nanogpt: train_lm / nanoGPT tokens/s, {mode}", s["ratio"], 1.0, at_least=True,
+                        note=f"median of {len(results)} alternated rounds of {steps} steps: {per_round} "
+                             f"(train_lm / nanoGPT tokens/s, load average at each run's start); "
+                             f"OMP_NUM_THREADS={threads}"))
+        c = round_summary(results, " cpu")
+        rows.append(row(f"nanogpt: train_lm / nanoGPT tokens per CPU second, {mode}", c["ratio"], None,
+                        note=f"the same steps in each process's own CPU time (other work on the machine moves it "
+                             f"less): {', '.join(f'{x:.3f}' for x in c['ratios'])}"))
+    if len(tokens) == 2:
+        for name in ("train_lm", "nanoGPT"):
+            rows.append(row(f"nanogpt: {name} compiled / eager tokens/s", tokens["compiled"][name] /
+                            tokens["eager"][name], None, note=f"{tokens['compiled'][name]:.0f} / "
+                                                              f"{tokens['eager'][name]:.0f} (medians of the rounds)"))
+    return rows
 
 
 def main() -> int:
@@ -534,13 +642,24 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5, help="alternating repetitions per timed pair (count)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table as JSON here")
     parser.add_argument("--nanogpt-dir", type=Path, default=Path(os.environ.get("NANOGPT_DIR", "/tmp/nanoGPT")),
-                        help="compile: a checkout of karpathy/nanoGPT (default $NANOGPT_DIR or /tmp/nanoGPT)")
-    parser.add_argument("--compile-steps", type=int, default=4, help="compile: steps measured after the first 2")
-    parser.add_argument("--threads", type=int, default=1, help="compile: OMP_NUM_THREADS of each process (count)")
+                        help="nanogpt: a checkout of karpathy/nanoGPT (default $NANOGPT_DIR or /tmp/nanoGPT)")
+    parser.add_argument("--nanogpt-steps", "--compile-steps", dest="nanogpt_steps", type=int, default=3,
+                        help="nanogpt: steps measured per run, after the warm-up (count)")
+    parser.add_argument("--nanogpt-rounds", type=int, default=3, help="nanogpt: alternated rounds (count)")
+    parser.add_argument("--nanogpt-warmup", type=int, nargs=2, default=[1, 2], metavar=("EAGER", "COMPILED"),
+                        help="nanogpt: steps before the measured ones, eager and compiled (the first compiled ones "
+                             "compile) (count, >= 1: a step is the time between its line and the one before)")
+    parser.add_argument("--nanogpt-modes", nargs="+", choices=NANOGPT_MODES, default=list(NANOGPT_MODES),
+                        help="nanogpt: eager, compiled (torch.compile, inductor) or both")
+    parser.add_argument("--threads", type=int, default=1, help="nanogpt: OMP_NUM_THREADS of each process (count)")
     args = parser.parse_args()
-    for name in ("reps", "soak_launches", "soak_repeats", "compile_steps", "threads"):
+    for name in ("reps", "soak_launches", "soak_repeats", "nanogpt_steps", "nanogpt_rounds", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if min(args.nanogpt_warmup) < 1:
+        parser.error(f"--nanogpt-warmup must be >= 1 each, got {args.nanogpt_warmup}")
+    if "compile" in args.only:  # the section's old name
+        args.only = list(dict.fromkeys("nanogpt" if s == "compile" else s for s in args.only))
     os.environ.setdefault("TUTORIAL_LIB_LIVE", "off")
     header = {"date": datetime.now().isoformat(timespec="minutes"), "machine": platform.node(),
               "cpu_cores": os.cpu_count(), "load_average_1min": os.getloadavg()[0], "torch": torch.__version__,
@@ -558,7 +677,9 @@ def main() -> int:
                   "gpu": lambda: bench_gpu(root),
                   "soak": lambda: soak_launches(root, args.soak_launches) + failure_matrix(root, args.soak_repeats),
                   "matrix": lambda: failure_matrix(root, args.soak_repeats),
-                  "compile": lambda: bench_compile(root, args.nanogpt_dir, args.compile_steps, args.threads),
+                  "nanogpt": lambda: bench_nanogpt(root, args.nanogpt_dir, args.nanogpt_steps, args.nanogpt_rounds,
+                                                   dict(zip(NANOGPT_MODES, args.nanogpt_warmup)),
+                                                   tuple(args.nanogpt_modes), args.threads),
                   }[section]
             rows += fn()
             print(f"[bench] {section} done in {time.monotonic() - start:.0f} s", flush=True)
@@ -566,7 +687,7 @@ def main() -> int:
     print(f"\n{'benchmark':<{width}}  {'value':>9}  unit      target  result  note")
     for r in rows:
         result = "" if r["ok"] is None else ("ok" if r["ok"] else "MISSED")
-        target = "" if r["target"] is None else f"<= {r['target']:g}"
+        target = "" if r["target"] is None else f"{'>=' if r.get('at_least') else '<='} {r['target']:g}"
         print(f"{r['benchmark']:<{width}}  {r['value']:>9.4g}  {r['unit']:<8}  {target:>7}  {result:<6}  {r['note']}")
     print(f"load average now: {os.getloadavg()[0]:.2f} (was {header['load_average_1min']:.2f} at the start)")
     if args.out:
