@@ -14,8 +14,9 @@ each reached from the lesson in one line marked ``# workbook``:
 Those serve ``ddp_train.py``. The sections after them serve one lesson each: ``ft_train.py``'s per-group records
 (notebook 15), one JSON file of results per rank (``context_parallel_float8.py``, ``tensor_parallel.py``: notebook
 12) and tensor parallelism's collectives, activations and comparisons, ``fsdp_train.py``'s sharded memory,
-activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), and ``checkpoint_train.py``'s
-saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``).
+activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), ``checkpoint_train.py``'s
+saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``), and
+``pipeline_parallel.py``'s stage timelines, saved bytes and p2p transfers (``PipelineRecorder``).
 
 Only torch and the standard library, like the lessons.
 """
@@ -951,3 +952,180 @@ def state_bytes(state):
     if isinstance(state, (list, tuple)):
         return sum(state_bytes(v) for v in state)
     return tensor_bytes([state]) if torch.is_tensor(state) else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pipeline_parallel.py (notebook 12): for each configuration (a schedule and m micro-batches, or one by hand), each
+# forward and backward this stage ran, in order, with its start and end (the machine's monotonic clock, which every
+# process on one machine shares) and the bytes held saved for backward after it; the schedule's own plan
+# (pipeline_order); the step's p2p sends and receives (torch.profiler); its loss and gradients against the unsplit
+# model's. Also the control (scale_grads=False) and whether torch accepts one micro-batch per schedule. Each rank's
+# record is <metrics-dir>/pp_rank<RANK>.json (write_rank_json), read by tutorial_lib.runs.pipeline.
+# ---------------------------------------------------------------------------------------------------------------
+
+class PipelineRecorder:
+    """``pipeline_parallel.py``'s records for this rank's stage (the comment above this section says which)."""
+
+    def __init__(self, args, device, model, stage_module):
+        """``model``: the unsplit model after its backward on the whole batch (its gradients are the reference);
+        ``stage_module``: the part of it this rank's stage runs."""
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # torch.profiler: quiet on start and stop (2.13), no GPU (2.8)
+        self.args, self.device, self.stage_module = args, device, stage_module
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.reference = {n: p.grad for n, p in model.named_parameters()}
+        owned = {id(p) for p in stage_module.parameters()}
+        self.names = [n for n, p in model.named_parameters() if id(p) in owned]  # this stage's, by the model's names
+        self.runs, self.control = [], None
+
+    def configuration(self, module):
+        """A new configuration, whose stage runs ``module``: nothing recorded yet."""
+        self.live, self.events, self.order, self.p2p = LiveSavedBytes(module), [], None, None
+
+    @contextlib.contextmanager
+    def action(self, kind, microbatch):
+        """Around one forward ("F": saved tensors counted) or backward ("B") of ``microbatch``: one event."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the GPU works asynchronously: time what it did, not the launch
+        start = time.monotonic()
+        hooks = (torch.autograd.graph.saved_tensors_hooks(self.live.pack, self.live.unpack) if kind == "F"
+                 else contextlib.nullcontext())
+        with hooks:
+            yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.events.append({"action": kind, "microbatch": microbatch, "start_s": start, "end_s": time.monotonic(),
+                            "saved_bytes_after": self.live.live})
+
+    def watch(self, stage, schedule):
+        """Record each micro-batch's forward and backward that ``schedule`` runs on ``stage`` (a ``PipelineStage``:
+        its ``forward_one_chunk`` and ``backward_one_chunk``, on this instance only), and keep the schedule's plan."""
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def recorded_forward(fwd_chunk_id, *args, **kwargs):
+            with self.action("F", fwd_chunk_id):
+                return forward(fwd_chunk_id, *args, **kwargs)
+
+        def recorded_backward(bwd_chunk_id, *args, **kwargs):
+            with self.action("B", bwd_chunk_id):
+                return backward(bwd_chunk_id, *args, **kwargs)
+
+        stage.forward_one_chunk, stage.backward_one_chunk = recorded_forward, recorded_backward
+        self.order = schedule_order(schedule, self.rank)
+
+    @contextlib.contextmanager
+    def measured_step(self):
+        """Around the step that counts: the events before it are dropped, its p2p transfers counted."""
+        self.events, self.live.peak = [], self.live.live
+        with count_p2p() as p2p:
+            yield
+        self.p2p = p2p
+
+    def configuration_done(self, label, n_micro, model, losses, scale_grads=True):
+        """Keep the configuration's record: its events, peak saved bytes, plan, p2p counts, loss (the mean of the
+        micro-batch losses, last stage) and ``model``'s gradients against the unsplit model's; with
+        ``scale_grads=False``, the control's comparison only."""
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        compared = compare_with_unsplit(grads, self.reference, self.names)
+        if not scale_grads:
+            self.control = {"microbatches": n_micro, **compared}
+            return
+        self.runs.append({"schedule": label, "microbatches": n_micro, "scale_grads": scale_grads,
+                          "events": self.events, "peak_saved_bytes": self.live.peak, "schedule_order": self.order,
+                          "p2p": self.p2p, "loss": torch.stack(losses).mean().item() if losses else None, **compared})
+
+    def write(self, loss_unsplit, schedules):
+        """Write this rank's record, ``pp_rank<RANK>.json``; ``schedules``: {name: schedule class}. Returns its path."""
+        from torch.distributed.pipelining import PipelineStage
+
+        def accepted(schedule_cls):  # built with one micro-batch, not run
+            stage = PipelineStage(self.stage_module, self.rank, self.world_size, self.device)
+            try:
+                schedule_cls(stage, 1, loss_fn=F.mse_loss)
+                return "accepted"
+            except ValueError as e:
+                return f"ValueError: {e}"
+
+        return write_rank_json(self.args, "pp_rank<RANK>.json", {
+            "rank": self.rank, "world_size": self.world_size, "stage": self.rank, "num_stages": self.world_size,
+            "torch": torch.__version__, "device": str(self.device), "args": vars(self.args),
+            "loss_unsplit": loss_unsplit, "runs": self.runs, "control_scale_grads_false": self.control,
+            "one_microbatch_accepted": {name: accepted(cls) for name, cls in schedules.items()},
+            "param_bytes": tensor_bytes(self.stage_module.parameters())})
+
+
+class LiveSavedBytes:
+    """The bytes this stage holds saved for backward, live: added when autograd saves a tensor (pack hook), removed
+    when autograd frees it (after that micro-batch's backward). Parameters and their views are not counted; a
+    tensor saved twice counts once."""
+
+    def __init__(self, module):
+        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.refs, self.live, self.peak = {}, 0, 0
+
+    def pack(self, t):
+        if t.untyped_storage().data_ptr() in self.params:
+            return t
+        key = (t.data_ptr(), t.numel())
+        count, nbytes = self.refs.get(key, (0, t.numel() * t.element_size()))
+        if count == 0:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        self.refs[key] = (count + 1, nbytes)
+        return _Saved(self, key, t)
+
+    @staticmethod
+    def unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def release(self, key):
+        count, nbytes = self.refs[key]
+        if count == 1:
+            del self.refs[key]
+            self.live -= nbytes
+        else:
+            self.refs[key] = (count - 1, nbytes)
+
+
+class _Saved:
+    """What autograd keeps instead of a saved tensor: the tensor, and a note to the counter when it is freed."""
+
+    def __init__(self, owner, key, tensor):
+        self.owner, self.key, self.tensor = owner, key, tensor
+
+    def __del__(self):
+        self.owner.release(self.key)
+
+
+def schedule_order(schedule, stage_index):
+    """The schedule's own plan for this stage (``pipeline_order``, torch 2.8 and 2.13): ["F0", "F1", "B0", ...],
+    idle slots and other actions left out; None when the schedule has no such plan."""
+    plan = (getattr(schedule, "pipeline_order", None) or {}).get(stage_index)
+    if plan is None:
+        return None
+    names = {"FORWARD": "F", "FULL_BACKWARD": "B"}
+    return [f"{names[a.computation_type.name]}{a.microbatch_index}" for a in plan
+            if a is not None and a.computation_type.name in names]
+
+
+@contextlib.contextmanager
+def count_p2p():
+    """Point-to-point sends and receives inside the block (torch.profiler: c10d::send and c10d::recv_ ops); the
+    dict is filled when the block exits."""
+    counts = {"send": 0, "recv": 0}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield counts
+    for event in prof.events():
+        kind = {"c10d::send": "send", "c10d::recv_": "recv"}.get(event.name)
+        if kind:
+            counts[kind] += 1
+
+
+def compare_with_unsplit(grads, reference, names):
+    """Max |gradient - the unsplit model's| over this stage's parameters ``names``, the largest |gradient| of the
+    unsplit model, and the gradients' norm ratio to the unsplit model's."""
+    diffs = {n: (grads[n] - reference[n]).abs().max().item() for n in names}
+    norm = sum(grads[n].norm().item() ** 2 for n in names) ** 0.5
+    ref_norm = sum(reference[n].norm().item() ** 2 for n in names) ** 0.5
+    return {"grad_max_abs_diff": max(diffs.values()),
+            "grad_max_abs": max(reference[n].abs().max().item() for n in names),
+            "grad_norm_ratio": norm / ref_norm}

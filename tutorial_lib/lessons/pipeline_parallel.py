@@ -19,9 +19,11 @@ What it shows
       (stages - 1) / (m + stages - 1) of equal-length steps: more micro-batches, a smaller bubble;
     * the loss (the mean of the micro-batch losses) and every gradient equal the unsplit model's on the whole batch;
       ``scale_grads`` (default True) divides the accumulated gradients by m, matching a mean loss.
-For each configuration (a schedule and m) each stage records, for every micro-batch, when its forward and its
-backward ran, in what order, and the bytes it held saved for backward after each; the p2p sends and receives of
-the step are counted with torch.profiler. Each rank writes ``<metrics-dir>/pp_rank<RANK>.json``.
+Each configuration (a schedule and m) runs two steps on a fresh copy of the model; after the second, the last
+stage prints its loss beside the unsplit model's and every stage how far its gradients are from the unsplit model's.
+In a workbook run, ``_workbook.py`` beside it records for notebook 12, from lines marked ``# workbook``, when each
+stage ran each micro-batch's forward and backward, the bytes it held saved for backward and the step's p2p sends
+and receives (``--metrics-dir``: ``pp_rank<RANK>.json``); a copy alone runs without it.
 Only torch and the Python standard library are imported; ``PipelineStage`` needs numpy installed beside torch (its
 first step sends the stages' shapes with ``send_object_list``, which goes through numpy; pip's torch does not
 install it).
@@ -29,12 +31,9 @@ install it).
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,6 +41,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy runs without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
+
+
+class NoRecorder:  # stands in for _workbook.PipelineRecorder in a copy without _workbook.py: records nothing
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: contextlib.nullcontext()
+
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -63,7 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--pg-timeout-s", type=float, default=60.0,
                    help="collective timeout of the process group (seconds); torch's default is 10 minutes on NCCL, "
                         "30 on gloo")
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for pp_rank<RANK>.json (created)")
+    if workbook:  # workbook
+        workbook.add_rank_json_flags(p, "pp_rank<RANK>.json")  # workbook: --metrics-dir
     args = p.parse_args(argv)
     for name in ("batch_size", "input_dim", "hidden_dim"):
         if getattr(args, name) <= 0:
@@ -158,227 +169,96 @@ def pipeline_step(schedule, rank, world_size, x, y):
 def by_hand_step(module, rank, x, y, recorder, hidden_dim):
     """One micro-batch: seed 000's model parallelism across two processes, every transfer written out."""
     if rank == 0:
-        with recorder.action("F", 0):
+        with recorder.action("F", 0):  # workbook: when this forward ran, the bytes it saved for backward
             h = module(x)
         dist.send(h.detach(), dst=1)  # the activation goes to the next stage ...
         grad = torch.empty_like(h)
         dist.recv(grad, src=1)  # ... and its gradient comes back, after stage 1's backward
-        with recorder.action("B", 0):
+        with recorder.action("B", 0):  # workbook
             h.backward(grad)
         return []
     h = torch.empty(x.shape[0], hidden_dim, device=x.device)
     dist.recv(h, src=0)
-    h.requires_grad_(True)
-    with recorder.action("F", 0):
+    h.requires_grad_(True)  # a leaf here: its .grad is what stage 0's backward needs
+    with recorder.action("F", 0):  # workbook
         out = module(h)
     loss = F.mse_loss(out, y)
-    with recorder.action("B", 0):
+    with recorder.action("B", 0):  # workbook
         loss.backward()
     dist.send(h.grad, dst=0)
     return [loss.detach()]
 
 
-def run_configuration(args, rank, world_size, device, schedule_name, n_micro, scale_grads=True):
-    """Build the model afresh, run one warm-up step (the stages agree on shapes), then one recorded step."""
+def how(schedule_name, n_micro, world_size):
+    """How a configuration runs: one micro-batch on two stages "by hand" (torch's schedules want at least one
+    micro-batch per stage: 1F1B refuses fewer, and GPipe on torch 2.8), else through the schedule."""
+    return "by hand" if n_micro == 1 and world_size > 1 else schedule_name
+
+
+def run_configuration(args, rank, world_size, device, label, n_micro, recorder, scale_grads=True):
+    """Build the model afresh and run two steps of one configuration (``label``: "by hand" or a schedule's name) with
+    ``n_micro`` micro-batches. Returns the model, holding the second step's gradients, and that step's micro-batch
+    losses (on the last stage; [] on the others)."""
     model = build(args, device)
     module = stage_module(model, rank, world_size)
-    recorder = StageRecorder(module, device)
+    recorder.configuration(module)  # workbook: a new timeline for this configuration
     x, y = batch(args, device)
-    if n_micro == 1 and world_size > 1:  # torch's schedules want at least one micro-batch per stage (see below)
+    if label == "by hand":
         def step():
             return by_hand_step(module, rank, x, y, recorder, args.hidden_dim)
-        order = None
     else:
-        stage = RecordedStage(module, rank, world_size, device)  # a PipelineStage that also records (below)
-        stage.recorder = recorder
-        schedule = SCHEDULES[schedule_name](stage, n_micro, loss_fn=F.mse_loss, scale_grads=scale_grads)
+        stage = PipelineStage(module, rank, world_size, device)  # this rank's stage: which module, which neighbours
+        # scale_grads=True divides the gradients summed over the m micro-batches by m: the mean loss's gradients.
+        schedule = SCHEDULES[label](stage, n_micro, loss_fn=F.mse_loss, scale_grads=scale_grads)
+        recorder.watch(stage, schedule)  # workbook: each forward and backward the schedule runs, and its plan
 
         def step():
             return pipeline_step(schedule, rank, world_size, x, y)
-        order = schedule_order(schedule, rank)
-    step()
-    model.zero_grad(set_to_none=True)
-    recorder.reset()
-    with count_p2p() as p2p:
+    step()  # a PipelineStage's first step also tells the next stage the activations' shapes (send_object_list)
+    model.zero_grad(set_to_none=True)  # gradients accumulate across steps: keep the second step's only
+    with recorder.measured_step():  # workbook: this step's actions and p2p transfers, not the first step's
         losses = step()
-    return {"schedule": schedule_name if (n_micro > 1 or world_size == 1) else "by hand", "microbatches": n_micro,
-            "scale_grads": scale_grads, "events": recorder.events, "peak_saved_bytes": recorder.live.peak,
-            "schedule_order": order, "p2p": p2p,
-            "loss": torch.stack(losses).mean().item() if losses else None,
-            "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
+    return model, losses
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: what the notebook reads (each micro-batch's forward and backward on each stage, the
-# bytes saved for backward, the p2p transfers, the comparison with the unsplit model). Not needed to pipeline.
-# ---------------------------------------------------------------------------------------------------------------
-
-class LiveSavedBytes:
-    """The bytes this stage holds saved for backward, live: added when autograd saves a tensor (pack hook), removed
-    when autograd frees it (after that micro-batch's backward). Parameters and their views are not counted; a
-    tensor saved twice counts once."""
-
-    def __init__(self, module):
-        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        self.refs, self.live, self.peak = {}, 0, 0
-
-    def pack(self, t):
-        if t.untyped_storage().data_ptr() in self.params:
-            return t
-        key = (t.data_ptr(), t.numel())
-        count, nbytes = self.refs.get(key, (0, t.numel() * t.element_size()))
-        if count == 0:
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-        self.refs[key] = (count + 1, nbytes)
-        return _Saved(self, key, t)
-
-    @staticmethod
-    def unpack(saved):
-        return saved.tensor if isinstance(saved, _Saved) else saved
-
-    def release(self, key):
-        count, nbytes = self.refs[key]
-        if count == 1:
-            del self.refs[key]
-            self.live -= nbytes
-        else:
-            self.refs[key] = (count - 1, nbytes)
-
-
-class _Saved:
-    """What autograd keeps instead of a saved tensor: the tensor, and a note to the counter when it is freed."""
-
-    def __init__(self, owner, key, tensor):
-        self.owner, self.key, self.tensor = owner, key, tensor
-
-    def __del__(self):
-        self.owner.release(self.key)
-
-
-class StageRecorder:
-    """Each forward and backward this stage runs: action ("F"/"B"), micro-batch, start and end times (seconds on
-    the machine's monotonic clock, shared by every process on one machine) and the live saved bytes after it."""
-
-    def __init__(self, module, device):
-        self.device, self.live, self.events = device, LiveSavedBytes(module), []
-
-    def reset(self):
-        self.events, self.live.peak = [], self.live.live
-
-    @contextlib.contextmanager
-    def action(self, kind, microbatch):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the GPU works asynchronously: time what it did, not the launch
-        start = time.monotonic()
-        hooks = (torch.autograd.graph.saved_tensors_hooks(self.live.pack, self.live.unpack) if kind == "F"
-                 else contextlib.nullcontext())
-        with hooks:
-            yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.events.append({"action": kind, "microbatch": microbatch, "start_s": start, "end_s": time.monotonic(),
-                            "saved_bytes_after": self.live.live})
-
-
-class RecordedStage(PipelineStage):
-    """A ``PipelineStage`` that notes when the schedule runs each micro-batch's forward and backward."""
-
-    recorder = None
-
-    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
-        with self.recorder.action("F", fwd_chunk_id):
-            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-
-    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
-        with self.recorder.action("B", bwd_chunk_id):
-            return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
-
-
-def schedule_order(schedule, stage_index):
-    """The schedule's own plan for this stage (``pipeline_order``, torch 2.8 and 2.13): ["F0", "F1", "B0", ...],
-    idle slots and other actions left out; None when the schedule has no such plan."""
-    plan = (getattr(schedule, "pipeline_order", None) or {}).get(stage_index)
-    if plan is None:
-        return None
-    names = {"FORWARD": "F", "FULL_BACKWARD": "B"}
-    return [f"{names[a.computation_type.name]}{a.microbatch_index}" for a in plan
-            if a is not None and a.computation_type.name in names]
-
-
-@contextlib.contextmanager
-def count_p2p():
-    """Point-to-point sends and receives inside the block (torch.profiler: c10d::send and c10d::recv_ ops); the
-    dict is filled when the block exits."""
-    counts = {"send": 0, "recv": 0}
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        yield counts
-    for event in prof.events():
-        kind = {"c10d::send": "send", "c10d::recv_": "recv"}.get(event.name)
-        if kind:
-            counts[kind] += 1
-
-
-def try_schedule(schedule_cls, args, rank, world_size, device, n_micro):
-    """Whether torch accepts ``schedule_cls`` with ``n_micro`` micro-batches on this many stages (built, not run)."""
-    stage = PipelineStage(stage_module(build(args, device), rank, world_size), rank, world_size, device)
-    try:
-        schedule_cls(stage, n_micro, loss_fn=F.mse_loss)
-        return "accepted"
-    except ValueError as e:
-        return f"ValueError: {e}"
-
-
-def compare_with_unsplit(run, reference, names):
-    """Max |gradient - the unsplit model's| over this stage's parameters, and the gradients' norm ratio."""
-    diffs = {n: (run["grads"][n] - reference[n]).abs().max().item() for n in names}
-    norm = sum(run["grads"][n].norm().item() ** 2 for n in names) ** 0.5
-    ref_norm = sum(reference[n].norm().item() ** 2 for n in names) ** 0.5
-    return {"grad_max_abs_diff": max(diffs.values()),
-            "grad_max_abs": max(reference[n].abs().max().item() for n in names),
-            "grad_norm_ratio": norm / ref_norm}
+def report(rank, world_size, label, n_micro, model, losses, loss_unsplit, reference):
+    """Print this stage's gradients against the unsplit model's, and on the last stage the step's loss: the mean of
+    the micro-batch losses, which equals the loss of the whole batch because the micro-batches are equal in size."""
+    diff = max((p.grad - reference[n]).abs().max().item() for n, p in model.named_parameters() if p.grad is not None)
+    loss = f"loss {torch.stack(losses).mean().item():.6f} (unsplit {loss_unsplit:.6f}), " if losses else ""
+    sys.stdout.write(f"stage {rank} of {world_size}, {label}, {n_micro} micro-batch(es): {loss}gradients within "
+                     f"{diff:.1e} of the unsplit model's\n")
 
 
 @record  # writes this rank's traceback to torchrun's error file, so the launcher can show the root cause
 def main():
     args = parse_args()
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # torch.profiler: quiet on start and stop (2.13), no GPU (2.8)
     rank, world_size, device = setup(args)
     try:
         check_world(world_size)
-        model = build(args, device)  # the unsplit model: loss and gradients every configuration must give
+        model = build(args, device)  # the unsplit model: the loss and gradients every configuration must give
         x, y = batch(args, device)
-        ref_loss = F.mse_loss(model(x), y)
-        ref_loss.backward()
-        reference = {n: p.grad for n, p in model.named_parameters()}
-        names = [n for n, _ in stage_module(model, rank, world_size).named_parameters()]
-        names = [n if world_size == 1 else ("part1." if rank == 0 else "part2.") + n.split(".")[-1] for n in names]
-        runs, done_by_hand = [], False
-        for schedule_name in args.schedules:
-            for n_micro in args.microbatches:
-                if n_micro == 1 and world_size > 1 and done_by_hand:
-                    continue  # one micro-batch is the same for every schedule: run once
-                done_by_hand = done_by_hand or (n_micro == 1 and world_size > 1)
-                run = run_configuration(args, rank, world_size, device, schedule_name, n_micro)
-                runs.append({**{k: v for k, v in run.items() if k != "grads"},
-                             **compare_with_unsplit(run, reference, names)})
-        control = run_configuration(args, rank, world_size, device, args.schedules[0], max(args.microbatches),
-                                    scale_grads=False)  # gradients summed over micro-batches, not averaged
-        result = {"rank": rank, "world_size": world_size, "stage": rank, "num_stages": world_size,
-                  "torch": torch.__version__, "device": str(device), "args": vars(args),
-                  "loss_unsplit": ref_loss.item(), "runs": runs,
-                  "control_scale_grads_false": {"microbatches": control["microbatches"],
-                                                **compare_with_unsplit(control, reference, names)},
-                  "one_microbatch_accepted": {name: try_schedule(cls, args, rank, world_size, device, 1)
-                                              for name, cls in SCHEDULES.items()},
-                  "param_bytes": sum(p.numel() * p.element_size()
-                                     for p in stage_module(model, rank, world_size).parameters())}
-        path = Path(args.metrics_dir) / f"pp_rank{rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
-        sys.stdout.write(f"rank {rank} (stage {rank} of {world_size}): {len(runs)} configurations; every number in "
-                         f"{path.resolve()}\n")
-        dist.barrier()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        loss_unsplit, reference = loss.item(), {n: p.grad for n, p in model.named_parameters()}
+        recorder = (workbook.PipelineRecorder(args, device, model, stage_module(model, rank, world_size))  # workbook
+                    if workbook else NoRecorder())  # workbook
+        # One micro-batch on two stages runs by hand, the same whatever the schedule: once.
+        configurations = dict.fromkeys((how(s, m, world_size), m) for s in args.schedules for m in args.microbatches)
+        for label, n_micro in configurations:
+            trained, losses = run_configuration(args, rank, world_size, device, label, n_micro, recorder)
+            recorder.configuration_done(label, n_micro, trained, losses)  # workbook: compared, kept for the JSON
+            report(rank, world_size, label, n_micro, trained, losses, loss_unsplit, reference)
+        # The control: scale_grads=False leaves the gradients summed over the micro-batches, m times the mean's.
+        n_micro = max(args.microbatches)
+        label = how(args.schedules[0], n_micro, world_size)
+        trained, losses = run_configuration(args, rank, world_size, device, label, n_micro, recorder, scale_grads=False)
+        recorder.configuration_done(label, n_micro, trained, losses, scale_grads=False)  # workbook
+        report(rank, world_size, f"{label}, scale_grads=False", n_micro, trained, losses, loss_unsplit, reference)
+        if workbook:  # workbook
+            path = recorder.write(loss_unsplit, SCHEDULES)  # workbook: pp_rank<RANK>.json, notebook 12 reads
+            sys.stdout.write(f"rank {rank}: every number in {path.resolve()}\n")  # workbook
+        dist.barrier()  # nobody tears the process group down while a peer still waits for a send
     finally:
         dist.destroy_process_group()
 
