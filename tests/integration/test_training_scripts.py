@@ -158,6 +158,8 @@ def test_what_c_code_wrote_to_a_redirected_stdout_survives_the_rank_runners_exit
 @pytest.mark.parametrize("name, args, printed", [
     ("fsdp_train", ["--strategy", "fsdp2", "--dim", 32, "--n-layers", 1, "--max-steps", 2], "step 2/2 loss_global "),
     ("checkpoint_train", ["--max-steps", 2, "--save-every", 2], "step 2: saved step-2 (dcp)"),
+    ("pipeline_parallel", ["--microbatches", 2, "--input-dim", 16, "--hidden-dim", 32, "--batch-size", 8],
+     "stage 0 of 1, 1f1b, 2 micro-batch(es): loss "),
 ])
 def test_a_lesson_copied_alone_trains_without_the_workbooks_instruments(tmp_path, name, args, printed):
     """Issue 48: the lesson imports ``_workbook.py`` only when it is beside it; a copy alone trains, writes no metrics
