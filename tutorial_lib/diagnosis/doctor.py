@@ -3,9 +3,10 @@
 ``diagnose(run_dir)`` (or ``diagnose(error)`` with the ``LaunchError`` a launch raised) reads what a run
 left behind: torchrun's failure summary and the per-rank ``error.json`` files ``@record`` wrote (read by
 ``tutorial_lib.torchrun``), ``output.log`` (every rank's stdout and stderr; of a launch's error, the lines the launcher
-held, ``LaunchError.output``: the file is not read again), ``run.json`` and the per-rank metrics. It names the rank that failed first, its exit code (and the signal behind a negative one), the last
-lines of its traceback, the last step every rank logged, and a suspected cause: the first of the known messages
-(``tutorial_lib.diagnosis.causes``) that the evidence holds, each with a one-line fix and the notebook that shows it.
+held, ``LaunchError.output``: the file is not read again), ``run.json`` and the per-rank metrics. It names the rank
+that failed first, its exit code (and the signal behind a negative one), the last lines of its traceback, the last
+step every rank logged, and a suspected cause: the first of the known messages (``tutorial_lib.diagnosis.causes``)
+that the evidence holds, each with a one-line fix and the notebook that shows it.
 """
 
 from __future__ import annotations
