@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .torchrun.root_cause import RankFailure
-from .torchrun.stacks import innermost_frame, last_meaningful_line, without_tracebacks
+from .torchrun.stacks import last_meaningful_line, places, without_tracebacks
 
 __all__ = ["ConfigError", "JobWaitTimeout", "LaunchError", "LaunchTimeout", "MetricsError", "RankFailure", "SlurmError",
            "SlurmUnavailable", "TutorialError"]
@@ -91,7 +91,11 @@ class LaunchError(TutorialError):
             ``tutorial_lib/child/rank_runner.py``, which runs each rank's script).
             After a collective timeout the rank that timed out is the *waiting* one: the culprit is the rank
             whose stack is not in a collective.
-        where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
+        where: ``{rank: Place}``: where each of those stacks was (``tutorial_lib.torchrun.stacks.Place``: the
+            innermost frame of the script's own code, ``.own``, and the innermost frame overall, ``.innermost``, each a
+            ``Frame`` with ``file``, ``line`` and ``function``; ``str()``: ``"train.py:12 in main"``).
+        output: every line of ``output.log`` as the launcher wrote it (labelled, ``tutorial_lib.torchrun.output_lines``),
+            held in memory: the doctor reads these, not the file (``[]`` for an error the launcher did not raise).
         job: the SLURM job of a launch on SLURM (``tutorial_lib.launcher.slurm_job.SlurmJob``: its id, final state
             and pending reason, nodes, each node's ranks), else ``None``.
         diagnosis: the doctor's report (``tutorial_lib.diagnosis.report.Diagnosis``), made once when the launch failed, from
@@ -113,6 +117,7 @@ class LaunchError(TutorialError):
         stacks: dict[int, str] | None = None,
         job: object | None = None,
         headline: object | None = None,
+        output: list[str] | None = None,
     ) -> None:
         super().__init__(summary)
         self.summary = summary
@@ -122,9 +127,10 @@ class LaunchError(TutorialError):
         self.failure = failure
         self.output_tail = list(output_tail or [])
         self.stacks = dict(stacks or {})
-        self.where = {rank: innermost_frame(text) for rank, text in self.stacks.items()}
+        self.where = places(self.stacks)
         self.job = job
         self.headline = headline
+        self.output = output if output is not None else []  # the launcher's list, not copied
         self.diagnosis = None
 
     @property
@@ -195,7 +201,7 @@ class LaunchTimeout(LaunchError):
         stacks: ``{rank: text}``: each rank's Python stack at the timeout, as ``faulthandler`` prints it
             (most recent call first), for ranks that catch SIGUSR1 (every rank the launcher starts: its runner
             registers ``faulthandler`` before the script runs); empty where none answered.
-        where: ``{rank: "file:line in function"}``: the innermost frame of each rank's main thread.
+        where: ``{rank: Place}``: where each rank's main thread was (see ``LaunchError``).
     """
 
     def __init__(self, summary: str, *, timeout_s: float, last_steps: dict[int, int],

@@ -118,7 +118,7 @@ def test_a_hang_becomes_launch_timeout_and_every_process_is_stopped(run_root):
     assert "timed out after 25 s" in str(e) and f"last step per rank: {e.last_steps}" in str(e)
     record = json.loads((e.run_dir / "run.json").read_text())  # the run directory says so too (bench, doctor)
     assert record["status"] == "timeout" and record["timeout_s"] == 25 and record["wall_time_s"] >= 25
-    assert "inject_failure" in record["where"]["1"], record["where"]
+    assert record["where"]["1"]["own"]["function"] == "inject_failure", record["where"]
     alone = tl.diagnose(e.run_dir)  # e.g. `python -m tutorial_lib doctor RUN_DIR` after a notebook's timeout
     assert alone.cause_id == tl.diagnose(e).cause_id == CauseId.HANG_WALL_CLOCK and alone.timeout_s == 25
     assert alone.where == e.where and alone.last_steps == e.last_steps
@@ -134,7 +134,7 @@ def test_a_stall_ends_the_job_after_stall_timeout_s_without_progress_whatever_th
     e, elapsed = info.value, time.monotonic() - start
     assert e.limit == "stall_timeout_s" and e.timeout_s == 3 and e.last_steps == {0: 2, 1: 2}
     assert elapsed < 120, "stopped by the stall detector, far before the 300 s wall-clock limit"
-    assert "made no progress for 3 s" in e.summary and "inject_failure" in e.where[1], e.where
+    assert "made no progress for 3 s" in e.summary and e.where[1].own.function == "inject_failure", e.where
     record = json.loads((e.run_dir / "run.json").read_text())
     assert record["status"] == "timeout" and record["limit"] == "stall_timeout_s"
     alone = tl.diagnose(e.run_dir)

@@ -146,7 +146,8 @@ def test_failure_trials_raise_the_right_error_and_leave_no_process(run_root, tri
         dump = next(i for i, line in enumerate(log) if "(most recent call first)" in line)  # the launcher asked
         asleep = {rank for rank in (0, 1) if f"[rank {rank}] sleeping" in log[:dump]}
         assert asleep, "no rank started within 20 s"
-        assert {r: w for r, w in info.value.where.items() if r in asleep} == {r: f"sleeper.py:{line} in main" for r in asleep}
+        assert {r: (w.innermost.name, w.innermost.line, w.innermost.function) for r, w in info.value.where.items()
+                if r in asleep} == {r: ("sleeper.py", line, "main") for r in asleep}
     elif kind == "crash":
         with pytest.raises(tl.LaunchError) as info:
             tl.run_script("ddp_train", ["--max-steps", 5, "--fail-rank", 1, "--fail-step", 1], **spec)

@@ -226,6 +226,9 @@ def test_the_truth_of_a_failed_run_is_the_doctors_rank_and_cause_and_the_innermo
     assert found_in(base / "14-compile-recompile-limit", "compile_train.py") == Found(
         first_error(base / "14-compile-recompile-limit"), 189, CauseId.COMPILE_RECOMPILE_LIMIT)
     assert found_in(base / "07-hang-collective-timeout", "ddp_train.py") is None  # captured before run.json's where
+    # A fatal signal (gloo's abort): the innermost frame of the script in faulthandler's report, read from the doctor's
+    # Frame values (Diagnosis.stack; a regex over their text found none before issue 48).
+    assert found_in(base / "07-skipped-collective", "ddp_train.py") == Found(0, 295, CauseId.COLLECTIVE_MISMATCH)
     log = (base / "07-crashing-rank" / "output.log").read_text()
     assert 'ddp_train.py", line 201, in inject_failure' in log, "line 201 is the frame that raised, the innermost"
 

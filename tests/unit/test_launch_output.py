@@ -19,6 +19,7 @@ from tutorial_lib.launcher.plan import plan_launch
 from tutorial_lib.runs.rundir import RunRecord, RunStatus
 from tutorial_lib.torchrun.output_lines import rank_lines
 from tutorial_lib.torchrun.noise import NoiseFilter
+from tutorial_lib.torchrun.stacks import Frame, Place
 
 
 
@@ -154,13 +155,22 @@ def test_run_json_has_one_schema_and_reads_back(tmp_path):
     """run.json is written by RunRecord only; an older or partial record still reads (unknown shape: None)."""
     import json
 
+    own, sleep = Frame("/r/t.py", 3, "main"), Frame("/lib/python3.11/site-packages/x.py", 9, "wait")
     RunRecord(RunStatus.TIMEOUT, 12.5, nnodes=2, nproc_per_node=2, device="cpu", summary="t.py timed out",
-              timeout_s=5, limit="stall_timeout_s", where={1: "t.py:3 in main"}).write(tmp_path)
+              timeout_s=5, limit="stall_timeout_s", where={1: Place(own, sleep)}).write(tmp_path)
     data = json.loads((tmp_path / "run.json").read_text())
-    assert data["status"] == "timeout" and data["where"] == {"1": "t.py:3 in main"} and data["in_process"] is False
+    assert data["status"] == "timeout" and data["in_process"] is False
+    assert data["where"] == {"1": {"own": {"file": "/r/t.py", "line": 3, "function": "main"},
+                                   "innermost": {"file": "/lib/python3.11/site-packages/x.py", "line": 9,
+                                                 "function": "wait"}}}, "a value: nothing to parse back"
     assert set(data) == set(RunRecord.__dataclass_fields__)
     back = RunRecord.read(tmp_path)
-    assert back.status == RunStatus.TIMEOUT == "timeout" and back.where == {1: "t.py:3 in main"} and back.timeout_s == 5
+    assert back.status == RunStatus.TIMEOUT == "timeout" and back.where == {1: Place(own, sleep)} and back.timeout_s == 5
+    # A run.json written before places were values holds their text: it reads as the same places (file names only).
+    data["where"] = {"0": "t.py:3 in main -> x.py:9 in wait", "1": "t.py:3 in <module>", "2": "not a place"}
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    assert RunRecord.read(tmp_path).where == {0: Place(Frame("t.py", 3, "main"), Frame("x.py", 9, "wait")),
+                                              1: Place(Frame("t.py", 3, "<module>"), Frame("t.py", 3, "<module>"))}
     (tmp_path / "run.json").write_text(json.dumps({"status": "failed", "returncode": 1}))
     old = RunRecord.read(tmp_path)
     assert old.status == RunStatus.FAILED and old.returncode == 1 and old.nproc_per_node is None
@@ -227,6 +237,7 @@ def test_the_failure_outcome_explains_torchruns_own_failure_from_the_transcript(
     assert str(error).startswith("t.py failed: torchrun exited with code 1: the port, picked as free for this launch")
     assert outcome.status == RunStatus.FAILED and outcome.elapsed_s == 2.5 and str(outcome.cause) == record.summary
     assert error.returncode == 1 and error.failure is None and error.output_tail == pump.transcript
+    assert error.output is pump.transcript, "the doctor reads the lines the launcher held, not output.log again"
     assert record.status == RunStatus.FAILED and record.returncode == 1 and record.summary == error.summary
     assert not (tmp_path / "run.json").exists(), "launch writes the record after the view's last word"
 

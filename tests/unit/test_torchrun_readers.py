@@ -8,7 +8,7 @@ from tutorial_lib.torchrun.noise import NoiseFilter
 from tutorial_lib.torchrun.output_lines import label_line, rank_lines, torchrun_output
 from tutorial_lib.torchrun.rank_logs import NodeLogs
 from tutorial_lib.torchrun.root_cause import find_root_cause
-from tutorial_lib.torchrun.stacks import innermost_frame, stacks_by_rank, without_tracebacks
+from tutorial_lib.torchrun.stacks import Frame, Place, innermost_frame, stacks_by_rank, without_tracebacks
 from tutorial_lib.torchrun.tee import RankTails, TeeSplitter, split_rank_prefix, split_tee_line
 
 
@@ -143,7 +143,9 @@ def test_stacks_by_rank_keeps_each_ranks_last_faulthandler_dump():
     ]
     stacks = stacks_by_rank(ranked)
     assert set(stacks) == {1} and "in old" not in stacks[1] and "threading.py" in stacks[1]
-    assert innermost_frame(stacks[1]) == "ddp_train.py:210 in inject_failure"
+    frame = Frame("/r/ddp_train.py", 210, "inject_failure")
+    assert innermost_frame(stacks[1]) == Place(own=frame, innermost=frame)
+    assert str(innermost_frame(stacks[1])) == "ddp_train.py:210 in inject_failure"
     assert stacks_by_rank([]) == {} and stacks_by_rank([(None, "Current thread 0x1 (most recent call first):")]) == {}
 
 

@@ -2,10 +2,11 @@
 
 ``diagnose(run_dir)`` (or ``diagnose(error)`` with the ``LaunchError`` a launch raised) reads what a run
 left behind: torchrun's failure summary and the per-rank ``error.json`` files ``@record`` wrote (read by
-``tutorial_lib.torchrun``), ``output.log`` (every rank's stdout and stderr), ``run.json`` and the per-rank
-metrics. It names the rank that failed first, its exit code (and the signal behind a negative one), the last
-lines of its traceback, the last step every rank logged, and a suspected cause: the first of the known messages
-(``tutorial_lib.diagnosis.causes``) that the evidence holds, each with a one-line fix and the notebook that shows it.
+``tutorial_lib.torchrun``), ``output.log`` (every rank's stdout and stderr; of a launch's error, the lines the launcher
+held, ``LaunchError.output``: the file is not read again), ``run.json`` and the per-rank metrics. It names the rank
+that failed first, its exit code (and the signal behind a negative one), the last lines of its traceback, the last
+step every rank logged, and a suspected cause: the first of the known messages (``tutorial_lib.diagnosis.causes``)
+that the evidence holds, each with a one-line fix and the notebook that shows it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from ..runs.metrics import last_steps as logged_last_steps
 from ..runs.printed_metrics import last_printed_steps
 from ..runs.rundir import COMMAND_TXT, LOGS, OUTPUT_LOG, RunRecord, RunStatus, available_scripts, node_log_dirs
 from ..torchrun.attempts import attempts, read_error_file
-from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, FAULTHANDLER_FRAME, NPROC_PER_NODE_ARG,
-                                SYNTAX_ERROR_LINE, SYNTAX_FILE_LINE, TRACEBACK_FRAME, TRACEBACK_START)
+from ..torchrun.formats import (CHILD_FAILED, DOCTOR_NOISE, EXCEPTION_LINE, NPROC_PER_NODE_ARG, SYNTAX_ERROR_LINE,
+                                SYNTAX_FILE_LINE, TRACEBACK_FRAME, TRACEBACK_START)
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import FINISHED, LOST_PEER, STOPPED, before_the_last_attempt, find_root_cause
-from ..torchrun.stacks import (fatal_report, innermost_frame, last_meaningful_line,
+from ..torchrun.stacks import (Place, all_frames, fatal_report, innermost_frame, last_meaningful_line, places,
                                stopped_ranks_stacks)
 from ..torchrun.output_lines import rank_lines, torchrun_output
 from ..torchrun.rank_logs import labelled_output
@@ -34,7 +35,7 @@ from .causes import (CAUSES, EVERY_RANK_RAISED_FIX, EXCEPTION_FIX, EXIT_FIX, FIN
                      NCCL_TIMEOUT, NEVER_STARTS_FIX, NO_ERROR_FIX, P2P_HINT, REFUSED_FIX, SIGNAL_FIX, SIGNAL_FIXES, STOPPED_FIX,
                      SYNTAX_FIX, UNKNOWN_FIX, CauseId, cause_by_id, exit_code_meaning, signal_name)
 from .waiting import waiting_cause
-from .report import COLLECTIVE_FRAME, Diagnosis
+from .report import Diagnosis, in_collective
 
 # The launcher's helpers that run the learner's script (command.txt names them before the script itself).
 _RUNNERS = ("rank_runner.py", "warm_start.py")
@@ -107,25 +108,32 @@ def _exception_line(traceback: str) -> str:
     return exceptions[-1] if exceptions else (lines[-1] if lines else "")
 
 
-def _fatal_error(lines: list[str]) -> str:
-    """``"Fatal Python error: Segmentation fault at train.py:12 in main -> distributed.py:1473 in _ddp_init_helper"``.
+def _fatal_error(lines: list[str]) -> tuple[str, Place | None]:
+    """``("Fatal Python error: Segmentation fault", place)``: the first fatal error in ``lines`` and where the crashing
+    thread was (``None``: its stack names no frame); ``("", None)`` if there is none.
 
     Python's faulthandler (enabled in torchrun's workers) prints the fatal error, then the crashing thread's
     stack, innermost frame first; ``innermost_frame`` reads it as the launcher does for stacks on a timeout.
     """
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error:"):
-            where = innermost_frame("\n".join(lines[i + 1:i + 40]))
-            return line.strip() + (f" at {where}" if where else "")
-    return ""
+            return line.strip(), innermost_frame("\n".join(lines[i + 1:i + 40]))
+    return "", None
+
+
+def _fatal_evidence(lines: list[str]) -> str:
+    """``"Fatal Python error: Segmentation fault at train.py:12 in main -> distributed.py:1473 in _ddp_init_helper"``
+    (``_fatal_error``, shown), or ``""``."""
+    error, place = _fatal_error(lines)
+    return error + (f" at {place}" if error and place is not None else "")
 
 
 def _aborted_in_collective(signal_name_: str | None, lines: list[str]) -> bool:
     """A rank that gloo aborted (SIGABRT, ``gloo::EnforceNotMet``) while its main thread was in a collective."""
     if signal_name_ != "SIGABRT" or not any("gloo::EnforceNotMet" in line for line in lines):
         return False
-    where = _fatal_error(lines)
-    return bool(where) and COLLECTIVE_FRAME.search(where) is not None
+    _error, place = _fatal_error(lines)
+    return place is not None and in_collective(place)
 
 
 def _last_steps(run_dir: Path) -> dict[int, int]:
@@ -180,12 +188,15 @@ class _RankOutput:
 
 
 def _read_output(run_dir: Path, error: LaunchError | None) -> str:
-    """The run's ``output.log`` (``""`` if there is none), after checking that ``run_dir`` is a run directory.
+    """The run's ``output.log`` (``""`` if there is none), after checking that ``run_dir`` is a run directory; of an
+    error the launcher raised, the lines it held (``error.output``), not the file.
 
     Raises:
         ConfigError: not a run directory, or (given a folder, not an error) one whose launch did not start.
     """
     _check_run_dir(run_dir)
+    if error is not None and error.output:
+        return "\n".join(error.output)  # the launcher's transcript: output.log's lines, as written
     log_path = run_dir / OUTPUT_LOG
     # No output.log: a torchrun job the launcher did not pump (a torchft replica group's attempt): the ranks' own logs
     output = log_path.read_text(errors="replace") if log_path.exists() else labelled_output(run_dir / LOGS)
@@ -229,16 +240,16 @@ def _run_last_steps(run_dir: Path, error: LaunchError | None) -> dict[int, int]:
 
 
 def _where(run_dir: Path, error: LaunchError | None, record: RunRecord | None, ranked: list[tuple[int | None, str]],
-           failure: RankFailure, timed_out: bool) -> dict[int, str]:
-    """``{rank: "file:line in function"}``: the error's or ``run.json``'s stacks, else (not on a timeout) those
-    the other ranks printed when torchrun stopped them (SIGTERM)."""
+           failure: RankFailure, timed_out: bool) -> dict[int, Place]:
+    """``{rank: Place}``: the error's or ``run.json``'s, else (not on a timeout) where the stacks the other ranks
+    printed when torchrun stopped them (SIGTERM) say they were."""
     where = dict(getattr(error, "where", {}) or {})
     where = where or (dict(record.where) if record is not None else {})
     if not where and not timed_out:
         themselves = [e.rank for e in failure.ends if e.rank is not None and e.rank not in failure.stopped]
         stacks = stopped_ranks_stacks(ranked, run_dir / LOGS, one_node=not node_log_dirs(run_dir),
                                       failed_rank=failure.rank, failed_themselves=themselves)
-        where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+        where = places(stacks)
     return where
 
 
@@ -271,8 +282,7 @@ def _failed_diagnosis(run_dir: Path, error: LaunchError | None, record: RunRecor
         traceback_tail=tb_lines[-3:] or list(failure.log_tail[-3:]), last_steps=last_steps,
         where=_where(run_dir, error, record, ranks.ranked, failure, timed_out), timeout_s=timeout_s, limit=limit,
         raised=failure.raised, signals=failure.signals, finished=failure.finished,
-        stack=[f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in map(FAULTHANDLER_FRAME.match, fatal.splitlines())
-               if m],
+        stack=all_frames(fatal.splitlines()),
     )
 
 
@@ -305,7 +315,7 @@ def _match_cause(diagnosis: Diagnosis, texts: list[str], timed_out: bool) -> boo
 
 def _last_words(failure: RankFailure, rank_lines_: list[str]) -> str:
     """A rank's faulthandler report, else the last line of its log tail (not faulthandler's module list)."""
-    return _fatal_error(failure.fatal_error.splitlines()) or _fatal_error(rank_lines_) or next(
+    return _fatal_evidence(failure.fatal_error.splitlines()) or _fatal_evidence(rank_lines_) or next(
         (t for t in reversed(failure.log_tail) if t.strip() and not t.startswith("Extension modules")), "")
 
 
@@ -361,7 +371,7 @@ def _fallback_cause(diagnosis: Diagnosis, failure: RankFailure, rank_lines_: lis
     elif _aborted_in_collective(diagnosis.signal, rank_lines_):
         diagnosis.cause_id = CauseId.COLLECTIVE_MISMATCH
         diagnosis.fix_text = Message(cause_by_id(CauseId.COLLECTIVE_MISMATCH).fix)
-        diagnosis.evidence = _fatal_error(rank_lines_)
+        diagnosis.evidence = _fatal_evidence(rank_lines_)
     elif diagnosis.signal is not None:
         diagnosis.cause_id, diagnosis.cause_fields = CauseId.KILLED_BY_SIGNAL, {"signal": diagnosis.signal}
         diagnosis.fix_text = Message(SIGNAL_FIXES.get(diagnosis.signal, SIGNAL_FIX))
@@ -389,8 +399,7 @@ def _stopped_diagnosis(run_dir: Path, record: RunRecord, ranks: _RankOutput, las
     stacks faulthandler printed when torchrun stopped them (SIGTERM)."""
     interrupted = record.status == RunStatus.INTERRUPTED
     stacks = stopped_ranks_stacks(ranks.ranked, run_dir / LOGS, one_node=not node_log_dirs(run_dir), failed_rank=None)
-    where = dict(record.where) or {rank: innermost_frame(stack) for rank, stack in stacks.items()}
-    where = {rank: place for rank, place in where.items() if place}
+    where = dict(record.where) or places(stacks)
     evidence = f"run.json: status {record.status.value} after {record.wall_time_s:.1f} s"
     if interrupted:
         fix = Message(INTERRUPTED_FIX)

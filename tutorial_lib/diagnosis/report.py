@@ -9,12 +9,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..i18n import Joined, Message, _, ngettext, render
+from ..torchrun.stacks import Frame, Place
 from .causes import CauseId, cause_message
 
-# A native abort inside a collective (or inside backward, where DDP's all-reduces run), thrown by gloo's own
-# checks: a mismatched collective even where the message is gone (torch 2.8 prints no "doesn't match").
-COLLECTIVE_FRAME = re.compile(r"in (all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
-                              r"reduce|gather|scatter|_engine_run_backward|run_backward)$")
+# The functions of a collective (or of backward, where DDP's all-reduces run): a rank stopped there was in one. A
+# native abort there, thrown by gloo's own checks, is a mismatched collective even where the message is gone (torch
+# 2.8 prints no "doesn't match").
+COLLECTIVE_FUNCTION = re.compile(r"all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
+                                 r"reduce|gather|scatter|_engine_run_backward|run_backward")
+
+
+def in_collective(place: Place) -> bool:
+    """Whether ``place``'s innermost frame is a collective's function (``COLLECTIVE_FUNCTION``)."""
+    return COLLECTIVE_FUNCTION.fullmatch(place.innermost.function) is not None
+
+
+def _elsewhere(place: Place) -> bool:
+    """Whether a rank at ``place`` was outside torch.distributed: not in a collective, no frame of a file or function
+    named for it."""
+    return not in_collective(place) and not any("distributed" in f.name or "distributed" in f.function
+                                                for f in place.frames)
 
 
 @dataclass
@@ -32,7 +46,9 @@ class Diagnosis:
         traceback_tail: the last lines of the root-cause traceback (or of the rank's log).
         last_steps: ``{rank: last step}`` from the metrics JSON, else from the printed lines ``loss_pattern`` read
             (ranks that logged nothing are absent).
-        where: ``{rank: "file:line in function"}`` from the stacks of a ``LaunchTimeout`` (else empty).
+        where: ``{rank: Place}``: where each rank other than the failed one was when it was stopped (its innermost
+            frames: ``tutorial_lib.torchrun.stacks.Place``, ``str()``: ``"train.py:12 in main"``), from the error's
+            stacks, ``run.json`` or the stacks the ranks printed (else empty).
         cause_id: the suspected cause, one value (``causes.CauseId``): a known message's (``CAUSES``), or the
             doctor's own conclusion: ``PYTHON_EXCEPTION``, ``KILLED_BY_SIGNAL``, ``EXITED_WITHOUT_TRACEBACK``
             (``sys.exit(3)``, ``os._exit(3)``), ``DIED_WITHOUT_ERROR`` (no traceback, no exit code: its peers lost the
@@ -53,8 +69,9 @@ class Diagnosis:
             one: the same code failed on several ranks, no peer's failure.
         signals: ``{rank: signal name}`` of every rank a fatal signal killed (``{0: "SIGFPE", 1: "SIGSEGV"}``).
         finished: the ranks whose script returned (exit code 0) while the others failed.
-        stack: the Python stack faulthandler printed when a fatal signal killed the rank (most recent call first,
-            the workbook's runner frames left out; the whole report is in the rank's log), else empty.
+        stack: the Python stack faulthandler printed when a fatal signal killed the rank, as ``Frame`` values (most
+            recent call first, the workbook's runner frames left out; the whole report is in the rank's log), else
+            empty.
         submitted: ``False`` when the batch system refused the job at submission (run.json's status ``"refused"``):
             nothing ran, ``evidence`` is sbatch's message (``cause`` ``"sbatch refused the job"``).
     """
@@ -67,7 +84,7 @@ class Diagnosis:
     error: str = ""
     traceback_tail: list[str] = field(default_factory=list)
     last_steps: dict[int, int] = field(default_factory=dict)
-    where: dict[int, str] = field(default_factory=dict)
+    where: dict[int, Place] = field(default_factory=dict)
     cause_id: CauseId = CauseId.UNKNOWN
     cause_fields: dict[str, object] = field(default_factory=dict)
     evidence: str = ""
@@ -78,7 +95,7 @@ class Diagnosis:
     raised: list[int] = field(default_factory=list)
     signals: dict[int, str] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
-    stack: list[str] = field(default_factory=list)
+    stack: list[Frame] = field(default_factory=list)
     submitted: bool = True
 
     def rows(self) -> list[tuple[str, str]]:
@@ -96,7 +113,7 @@ class Diagnosis:
                        _("{run} was stopped by the process that launched it ({evidence}); no rank had failed",
                          run=self.run_dir.name, evidence=self.evidence))
             rows = [(_("stopped"), stopped), (_("last step"), steps or _("no rank logged a step"))]
-            rows += [(_("rank {rank} was in", rank=r), w) for r, w in sorted(self.where.items())]
+            rows += [(_("rank {rank} was in", rank=r), str(w)) for r, w in sorted(self.where.items())]
             return rows + [(_("suspected cause"), cause), (_("fix"), fix)]
         if not self.failed and not self.recovered:
             return [(_("run"), _("{run} finished without error", run=self.run_dir.name)),
@@ -133,13 +150,12 @@ class Diagnosis:
                                                  "ranks {ranks} returned (exit code 0)", len(self.finished),
                                                  ranks=", ".join(map(str, self.finished)))))
         for i, frame in enumerate(self.stack[:4]):
-            rows.append((_("stack") if i == 0 else "", frame.strip()))
+            rows.append((_("stack") if i == 0 else "", str(frame)))
         rows.append((_("last step"), steps or _("no rank logged a step")))
         for r, w in sorted(self.where.items()):
-            elsewhere = (self.cause_id == CauseId.COLLECTIVE_TIMEOUT and r != self.rank
-                         and not COLLECTIVE_FRAME.search(w) and "distributed" not in w)
+            elsewhere = self.cause_id == CauseId.COLLECTIVE_TIMEOUT and r != self.rank and _elsewhere(w)
             rows.append((_("rank {rank} was in", rank=r),
-                         w + (_(": never reached the collective the others waited in") if elsewhere else "")))
+                         str(w) + (_(": never reached the collective the others waited in") if elsewhere else "")))
         shown = self.evidence and self.evidence != self.error  # the error line is shown once, above
         rows.append((_("suspected cause"), cause + (_(": {evidence}", evidence=clip(self.evidence)) if shown else "")))
         rows.append((_("fix"), fix))

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from ..diagnosis.causes import CauseId
 from ..diagnosis.doctor import diagnose
-from ..diagnosis.report import COLLECTIVE_FRAME
+from ..diagnosis.report import in_collective
 from ..errors import ConfigError, LaunchError
 from ..i18n import Message, render
 from ..runs.run_logs import read_output_log
@@ -64,24 +64,18 @@ def found_in(run_dir: str | Path, script_name: str) -> Found | None:
         return None
     if diagnosis.cause_id in HANGS:
         outside = {rank: place for rank, place in diagnosis.where.items()
-                   if rank != diagnosis.rank and not _in_collective(place)}
+                   if rank != diagnosis.rank and not in_collective(place)}
         if len(outside) != 1:
             return None
         (rank, place), = outside.items()
-        match = re.search(rf"(?:^|[\s/]){re.escape(script_name)}:(\d+) in ", place)
-        return Found(rank, int(match[1]), diagnosis.cause_id) if match else None
-    lines = [text for rank, text in rank_lines(read_output_log(run_dir)) if rank == diagnosis.rank]
+        frame = next((f for f in place.frames if f.name == script_name), None)
+        return Found(rank, frame.line, diagnosis.cause_id) if frame else None
     if diagnosis.stack:  # a fatal signal: faulthandler's report, most recent call first
-        lines = list(reversed(diagnosis.stack))
-    frames = [m for m in (ANY_FRAME.search(text) for text in lines) if m and Path(m["path"]).name == script_name]
-    return Found(diagnosis.rank, int(frames[-1]["line"]), diagnosis.cause_id) if frames else None
-
-
-def _in_collective(place: str) -> bool:
-    """Whether a stopped rank's place (``"train.py:12 in main -> distributed_c10d.py:3252 in all_reduce"``) is
-    inside a collective (its innermost frame)."""
-    innermost = place.split(" -> ")[-1]
-    return bool(COLLECTIVE_FRAME.search(innermost.strip()))
+        lines = [frame.line for frame in reversed(diagnosis.stack) if frame.name == script_name]
+    else:
+        lines = [int(m["line"]) for m in (ANY_FRAME.search(text) for rank, text in rank_lines(read_output_log(run_dir))
+                                          if rank == diagnosis.rank) if m and Path(m["path"]).name == script_name]
+    return Found(diagnosis.rank, lines[-1], diagnosis.cause_id) if lines else None
 
 
 def shown_lines(run_dir: str | Path, last: int, script_name: str) -> dict[int, list[str]]:

@@ -5,7 +5,6 @@ then fixed; a collective inside ``if rank == 0:``. The hang's script is exercise
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -60,8 +59,8 @@ def hang_culprit(ctx: Context) -> tuple[int, int]:
             try:
                 ctx.launch([folder], script=folder / "train.py", timeout_s=LIMIT_S, live="off")
             except LaunchError as e:
-                places = {rank: re.match(r"train\.py:(\d+) in <module>", where) for rank, where in e.where.items()}
-                found = [(rank, int(m[1])) for rank, m in sorted(places.items()) if m]
+                found = [(rank, place.own.line) for rank, place in sorted(e.where.items())
+                         if (place.own.name, place.own.function) == ("train.py", "<module>")]
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if len(found) == 1:

@@ -16,7 +16,7 @@ from ..runs.rundir import LOGS, RunRecord, RunStatus
 from ..torchrun.root_cause import find_root_cause
 from ..torchrun.noise import NoiseFilter
 from ..torchrun.root_cause import FINISHED, SIGNAL, RankFailure
-from ..torchrun.stacks import innermost_frame, learner_stack, stopped_ranks_stacks
+from ..torchrun.stacks import Place, learner_stack, places, stopped_ranks_stacks
 from ..torchrun.output_lines import parse_line, torchrun_output
 from .live import Outcome
 from .output import OutputPump
@@ -100,12 +100,12 @@ def failure_text(failure: RankFailure) -> Message | Joined:
     return parts[0] if len(parts) == 1 else joined(parts, "")
 
 
-def when_stopped(where: dict[int, str]) -> str:
+def when_stopped(where: dict[int, Place]) -> str:
     """The English tail of a failure's summary that says where each stopped rank was (``"; when stopped: rank 0 was
     in train.py:12 in main"``), ``""`` for none.
 
     Args:
-        where: ``{rank: "file:line in function"}`` (``LaunchError.where``).
+        where: ``{rank: Place}`` (``LaunchError.where``).
     """
     if not where:
         return ""
@@ -168,12 +168,13 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
                                   failed_rank=failure.rank if failure else None,
                                   failed_themselves=_failed_themselves(failure))
     stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
-    where = {rank: innermost_frame(stack) for rank, stack in stacks.items()}
+    where = places(stacks)
     summary += when_stopped(where)
     record = RunRecord(RunStatus.FAILED, wall_time_s, **plan.shape(start), returncode=returncode, summary=summary,
                        where=where)
     error = LaunchError(summary, run_dir=plan.run_dir, command=command, returncode=returncode, failure=failure,
-                        output_tail=output_tail(pump.transcript), stacks=stacks, headline=headline)
+                        output_tail=output_tail(pump.transcript), stacks=stacks, headline=headline,
+                        output=pump.transcript)
     return error, record, outcome
 
 
@@ -198,15 +199,16 @@ def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float
     stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
     summary = (f"{plan.script.name} {what} and was stopped; "
                f"ranks still running: {ranks_running or 'none'}; last step per rank: {last_steps or 'none'}")
+    where = places(stacks)
     if stacks:
         summary += "; where each rank was: " + "; ".join(
-            f"rank {rank} in {innermost_frame(stack)}" for rank, stack in sorted(stacks.items()))
+            f"rank {rank} in {where.get(rank, '')}" for rank in sorted(stacks))
     error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                           run_dir=plan.run_dir, command=command, returncode=returncode,
-                          output_tail=output_tail(pump.transcript),
+                          output_tail=output_tail(pump.transcript), output=pump.transcript,
                           headline=Message(N_("{script} {what} and was stopped"), {"script": plan.script.name, "what": short}))
     record = RunRecord(RunStatus.TIMEOUT, elapsed, **plan.shape(start), summary=summary, timeout_s=limit_s, limit=limit,
-                       where={rank: innermost_frame(stack) for rank, stack in stacks.items()})
+                       where=where)
     return error, record, Outcome(RunStatus.TIMEOUT, elapsed, short)
 
 
@@ -225,8 +227,10 @@ def stopped_outcome(plan: LaunchPlan, exc: BaseException, elapsed: float, *,
 
 def with_diagnosis(error: LaunchError) -> LaunchError:
     """``error`` with the doctor's report made now, once, from the run's evidence (``error.diagnosis``: what
-    ``tl.diagnose(error)`` returns without reading the run directory again). Call it after run.json is written. A
-    doctor that cannot read the run is logged and leaves ``diagnosis`` ``None``: it never hides the launch's error."""
+    ``tl.diagnose(error)`` returns without reading the run directory again): the output the launcher held
+    (``error.output``, the lines it wrote to ``output.log``: the file is not read again), its root cause and stacks.
+    Call it after run.json is written. A doctor that cannot read the run is logged and leaves ``diagnosis`` ``None``:
+    it never hides the launch's error."""
     try:
         error.diagnosis = examine(error)
     except Exception:  # noqa: BLE001

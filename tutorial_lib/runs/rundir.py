@@ -43,7 +43,9 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
 ``summary``           the one-line summary the launcher printed (``""`` when it finished)
 ``timeout_s``         the limit that stopped the job, seconds (``status == "timeout"`` only)
 ``limit``             which limit: ``"timeout_s"`` (wall clock) or ``"stall_timeout_s"`` (no progress)
-``where``             ``{rank: "file:line in function"}``: where each rank was when it was stopped
+``where``             ``{rank: place}``: where each rank was when it was stopped (``torchrun.stacks.Place.as_dict``:
+                      ``own`` and ``innermost``, each ``{file, line, function}``; older files: the text
+                      ``"file:line in function"``, read as a ``Place`` too)
 ``in_process``        ``True`` for ``run_in_process`` (no torchrun)
 ``start``             ``"warm"`` (torchrun and the ranks forked from the kernel's warm-start helper, see
                       ``tutorial_lib.launcher.warm``) or ``"cold"`` (each imported torch itself)
@@ -70,6 +72,7 @@ from enum import Enum
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..torchrun.stacks import Place
 
 LESSONS_DIR = Path(__file__).resolve().parents[1] / "lessons"
 RUNS_DIR_ENV = "TUTORIAL_LIB_RUNS_DIR"
@@ -354,7 +357,7 @@ class RunRecord:
     summary: str = ""
     timeout_s: float | None = None
     limit: str | None = None
-    where: dict[int, str] = field(default_factory=dict)
+    where: dict[int, Place] = field(default_factory=dict)
     in_process: bool = False
     start: str = "cold"
     slurm_job: dict | None = None
@@ -365,7 +368,7 @@ class RunRecord:
         """Write ``<run_dir>/run.json``; returns its path."""
         data = asdict(self)
         data["status"] = RunStatus(self.status).value
-        data["where"] = {str(rank): place for rank, place in sorted(self.where.items())}
+        data["where"] = {str(rank): place.as_dict() for rank, place in sorted(self.where.items())}
         path = Path(run_dir) / RUN_RECORD
         path.write_text(json.dumps(data, indent=1) + "\n")
         return path
@@ -382,7 +385,8 @@ class RunRecord:
             return None
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
         known["status"] = status
-        known["where"] = {int(rank): place for rank, place in (data.get("where") or {}).items()}
+        read = {int(rank): Place.read(place) for rank, place in (data.get("where") or {}).items()}
+        known["where"] = {rank: place for rank, place in read.items() if place is not None}
         record = cls(**{"wall_time_s": 0.0, **known})
         if "nproc_per_node" not in data:
             record.nproc_per_node = record.nnodes = None  # type: ignore[assignment]  # unknown, see docstring

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from .attempts import last_attempt
-from .formats import COMPILER_FRAME
+from .formats import COMPILER_FRAME, FAULTHANDLER_FRAME
 
 CHAINED_HEADER = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 
@@ -214,35 +215,132 @@ def last_traceback(lines) -> str:
     return "\n".join(lines[start:end + 1]) if end is not None else ""
 
 
-def innermost_frame(stack: str) -> str:
-    """Where the main thread of a ``faulthandler`` dump is: ``"file:line in function"``.
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a Python stack, as a traceback or a ``faulthandler`` dump names it.
+
+    Attributes:
+        file: the file's path, as printed (``"/home/me/train.py"``; a frozen module's ``"<frozen runpy>"``).
+        line: the line number in it (1-based).
+        function: the function's name (``"<module>"`` for a script's top level).
+
+    ``str(frame)``: ``"train.py:12 in main"`` (the file's name only).
+    """
+
+    file: str
+    line: int
+    function: str
+
+    @property
+    def name(self) -> str:
+        """The file's name without its folder: ``"train.py"``."""
+        return Path(self.file).name
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.line} in {self.function}"
+
+    def as_dict(self) -> dict[str, object]:
+        """``{"file": ..., "line": ..., "function": ...}``, for ``run.json``."""
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Frame":
+        """The frame ``as_dict`` wrote."""
+        return cls(str(data["file"]), int(data["line"]), str(data["function"]))
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank's main thread was when it printed its stack: the innermost frame of the script's own code
+    (``own``), and the innermost frame overall (``innermost``: the same frame, unless the script had called into a
+    library: torch's ``all_reduce``, Python's ``time.sleep`` wrapper).
+
+    ``str(place)``: ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``, or ``"train.py:12 in
+    main"`` when the two are one frame.
+    """
+
+    own: Frame
+    innermost: Frame
+
+    @property
+    def frames(self) -> tuple[Frame, ...]:
+        """``(own, innermost)``, or ``(own,)`` when they are one frame."""
+        return (self.own,) if self.own == self.innermost else (self.own, self.innermost)
+
+    def __str__(self) -> str:
+        return " -> ".join(map(str, self.frames))
+
+    def as_dict(self) -> dict[str, object]:
+        """``{"own": frame, "innermost": frame}`` (``Frame.as_dict``), for ``run.json``."""
+        return {"own": self.own.as_dict(), "innermost": self.innermost.as_dict()}
+
+    @classmethod
+    def read(cls, data: dict | str) -> "Place | None":
+        """The place ``as_dict`` wrote into ``run.json``; from a ``run.json`` written before places were values, its
+        text (``str(place)``, file names only); ``None`` for anything else."""
+        if isinstance(data, dict):
+            try:
+                return cls(Frame.from_dict(data["own"]), Frame.from_dict(data["innermost"]))
+            except (KeyError, TypeError, ValueError):
+                return None
+        frames = []
+        for part in str(data).split(" -> "):
+            head, said_in, function = part.rpartition(" in ")
+            file, colon, line = head.rpartition(":")
+            if not (said_in and colon and line.isdigit() and function):
+                return None
+            frames.append(Frame(file, int(line), function))
+        return cls(frames[0], frames[-1]) if len(frames) in (1, 2) else None
+
+
+def dump_frames(lines) -> list[Frame]:
+    """The frames of the first thread of a ``faulthandler`` dump in ``lines`` (most recent call first, as printed),
+    up to the next thread; ``[]`` if there is none."""
+    frames: list[Frame] = []
+    for line in lines:
+        match = FAULTHANDLER_FRAME.match(line)
+        if match:
+            frames.append(Frame(match["path"], int(match["line"]), match["function"]))
+        elif frames:
+            break  # the next thread
+    return frames
+
+
+def all_frames(lines) -> list[Frame]:
+    """Every ``faulthandler`` frame in ``lines``, every thread's, in their order."""
+    return [Frame(m["path"], int(m["line"]), m["function"]) for m in map(FAULTHANDLER_FRAME.match, lines) if m]
+
+
+def innermost_frame(stack: str) -> Place | None:
+    """Where the main thread of a ``faulthandler`` dump is (a ``Place``), ``None`` if the dump names no frame.
 
     faulthandler prints ``Current thread 0x... (most recent call first):`` (or ``Thread 0x...``)
     followed by ``  File "path", line N in name`` lines. The answer is the innermost frame of the
-    script itself, followed by the innermost frame overall when that is inside a library, e.g.
-    ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``. The workbook's runner frames
+    script itself, and the innermost frame overall, which is inside a library when the script called one
+    (``str()``: ``"ddp_train.py:247 in train -> graph.py:979 in _engine_run_backward"``). The workbook's runner frames
     (``learner_stack``) are never the answer.
     """
     lines = stack.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
-    frames = []
-    for line in lines[start:]:
-        match = _FRAME.match(line)
-        if match:
-            frames.append(match)
-        elif frames:
-            break  # the next thread
+    frames = dump_frames(lines[start:])
     if not frames:
-        return ""
-    learner = [m for m in frames if not _RUNNER_FRAME.match(m.string) and not _RUNPY_FRAME.match(m.string)]
+        return None
+    learner = [f for f in frames if not _RUNNER_FILE.search(f.file) and not _RUNPY_FILE.match(f.file)]
     frames = learner or frames
-    text = [f"{Path(m['path']).name}:{m['line']} in {m['function']}" for m in frames]
-    own = next((i for i, m in enumerate(frames) if not _LIBRARY.search(m["path"])), 0)
-    return text[own] if own == 0 else f"{text[own]} -> {text[0]}"
+    own = next((f for f in frames if not _LIBRARY.search(f.file)), frames[0])
+    return Place(own=own, innermost=frames[0])
+
+
+def places(stacks: dict[int, str]) -> dict[int, Place]:
+    """``{rank: Place}`` of ``{rank: faulthandler dump}`` (``innermost_frame``); a rank whose dump names no frame is
+    left out."""
+    found = {rank: innermost_frame(stack) for rank, stack in sorted(stacks.items())}
+    return {rank: place for rank, place in found.items() if place is not None}
 
 
 _LIBRARY = re.compile(r"/(site-packages|dist-packages|lib/python\d[\d.]*)/")
-_FRAME = re.compile(r'\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
+_RUNNER_FILE = re.compile(r"/tutorial_lib/child/[^/]+\.py$")
+_RUNPY_FILE = re.compile(r"^(<frozen runpy>|.*/runpy\.py)$")
 
 
 def compiling_ranks(stacks: dict[int, str]) -> list[int]:
