@@ -44,8 +44,8 @@ def test_notebook_is_thin_and_parameterised(path):
 
 
 # What a run directory holds is named by library calls (tl.script_path, tl.runs.read_command, tl.runs.read_output_log,
-# tl.runs.read_rank_tensors, tl.runs.trace_files, tl.runs.checkpoint_dir, tl.runs.read_loaded_state, tl.runs.load_checkpoint_state, ...), never
-# spelled out in a cell (issue 27): a cell that knows the layout breaks when the layout changes.
+# tl.runs.read_rank_tensors, tl.runs.trace_files, tl.runs.checkpoint_dir, tl.runs.read_loaded_state,
+# tl.runs.load_checkpoint_state, ...), never spelled out in a cell (issue 27): a cell that knows the layout breaks when the layout changes.
 RUN_DIR_PLUMBING = {
     r"\b\w*_dir\s*/(?![/=])": "a path joined onto a run directory (`run_dir / ...`, `.run_dir / ...`)",
     r"\brun_dir\.(?:r?glob|iterdir)\(": "a glob over a run directory",
