@@ -20,8 +20,8 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                and step on a rank, hashing and measuring each gradient and value, plus one record per collective]
     memory     fsdp_train.py at 2 ranks: FSDP2 per-rank parameter + gradient + AdamW bytes vs DDP [<= 0.52],
                and the analytic model's largest relative error vs measurement [<= 10%]
-    plan       tl.plan_memory of a 6.7 B GPT on 8 ranks (FSDP2, bf16, activation checkpointing), seconds [<= 30];
-               tl.plan_hf of Llama-3.1-70B's config on 64 ranks (train_hf.py, bf16 + full AC), seconds [<= 60]
+    plan       tl.planning.plan_memory of a 6.7 B GPT on 8 ranks (FSDP2, bf16, activation checkpointing), seconds [<= 30];
+               tl.planning.plan_hf of Llama-3.1-70B's config on 64 ranks (train_hf.py, bf16 + full AC), seconds [<= 60]
     workbook   every notebook with papermill (on the warm path): seconds each [<= 60] and the whole workbook's wall time vs the sum
                of the runs inside it (from each run's run.json: torchrun launches, including failed and
                timed-out ones, and ``tl.run_in_process`` runs) [<= 1.3 on the cold path; printed for the warm one,
@@ -250,10 +250,10 @@ def bench_memory(root: Path) -> list[dict]:
         m = result.metrics()
         last = m[m["step"] == m["step"].max()].set_index("rank")
         measured[strategy] = (last["param_bytes"] + last["grad_bytes"] + last["optimizer_state_bytes"]).to_dict()
-        model = tl.read_rank_json(result.run_dir, "model")[0]
+        model = tl.runs.read_rank_json(result.run_dir, "model")[0]
         predicted[strategy] = {}
         for rank in measured[strategy]:
-            p = tl.predict_state_bytes(model["shapes"], strategy=strategy, world_size=2, rank=rank)
+            p = tl.planning.predict_state_bytes(model["shapes"], strategy=strategy, world_size=2, rank=rank)
             predicted[strategy][rank] = p.param_bytes + p.grad_bytes + p.optimizer_state_bytes
     ratio = max(measured["fsdp2"].values()) / max(measured["ddp"].values())
     error = max(abs(predicted[s][r] - measured[s][r]) / measured[s][r] for s in measured for r in measured[s])
@@ -263,17 +263,17 @@ def bench_memory(root: Path) -> list[dict]:
 
 
 def bench_plan() -> list[dict]:
-    """tl.plan_memory of a 6.7 B GPT (32 x 4096, 1024-token windows, vocabulary 50304) on 8 ranks, FSDP2 bf16 with
+    """tl.planning.plan_memory of a 6.7 B GPT (32 x 4096, 1024-token windows, vocabulary 50304) on 8 ranks, FSDP2 bf16 with
     activation checkpointing: seconds per plan, the first one in this process (imports included) and the next."""
     from tutorial_lib.planning.memory_plan import table_args
     args = table_args("6.7B", "FSDP2 bf16 + AC", 8)
     times = []
     for _ in range(2):
-        plan = tl.plan_memory(args, world_size=8)
+        plan = tl.planning.plan_memory(args, world_size=8)
         times.append(plan.plan_time_s)
     note = f"{plan.n_params / 1e9:.2f} B parameters, peak {plan.total_bytes / 2**30:.2f} GiB per rank"
     # Issue 35: a Hugging Face 70 B (Llama-3.1-70B's config) on 64 ranks, train_hf.py's step, bf16 + full AC.
-    big = tl.plan_hf("llama-3.1-70b", world_size=64, seq_len=4096, layout="bf16 + AC full")
+    big = tl.planning.plan_hf("llama-3.1-70b", world_size=64, seq_len=4096, layout="bf16 + AC full")
     big_note = f"{big.n_params / 1e9:.2f} B parameters, peak {big.total_bytes / 2**30:.2f} GiB per rank"
     return [row("plan: 7B on 8 ranks, first plan in the process (s)", times[0], 30.0, unit="s", note=note),
             row("plan: 7B on 8 ranks, the next one (s)", times[1], 30.0, unit="s"),
@@ -336,13 +336,13 @@ def bench_gpu(root: Path) -> list[dict]:
     rows = []
     result = tl.run_script("collectives_check", ["--sizes-bytes", 1 << 20, 16 << 20, 256 << 20, "--iters", 10],
                            runs_dir=root, label="bench-nccl", device="cuda", live="off")
-    for b in tl.read_collectives(result.run_dir)[0]["bandwidth"]:
+    for b in tl.runs.read_collectives(result.run_dir)[0]["bandwidth"]:
         rows.append(row(f"gpu: nccl all_reduce busbw {b['size_bytes'] >> 20} MiB", b["busbw_GBps"], None, unit="GB/s",
                         note=f"world size {plan.nproc_per_node}"))
     wide = ["--max-steps", 40, "--batch-size", 512, "--hidden-dim", 4096, "--log-every", 40]
-    step = {p: tl.summarize_runs({p: tl.run_script("ddp_train", wide + ["--precision", p], runs_dir=root,
+    step = {p: tl.runs.summarize_runs({p: tl.run_script("ddp_train", wide + ["--precision", p], runs_dir=root,
                                                     label=f"bench-{p}", device="cuda", live="off").metrics()})
-            .loc[p, "median_step_time_s"] for p in ("fp32", "bf16") if tl.autocast_supported(p, "cuda")}
+            .loc[p, "median_step_time_s"] for p in ("fp32", "bf16") if tl.probes.autocast_supported(p, "cuda")}
     if len(step) == 2:
         rows.append(row("gpu: bf16 / fp32 step time", step["bf16"] / step["fp32"], None,
                         note=f"{step['bf16'] * 1e3:.2f} ms vs {step['fp32'] * 1e3:.2f} ms"))

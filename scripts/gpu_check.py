@@ -97,20 +97,20 @@ SCRIPT_CHECKS: dict[str, tuple[tuple[object, ...], str]] = {
                   "--track-memory", "--save-every", 10, "--async-save", "--log-every", 5, "--eval-every", 5),
                  "FSDP2 bf16 over nccl: the held-out loss falls from step 5 to step 20, MFU in (0, 1] from the "
                  "device's known peak, async DCP saves at 10 and 20; torch's tracker on the GPU equals "
-                 "tl.plan_memory's CPU plan within 2% and max_memory_allocated is reported beside it"),
+                 "tl.planning.plan_memory's CPU plan within 2% and max_memory_allocated is reported beside it"),
     # TINY_MODEL: a tiny Llama written first (train_hf.py --create-tiny-model), the same command a learner runs.
     "train_hf": (("--model", "TINY_MODEL", "--max-steps", 8, "--precision", "bf16", "--ac-mode", "selective",
                   "--seq-len", 256, "--batch-size", 2, "--track-memory", "--save-every", 4, "--lr", 3e-3,
                   "--export", "exported"),
                  "FSDP2 bf16 + selective AC over nccl from safetensors broadcast by rank 0: the loss falls, DCP saves "
-                 "at 4 and 8, peak_allocated_bytes > 0; torch's tracker on each GPU against its rank's tl.plan_hf "
+                 "at 4 and 8, peak_allocated_bytes > 0; torch's tracker on each GPU against its rank's tl.planning.plan_hf "
                  "plan counted as CUDA (device='cuda': total within 5%, printed per category, and which ranks "
-                 "tl.matches_plan accepts); --export from the GPUs without gathering the model (DCP's consolidating "
+                 "tl.planning.matches_plan accepts); --export from the GPUs without gathering the model (DCP's consolidating "
                  "HuggingFaceStorageWriter where torch has it): from_pretrained equals the step-8 checkpoint"),
     "uneven_inputs": (("--join",), "every rank exits 0: inside Join the rank with extra batches finishes"),
     "unused_params": (("--loss-uses", "both"), SUCCESS_IS_THE_CHECK),
 }
-# The layout tl.recommend_layout picks for a 7B on 4 x 24 GB (bf16 + full AC + offload), on the tiny Llama. Every step
+# The layout tl.planning.recommend_layout picks for a 7B on 4 x 24 GB (bf16 + full AC + offload), on the tiny Llama. Every step
 # clip_grad_norm_ all-reduces the norm of the gradients, which offload keeps on the CPU: an NCCL-only group refuses it.
 OFFLOAD_ARGS = ("--model", "TINY_MODEL", "--max-steps", 8, "--precision", "bf16", "--ac-mode", "full", "--cpu-offload",
                 "--clip-grad-norm", 1.0, "--seq-len", 256, "--batch-size", 2, "--lr", 3e-3, "--save-every", 8,
@@ -155,7 +155,7 @@ NOTEBOOK_ASSERTS = {
                           "group lost; DiLoCo beside DDP (bytes counted); exercise 15.1's check on its starter",
     "13_your_model_on_your_gpus": "config errors refused; plans of the shipped models; to_empty's control; the tiny "
                                   "Qwen2 on the GPUs: FSDP2 = one process, bitwise resume, every rank against its own "
-                                  "plan counted as CUDA's tracker counts (tl.matches_plan: parameters and optimizer "
+                                  "plan counted as CUDA's tracker counts (tl.planning.matches_plan: parameters and optimizer "
                                   "state exact, the peak within one collective buffer; CUDA's attention kernels may "
                                   "save other tensors than the CPU's, which would be the finding)",
     "12_tensor_and_pipeline_parallel": "TP's shards, collectives and activation bytes per block, SP and loss_parallel "
@@ -255,7 +255,7 @@ def plan_checks(gpu_count: int) -> list[Check]:
     """
     check_positive_int("gpu_count", gpu_count)
     checks = []
-    for name in tl.available_scripts():
+    for name in tl.runs.available_scripts():
         if name not in SCRIPT_CHECKS:
             raise KeyError(f"{name}.py is shipped but has no GPU check: add an entry for it to SCRIPT_CHECKS in "
                            f"{Path(__file__).name} (its arguments on GPUs and what the check asserts)")
@@ -383,12 +383,12 @@ def verify_ddp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
                  + (f"{gpu_col.max() / 2**20:.0f} MiB" if gpu_col is not None and gpu_col.notna().any() else "none"))
     gpu_samples = result.memory_samples("gpu")
     notes.append(f"GPU samples {len(gpu_samples)}, max used {gpu_samples['used_bytes'].max() / 2**30:.2f} GiB")
-    tl.plot_run(m, samples).savefig(result.run_dir / "run.png")
+    tl.plots.plot_run(m, samples).savefig(result.run_dir / "run.png")
     return "; ".join(notes)
 
 
 def verify_dataloader_bench(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
-    rows = tl.read_rank_json(result.run_dir, "loader")[0]["rows"]
+    rows = tl.runs.read_rank_json(result.run_dir, "loader")[0]["rows"]
     assert any(r["pin_memory"] for r in rows), "pin_memory is measured on CUDA"
     assert all(r["batch_is_pinned"] == r["pin_memory"] for r in rows), "on CUDA pin_memory=True pins every batch"
     return "; ".join(f"workers={r['num_workers']} persistent={r['persistent_workers']} "
@@ -396,7 +396,7 @@ def verify_dataloader_bench(result: tl.LaunchResult, launch: Launch, gpus: int) 
 
 
 def verify_sync_batchnorm(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
-    ranks = tl.read_rank_json(result.run_dir, "syncbn")
+    ranks = tl.runs.read_rank_json(result.run_dir, "syncbn")
     return f"max |running_mean - global| {max(r['max_abs_diff_vs_global'] for r in ranks):.1e}"
 
 
@@ -408,7 +408,7 @@ def verify_fsdp_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str
 
 
 def verify_model_parallel(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
-    ranks = tl.read_rank_json(result.run_dir, "mp")
+    ranks = tl.runs.read_rank_json(result.run_dir, "mp")
     pick_devices = load_script("model_parallel").pick_devices
     assert [r["devices"] for r in ranks] == [pick_devices(r, launch.nproc_per_node, gpus)
                                              for r in range(launch.nproc_per_node)], [r["devices"] for r in ranks]
@@ -420,13 +420,13 @@ def verify_model_parallel(result: tl.LaunchResult, launch: Launch, gpus: int) ->
 
 
 def verify_checkpoint_train(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
-    listing = tl.list_checkpoints(result.run_dir / "checkpoints")
+    listing = tl.runs.list_checkpoints(result.run_dir / "checkpoints")
     assert listing["complete"].all() and list(listing["step"]) == [6, 12], listing
     return f"saved {list(listing['name'])} (dcp) on nccl"
 
 
 def verify_collectives_check(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
-    ranks = tl.read_collectives(result.run_dir)
+    ranks = tl.runs.read_collectives(result.run_dir)
     assert all(c["ok"] for r in ranks for c in r["checks"]) and {r["backend"] for r in ranks} == {"nccl"}
     return "busbw " + ", ".join(f"{b['size_bytes'] >> 20} MiB: {b['busbw_GBps']:.1f} GB/s"
                                 for b in ranks[0]["bandwidth"])
@@ -436,7 +436,7 @@ def verify_context_parallel_float8(result: tl.LaunchResult, launch: Launch, gpus
     """The GPU-only lessons ran where they can: ring attention equal to one process's within bf16 rounding (4 eps of
     bf16 times the output's magnitude), float8 on compute capability >= 8.9 and within float8's rounding."""
     notes = []
-    for r in tl.read_rank_json(result.run_dir, "cp_float8"):
+    for r in tl.runs.read_rank_json(result.run_dir, "cp_float8"):
         cp, f8 = r["context_parallel"], r["float8"]
         assert cp["ran"], f"rank {r['rank']}: context parallelism did not run on {r['device']}: {cp.get('reason')}"
         assert cp["output_max_abs_diff"] <= 4 * 2**-7 * cp["output_max_abs"], cp
@@ -458,10 +458,10 @@ def verify_train_lm(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
     assert (m["peak_allocated_bytes"] > 0).all() and evals.iloc[-1] < evals.iloc[0], evals
     mfu = m["mfu"] if "mfu" in m else None  # absent on a GPU whose peak train_lm.py does not know
     assert mfu is None or ((mfu > 0) & (mfu <= 1)).all(), mfu
-    assert list(tl.list_checkpoints(result.run_dir / "checkpoints")["step"]) == [10, 20]
-    plan = tl.plan_memory([str(a) for a in launch.args], world_size=launch.nproc_per_node, device="cuda")
-    measured = tl.read_memory_snapshots(result.run_dir)[0]  # the rank's CUDA device (the corpus stays on the CPU)
-    table = tl.compare_plan(plan, measured, rank=0)
+    assert list(tl.runs.list_checkpoints(result.run_dir / "checkpoints")["step"]) == [10, 20]
+    plan = tl.planning.plan_memory([str(a) for a in launch.args], world_size=launch.nproc_per_node, device="cuda")
+    measured = tl.planning.read_memory_snapshots(result.run_dir)[0]  # the rank's CUDA device (the corpus stays on the CPU)
+    table = tl.planning.compare_plan(plan, measured, rank=0)
     assert table.loc["total", "relative_error"] <= 0.02, table
     allocated = m[m["step"] == 2]["peak_allocated_bytes"].max()
     return (f"plan {plan.total_bytes / 2**20:.1f} MiB, tracked {table.loc['total', 'measured_bytes'] / 2**20:.1f} MiB, "
@@ -474,13 +474,13 @@ def verify_train_hf(result: tl.LaunchResult, launch: Launch, gpus: int) -> str:
     m = result.metrics()
     loss = m[m["rank"] == 0].set_index("step")["loss_global"]
     assert loss.iloc[-1] < loss.iloc[0] and (m["peak_allocated_bytes"] > 0).all(), loss
-    assert list(tl.list_checkpoints(result.run_dir / "checkpoints")["step"]) == [4, 8]
+    assert list(tl.runs.list_checkpoints(result.run_dir / "checkpoints")["step"]) == [4, 8]
     args = dict(zip(launch.args[::2], launch.args[1::2]))
-    plan = tl.plan_hf(args["--model"], world_size=launch.nproc_per_node, seq_len=int(args["--seq-len"]),
+    plan = tl.planning.plan_hf(args["--model"], world_size=launch.nproc_per_node, seq_len=int(args["--seq-len"]),
                       batch_size=int(args["--batch-size"]), layout="bf16 + AC selective", device="cuda")
-    measured = tl.read_memory_snapshots(result.run_dir)
-    tables = [tl.compare_plan(plan, snapshot, rank=rank) for rank, snapshot in enumerate(measured)]
-    exact = [rank for rank, snapshot in enumerate(measured) if tl.matches_plan(plan, snapshot, rank=rank)]
+    measured = tl.planning.read_memory_snapshots(result.run_dir)
+    tables = [tl.planning.compare_plan(plan, snapshot, rank=rank) for rank, snapshot in enumerate(measured)]
+    exact = [rank for rank, snapshot in enumerate(measured) if tl.planning.matches_plan(plan, snapshot, rank=rank)]
     print(f"ranks matching their plan exactly (parameters, optimizer state) and within one buffer: {exact}")
     worst = max(t.loc["total", "relative_error"] for t in tables)
     print(tables[0].to_string())
@@ -500,12 +500,12 @@ def verify_export(run_dir: Path, step: int) -> str:
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "exported")
     saved = {"app": {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}}
-    dcp.load(saved, checkpoint_id=tl.checkpoint_dir(run_dir, step=step), no_dist=True)
+    dcp.load(saved, checkpoint_id=tl.runs.checkpoint_dir(run_dir, step=step), no_dist=True)
     differ = [k for k, v in model.state_dict().items() if not torch.equal(saved["app"]["model"][k], v)]
     assert not differ, f"the export differs from the step-{step} checkpoint in {differ[:3]}"
     path = ("every rank wrote its own rows with dcp.save" if load_script("train_hf").dcp_writes_hf_folders()
             else "gathered file by file")
-    assert path in tl.read_output_log(run_dir), f"the export did not say {path!r}"
+    assert path in tl.runs.read_output_log(run_dir), f"the export did not say {path!r}"
     return f"export equals the step-{step} checkpoint ({path})"
 
 
@@ -541,11 +541,11 @@ def run_precisions(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     metrics, skipped = {}, []
     for launch in check.launches:
         precision = str(launch.args[list(launch.args).index("--precision") + 1])
-        if tl.autocast_supported(precision, "cuda"):
+        if tl.probes.autocast_supported(precision, "cuda"):
             metrics[precision] = launch_one(launch, root).metrics()
         else:
             skipped.append(precision)
-    table = tl.summarize_runs(metrics, baseline="fp32")
+    table = tl.runs.summarize_runs(metrics, baseline="fp32")
     for precision in metrics:
         assert table.loc[precision, "loss_diff_vs_baseline"] < 0.05 * table.loc["fp32", "final_loss"], table
     return "; ".join([f"{p}: step {table.loc[p, 'median_step_time_s'] * 1e3:.2f} ms "
@@ -557,7 +557,7 @@ def run_precisions(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
 def run_cpu_ranks(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     """CPU ranks on a GPU machine: gloo, device cpu, the GPUs hidden."""
     (launch,) = check.launches
-    ranks = tl.read_collectives(launch_one(launch, root).run_dir)
+    ranks = tl.runs.read_collectives(launch_one(launch, root).run_dir)
     assert {r["backend"] for r in ranks} == {"gloo"} and {r["device"] for r in ranks} == {"cpu"}, ranks
     return f"{launch.nproc_per_node} ranks on gloo/cpu with the GPUs hidden"
 
@@ -577,7 +577,7 @@ def run_ft_hsdp(check: Check, root: Path, out_dir: Path, gpus: int) -> str:
     """ft_train.py as one replica group of 2 GPUs (HSDP): both ranks commit every step, each holding half."""
     (launch,) = check.launches
     result = launch_one(launch, root)
-    ranks = {r: tl.read_replica_records(result.run_dir / "metrics", group_rank=r) for r in (0, 1)}
+    ranks = {r: tl.runs.read_replica_records(result.run_dir / "metrics", group_rank=r) for r in (0, 1)}
     held = {r: {s.params_local for s in records.steps[0]} for r, records in ranks.items()}
     steps = {r: [s.step for s in records.committed(0)] for r, records in ranks.items()}
     assert steps[0] == steps[1] == list(range(1, 21)) and held[0] == held[1] and len(held[0]) == 1, (steps, held)

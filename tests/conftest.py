@@ -116,7 +116,7 @@ def printed_before_stacks(run_dir: Path, text: str) -> bool:
 
 
 def slurm_unavailable_reason() -> str | None:
-    """Why a notebook's SLURM section skips here (``tl.connect_slurm`` finds no cluster: no ``SLURM_CONF`` and the
+    """Why a notebook's SLURM section skips here (``tl.slurm.connect_slurm`` finds no cluster: no ``SLURM_CONF`` and the
     local cluster cannot start), or ``None``."""
     from tutorial_lib.errors import SlurmUnavailable
     from tutorial_lib.slurm import check_can_run

@@ -51,34 +51,34 @@ def test_only_renamed_folders_with_their_marker_count_as_checkpoints(tmp_path):
     make_step(tmp_path, ".tmp-step-6")  # a crash after the marker but before the rename
     make_step(tmp_path, "step-9", marker=False)  # renamed by hand, or written by a careless tool
     (tmp_path / "notes.txt").write_text("not a checkpoint")
-    table = tl.list_checkpoints(tmp_path)
+    table = tl.runs.list_checkpoints(tmp_path)
     assert list(table["name"]) == ["step-3", ".tmp-step-6", "step-9"]
     assert list(table["complete"]) == [True, False, False]
-    assert tl.latest_checkpoint(tmp_path) == tmp_path / "step-3"
-    files = tl.checkpoint_files(tmp_path / "step-3").set_index("file")["rank"].to_dict()
+    assert tl.runs.latest_checkpoint(tmp_path) == tmp_path / "step-3"
+    files = tl.runs.checkpoint_files(tmp_path / "step-3").set_index("file")["rank"].to_dict()
     assert files == {"__0_0.distcp": 0, "__1_0.distcp": 1, ".metadata": 0, "extra_rank1.pt": 1, "checkpoint.json": 0}
     with pytest.raises(tl.ConfigError, match="not a complete checkpoint"):
-        tl.load_checkpoint_state(tmp_path / "step-9")
+        tl.runs.load_checkpoint_state(tmp_path / "step-9")
     with pytest.raises(tl.ConfigError, match="does not exist"):
-        tl.list_checkpoints(tmp_path / "missing")
-    assert tl.latest_checkpoint(tmp_path / "step-9") is None
+        tl.runs.list_checkpoints(tmp_path / "missing")
+    assert tl.runs.latest_checkpoint(tmp_path / "step-9") is None
 
 
 def test_diff_state_dicts_is_bitwise_and_names_what_differs():
     a = {"model": {"w": torch.ones(2, 2), "b": torch.zeros(2)}, "optim": {"param_groups": [{"lr": 0.1}]}}
     b = {"model": {"w": torch.ones(2, 2), "b": torch.zeros(2)}, "optim": {"param_groups": [{"lr": 0.1}]}}
-    assert tl.diff_state_dicts(a, b) == []
+    assert tl.runs.diff_state_dicts(a, b) == []
     b["model"]["w"] = torch.ones(2, 2) + 1e-7  # one ulp-sized change is a difference
     b["optim"]["param_groups"][0]["lr"] = 0.2
     del b["model"]["b"]
-    assert tl.diff_state_dicts(a, b) == ["model.b (only in a)", "model.w", "optim.param_groups.0.lr"]
+    assert tl.runs.diff_state_dicts(a, b) == ["model.b (only in a)", "model.w", "optim.param_groups.0.lr"]
 
 
 def test_plot_resume_draws_one_segment_per_attempt_and_marks_the_resume_step():
     import pandas as pd
     rows = [{"rank": 0, "step": s, "attempt": 0, "resumed_from_step": 0, "loss_global": 1 / s} for s in range(1, 6)]
     rows += [{"rank": 0, "step": s, "attempt": 1, "resumed_from_step": 3, "loss_global": 1 / s} for s in range(4, 9)]
-    fig = tl.plot_resume(pd.DataFrame(rows), reference=pd.DataFrame(rows[:5]))
+    fig = tl.plots.plot_resume(pd.DataFrame(rows), reference=pd.DataFrame(rows[:5]))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "uninterrupted run", "attempt 0", "attempt 1, resumed from step 3"]
@@ -113,12 +113,12 @@ def test_one_process_stopped_at_half_and_resumed_is_bitwise_exact(tmp_path):
     assert run_plain(["--max-steps", 6], straight).returncode == 0
     assert run_plain(["--max-steps", 6, "--stop-at-step", 3, "--save-every", 10, "--format", "full"],
                      stopped).returncode == 0
-    assert [c["name"] for _, c in tl.list_checkpoints(stopped / "checkpoints").iterrows()] == ["step-3"], \
+    assert [c["name"] for _, c in tl.runs.list_checkpoints(stopped / "checkpoints").iterrows()] == ["step-3"], \
         "a stopped job saves at its last step"
     out = run_plain(["--max-steps", 6, "--resume", stopped / "checkpoints" / "step-3"], resumed)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "resumed from step-3 (step 3)" in out.stdout
-    a, b, c = (tl.read_metrics(d) for d in (straight, stopped, resumed))
+    a, b, c = (tl.runs.read_metrics(d) for d in (straight, stopped, resumed))
     assert list(b["step"]) == [1, 2, 3] and list(c["step"]) == [4, 5, 6] and (c["resumed_from_step"] == 3).all()
     assert {**losses(b), **losses(c)} == losses(a)
 
@@ -131,17 +131,17 @@ def test_one_process_stopped_at_half_and_resumed_is_bitwise_exact(tmp_path):
 def test_sharded_fsdp2_checkpoint_resumes_bitwise_on_two_ranks_and_loads_on_one(run_root):
     saved = launch(["--strategy", "fsdp2", "--format", "dcp", "--max-steps", 6, "--save-every", 3], run_root)
     step3 = saved.run_dir / "checkpoints" / "step-3"
-    files = tl.checkpoint_files(step3)
+    files = tl.runs.checkpoint_files(step3)
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(files["file"]), "each rank wrote its own shard"
     two = launch(["--strategy", "fsdp2", "--max-steps", 6, "--resume", step3, "--dump-loaded-state"], run_root)
     assert losses(two.metrics()) == losses(saved.metrics(), after_step=3)  # bitwise, every rank, steps 4-6
     one = launch(["--strategy", "fsdp2", "--max-steps", 4, "--resume", step3, "--dump-loaded-state"], run_root,
                  nproc_per_node=1)
-    reference = tl.load_checkpoint_state(step3)  # dcp_to_torch_save, no process group
+    reference = tl.runs.load_checkpoint_state(step3)  # dcp_to_torch_save, no process group
     for run in (two, one):
         loaded = torch.load(run.run_dir / "metrics" / "loaded_state.pt", weights_only=False)
-        assert tl.diff_state_dicts(loaded, reference) == [], "model and optimizer round-trip bitwise"
-    load = [e for e in tl.read_rank_json(one.run_dir, "checkpoint")[0]["events"] if e["event"] == "load"]
+        assert tl.runs.diff_state_dicts(loaded, reference) == [], "model and optimizer round-trip bitwise"
+    load = [e for e in tl.runs.read_rank_json(one.run_dir, "checkpoint")[0]["events"] if e["event"] == "load"]
     assert load[0]["saved_world_size"] == 2 and one.metrics()["world_size"].eq(1).all()
 
 
@@ -153,10 +153,10 @@ def test_kill_during_save_keeps_the_previous_checkpoint_and_an_elastic_restart_r
         launch([*common, "--fail-rank", 1, "--fail-step", 4, "--fail-mode", "kill-during-save"], run_root)
     assert not isinstance(info.value, tl.LaunchTimeout)
     assert (info.value.rank, info.value.failure.exit_code) == (1, -9), str(info.value)
-    killed = tl.read_metrics(info.value.run_dir)
+    killed = tl.runs.read_metrics(info.value.run_dir)
     assert sorted(set(killed["step"])) == [1, 2, 3, 4]
     folder = info.value.run_dir / "checkpoints"
-    table = tl.list_checkpoints(folder)
+    table = tl.runs.list_checkpoints(folder)
     assert table[["name", "complete"]].values.tolist() == [["step-2", True], [".tmp-step-4", False]]
     assert (folder / ".tmp-step-4" / "extra_rank1.pt").exists(), "part of the save reached the disk"
     # 2. new processes resume from the newest complete checkpoint, redo steps 3-4 identically, and
@@ -165,7 +165,7 @@ def test_kill_during_save_keeps_the_previous_checkpoint_and_an_elastic_restart_r
     assert (resumed.metrics()["resumed_from_step"] == 2).all()
     redone = losses(resumed.metrics())
     assert {k: v for k, v in redone.items() if k[1] <= 4} == losses(killed, after_step=2)
-    assert tl.list_checkpoints(folder)[["name", "complete"]].values.tolist() == [
+    assert tl.runs.list_checkpoints(folder)[["name", "complete"]].values.tolist() == [
         ["step-2", True], ["step-4", True], ["step-6", True]]
     uninterrupted = {**losses(killed), **redone}  # steps 1-6, shown above to continue exactly
     # 3. an elastic restart: rank 0 raises before step 5 on the first attempt; torchrun restarts both ranks
@@ -187,16 +187,16 @@ def test_the_seeds_rank0_only_fsdp_save_times_out_and_the_all_rank_gather_round_
     assert not isinstance(info.value, tl.LaunchTimeout), "the process group's timeout fired, not the launcher's"
     assert "Timed out" in info.value.failure.traceback
     assert time.monotonic() - start < 3 + 60
-    assert tl.list_checkpoints(info.value.run_dir / "checkpoints")["complete"].tolist() == [False]
+    assert tl.runs.list_checkpoints(info.value.run_dir / "checkpoints")["complete"].tolist() == [False]
     saved = launch(["--strategy", "fsdp2", "--format", "full", "--max-steps", 4, "--save-every", 2], run_root)
     step2 = saved.run_dir / "checkpoints" / "step-2"
-    assert {f for f, r in tl.checkpoint_files(step2)[["file", "rank"]].values if r == 1} == {"extra_rank1.pt"}
-    state = tl.load_checkpoint_state(step2)
+    assert {f for f, r in tl.runs.checkpoint_files(step2)[["file", "rank"]].values if r == 1} == {"extra_rank1.pt"}
+    state = tl.runs.load_checkpoint_state(step2)
     assert state["model"]["net.0.weight"].shape == (128, 32), "gathered: whole tensors, no module. prefix"
     resumed = launch(["--strategy", "fsdp2", "--max-steps", 4, "--resume", step2, "--dump-loaded-state"], run_root)
     assert losses(resumed.metrics()) == losses(saved.metrics(), after_step=2)
     loaded = torch.load(resumed.run_dir / "metrics" / "loaded_state.pt", weights_only=False)
-    assert tl.diff_state_dicts(loaded, state) == []
+    assert tl.runs.diff_state_dicts(loaded, state) == []
 
 
 def test_the_scheduler_built_after_the_optimizer_load_runs_the_first_resumed_step_at_the_warmup_rate(tmp_path):

@@ -25,7 +25,7 @@ def ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp_knobs")
     result = tl.run_script("ddp_knobs", ARGS, runs_dir=root / "runs", device="cpu", nproc_per_node=2, timeout_s=180)
     assert not wait_no_job_processes(str(root)), "no process of the job is left"
-    ranks = tl.read_rank_json(result.run_dir, "ddp_knobs")
+    ranks = tl.runs.read_rank_json(result.run_dir, "ddp_knobs")
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["backend"] == "gloo" for r in ranks)
     ranks[0]["output_log"] = (result.run_dir / "output.log").read_text()
     return ranks

@@ -20,13 +20,13 @@ N = 11  # samples: on 2, 3 and 5 ranks DistributedSampler pads to 12, 12 and 15
 def launch(run_root, nproc):
     result = tl.run_script("distributed_eval", ["--dataset-size", N], runs_dir=run_root, device="cpu",
                            nproc_per_node=nproc, timeout_s=120)
-    return tl.read_rank_json(result.run_dir, "eval"), (result.run_dir / "output.log").read_text()
+    return tl.runs.read_rank_json(result.run_dir, "eval"), (result.run_dir / "output.log").read_text()
 
 
 @pytest.fixture
 def single(run_root):
     """One process in this one, as ``python distributed_eval.py`` (the reference the notebook uses)."""
-    record = tl.read_rank_json(tl.run_in_process("distributed_eval", ["--dataset-size", N], runs_dir=run_root).run_dir,
+    record = tl.runs.read_rank_json(tl.run_in_process("distributed_eval", ["--dataset-size", N], runs_dir=run_root).run_dir,
                                "eval")[0]
     assert not dist.is_initialized(), "a world of one joins no process group"
     return record

@@ -34,7 +34,7 @@ def launch_fixture(run_root, name: str, args=(), **spec) -> tl.LaunchError:
     return info.value
 
 
-def both(error: tl.LaunchError) -> tuple[tl.Diagnosis, tl.Diagnosis]:
+def both(error: tl.LaunchError) -> tuple[tl.diagnosis.doctor.Diagnosis, tl.diagnosis.doctor.Diagnosis]:
     """The doctor on the error and on the run directory alone: they must say the same."""
     from_error, from_dir = tl.diagnose(error), tl.diagnose(error.run_dir)
     said = from_dir.cause_id, from_dir.cause_fields
@@ -172,7 +172,7 @@ def notebook_07_starter(number: int) -> str:
     return next(c.source for c in notebook.cells if c.source.startswith(header)).removeprefix(header)
 
 
-def launch_starter_3(run_root, source: str, seed: int, observe: bool) -> tl.Diagnosis:
+def launch_starter_3(run_root, source: str, seed: int, observe: bool) -> tl.diagnosis.doctor.Diagnosis:
     """Notebook 07's exercise 3 starter (or a variant of it) on 2 CPU ranks, its 3 s collective timeout: the
     doctor's diagnosis, the same from the error and from the run directory alone."""
     run_dir = tl.new_run_dir("rank-branch", run_root)

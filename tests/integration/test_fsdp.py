@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
         if name not in cache:
             result = tl.run_script("fsdp_train", SMALL + CONFIGS[name], runs_dir=root, label=name, device="cpu",
                                    nproc_per_node=2, timeout_s=120, live="off")
-            cache[name] = (result.metrics(), tl.read_rank_json(result.run_dir, "model"))
+            cache[name] = (result.metrics(), tl.runs.read_rank_json(result.run_dir, "model"))
         return cache[name]
 
     yield get
@@ -61,7 +61,7 @@ def test_fsdp2_holds_half_of_ddp_state_exactly_as_predicted_and_trains_identical
     shapes = fsdp_model[0]["shapes"]
     for rank in (0, 1):
         for name, metrics, strategy in (("ddp", ddp, "ddp"), ("fsdp2", fsdp, "fsdp2")):
-            predicted = tl.predict_state_bytes(shapes, strategy=strategy, world_size=2, rank=rank)
+            predicted = tl.planning.predict_state_bytes(shapes, strategy=strategy, world_size=2, rank=rank)
             last = metrics[metrics["rank"] == rank].iloc[-1]
             assert (last["param_bytes"], last["grad_bytes"], last["optimizer_state_bytes"]) == (
                 predicted.param_bytes, predicted.grad_bytes, predicted.optimizer_state_bytes), (name, rank)
@@ -112,7 +112,7 @@ def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial_and_its_mixed_precisio
     # parameters, are what remains unwrapped in it); plus the root
     assert model[0]["fsdp_units"] == 8 + 1 + 1 + 2 + 1, "min_num_params=100 wraps nearly every layer"
     for rank in (0, 1):
-        predicted = tl.predict_state_bytes(model[0]["shapes"], strategy="fsdp1", world_size=2, rank=rank,
+        predicted = tl.planning.predict_state_bytes(model[0]["shapes"], strategy="fsdp1", world_size=2, rank=rank,
                                            fsdp1_units=model[0]["fsdp_units"]).state_bytes
         assert abs(predicted / state(fsdp1)[rank] - 1) < 0.10
     ratio = state(fsdp1) / state(ddp)
@@ -126,7 +126,7 @@ def test_ddp_with_bf16_autocast_keeps_fp32_state_in_a_world_of_one(runs, tmp_pat
     out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_train.py", *map(str, args)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    (row,) = tl.read_metrics(tmp_path).to_dict("records")
+    (row,) = tl.runs.read_metrics(tmp_path).to_dict("records")
     assert row["world_size"] == 1 and row["param_bytes"] == ddp["param_bytes"].iloc[0], "a full fp32 replica"
     # Same batch per rank as the DDP run. Less, not half: autocast keeps fp32 where it must (layer norm, the loss),
     # and the bf16 weight copies it saves for backward count as saved tensors (they are not parameters).
@@ -154,7 +154,7 @@ def test_bad_flags_are_refused_with_the_value_named(tmp_path, args, message):
 def test_model_parallel_matches_one_device_and_says_where_the_halves_are(run_root):
     result = tl.run_script("model_parallel", ["--max-steps", 2], runs_dir=run_root, device="cpu", nproc_per_node=1,
                            timeout_s=120, live="off")
-    (mp,) = tl.read_rank_json(result.run_dir, "mp")
+    (mp,) = tl.runs.read_rank_json(result.run_dir, "mp")
     assert mp["max_abs_diff_vs_one_device"] < 1e-6
     assert mp["split_across_devices"] is False and "both halves on cpu" in mp["note"]
     assert mp["param_bytes_per_device"] == {"cpu": (1000 * 2000 + 2000 + 2000 * 1000 + 1000) * 4}
@@ -187,7 +187,7 @@ def test_fsdp_knobs_counts_and_gradients_on_two_ranks(tmp_path):
     result = tl.run_script("fsdp_knobs", [*KNOBS_SMALL, "--lessons", "reshard", "averaging", "accumulation", "clipping"],
                            runs_dir=tmp_path, device="cpu", nproc_per_node=2, timeout_s=120, live="off")
     units = 2 + 1
-    for r in tl.read_rank_json(result.run_dir, "knobs"):
+    for r in tl.runs.read_rank_json(result.run_dir, "knobs"):
         reshard = r["reshard"]
         assert [reshard[k]["all_gather"] for k in ("default (None)", "True", "False")] == [2 * units - 1, 2 * units, units]
         assert reshard["False"]["param_bytes_after_forward"] == r["param_bytes_unsharded"]

@@ -56,7 +56,7 @@ def one(i):
         r = tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1, "--warmup-iters", 0],
                           runs_dir=RUNS, label=f"thread{i}", device="cpu", nproc_per_node=2, live="off",
                           timeout_s=TIMEOUT_S)
-        ok = all(c["ok"] for record in tl.read_collectives(r.run_dir) for c in record["checks"])
+        ok = all(c["ok"] for record in tl.runs.read_collectives(r.run_dir) for c in record["checks"])
         results[i] = dict(outcome="finished" if ok else "wrong results", run_dir=str(r.run_dir),
                           port=r.command[r.command.index("--master-port") + 1],
                           start=RunRecord.read(r.run_dir).start, seconds=time.monotonic() - start)

@@ -74,7 +74,7 @@ def test_a_rank_cannot_write_another_ranks_lines(run_root, capsys):
     shown = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[launcher]")]
     assert sorted(line for line in shown if "forged" in line) == sorted(f"[rank 0] {text}" for text in forged), shown
     assert [line for line in shown if line.startswith("[rank 1]")] == ['[rank 1] check {"rank": 1}'], shown
-    lines = rank_lines(tl.read_output_log(result.run_dir))
+    lines = rank_lines(tl.runs.read_output_log(result.run_dir))
     assert sorted(text for rank, text in lines if rank == 0) == sorted([*forged, 'check {"rank": 0}'])
     assert [text for rank, text in lines if rank == 1] == ['check {"rank": 1}'], lines
     assert Context.records(result) == {0: [{"rank": 0}], 1: [{"rank": 1}]}

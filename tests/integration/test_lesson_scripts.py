@@ -23,7 +23,7 @@ def run(name, args, run_root, **spec):
 
 
 def test_sampler_shards_pads_and_reshuffles_only_with_set_epoch(run_root):
-    ranks = tl.read_rank_json((result := run("sampler_demo", ["--dataset-size", 7], run_root)).run_dir, "sampler")
+    ranks = tl.runs.read_rank_json((result := run("sampler_demo", ["--dataset-size", 7], run_root)).run_dir, "sampler")
     assert [r["rank"] for r in ranks] == [0, 1]
     good, bad = [r["set_epoch"] for r in ranks], [r["no_set_epoch"] for r in ranks]
     for records in (good, bad):
@@ -41,7 +41,7 @@ def test_sampler_shards_pads_and_reshuffles_only_with_set_epoch(run_root):
 def test_dataloader_bench_measures_every_configuration_on_every_rank(run_root):
     result = run("dataloader_bench", ["--dataset-size", 32, "--epochs", 1, "--num-workers", 0, 1,
                                       "--sample-delay-ms", 0], run_root)
-    ranks = tl.read_rank_json(result.run_dir, "loader")
+    ranks = tl.runs.read_rank_json(result.run_dir, "loader")
     assert [r["rank"] for r in ranks] == [0, 1]
     for r in ranks:
         assert [(row["num_workers"], row["persistent_workers"]) for row in r["rows"]] == [(0, False), (1, False), (1, True)]
@@ -53,7 +53,7 @@ def test_dataloader_bench_one_knob_at_a_time_counts_worker_starts_prefetch_and_p
     # 96 samples, 2 ranks, batches of 4: 12 batches per rank and epoch, more than 4 prefetched x 2 workers.
     result = run("dataloader_bench", ["--dataset-size", 96, "--batch-size", 4, "--epochs", 2, "--num-workers", 2,
                                       "--sample-delay-ms", 0, "--one-knob-at-a-time"], run_root)
-    for r in tl.read_rank_json(result.run_dir, "loader"):
+    for r in tl.runs.read_rank_json(result.run_dir, "loader"):
         rows = {row["changed"]: row for row in r["rows"]}
         assert list(rows) == ["num_workers=0", "baseline", "persistent_workers=True", "prefetch_factor=4",
                               "pin_memory=True"]
@@ -69,7 +69,7 @@ def test_dataloader_bench_counts_loads_that_overlap_in_time(run_root):
     sample's load times, 1 load at a time without workers, 2 at once with 2 workers (sleeping 5 ms per sample)."""
     result = run("dataloader_bench", ["--dataset-size", 64, "--batch-size", 4, "--epochs", 1, "--num-workers", 0, 2,
                                       "--sample-delay-ms", 5], run_root)
-    for r in tl.read_rank_json(result.run_dir, "loader"):
+    for r in tl.runs.read_rank_json(result.run_dir, "loader"):
         rows = [(row["num_workers"], row["persistent_workers"], row["max_concurrent_loads"]) for row in r["rows"]]
         assert rows == [(0, False, 1), (2, False, 2), (2, True, 2)], rows
         assert all(row["first_batch_s"] > 0 for row in r["rows"])

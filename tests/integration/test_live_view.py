@@ -151,7 +151,7 @@ def test_the_red_box_names_the_cause_of_a_failure_and_where_ranks_were_at_a_time
     view = WidgetNotebookView(run_dir=tmp_path)
     view.start()  # outside a kernel the widgets still exist; display() prints their text
     view.add([{"step": 7, "max_steps": 10, "rank": 0}, {"step": 3, "max_steps": 10, "rank": 1}])
-    failure = tl.RankFailure(rank=1, exit_code=1, traceback="Traceback ...\nValueError: bad batch", log_tail=["x"])
+    failure = tl.errors.RankFailure(rank=1, exit_code=1, traceback="Traceback ...\nValueError: bad batch", log_tail=["x"])
     view.fail(tl.LaunchError("t.py failed on rank 1 (exit code 1)", run_dir=tmp_path, command=["t"], returncode=1,
                              failure=failure))
     box = view._alert.value
@@ -182,7 +182,7 @@ def test_the_red_box_survives_a_failure_that_left_no_traceback_or_log(tmp_path, 
     view = WidgetNotebookView(run_dir=tmp_path)
     view.start()
     error = tl.LaunchError("t.py failed on rank 0 (exit code -6)", run_dir=tmp_path, command=["t"], returncode=1,
-                           failure=tl.RankFailure(rank=0, exit_code=-6, traceback=traceback, log_tail=log_tail),
+                           failure=tl.errors.RankFailure(rank=0, exit_code=-6, traceback=traceback, log_tail=log_tail),
                            output_tail=output_tail)
     assert error.cause == (cause or "")
     view.fail(error)

@@ -92,7 +92,7 @@ def test_visible_indices_select_the_jobs_gpus_and_number_them_as_the_ranks_see_t
     assert info == {"gpus": [{"index": 0, "nvml_index": 2, "uuid": UUIDS[2], "name": RTX},
                              {"index": 1, "nvml_index": 3, "uuid": UUIDS[3], "name": RTX}],
                     "per_process": True, "notes": []}
-    samples = tl.read_memory_samples(tmp_path, "gpu")
+    samples = tl.runs.read_memory_samples(tmp_path, "gpu")
     assert sorted(samples["gpu"].unique()) == [0, 1] and samples.attrs["notes"] == []
 
 
@@ -121,10 +121,10 @@ def test_no_matching_worker_pid_is_recorded_and_shown(monkeypatch, tmp_path):
     assert result.memory_notes() == [PID_MISMATCH_NOTE]
     samples = result.memory_samples()
     assert samples.attrs["notes"] == [PID_MISMATCH_NOTE]
-    ax = tl.plot_memory(samples).axes[0]
+    ax = tl.plots.plot_memory(samples).axes[0]
     assert "RSS" in ax.get_ylabel()
     assert PID_MISMATCH_NOTE in shown_text(ax)
-    fig = tl.plot_run(pd.DataFrame(), samples)  # notebook 01's cell: tl.plot_run(metrics, result.memory_samples())
+    fig = tl.plots.plot_run(pd.DataFrame(), samples)  # notebook 01's cell: tl.plots.plot_run(metrics, result.memory_samples())
     assert PID_MISMATCH_NOTE in shown_text(fig.axes[1])
 
 
@@ -139,7 +139,7 @@ def test_without_nvml_only_rss_is_sampled(monkeypatch, tmp_path):
     sampler = sample(tmp_path, {})
     assert sampler.rss_samples and not sampler.gpu_samples and sampler.notes() == []
     assert not (tmp_path / "samples" / "gpu.jsonl").exists() and not (tmp_path / "samples" / "gpu_info.json").exists()
-    assert tl.read_memory_samples(tmp_path).attrs["notes"] == []
+    assert tl.runs.read_memory_samples(tmp_path).attrs["notes"] == []
 
 
 @pytest.mark.parametrize("value, entries", [

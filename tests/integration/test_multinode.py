@@ -110,12 +110,12 @@ def test_process_tree_needs_a_root():
 
 
 def test_node_commands_and_slurm_script_for_a_real_cluster():
-    commands = tl.node_commands("train.py", ["--max-steps", 5], nnodes=2, nproc_per_node=4, master_addr="gpu-a")
+    commands = tl.slurm.node_commands("train.py", ["--max-steps", 5], nnodes=2, nproc_per_node=4, master_addr="gpu-a")
     assert commands == [
         "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr gpu-a --master-port 29500 train.py --max-steps 5",
         "torchrun --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr gpu-a --master-port 29500 train.py --max-steps 5",
     ]
-    job = tl.slurm_script("my train.py", ["--lr", 0.1], nnodes=3, gpus_per_node=8, cpus_per_task=32, max_restarts=2,
+    job = tl.slurm.slurm_script("my train.py", ["--lr", 0.1], nnodes=3, gpus_per_node=8, cpus_per_task=32, max_restarts=2,
                           torchrun="torchrun")  # the nodes' own, found on their PATH (default: this interpreter's)
     for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "export OMP_NUM_THREADS=4",
@@ -128,11 +128,11 @@ def test_node_commands_and_slurm_script_for_a_real_cluster():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: tl.node_commands("t.py", nnodes=0, nproc_per_node=1), "nnodes must be >= 1, got 0"),
-    (lambda: tl.node_commands("t.py", nnodes=1, nproc_per_node=1, master_port=80), "master_port must be an integer in 1024"),
-    (lambda: tl.node_commands("t.py", nnodes=1, nproc_per_node=1, master_addr=""), "master_addr is empty"),
-    (lambda: tl.slurm_script("t.py", nnodes=1, gpus_per_node=1, time_limit="30min"), "time_limit must look like HH:MM:SS"),
-    (lambda: tl.slurm_script("t.py", nnodes=1, gpus_per_node=1, max_restarts=-1), "max_restarts must be an integer >= 0"),
+    (lambda: tl.slurm.node_commands("t.py", nnodes=0, nproc_per_node=1), "nnodes must be >= 1, got 0"),
+    (lambda: tl.slurm.node_commands("t.py", nnodes=1, nproc_per_node=1, master_port=80), "master_port must be an integer in 1024"),
+    (lambda: tl.slurm.node_commands("t.py", nnodes=1, nproc_per_node=1, master_addr=""), "master_addr is empty"),
+    (lambda: tl.slurm.slurm_script("t.py", nnodes=1, gpus_per_node=1, time_limit="30min"), "time_limit must look like HH:MM:SS"),
+    (lambda: tl.slurm.slurm_script("t.py", nnodes=1, gpus_per_node=1, max_restarts=-1), "max_restarts must be an integer >= 0"),
 ])
 def test_cluster_text_refuses_bad_values(call, message):
     with pytest.raises(tl.ConfigError, match=message):
@@ -151,7 +151,7 @@ def run(name, args, run_root, **spec):
 @pytest.mark.integration
 def test_two_simulated_nodes_make_one_world_of_four(run_root, capsys):
     result = run("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], run_root, nnodes=2)
-    ranks = tl.read_collectives(result.run_dir)
+    ranks = tl.runs.read_collectives(result.run_dir)
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and {r["world_size"] for r in ranks} == {4}
     assert all(c["ok"] for r in ranks for c in r["checks"])
     by_node = {}
@@ -175,7 +175,7 @@ def test_on_two_nodes_a_rank_cannot_write_another_ranks_lines(run_root, capsys):
     assert len([line for line in shown if "forged" in line]) == 7
     assert all(line.startswith("[rank 0] ") for line in shown if "forged" in line), shown
     assert [line for line in shown if line.startswith("[rank 1]")] == ['[rank 1] check {"rank": 1}'], shown
-    lines = rank_lines(tl.read_output_log(result.run_dir))
+    lines = rank_lines(tl.runs.read_output_log(result.run_dir))
     assert len([text for rank, text in lines if rank == 0 and "forged" in text]) == 7
     assert {rank: [text for r, text in lines if r == rank] for rank in (1, 2, 3)} == {
         rank: [f'check {{"rank": {rank}}}'] for rank in (1, 2, 3)}, lines

@@ -38,7 +38,7 @@ def launch(run_root, name, args=(), **spec):
 
 def printed(run_dir) -> dict[int, list[str]]:
     lines: dict[int, list[str]] = {}
-    for rank, text in rank_lines(tl.read_output_log(run_dir)):
+    for rank, text in rank_lines(tl.runs.read_output_log(run_dir)):
         if rank is not None:
             lines.setdefault(rank, []).append(text)
     return lines
@@ -175,7 +175,7 @@ def test_a_rank_killed_mid_run_leaves_what_was_recorded_so_far(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     assert ran.returncode == -signal.SIGKILL
-    rank = tl.read_observed(tmp_path)[0]
+    rank = tl.runs.read_observed(tmp_path)[0]
     assert rank.seeds == [3] and rank.losses() == [2.0] and not rank.complete
 
 
@@ -186,7 +186,7 @@ def test_a_script_without_torch_is_observed_without_importing_torch(tmp_path):
         sys.exit(3)
     """)
     assert (ran.returncode, ran.stdout) == (3, "torch imported: False\n")
-    rank = tl.read_observed(tmp_path)[0]
+    rank = tl.runs.read_observed(tmp_path)[0]
     assert rank.torch_version is None and rank.exit_code == 3 and rank.collectives == []
 
 
@@ -213,4 +213,4 @@ def test_a_second_observer_never_overwrites_a_record_and_forked_processes_record
     again = run_observed(tmp_path, source)
     assert again.returncode == 0 and "[observer] not observing this rank" in again.stderr
     assert (tmp_path / "observed" / "rank0.jsonl").read_bytes() == record
-    assert tl.read_observed(tmp_path)[0].seeds == [6]
+    assert tl.runs.read_observed(tmp_path)[0].seeds == [6]

@@ -65,7 +65,7 @@ def test_your_own_script_launches_twice_in_place_from_its_folder_with_its_printe
         assert points["rank"].tolist() == [0] * 6 and points["step"].tolist() == list(range(6))
         assert points["loss_local"].tolist() == pytest.approx(expected, abs=5e-5)  # printed with 4 decimals
         assert points["line"].iloc[0].startswith("iter 0: loss 84.0000, time ")
-        assert tl.read_printed_metrics(result.run_dir).equals(points)
+        assert tl.runs.read_printed_metrics(result.run_dir).equals(points)
         assert not list((result.run_dir / "metrics").glob("rank*.jsonl"))
     shown = capsys.readouterr().out
     assert shown.count(f"[launcher] ranks run in {project}\n") == 2, "the status says where the ranks run"
@@ -207,8 +207,8 @@ def test_a_script_whose_lines_the_loss_pattern_does_not_read_gets_a_metrics_erro
     script = tmp_path / "arrows.py"
     script.write_text("for s in range(4):\n    print(f'it {s} -> {1 / (s + 1):.3f}', flush=True)\n")
     result = tl.run_script(script, device="cpu", nproc_per_node=2, timeout_s=120, runs_dir=run_root)
-    assert result.loss_pattern == tl.DEFAULT_LOSS_PATTERN
-    with pytest.raises(tl.MetricsError, match=r"^the script wrote no metrics JSON .* no line it printed matched its "
+    assert result.loss_pattern == tl.runs.DEFAULT_LOSS_PATTERN
+    with pytest.raises(tl.errors.MetricsError, match=r"^the script wrote no metrics JSON .* no line it printed matched its "
                                               r"loss_pattern, DEFAULT_LOSS_PATTERN r'.*' \(its last printed line: "
                                               r"'it 3 -> 0\.250'\): pass loss_pattern="):
         result.metrics()

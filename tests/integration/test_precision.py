@@ -20,7 +20,7 @@ import tutorial_lib as tl
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-PRECISIONS = [p for p in ("fp32", "bf16", "fp16") if tl.autocast_supported(p, "cpu")]
+PRECISIONS = [p for p in ("fp32", "bf16", "fp16") if tl.probes.autocast_supported(p, "cpu")]
 STRICT = ["-W", "error::FutureWarning", "-W", "error::DeprecationWarning"]
 
 
@@ -119,8 +119,8 @@ def test_fp16_under_ddp_ranks_agree_on_every_scaler_decision(run_root):
 # --- tutorial_lib.probes.precision and summarize_runs --------------------------------------------------------
 
 def test_op_dtypes_show_matmuls_in_bf16_and_the_loss_in_fp32_only_inside_autocast():
-    inside = tl.autocast_op_dtypes("bf16", "cpu")
-    outside = tl.autocast_op_dtypes("bf16", "cpu", loss_inside_autocast=False)
+    inside = tl.probes.autocast_op_dtypes("bf16", "cpu")
+    outside = tl.probes.autocast_op_dtypes("bf16", "cpu", loss_inside_autocast=False)
     assert list(inside.columns) == ["op", "input_dtypes", "output_dtype", "reduced", "where"]
     assert inside.query("op == 'linear'")["output_dtype"].tolist() == ["bfloat16", "bfloat16"]
     assert inside.query("where == 'loss'")[["op", "output_dtype"]].values.tolist() == [["cross_entropy", "float32"]]
@@ -130,7 +130,7 @@ def test_op_dtypes_show_matmuls_in_bf16_and_the_loss_in_fp32_only_inside_autocas
 
 def test_op_dtypes_of_a_custom_model_and_loss():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
-    table = tl.autocast_op_dtypes("bf16", "cpu", model=model, inputs=torch.ones(2, 4),
+    table = tl.probes.autocast_op_dtypes("bf16", "cpu", model=model, inputs=torch.ones(2, 4),
                                   loss_fn=lambda out: out.float().pow(2).mean())
     assert table["op"].tolist()[:2] == ["linear", "relu"]
     assert table.query("where == 'loss'")["output_dtype"].tolist()[-1] == "float32"
@@ -142,31 +142,31 @@ def test_op_dtypes_of_a_custom_model_and_loss():
 ])
 def test_op_dtypes_refuse_bad_input(kwargs, message):
     with pytest.raises(tl.ConfigError, match=message):
-        tl.autocast_op_dtypes(**kwargs)
+        tl.probes.autocast_op_dtypes(**kwargs)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_is_refused_without_a_gpu():
     with pytest.raises(tl.ConfigError, match="torch.cuda.is_available"):
-        tl.autocast_op_dtypes("bf16", "cuda")
-    assert tl.autocast_supported("bf16", "cuda") is False
+        tl.probes.autocast_op_dtypes("bf16", "cuda")
+    assert tl.probes.autocast_supported("bf16", "cuda") is False
 
 
 def test_autocast_supported():
-    assert tl.autocast_supported("fp32") and tl.autocast_supported("bf16", "cpu")
+    assert tl.probes.autocast_supported("fp32") and tl.probes.autocast_supported("bf16", "cpu")
     with pytest.raises(tl.ConfigError, match="precision='int8'"):
-        tl.autocast_supported("int8")
+        tl.probes.autocast_supported("int8")
 
 
 def test_float_formats_match_the_ieee_and_bf16_definitions():
-    f = tl.float_formats()
+    f = tl.probes.float_formats()
     assert f.loc["fp16", "max"] == 65504 and f.loc["fp16", "smallest_subnormal"] == 2.0**-24
     assert f.loc["bf16", "smallest_normal"] == f.loc["fp32", "smallest_normal"] == 2.0**-126
     assert f.loc["bf16", "eps"] == 2.0**-7 and f.loc["fp16", "eps"] == 2.0**-10
 
 
 def test_cpu_low_precision_flags_are_known_flags():
-    assert set(tl.cpu_low_precision_flags()) <= {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}
+    assert set(tl.probes.cpu_low_precision_flags()) <= {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}
 
 
 def _metrics(losses, skipped=None, scale=1.0, rss=100 * 2**20):
@@ -182,7 +182,7 @@ def _metrics(losses, skipped=None, scale=1.0, rss=100 * 2**20):
 
 
 def test_summarize_runs_by_hand():
-    table = tl.summarize_runs({"a": _metrics([1.0, 0.5, 0.25]), "b": _metrics([1.0, 0.6, 0.3], [True, False, False], 8.0)},
+    table = tl.runs.summarize_runs({"a": _metrics([1.0, 0.5, 0.25]), "b": _metrics([1.0, 0.6, 0.3], [True, False, False], 8.0)},
                               baseline="a")
     assert table.loc["b", "final_loss"] == 0.3 and table.loc["b", "loss_diff_vs_baseline"] == pytest.approx(0.05)
     assert table.loc["a", "median_step_time_s"] == pytest.approx(0.25), "steps after the first: 0.2 and 0.3"
@@ -192,14 +192,14 @@ def test_summarize_runs_by_hand():
 
 
 def test_summarize_runs_errors():
-    with pytest.raises(tl.MetricsError, match="baseline='c' is not one of the runs"):
-        tl.summarize_runs({"a": _metrics([1.0])}, baseline="c")
-    with pytest.raises(tl.MetricsError, match="run 'a' has no metrics rows"):
-        tl.summarize_runs({"a": pd.DataFrame(columns=["rank", "step"])})
+    with pytest.raises(tl.errors.MetricsError, match="baseline='c' is not one of the runs"):
+        tl.runs.summarize_runs({"a": _metrics([1.0])}, baseline="c")
+    with pytest.raises(tl.errors.MetricsError, match="run 'a' has no metrics rows"):
+        tl.runs.summarize_runs({"a": pd.DataFrame(columns=["rank", "step"])})
 
 
 def test_plot_loss_scale_marks_the_skipped_steps():
-    fig = tl.plot_loss_scale(_metrics([1.0, 0.9, 0.8], [True, True, False], 4.0))
+    fig = tl.plots.plot_loss_scale(_metrics([1.0, 0.9, 0.8], [True, True, False], 4.0))
     (ax,) = fig.axes
     assert ax.get_yscale() == "log" and "skipped (inf/NaN gradients): 2" in [t.get_text() for t in ax.get_legend().texts]
 

@@ -53,7 +53,7 @@ def cpu_run(tmp_path):
 
 
 def test_cpu_trace_becomes_one_interval_per_phase_and_collective(cpu_run):
-    iv = tl.read_trace_intervals(cpu_run)
+    iv = tl.runs.read_trace_intervals(cpu_run)
     assert list(iv.columns) == ["rank", "step", "phase", "lane", "where", "name", "start_ms", "end_ms", "duration_ms"]
     first = iv[(iv["rank"] == 0) & (iv["step"] == 3)]  # ProfilerStep#2 is the script's step 3
     assert list(zip(first["phase"], first["start_ms"], first["end_ms"])) == [
@@ -65,12 +65,12 @@ def test_cpu_trace_becomes_one_interval_per_phase_and_collective(cpu_run):
 
 
 def test_step_breakdown_measures_overlap_and_exposed_all_reduce(cpu_run):
-    b = tl.step_breakdown(tl.read_trace_intervals(cpu_run)).loc[(0, 3)]
+    b = tl.runs.step_breakdown(tl.runs.read_trace_intervals(cpu_run)).loc[(0, 3)]
     assert b["forward_ms"] == 1.0 and b["backward_ms"] == 2.0 and b["optimizer_ms"] == pytest.approx(0.5)
     assert b["allreduce_ms"] == 2.0, "the union of the two buckets' all-reduces (2-4 ms), not the loss's"
     assert b["overlap_ms"] == 1.0 and b["exposed_allreduce_ms"] == 1.0
     assert b["comm_compute_ratio"] == pytest.approx(2.0 / 3.0)
-    overlaps = tl.overlap_intervals(tl.read_trace_intervals(cpu_run))
+    overlaps = tl.runs.overlap_intervals(tl.runs.read_trace_intervals(cpu_run))
     assert list(overlaps.itertuples(index=False, name=None)) == [(0, 3, 2.0, 3.0), (0, 4, 8.0, 9.0),
                                                                  (1, 3, 12.0, 13.0)]
 
@@ -99,12 +99,12 @@ def test_gpu_kernels_take_the_phase_of_the_cpu_interval_that_launched_them(tmp_p
               # the GPU's copies of the annotations, spanning their kernels: not host phases or steps
               x("ProfilerStep#2", t0 + 1500, 2250, tid=7, cat="gpu_user_annotation"),
               x("DistributedDataParallel.forward", t0 + 1500, 1500, tid=7, cat="gpu_user_annotation")]
-    iv = tl.read_trace_intervals(write_traces(tmp_path, {0: events}))
+    iv = tl.runs.read_trace_intervals(write_traces(tmp_path, {0: events}))
     assert list(zip(iv["phase"], iv["lane"], iv["where"])) == [
         ("forward", "compute", "cuda:0 stream 7"), ("backward", "compute", "cuda:0 stream 7"),
         ("all-reduce", "communication", "cuda:0 stream 21"), ("optimizer", "compute", "cuda:0 stream 7"),
         ("other collective", "communication", "cuda:0 stream 21")]
-    b = tl.step_breakdown(iv).loc[(0, 3)]
+    b = tl.runs.step_breakdown(iv).loc[(0, 3)]
     assert b["backward_ms"] == pytest.approx(0.8) and b["allreduce_ms"] == pytest.approx(0.6)
     assert b["overlap_ms"] == pytest.approx(0.3), "the NCCL kernel overlaps the backward GEMM on the GPU (2.5-2.8 ms)"
 
@@ -136,14 +136,14 @@ def test_allreduce_launches_say_which_bucket_was_issued_while_backward_still_ran
     two = write_traces(tmp_path / "two", {0: ddp_step(2, 1_000_000, [(2, 1000), (4, 500)]),
                                           1: ddp_step(2, 1_000_000, [(2, 1000), (4, 500)])})
     one = write_traces(tmp_path / "one", {0: ddp_step(2, 1_000_000, [(4, 1500)])})
-    launches = tl.read_allreduce_launches(two)
+    launches = tl.runs.read_allreduce_launches(two)
     assert list(launches.columns) == ["rank", "step", "bucket", "issued_ms", "elements", "element_bytes", "bytes",
                                       "backward_ops_after"]
     rank0 = launches[launches["rank"] == 0]
     assert rank0[["step", "bucket", "elements", "bytes", "backward_ops_after"]].values.tolist() == [
         [3, 0, 1000, 4000, 2], [3, 1, 500, 2000, 0]], "the loss's all-reduce after the optimizer is left out"
     assert rank0["issued_ms"].tolist() == [1.9, 2.7]
-    control = tl.read_allreduce_launches(one)
+    control = tl.runs.read_allreduce_launches(one)
     assert control[["bucket", "elements", "bytes", "backward_ops_after"]].values.tolist() == [[0, 1500, 6000, 0]]
     assert launches.groupby(["rank", "step"])["bytes"].sum().tolist() == [6000, 6000] == [control["bytes"].sum()] * 2
 
@@ -157,9 +157,9 @@ def test_allreduce_launches_read_nccls_dtype_and_say_nan_without_recorded_shapes
             x("autograd::engine::evaluate_function: Op1", t0 + 1400, 300),
             x("Optimizer.step#AdamW.step", t0 + 3000, 500, cat="user_annotation")]
     bare = [x("ProfilerStep#2", t0, 5000, cat="user_annotation"), x("c10d::allreduce_", t0 + 1100, 80)]
-    row = tl.read_allreduce_launches(write_traces(tmp_path / "nccl", {0: nccl})).iloc[0]
+    row = tl.runs.read_allreduce_launches(write_traces(tmp_path / "nccl", {0: nccl})).iloc[0]
     assert (row["elements"], row["element_bytes"], row["bytes"], row["backward_ops_after"]) == (35, 2, 70, 1)
-    row = tl.read_allreduce_launches(write_traces(tmp_path / "bare", {0: bare})).iloc[0]
+    row = tl.runs.read_allreduce_launches(write_traces(tmp_path / "bare", {0: bare})).iloc[0]
     assert row[["elements", "element_bytes", "bytes"]].isna().all(), "no shapes recorded: unknown, not 0"
 
 
@@ -173,18 +173,18 @@ def test_bad_trace_folders_raise_metrics_error_naming_the_problem(tmp_path, cont
     (tmp_path / "metrics").mkdir()
     if content is not None:
         (tmp_path / "metrics" / "trace_rank0.json").write_text(content)
-    with pytest.raises(tl.MetricsError, match=message):
-        tl.read_trace_intervals(tmp_path)
+    with pytest.raises(tl.errors.MetricsError, match=message):
+        tl.runs.read_trace_intervals(tmp_path)
 
 
 def test_overlap_of_an_unknown_phase_is_refused(cpu_run):
     with pytest.raises(ValueError, match="phase must be one of .* got 'allreduce'"):
-        tl.overlap_intervals(tl.read_trace_intervals(cpu_run), "allreduce", "backward")
+        tl.runs.overlap_intervals(tl.runs.read_trace_intervals(cpu_run), "allreduce", "backward")
 
 
 def test_timeline_draws_two_rows_per_rank_and_the_overlap(cpu_run):
-    iv = tl.read_trace_intervals(cpu_run)
-    fig = tl.plot_timeline(iv, tl.overlap_intervals(iv), title="t")
+    iv = tl.runs.read_trace_intervals(cpu_run)
+    fig = tl.plots.plot_timeline(iv, tl.runs.overlap_intervals(iv), title="t")
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute", "rank 0 communication",
@@ -204,7 +204,7 @@ def test_one_process_writes_a_trace_without_all_reduce(tmp_path):
     out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_train.py", "--max-steps", "4", "--profile-steps", "2",
                           "--metrics-dir", "metrics"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    iv = tl.read_trace_intervals(tmp_path)
+    iv = tl.runs.read_trace_intervals(tmp_path)
     assert sorted(iv["step"].unique()) == [3, 4]
     assert set(iv["phase"]) == {"backward", "optimizer"}, "no DDP (no forward annotation) and nothing to all-reduce"
 
@@ -215,7 +215,7 @@ def test_two_ranks_trace_ddp_buckets_before_the_optimizer_on_gloo(run_root):
     result = tl.run_script("ddp_train", ["--max-steps", 4, "--profile-steps", 2, "--input-dim", 256, "--hidden-dim",
                                          512, "--dataset-size", 256], runs_dir=run_root, device="cpu",
                            nproc_per_node=2, timeout_s=120)
-    iv = tl.read_trace_intervals(result.run_dir)
+    iv = tl.runs.read_trace_intervals(result.run_dir)
     assert sorted(iv["rank"].unique()) == [0, 1] and sorted(iv["step"].unique()) == [3, 4]
     per_step = iv.groupby(["rank", "step"])["phase"].value_counts().unstack(fill_value=0)
     assert (per_step[["forward", "backward", "optimizer"]] == 1).all().all()
@@ -233,7 +233,7 @@ def test_two_buckets_are_issued_during_backward_and_one_bucket_is_not(run_root):
                                device="cpu", nproc_per_node=2, timeout_s=120) for cap in (None, 1000)}
     grad_bytes = 4 * (256 * 512 + 512 + 512 * 512 + 512 + 512 * 8 + 8)
     for cap, result in runs.items():
-        launches = tl.read_allreduce_launches(result.run_dir)
+        launches = tl.runs.read_allreduce_launches(result.run_dir)
         per_step = launches.groupby(["rank", "step"])
         assert sorted(per_step.groups) == [(0, 3), (0, 4), (1, 3), (1, 4)]
         assert (per_step["bytes"].sum() == grad_bytes).all() and (launches["element_bytes"] == 4).all(), launches
@@ -257,7 +257,7 @@ def test_a_real_error_line_is_not_noise():
 
 
 def test_sdpa_backends_on_cpu_match_math_and_name_the_default():
-    table = tl.sdpa_backends("cpu", seq_len=64, repeats=2)
+    table = tl.probes.sdpa_backends("cpu", seq_len=64, repeats=2)
     assert table["backend"].tolist()[:2] == ["MATH", "FLASH_ATTENTION"]
     runs = table[table["available"]]
     assert set(runs["backend"]) >= {"MATH"} and (runs["max_abs_diff_vs_math"] < 1e-4).all()
@@ -282,10 +282,10 @@ def test_default_backend_is_math_where_only_math_may_run():
 ])
 def test_sdpa_backends_refuses_bad_arguments(kwargs, message):
     with pytest.raises(tl.ConfigError, match=message):
-        tl.sdpa_backends(**kwargs)
+        tl.probes.sdpa_backends(**kwargs)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPUs")
 def test_sdpa_backends_on_cuda_without_a_gpu_says_so():
     with pytest.raises(tl.ConfigError, match="device='cuda' but torch.cuda.is_available\\(\\) is False"):
-        tl.sdpa_backends("cuda")
+        tl.probes.sdpa_backends("cuda")

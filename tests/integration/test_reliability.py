@@ -86,7 +86,7 @@ def test_bad_script_arguments_are_refused_before_launch(run_root, name, args, me
     (lambda root: tl.resolve_device("cuda", 4, gpu_count=2), "nproc_per_node=4 but only 2 GPU"),
     (lambda root: tl.new_run_dir("../escape", root), "no '/' or '..'"),
     (lambda root: tl.new_run_dir("a/b", root), "a run directory stays inside its root"),
-    (lambda root: tl.autocast_op_dtypes("fp8"), "precision='fp8'"),
+    (lambda root: tl.probes.autocast_op_dtypes("fp8"), "precision='fp8'"),
 ])
 def test_bad_library_input_names_the_value(tmp_path, call, message):
     with pytest.raises(tl.ConfigError, match=message):
@@ -172,7 +172,7 @@ def test_twenty_launches_back_to_back(run_root):
     for i in range(20):
         result = tl.run_script("collectives_check", QUICK, runs_dir=run_root, label=f"b2b{i}", device="cpu",
                                nproc_per_node=2, live="off", timeout_s=120)
-        assert all(c["ok"] for r in tl.read_collectives(result.run_dir) for c in r["checks"])
+        assert all(c["ok"] for r in tl.runs.read_collectives(result.run_dir) for c in r["checks"])
 
 
 @pytest.mark.integration
@@ -185,7 +185,7 @@ def test_four_launches_at_once(run_root):
     ports = {r.command[r.command.index("--master-port") + 1] for r in results}
     assert len(ports) == 4, "each launch its own rendezvous port"
     for result in results:
-        assert all(c["ok"] for r in tl.read_collectives(result.run_dir) for c in r["checks"])
+        assert all(c["ok"] for r in tl.runs.read_collectives(result.run_dir) for c in r["checks"])
 
 
 # --- 4. security basics --------------------------------------------------------------------------------------------
@@ -254,13 +254,13 @@ def test_a_kill_during_a_save_never_costs_the_previous_checkpoint(run_root, tria
     torchrun_crashed = "Failed to parse reply file" in (info.value.run_dir / "output.log").read_text()
     assert (info.value.rank, info.value.exit_code) == (fail_rank, None if torchrun_crashed else -9)
     folder = info.value.run_dir / "checkpoints"
-    newest = tl.latest_checkpoint(folder)
+    newest = tl.runs.latest_checkpoint(folder)
     assert newest is not None and newest.name == f"step-{fail_step - 1}"
-    state = tl.load_checkpoint_state(newest)
+    state = tl.runs.load_checkpoint_state(newest)
     assert state["model"] and all(torch.isfinite(t).all() for t in state["model"].values())
     resumed = tl.run_script("checkpoint_train", [*common, "--checkpoint-dir", folder, "--resume", "latest"], **spec)
     assert (resumed.metrics()["resumed_from_step"] == fail_step - 1).all()
-    assert tl.latest_checkpoint(folder).name == "step-4"
+    assert tl.runs.latest_checkpoint(folder).name == "step-4"
     assert not wait_no_job_processes(str(run_root))
 
 

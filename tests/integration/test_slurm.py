@@ -43,7 +43,7 @@ def test_slurm_conf_puts_two_nodes_on_loopback_each_with_its_own_port(tmp_path):
 
 
 def test_a_cpu_job_requests_no_gpu_and_a_gpu_job_one_rank_per_gpu():
-    cpu = tl.slurm_script("ddp_train.py", ["--max-steps", 5], nnodes=2, nproc_per_node=2, partition="debug",
+    cpu = tl.slurm.slurm_script("ddp_train.py", ["--max-steps", 5], nnodes=2, nproc_per_node=2, partition="debug",
                           account="proj1", run_dir="/shared/runs/r1", socket_ifname="lo", rendezvous_port=None)
     assert "gpus-per-node" not in cpu and "NCCL_SOCKET_IFNAME" not in cpu.replace("# export NCCL", "")
     assert "--tee" not in cpu.replace("With --tee", "") and "LOG_LINE_PREFIX_TEMPLATE" not in cpu
@@ -58,11 +58,11 @@ def test_a_cpu_job_requests_no_gpu_and_a_gpu_job_one_rank_per_gpu():
                  "export PYTHONUNBUFFERED=1",
                  "rdzv_port=$((29500 + SLURM_JOB_ID % 2000))"):
         assert line in cpu, line
-    gpu = tl.slurm_script("train.py", nnodes=2, gpus_per_node=4, cpus_per_task=16, socket_ifname="ib0")
+    gpu = tl.slurm.slurm_script("train.py", nnodes=2, gpus_per_node=4, cpus_per_task=16, socket_ifname="ib0")
     assert "#SBATCH --gpus-per-node=4" in gpu and "--nproc-per-node 4" in gpu and "export OMP_NUM_THREADS=4" in gpu
     assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in gpu and "srun --kill-on-bad-exit=1 --cpus-per-task=16" in gpu
     assert "--partition" not in gpu and "--account" not in gpu and "--chdir" not in gpu and "--rdzv-conf" not in gpu
-    timed = tl.slurm_script("train.py", nnodes=2, nproc_per_node=1, rendezvous_timeout_s=30,
+    timed = tl.slurm.slurm_script("train.py", nnodes=2, nproc_per_node=1, rendezvous_timeout_s=30,
                             torchrun="/venv/bin/python -m torch.distributed.run")
     assert "--rdzv-backend c10d --rdzv-conf join_timeout=30 \\\n" in timed
     assert """'trap "" USR1; exec /venv/bin/python -m torch.distributed.run --log-dir "logs/node$SLURM_NODEID" "$@"'""" in timed
@@ -84,7 +84,7 @@ def test_a_cpu_job_requests_no_gpu_and_a_gpu_job_one_rank_per_gpu():
 ])
 def test_bad_batch_script_values_are_refused(fields, message):
     with pytest.raises(tl.ConfigError, match=message):
-        tl.slurm_script("train.py", nnodes=2, **{"nproc_per_node": 2, **fields})
+        tl.slurm.slurm_script("train.py", nnodes=2, **{"nproc_per_node": 2, **fields})
 
 
 def test_squeue_lines_and_exit_codes_are_parsed():
@@ -228,7 +228,7 @@ def test_up_status_down_leaves_no_process(capsys):
 def submit_ddp(cluster, run_dir: Path, args, **script) -> int:
     """``ddp_train.py`` and its batch script in ``run_dir``, submitted with sbatch as a learner would."""
     script_path = tl.write_script("ddp_train", run_dir)
-    job = tl.slurm_script(script_path.name, args, nnodes=2, nproc_per_node=2, run_dir=run_dir, socket_ifname="lo",
+    job = tl.slurm.slurm_script(script_path.name, args, nnodes=2, nproc_per_node=2, run_dir=run_dir, socket_ifname="lo",
                           rendezvous_port=None, torchrun=TORCHRUN, time_limit="00:10:00", **script)
     (run_dir / "job.sh").write_text(job)
     return submit(run_dir / "job.sh", conf=cluster.conf, cwd=run_dir)
@@ -244,7 +244,7 @@ def ranks_by_node(run_dir: Path) -> dict[int, set[int]]:
     """``{SLURM node index: global ranks it ran}``. A learner's batch script runs ddp_train.py without the workbook's
     rank runner, so no record names a folder's rank: each folder's is the rank whose metrics hold the local losses its
     step lines printed (``--log-every 1``; the 4 shards give 4 different local losses)."""
-    metrics = tl.read_metrics(run_dir)
+    metrics = tl.runs.read_metrics(run_dir)
     losses = {int(rank): {f"{loss:.5f}" for loss in group["loss_local"]} for rank, group in metrics.groupby("rank")}
     found = {}
     for node, folders in rank_folders(run_dir).items():
@@ -262,7 +262,7 @@ def test_a_two_node_ddp_job_runs_two_ranks_per_node_with_one_global_loss(slurm_c
     elapsed_s = time.monotonic() - start
     assert (info.state, info.exit_code) == (JobState.COMPLETED, 0), (info, (run_dir / f"ddp-{job_id}.out").read_text())
     assert job_nodes(job_id, conf=slurm_cluster.conf) == ["node0", "node1"]
-    metrics = tl.read_metrics(run_dir, ranks=4)
+    metrics = tl.runs.read_metrics(run_dir, ranks=4)
     assert sorted(metrics["rank"].unique()) == [0, 1, 2, 3] and set(metrics["world_size"]) == {4}
     by_node = ranks_by_node(run_dir)
     assert set(by_node) == {0, 1} and sorted(by_node.values(), key=min) == [{0, 1}, {2, 3}], by_node
@@ -279,9 +279,9 @@ DOCS_SLURM = Path(__file__).resolve().parents[2] / "docs" / "slurm.md"
 
 
 def docs_batch_example() -> str:
-    """The Python block of docs/slurm.md that writes and submits a batch script (``tl.slurm_script``)."""
+    """The Python block of docs/slurm.md that writes and submits a batch script (``tl.slurm.slurm_script``)."""
     blocks = re.findall(r"```python\n(.*?)```", DOCS_SLURM.read_text(), re.S)
-    (block,) = [b for b in blocks if "tl.slurm_script(" in b and '"sbatch"' in b]
+    (block,) = [b for b in blocks if "tl.slurm.slurm_script(" in b and '"sbatch"' in b]
     return block
 
 
@@ -309,7 +309,7 @@ def test_the_docs_batch_script_example_runs_as_written(slurm_cluster, tmp_path):
     assert 'socket_ifname="lo")' in code
     run_dir, info = run_docs_example(slurm_cluster, tmp_path, tmp_path / "runs", code)
     assert (info.state, info.exit_code) == (JobState.COMPLETED, 0), (info, sorted(p.name for p in run_dir.iterdir()))
-    metrics = tl.read_metrics(run_dir, ranks=4)
+    metrics = tl.runs.read_metrics(run_dir, ranks=4)
     assert sorted(metrics["rank"].unique()) == [0, 1, 2, 3] and set(metrics["world_size"]) == {4}
     assert metrics.groupby("step")["loss_global"].nunique().max() == 1, "every rank holds the same all-reduced loss"
     assert sorted(metrics["step"].unique()) == [1, 2, 3, 4, 5]

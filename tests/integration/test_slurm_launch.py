@@ -29,9 +29,9 @@ JOB_TIMEOUT_S = 300  # each launch's limit; the jobs take 10-60 s on this 2-core
 CANCEL_S = 120  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
 
 
-def on_cluster(cluster, **fields) -> tl.SlurmSpec:
+def on_cluster(cluster, **fields) -> tl.slurm.SlurmSpec:
     """A ``SlurmSpec`` for the local cluster: its slurm.conf, gloo on loopback."""
-    return tl.SlurmSpec(conf=cluster.conf, socket_ifname="lo", **fields)
+    return tl.slurm.SlurmSpec(conf=cluster.conf, socket_ifname="lo", **fields)
 
 
 def assert_nothing_left(cluster, run_dir: Path) -> None:
@@ -44,7 +44,7 @@ def assert_nothing_left(cluster, run_dir: Path) -> None:
     assert cluster.job_steps() == []
 
 
-def node_of(job: tl.SlurmJob, rank: int) -> int:
+def node_of(job: tl.launcher.slurm_job.SlurmJob, rank: int) -> int:
     return next(node for node, ranks in job.node_ranks.items() if rank in ranks)
 
 
@@ -83,7 +83,7 @@ def test_a_two_node_ddp_launch_streams_every_rank_and_leaves_a_run_directory_lik
     assert record["status"] == "finished" and (record["nnodes"], record["nproc_per_node"]) == (2, 2)
     assert record["slurm_job"]["job_id"] == job.job_id and record["slurm_job"]["nodes"] == ["node0", "node1"]
     assert "cannot sample" in result.memory_notes()[0]
-    with pytest.raises(tl.MetricsError, match="cannot sample their memory"):
+    with pytest.raises(tl.errors.MetricsError, match="cannot sample their memory"):
         result.memory_samples()
     assert_nothing_left(slurm_cluster, run_dir)
 
@@ -101,7 +101,7 @@ def test_on_slurm_a_rank_cannot_write_another_ranks_lines(slurm_cluster, run_roo
     assert len([line for line in shown if "forged" in line]) == 7
     assert all(line.startswith("[rank 0] ") for line in shown if "forged" in line), shown
     assert [line for line in shown if line.startswith("[rank 1]")] == ['[rank 1] check {"rank": 1}'], shown
-    lines = rank_lines(tl.read_output_log(result.run_dir))
+    lines = rank_lines(tl.runs.read_output_log(result.run_dir))
     assert len([text for rank, text in lines if rank == 0 and "forged" in text]) == 7
     assert {rank: [text for r, text in lines if r == rank] for rank in (1, 2, 3)} == {
         rank: [f'check {{"rank": {rank}}}'] for rank in (1, 2, 3)}, lines
@@ -255,7 +255,7 @@ def test_after_sbatch_refuses_a_job_the_doctor_says_so_with_sbatchs_message(slur
 PENDING_LAUNCHER = textwrap.dedent("""
     import sys
     import tutorial_lib as tl
-    spec = tl.SlurmSpec(conf=sys.argv[2], socket_ifname="lo")
+    spec = tl.slurm.SlurmSpec(conf=sys.argv[2], socket_ifname="lo")
     tl.run_script("ddp_train", ["--max-steps", 2], runs_dir=sys.argv[1], nnodes=1, nproc_per_node=1, timeout_s=600,
                   slurm=spec, live="text")
 """)
@@ -317,7 +317,7 @@ def test_with_no_reason_to_cancel_a_pending_job_waits_until_the_launchs_limit(sl
 LAUNCHER = textwrap.dedent("""
     import sys
     import tutorial_lib as tl
-    spec = tl.SlurmSpec(conf=sys.argv[2], socket_ifname="lo")
+    spec = tl.slurm.SlurmSpec(conf=sys.argv[2], socket_ifname="lo")
     tl.run_script("ddp_train", ["--max-steps", 100000, "--step-delay-s", 0.05], runs_dir=sys.argv[1], nnodes=2,
                   nproc_per_node=2, timeout_s=600, slurm=spec, live="off")
 """)
@@ -351,7 +351,7 @@ def test_a_slurm_conf_that_does_not_answer_is_reported_not_raised(monkeypatch, t
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    target = tl.connect_slurm()
+    target = tl.slurm.connect_slurm()
     if "not installed" in target.reason:
         pytest.skip(target.reason)
     assert target.kind == "unavailable" and target.conf == conf and "(SLURM_CONF)" in target.reason, target
@@ -362,16 +362,16 @@ def test_connect_slurm_starts_the_local_cluster_and_stops_only_the_one_it_starte
     """The notebook's call: a cluster found up is left running; one started here is stopped by close()."""
     monkeypatch.delenv("SLURM_CONF", raising=False)
     monkeypatch.setattr("tutorial_lib.slurm.target.SYSTEM_CONFS", ())
-    found = tl.connect_slurm(state_dir=slurm_cluster.state_dir)
+    found = tl.slurm.connect_slurm(state_dir=slurm_cluster.state_dir)
     assert (found.kind, found.started, found.conf) == ("local", False, slurm_cluster.conf)
-    assert found.spec(partition="debug") == tl.SlurmSpec(conf=slurm_cluster.conf, socket_ifname="lo", partition="debug")
+    assert found.spec(partition="debug") == tl.slurm.SlurmSpec(conf=slurm_cluster.conf, socket_ifname="lo", partition="debug")
     assert found.close() is False and slurm_cluster.is_up(), "a cluster found up is left running"
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))  # make slurm's export line: that local cluster
-    assert tl.connect_slurm().kind == "local"
+    assert tl.slurm.connect_slurm().kind == "local"
     monkeypatch.delenv("SLURM_CONF")
     private = private_slurm_cluster()
     try:
-        started = tl.connect_slurm(state_dir=private.state_dir)
+        started = tl.slurm.connect_slurm(state_dir=private.state_dir)
         assert (started.kind, started.started) == ("local, started here", True) and private.is_up()
         assert set(started.nodes) == {"node0", "node1"}
     finally:

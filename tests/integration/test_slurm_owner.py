@@ -129,10 +129,10 @@ def test_the_next_connect_restarts_a_cluster_whose_owner_and_watchdog_were_kille
         old = stamps(cluster)
         assert cluster.is_up() and cluster.owner_gone() and "which has ended" in cluster.status()
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # an export line of that cluster: not reported usable
-        pointed = tl.connect_slurm()
+        pointed = tl.slurm.connect_slurm()
         assert pointed.kind == "unavailable" and f"belonged to pid {owner.pid}, which has ended" in pointed.reason
         monkeypatch.delenv("SLURM_CONF")
-        connected = tl.connect_slurm(state_dir=cluster.state_dir)
+        connected = tl.slurm.connect_slurm(state_dir=cluster.state_dir)
         assert (connected.kind, connected.started) == ("local, started here", True), connected
         assert not any(s.alive() for s in old), "the dead owner's daemons were stopped, not adopted"
         assert cluster.is_up() and cluster.owner() == ProcessStamp.of(os.getpid()) and len(watchdogs(cluster)) == 1
@@ -152,7 +152,7 @@ import tutorial_lib as tl
 from tutorial_lib.slurm import target
 target.SYSTEM_CONFS = ()  # the local cluster even where a system slurm.conf exists
 os.environ.pop("SLURM_CONF", None)
-slurm = tl.connect_slurm(state_dir=STATE_DIR)  # notebook 06's first SLURM cell
+slurm = tl.slurm.connect_slurm(state_dir=STATE_DIR)  # notebook 06's first SLURM cell
 print("RESULT " + json.dumps({"kind": slurm.kind, "started": slurm.started, "reason": slurm.reason}))
 """
 

@@ -26,7 +26,7 @@ def run(name, args, run_root, nproc=2):
 
 
 def test_tensor_parallel_block_sequence_and_model_on_two_ranks(run_root):
-    ranks = tl.read_rank_json(run(
+    ranks = tl.runs.read_rank_json(run(
         "tensor_parallel", [*TP_SMALL, "--lessons", "block", "sequence", "model"], run_root).run_dir, "tp")
     none = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0}
     for r in ranks:
@@ -59,7 +59,7 @@ def test_tensor_parallel_block_sequence_and_model_on_two_ranks(run_root):
 
 
 def test_fsdp_by_tensor_parallel_on_a_two_by_two_mesh(run_root):
-    ranks = tl.read_rank_json(run("tensor_parallel", [*TP_SMALL, "--lessons", "2d"], run_root, nproc=4).run_dir, "tp")
+    ranks = tl.runs.read_rank_json(run("tensor_parallel", [*TP_SMALL, "--lessons", "2d"], run_root, nproc=4).run_dir, "tp")
     rows_of_q = set()
     for rank in ranks:
         r = rank["2d"]
@@ -79,19 +79,19 @@ def test_fsdp_by_tensor_parallel_on_a_two_by_two_mesh(run_root):
 
 
 def test_pipeline_bubble_memory_and_gradients_from_what_the_stages_did(run_root):
-    pp = tl.read_rank_json(run("pipeline_parallel", ["--microbatches", 1, 2, 4, "--batch-size", 8, "--input-dim", 32,
+    pp = tl.runs.read_rank_json(run("pipeline_parallel", ["--microbatches", 1, 2, 4, "--batch-size", 8, "--input-dim", 32,
                                                      "--hidden-dim", 64], run_root).run_dir, "pp")
-    events = tl.pipeline_events(pp)
+    events = tl.runs.pipeline_events(pp)
     seen = set()
     for (schedule, m), run_ in events.groupby(["schedule", "microbatches"]):
         seen.add((schedule, m))
         orders = {s: [f"{a}{i}" for a, i in zip(g["action"], g["microbatch"])]
                   for s, g in run_.sort_values("position").groupby("stage")}
-        slots = tl.replay_slots(orders)
+        slots = tl.runs.replay_slots(orders)
         span = int(slots["end_slot"].max())
         busy = (slots["end_slot"] - slots["start_slot"]).groupby(slots["stage"]).sum()
         assert all(Fraction(span - int(b), span) == Fraction(1, m + 1) for b in busy), (schedule, m)
-        assert tl.order_violations(run_) == []
+        assert tl.runs.order_violations(run_) == []
     assert seen == {("by hand", 1), ("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)}
     for r in pp:
         for run_ in r["runs"]:
@@ -115,7 +115,7 @@ def test_context_parallel_and_float8_record_why_they_do_not_run_on_cpu_and_leave
     from torch.distributed.tensor import DTensor
     sdpa, handlers = F.scaled_dot_product_attention, DTensor._op_dispatcher._custom_op_handlers
     result = tl.run_in_process("context_parallel_float8", ["--seq-len", 64], runs_dir=run_root)
-    (r,) = tl.read_rank_json(result.run_dir, "cp_float8")
+    (r,) = tl.runs.read_rank_json(result.run_dir, "cp_float8")
     assert not r["context_parallel"]["ran"] and r["context_parallel"]["reason"] == (
         "NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a "
         "sharding strategy registered.")
@@ -125,7 +125,7 @@ def test_context_parallel_and_float8_record_why_they_do_not_run_on_cpu_and_leave
 
 
 def test_context_parallel_and_float8_under_torchrun_on_cpu_ranks_say_why_on_every_rank(run_root):
-    ranks = tl.read_rank_json(run("context_parallel_float8", ["--seq-len", 64], run_root).run_dir, "cp_float8")
+    ranks = tl.runs.read_rank_json(run("context_parallel_float8", ["--seq-len", 64], run_root).run_dir, "cp_float8")
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
     for r in ranks:
         assert not r["context_parallel"]["ran"] and "for_cpu.default does not have a sharding strategy" in \
@@ -162,23 +162,23 @@ def test_sizes_the_split_cannot_divide_and_a_third_stage_are_refused():
 
 
 def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run_root):
-    """tl.plan_tp_memory (fake mode, one process) against tensor_parallel.py --track-memory (the same MemTracker on
+    """tl.planning.plan_tp_memory (fake mode, one process) against tensor_parallel.py --track-memory (the same MemTracker on
     2 real gloo ranks), AdamW, TP and TP + SP, every rank: parameters and optimizer state byte for byte; the total
     from the plan to the plan plus one collective's buffer (gloo's thread may free it after the next allocation:
     compare_tp_plan's docstring); usually every category equal (torch 2.8 and 2.13)."""
     args = [*TP_SMALL, "--optimizer", "adamw"]
-    ranks = tl.read_rank_json(run("tensor_parallel", [*args, "--lessons", "model", "--track-memory"],
+    ranks = tl.runs.read_rank_json(run("tensor_parallel", [*args, "--lessons", "model", "--track-memory"],
                                   run_root).run_dir, "tp")
-    for layout in tl.TP_LAYOUTS:
-        plan = tl.plan_tp_memory(args, world_size=2, layout=layout)
+    for layout in tl.planning.TP_LAYOUTS:
+        plan = tl.planning.plan_tp_memory(args, world_size=2, layout=layout)
         # fp32 parameter, gradient and 2 moments: 16 bytes per local element; AdamW's step: one fp32 per tensor
         assert plan.peak_bytes["parameters"] == plan.state_bytes_analytic / 4
         n_tensors = 2 + 16 * 1 + 3  # the embeddings, 16 per block (4 Linears, 2 norms: weight and bias), norm, head
         assert plan.peak_bytes["optimizer state"] == 2 * plan.peak_bytes["parameters"] + 4 * n_tensors
         assert plan.peak_bytes["activations"] > 0 and plan.peak_bytes["temporaries"] > 0, plan
         assert plan.unsimulated_bytes == 4 * 4 * 8 * 32  # batch x tokens x width, fp32
-        for measured in tl.read_tp_memory(ranks, layout):
-            table = tl.compare_tp_plan(plan, measured)
+        for measured in tl.planning.read_tp_memory(ranks, layout):
+            table = tl.planning.compare_tp_plan(plan, measured)
             assert (table.loc[["parameters", "optimizer state"], "difference_bytes"] == 0).all(), (layout, table)
             assert 0 <= -table.loc["total", "difference_bytes"] <= plan.unsimulated_bytes, (layout, table)
     # SP's norm gradients are Partial: AdamW's update reads each three times (the first moment once, the second
@@ -186,7 +186,7 @@ def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run
     n_norm_params = 2 * (2 * 1 + 1)  # weight and bias of 2 norms per block (1 block) and the final norm
     for r in ranks:
         assert r["model"]["TP + SP"]["steps"][0]["collectives"]["all_reduce"] == 3 + 3 * n_norm_params, r["model"]
-    one_rank = tl.plan_tp_memory(args, world_size=1)  # a control: one rank holds the whole model
+    one_rank = tl.planning.plan_tp_memory(args, world_size=1)  # a control: one rank holds the whole model
     D, V = 32, 64
     split = 3 * (D * D + D) + D * D + (4 * D * D + 4 * D) + 4 * D * D + V * D  # q, k, v, wo, fc1, fc2 weights; head
     assert one_rank.peak_bytes["parameters"] == 4 * plan.n_params
@@ -199,4 +199,4 @@ def test_tensor_parallel_memory_plan_equals_torchs_tracker_on_two_real_ranks(run
     ({"args": ["--dim", 60]}, "invalid flags"), ({"world_size": 0}, "world_size must be an int >= 1")])
 def test_the_tp_planner_refuses_layouts_it_does_not_plan(kwargs, message):
     with pytest.raises(tl.ConfigError, match=message):
-        tl.plan_tp_memory(**kwargs)
+        tl.planning.plan_tp_memory(**kwargs)

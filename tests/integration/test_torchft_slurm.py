@@ -37,9 +37,9 @@ STATE_TIMEOUT_S = 240.0  # the longest wait for one state (two jobs starting on 
 ARGS = ["--max-steps", 100000, "--step-delay-s", 0.05, "--log-every", 100000]
 
 
-def on_cluster(cluster) -> tl.SlurmSpec:
+def on_cluster(cluster) -> tl.slurm.SlurmSpec:
     """The local cluster: its slurm.conf, gloo on loopback (every node is 127.0.0.1, so is the lighthouse)."""
-    return tl.SlurmSpec(conf=cluster.conf, socket_ifname="lo")
+    return tl.slurm.SlurmSpec(conf=cluster.conf, socket_ifname="lo")
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ def test_the_process_group_gets_a_cpu_backend_beside_nccl_when_offloading_on_cud
 
 
 def test_a_resume_on_the_same_ranks_is_bitwise_and_on_three_ranks_continues(runs):
-    checkpoint = str(tl.checkpoint_dir(runs["fsdp"].run_dir, step=2))
+    checkpoint = str(tl.runs.checkpoint_dir(runs["fsdp"].run_dir, step=2))
     again = launch(runs["root"], "resume", [*runs["common"], "--batch-size", 2, "--resume", checkpoint])
     keys = ["rank", "step", "loss_local", "grad_norm", "lr"]
     before = runs["fsdp"].metrics().query("step > 2")[keys].sort_values(["rank", "step"]).reset_index(drop=True)
@@ -117,41 +117,41 @@ def test_the_data_position_is_global_so_another_world_size_reads_each_window_onc
 
 
 def test_the_plan_equals_every_ranks_measured_memory(runs):
-    """Parameters and optimizer state byte for byte, the total within one collective buffer (tl.matches_plan): gloo's
+    """Parameters and optimizer state byte for byte, the total within one collective buffer (tl.planning.matches_plan): gloo's
     worker thread can free an all-gather output after the main thread's next allocation (traced: 15 of 222 ranks
     beside three busy loops, the CI failure of stop 41)."""
-    plan = tl.plan_hf(runs["tiny"], world_size=2, seq_len=32, batch_size=2, layout="fp32")
+    plan = tl.planning.plan_hf(runs["tiny"], world_size=2, seq_len=32, batch_size=2, layout="fp32")
     # The tiny Llama's decoder layer, the largest unit: q, o 64 x 64; k, v 64 x 32; gate, up, down 64 x 176; 2 norms.
     layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64
     assert plan.collective_buffer_bytes == plan.unsimulated_bytes == 4 * layer  # the headroom counts it
-    measured = tl.read_memory_snapshots(runs["fsdp"].run_dir)
+    measured = tl.planning.read_memory_snapshots(runs["fsdp"].run_dir)
     assert len(measured) == 2
     for snapshot in measured:
-        assert tl.matches_plan(plan, snapshot), tl.compare_plan(plan, snapshot)
+        assert tl.planning.matches_plan(plan, snapshot), tl.planning.compare_plan(plan, snapshot)
     # The control: the plan of twice the batch misses every rank by more than one buffer.
-    wrong = tl.plan_hf(runs["tiny"], world_size=2, seq_len=32, batch_size=4, layout="fp32")
-    assert not any(tl.matches_plan(wrong, snapshot) for snapshot in measured)
+    wrong = tl.planning.plan_hf(runs["tiny"], world_size=2, seq_len=32, batch_size=4, layout="fp32")
+    assert not any(tl.planning.matches_plan(wrong, snapshot) for snapshot in measured)
 
 
 def test_on_three_ranks_each_rank_matches_its_own_plan_and_not_rank_0s(runs):
     """Issue 46: on 3 ranks rank 2 holds fewer rows of some parameters (torch.chunk), so less optimizer state: with
-    rank 0's plan only, a correct run failed tl.matches_plan on rank 2."""
+    rank 0's plan only, a correct run failed tl.planning.matches_plan on rank 2."""
     three = launch(runs["root"], "memory-3", [*runs["common"], "--batch-size", 2, "--max-steps", 2, "--track-memory"],
                    nproc=3)
-    plan = tl.plan_hf(runs["tiny"], world_size=3, seq_len=32, batch_size=2, layout="fp32")
-    measured = tl.read_memory_snapshots(three.run_dir)
+    plan = tl.planning.plan_hf(runs["tiny"], world_size=3, seq_len=32, batch_size=2, layout="fp32")
+    measured = tl.planning.read_memory_snapshots(three.run_dir)
     assert len(measured) == 3 and sorted(plan.rank_peak_bytes) == [0, 1, 2]
     for rank, snapshot in enumerate(measured):
-        assert tl.matches_plan(plan, snapshot, rank=rank), (rank, tl.compare_plan(plan, snapshot, rank=rank))
+        assert tl.planning.matches_plan(plan, snapshot, rank=rank), (rank, tl.planning.compare_plan(plan, snapshot, rank=rank))
     assert plan.for_rank(2)["optimizer state"] == measured[2]["optimizer state"] < plan.for_rank(0)["optimizer state"]
-    assert not tl.matches_plan(plan, measured[2], rank=0), "the control: rank 0's plan is not rank 2's"
+    assert not tl.planning.matches_plan(plan, measured[2], rank=0), "the control: rank 0's plan is not rank 2's"
 
 
 def test_lora_trains_the_adapters_only_and_exports_them_merged(runs, tmp_path):
     exported = tmp_path / "merged"
     lora = launch(runs["root"], "lora", [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2,
                                          "--export", exported])
-    model = tl.read_rank_json(lora.run_dir, "model")[0]
+    model = tl.runs.read_rank_json(lora.run_dir, "model")[0]
     assert 0 < model["n_trainable"] < model["n_params"] / 5
     assert lora.metrics()["loss_global"].notna().all()
     from safetensors.torch import load_file
@@ -167,13 +167,13 @@ def test_lora_trains_the_adapters_only_and_exports_them_merged(runs, tmp_path):
 def test_export_is_a_folder_from_pretrained_reads_with_the_trained_weights(runs, tmp_path):
     from transformers import AutoModelForCausalLM
     import torch.distributed.checkpoint as dcp
-    checkpoint = tl.checkpoint_dir(runs["fsdp"].run_dir, step=4)
+    checkpoint = tl.runs.checkpoint_dir(runs["fsdp"].run_dir, step=4)
     one = tl.run_in_process("train_hf", [*runs["common"], "--batch-size", 4, "--resume", checkpoint, "--max-steps", 5,
                                          "--save-every", 5, "--export", tmp_path / "tuned"], runs_dir=runs["root"],
                             label="export")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")
     saved = {"app": {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}}
-    dcp.load(saved, checkpoint_id=tl.checkpoint_dir(one.run_dir, step=5))
+    dcp.load(saved, checkpoint_id=tl.runs.checkpoint_dir(one.run_dir, step=5))
     assert all(torch.equal(saved["app"]["model"][k], v) for k, v in model.state_dict().items())
 
 
@@ -203,7 +203,7 @@ def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded
     source = published_copy(runs["tiny"], tmp_path / "published")
     common = ["--model", source, *COMMON, "--batch-size", 2, "--export-shard-gb", 1e-4]
     end = launch(runs["root"], "export-end", [*common, "--save-every", 4, "--export", tmp_path / "end"])
-    tl.export_hf(tl.checkpoint_dir(end.run_dir, step=4), tmp_path / "after", model=source, shard_gb=1e-4,
+    tl.export_hf(tl.runs.checkpoint_dir(end.run_dir, step=4), tmp_path / "after", model=source, shard_gb=1e-4,
                  runs_dir=runs["root"])  # python train_hf.py --export-from ... in this process
     for folder in (tmp_path / "end", tmp_path / "after"):
         index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -219,10 +219,10 @@ def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded
         extra = {"config.json", "model.safetensors.index.json", "tokenizer.json", "special_tokens_map.json",
                  "generation_config.json"}
         assert {p.name for p in folder.iterdir()} == set(files) | extra
-    after = tl.read_output_log(max((runs["root"]).glob("*-export-hf"), key=lambda p: p.stat().st_mtime))
+    after = tl.runs.read_output_log(max((runs["root"]).glob("*-export-hf"), key=lambda p: p.stat().st_mtime))
     assert "step-4: step 4, saved on 2 ranks" in after and "read from the checkpoint file by file" in after, after
     # torch 2.13's HuggingFaceStorageWriter consolidates: the end of the run gathered nothing (the path is printed).
-    assert "every rank wrote its own rows with dcp.save" in tl.read_output_log(end.run_dir)
+    assert "every rank wrote its own rows with dcp.save" in tl.runs.read_output_log(end.run_dir)
     a, b = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("end", "after"))
     assert a.dtype == torch.bfloat16 and all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
     tokens = torch.arange(32)[None]
@@ -232,7 +232,7 @@ def test_an_export_afterwards_from_a_checkpoint_is_the_export_at_the_end_sharded
                              timeout=180)
     assert refused.returncode != 0 and "exists and is not empty" in refused.stderr, "nothing is overwritten"
     with pytest.raises(tl.ConfigError, match="not a complete DCP checkpoint"):
-        tl.load_trained_hf(source, tmp_path / "end")  # an export is not a checkpoint
+        tl.runs.load_trained_hf(source, tmp_path / "end")  # an export is not a checkpoint
 
 
 def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_model(runs, tmp_path):
@@ -242,7 +242,7 @@ def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_
 
     args = [*runs["common"], "--batch-size", 2, "--lora-rank", 4, "--max-steps", 2, "--save-every", 2]
     lora = launch(runs["root"], "lora-adapter", [*args, "--export", tmp_path / "merged"])
-    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.checkpoint_dir(lora.run_dir, step=2),
+    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.runs.checkpoint_dir(lora.run_dir, step=2),
                                    "--export-adapter", "--export", tmp_path / "adapter"], runs_dir=runs["root"],
                       label="export-adapter")
     assert {p.name for p in (tmp_path / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
@@ -257,7 +257,7 @@ def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_
     # The merge is exact: W + alpha / r B A in fp32 from the adapter file and the base, here computed whole in one
     # process, equals bit for bit what the ranks merged each on its own rows (and what --export-from merged whole).
     from safetensors.torch import load_file
-    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.checkpoint_dir(lora.run_dir, step=2),
+    tl.run_in_process("train_hf", [*runs["common"], "--export-from", tl.runs.checkpoint_dir(lora.run_dir, step=2),
                                    "--export", tmp_path / "merged-after"], runs_dir=runs["root"], label="export-merged")
     lora_ab = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     base_w = load_file(f"{runs['tiny']}/model.safetensors")
@@ -272,7 +272,7 @@ def test_a_lora_run_exports_a_peft_adapter_that_loads_on_the_base_as_the_merged_
 
 
 def test_a_resume_with_another_seq_len_is_refused_naming_both(runs, tmp_path):
-    checkpoint = str(tl.checkpoint_dir(runs["fsdp"].run_dir, step=2))
+    checkpoint = str(tl.runs.checkpoint_dir(runs["fsdp"].run_dir, step=2))
     args = [a for a in runs["common"]]
     args[args.index("--seq-len") + 1] = 64
     proc = subprocess.run([sys.executable, str(LESSONS_DIR / "train_hf.py"), *map(str, args), "--resume", checkpoint,

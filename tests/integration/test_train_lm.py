@@ -72,12 +72,12 @@ def test_one_process_as_plain_python_learns_and_logs_the_schema(tmp_path):
 @pytest.mark.integration
 def test_every_layout_gives_the_loss_curve_of_one_process_within_the_fp32_tolerance(layouts):
     runs, _ = layouts
-    curves = tl.loss_curves({label: r.metrics() for label, r in runs.items()})
+    curves = tl.runs.loss_curves({label: r.metrics() for label, r in runs.items()})
     assert list(curves.index) == list(range(1, 7)) and not curves.isna().any().any(), curves
     relative = curves.sub(curves["one process"], axis=0).abs().div(curves["one process"], axis=0)
     assert (relative.max() <= FP32_TOLERANCE).all(), relative
     assert curves["one process"].iloc[-1] < curves["one process"].iloc[0]
-    evals = tl.loss_curves({label: r.metrics() for label, r in runs.items()}, "eval_loss")
+    evals = tl.runs.loss_curves({label: r.metrics() for label, r in runs.items()}, "eval_loss")
     assert (evals.sub(evals["one process"], axis=0).abs().div(evals["one process"], axis=0).max()
             <= FP32_TOLERANCE).all(), \
         "the held-out loss, an exact distributed mean, is the same on 1, 2 and 4 ranks"
@@ -87,7 +87,7 @@ def test_every_layout_gives_the_loss_curve_of_one_process_within_the_fp32_tolera
 def test_every_rank_reads_the_same_corpus(layouts):
     runs, _ = layouts
     digests = {(label, r["rank"]): r["corpus_sha256"] for label, run in runs.items()
-               for r in tl.read_rank_json(run.run_dir, "data")}
+               for r in tl.runs.read_rank_json(run.run_dir, "data")}
     assert len(digests) == 1 + 2 + 2 + 4 and len(set(digests.values())) == 1, digests
 
 
@@ -95,11 +95,11 @@ def test_every_rank_reads_the_same_corpus(layouts):
 def test_the_memory_plan_equals_a_real_two_rank_run_in_every_category(layouts):
     runs, _ = layouts
     for label, parallel in (("FSDP2", "fsdp"), ("DDP", "ddp")):
-        plan = tl.plan_memory([*SMALL, "--parallel", parallel, "--batch-size", 4], world_size=2)
-        measured = tl.read_memory_snapshots(runs[label].run_dir)
+        plan = tl.planning.plan_memory([*SMALL, "--parallel", parallel, "--batch-size", 4], world_size=2)
+        measured = tl.planning.read_memory_snapshots(runs[label].run_dir)
         assert len(measured) == 2
         for rank, snapshot in enumerate(measured):
-            table = tl.compare_plan(plan, snapshot)
+            table = tl.planning.compare_plan(plan, snapshot)
             assert (table["relative_error"] <= 0.01).all(), (label, rank, table)
             assert table.loc["total", "measured_bytes"] > 0 and table.loc["activations", "measured_bytes"] > 0
         last = runs[label].metrics().groupby("rank").last()
@@ -120,7 +120,7 @@ def test_resume_from_an_async_checkpoint_is_bitwise_the_uninterrupted_run(tmp_pa
     b = resumed.metrics().set_index(["rank", "step"])[keys]
     assert set(resumed.metrics()["resumed_from_step"]) == {3} and len(b) == 6
     assert a.equals(b), a.compare(b)
-    events = tl.read_rank_json(whole.run_dir, "checkpoint")
+    events = tl.runs.read_rank_json(whole.run_dir, "checkpoint")
     assert [e["step"] for e in events[0]["events"]] == [3, 6] and all(e["async"] for e in events[0]["events"])
     assert not wait_no_job_processes(str(tmp_path))
 
@@ -132,7 +132,7 @@ RESHARD = ["--n-layers", 1, "--d-model", 32, "--n-heads", 2, "--block-size", 32,
 
 def windows_read(run):
     """[(epoch, window index), ...] every rank of ``run`` trained on, from its windows_rank<R>.json."""
-    return [(epoch, w) for r in tl.read_rank_json(run.run_dir, "windows") for _, epoch, ws in r["steps"] for w in ws]
+    return [(epoch, w) for r in tl.runs.read_rank_json(run.run_dir, "windows") for _, epoch, ws in r["steps"] for w in ws]
 
 
 @pytest.mark.integration
@@ -204,24 +204,24 @@ def test_ddp_compile_with_small_buckets_fails_the_doctor_names_the_fix_and_the_f
 
 def test_the_planner_refuses_what_it_cannot_plan():
     with pytest.raises(ConfigError, match="world_size must be an int >= 1, got 0"):
-        tl.plan_memory([], world_size=0)
+        tl.planning.plan_memory([], world_size=0)
     with pytest.raises(ConfigError, match="--parallel none is one process: world_size must be 1, got 2"):
-        tl.plan_memory(["--parallel", "none"], world_size=2)
+        tl.planning.plan_memory(["--parallel", "none"], world_size=2)
     with pytest.raises(ConfigError, match="world_size 6 is not a multiple of --replicate-degree 4"):
-        tl.plan_memory(["--parallel", "hsdp", "--replicate-degree", 4], world_size=6)
+        tl.planning.plan_memory(["--parallel", "hsdp", "--replicate-degree", 4], world_size=6)
     with pytest.raises(ConfigError, match="drop --compile and --grad-accum-steps"):
-        tl.plan_memory(["--compile"], world_size=2)
+        tl.planning.plan_memory(["--compile"], world_size=2)
     with pytest.raises(ConfigError, match="invalid flags"):
-        tl.plan_memory(["--n-heads", 3], world_size=2)
+        tl.planning.plan_memory(["--n-heads", 3], world_size=2)
     with pytest.raises(ConfigError, match="fewer than 2 batches"):
-        tl.plan_memory(["--corpus-bytes", 4096, "--block-size", 64, "--batch-size", 16], world_size=2)
+        tl.planning.plan_memory(["--corpus-bytes", 4096, "--block-size", 64, "--batch-size", 16], world_size=2)
     with pytest.raises(MetricsError, match="unknown memory tracker category 'NEW'"):
         memory_plan.categories_of({"NEW": 1})
 
 
 def test_a_plan_is_one_process_with_nothing_left_behind():
     import torch.distributed as dist
-    plan = tl.plan_memory(["--parallel", "hsdp", "--n-layers", 1, "--d-model", 32, "--n-heads", 2], world_size=4)
+    plan = tl.planning.plan_memory(["--parallel", "hsdp", "--n-layers", 1, "--d-model", 32, "--n-heads", 2], world_size=4)
     assert not dist.is_initialized(), "the fake process group is gone"
     assert plan.parallel == "hsdp" and plan.world_size == 4 and plan.total_bytes == sum(plan.peak_bytes.values())
     assert plan.state_bytes_analytic == plan.n_params * 16 / 2, "HSDP shards over the shard dimension (4 / 2) only"
@@ -253,7 +253,7 @@ def test_bad_flags_are_refused_before_anything_starts(args, message):
 
 
 def test_the_stored_24gb_table_covers_every_row_and_more_gpus_never_hurt_fsdp():
-    table = tl.read_memory_table()
+    table = tl.planning.read_memory_table()
     assert len(table) == len(memory_plan.GPT_SIZES) * 3 * len(memory_plan.LAYOUTS)
     fsdp = table[table["layout"].str.startswith("FSDP2")].pivot_table(index=["model", "layout"], columns="gpus",
                                                                        values="peak_gib")
@@ -280,6 +280,6 @@ def test_async_save_on_the_training_process_group_breaks_the_job(tmp_path):
 def test_selective_activation_checkpointing_keeps_less_than_none_and_more_than_full():
     """Op-level selective checkpointing (torch.utils.checkpoint.create_selective_checkpoint_contexts, in torch 2.8 and
     2.13) keeps the matmul and attention outputs: between no checkpointing and whole blocks, in the planned peak."""
-    activations = {ac: tl.plan_memory(["--parallel", "fsdp", "--n-layers", 4, "--ac-mode", ac], world_size=2)
+    activations = {ac: tl.planning.plan_memory(["--parallel", "fsdp", "--n-layers", 4, "--ac-mode", ac], world_size=2)
                    .peak_bytes["activations"] for ac in ("none", "selective", "full")}
     assert activations["none"] > activations["selective"] > activations["full"] > 0, activations

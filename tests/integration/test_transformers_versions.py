@@ -1,4 +1,4 @@
-"""tl.plan_hf on each transformers the workbook installs (issue 43): no torch-internal warning reaches a learner's cell,
+"""tl.planning.plan_hf on each transformers the workbook installs (issue 43): no torch-internal warning reaches a learner's cell,
 the bytes are the same with and without the ``kernels`` package whose modules made torch's tracker warn, and the
 compat environment (Python 3.10 + torch 2.8, the seeds' image: the lock's older transformers) holds the locked
 versions and plans without a warning too."""
@@ -31,7 +31,7 @@ import torch, transformers
 import tutorial_lib as tl
 from transformers.models.qwen2 import modeling_qwen2
 warnings.simplefilter("error")
-plan = tl.plan_hf(sys.argv[1], **json.loads(sys.argv[2]))
+plan = tl.planning.plan_hf(sys.argv[1], **json.loads(sys.argv[2]))
 print(json.dumps({{"peak_bytes": dict(plan.peak_bytes), "transformers": transformers.__version__,
                    "torch": torch.__version__, "rotary": type(modeling_qwen2.apply_rotary_pos_emb).__name__}}))
 """
@@ -63,14 +63,14 @@ def test_the_planner_warns_nothing_and_its_control_shows_the_trackers_warning_on
     formatwarning = warnings.formatwarning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        tl.plan_hf(folder, **PLAN_KWARGS)
+        tl.planning.plan_hf(folder, **PLAN_KWARGS)
     assert warnings.formatwarning is formatwarning, "the tracker's replacement of warnings.formatwarning stayed"
     # The control: the same plan without the silencing. With the kernels package's Func modules (transformers 5.25)
     # torch's tracker warns once per attention layer of the tracked forward; without them (5.20) never.
     monkeypatch.setattr(hf_plan, "hierarchy_warning_silenced", contextlib.nullcontext)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tl.plan_hf(folder, **PLAN_KWARGS)
+        tl.planning.plan_hf(folder, **PLAN_KWARGS)
     warnings.formatwarning = formatwarning  # the tracker replaced it, unsilenced
     hierarchy = [w for w in caught if HIERARCHY_WARNING in str(w.message)]
     expected = hf.TINY["num_hidden_layers"] if rotary_is_a_kernels_module() else 0
@@ -81,7 +81,7 @@ def test_the_planner_warns_nothing_and_its_control_shows_the_trackers_warning_on
 
 def test_the_plan_is_the_same_byte_for_byte_without_the_kernels_package(tmp_path):
     folder = tiny_folder(tmp_path)
-    here = tl.plan_hf(folder, **PLAN_KWARGS)
+    here = tl.planning.plan_hf(folder, **PLAN_KWARGS)
     # sys.modules["kernels"] = None: transformers finds no kernels package and keeps apply_rotary_pos_emb a function.
     without = plan_in(sys.executable, folder, prelude='sys.modules["kernels"] = None')
     assert without["rotary"] == "function"

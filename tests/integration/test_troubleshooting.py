@@ -372,7 +372,7 @@ def test_a_folder_that_is_not_a_run_directory_is_a_config_error(tmp_path):
 
 def test_diagnose_takes_the_launch_error_itself(tmp_path):
     run_dir = make_run(tmp_path, lines=["[default1]:oops"], steps={0: 4, 1: 4})
-    failure = tl.RankFailure(rank=1, exit_code=1, traceback=traceback_of("ZeroDivisionError: division by zero"))
+    failure = tl.errors.RankFailure(rank=1, exit_code=1, traceback=traceback_of("ZeroDivisionError: division by zero"))
     error = tl.LaunchError("x.py failed on rank 1 (exit code 1)", run_dir=run_dir, command=["torchrun"],
                            returncode=1, failure=failure)
     d = tl.diagnose(error)

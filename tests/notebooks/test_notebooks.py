@@ -43,16 +43,16 @@ def test_notebook_is_thin_and_parameterised(path):
             "checked cells carry reference outputs (run scripts/store_nbval_outputs.py)"
 
 
-# What a run directory holds is named by library calls (tl.script_path, tl.read_command, tl.read_output_log,
-# tl.read_rank_tensors, tl.trace_files, tl.checkpoint_dir, tl.read_loaded_state, tl.load_checkpoint_state, ...), never
-# spelled out in a cell (issue 27): a cell that knows the layout breaks when the layout changes.
+# What a run directory holds is named by library calls (tl.script_path, tl.runs.read_command, tl.runs.read_output_log,
+# tl.runs.read_rank_tensors, tl.runs.trace_files, tl.runs.checkpoint_dir, tl.runs.read_loaded_state,
+# tl.runs.load_checkpoint_state, ...), never spelled out in a cell (issue 27): a cell that knows the layout breaks when the layout changes.
 RUN_DIR_PLUMBING = {
     r"\b\w*_dir\s*/(?![/=])": "a path joined onto a run directory (`run_dir / ...`, `.run_dir / ...`)",
     r"\brun_dir\.(?:r?glob|iterdir)\(": "a glob over a run directory",
-    r"command\.txt": "command.txt read by hand (tl.read_command)",
-    r"output\.log": "output.log read by hand (tl.read_output_log)",
-    r"trace_rank": "trace files found by hand (tl.trace_files)",
-    r"dcp_to_torch_save\(": "a checkpoint converted by hand (tl.load_checkpoint_state)",
+    r"command\.txt": "command.txt read by hand (tl.runs.read_command)",
+    r"output\.log": "output.log read by hand (tl.runs.read_output_log)",
+    r"trace_rank": "trace files found by hand (tl.runs.trace_files)",
+    r"dcp_to_torch_save\(": "a checkpoint converted by hand (tl.runs.load_checkpoint_state)",
 }
 
 
@@ -77,15 +77,15 @@ def run_dir_plumbing(source: str) -> list[str]:
 
 def test_run_dir_plumbing_is_found():
     """The check below can fail: each kind of plumbing the notebooks once held is caught, the named calls are not."""
-    caught = ['ddp_state = tl.load_checkpoint_state(ddp.run_dir / "checkpoints" / f"step-{SAVE_EVERY}")',
+    caught = ['ddp_state = tl.runs.load_checkpoint_state(ddp.run_dir / "checkpoints" / f"step-{SAVE_EVERY}")',
               'print((result.run_dir / "command.txt").read_text())', 'ddp_grads = [torch.load(ddp_dir / "grads")]',
               'log = open(e.run_dir/"output.log").read()', 'assert not list(port_error.run_dir.rglob("stdout.log"))',
               'print(*sorted(p.name for p in metrics_path.glob("trace_rank*.json")))',
               "    dcp_to_torch_save(step_dir, converted_file)"]
     assert [len(run_dir_plumbing(line)) >= 1 for line in caught] == [True] * len(caught)
-    named = ["tl.show_script(tl.script_path(fsdp2.run_dir), 'wrap_fsdp2')", "x = tl.read_output_log(e.run_dir)",
+    named = ["tl.show_script(tl.script_path(fsdp2.run_dir), 'wrap_fsdp2')", "x = tl.runs.read_output_log(e.run_dir)",
              "half = total_dir_bytes / 2  # a division", "a = b // c",
-             "tl.list_checkpoints(tl.checkpoint_dir(crash.run_dir))  # the folder of step-N/ checkpoints",
+             "tl.runs.list_checkpoints(tl.runs.checkpoint_dir(crash.run_dir))  # the folder of step-N/ checkpoints",
              "x = 1  # the output.log keeps every line (a comment may name a file)"]
     assert [run_dir_plumbing(line) for line in named] == [[]] * len(named)
 

@@ -53,7 +53,7 @@ def test_a_short_collective_timeout_keeps_a_floor_on_nccl_that_covers_its_set_up
 def test_the_rank_env_is_kept_by_the_library_and_merged_into_every_launch_never_into_os_environ(request):
     import os
 
-    from tutorial_lib import set_rank_env
+    from tutorial_lib.launcher.environment import set_rank_env
     from tutorial_lib.launcher.environment import build_env, rank_env
     request.addfinalizer(lambda: set_rank_env(None))
     before = dict(os.environ)

@@ -161,7 +161,7 @@ def test_a_script_python_cannot_parse_is_refused_before_anything_is_launched(tmp
     good.write_text("raise SystemExit('never run: compile() runs nothing')\n")
     check_script_syntax(good)
     tl.LaunchSpec(good, device="cpu", nproc_per_node=2).validate()
-    for name in tl.available_scripts():  # every shipped script compiles
+    for name in tl.runs.available_scripts():  # every shipped script compiles
         check_script_syntax(Path(tl.__file__).parent / "lessons" / f"{name}.py")
 
 
@@ -233,18 +233,18 @@ def finished(run_dir: Path, loss_pattern) -> tl.LaunchResult:
 
 def test_metrics_of_a_script_whose_lines_the_pattern_does_not_read_says_so_and_shows_the_pattern(tmp_path):
     run_dir = printed_only_run(tmp_path)
-    assert parse_loss_line(re.compile(tl.DEFAULT_LOSS_PATTERN, re.I), "it 3 -> 0.250") is None
-    with pytest.raises(tl.MetricsError) as raised:
-        finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()
+    assert parse_loss_line(re.compile(tl.runs.DEFAULT_LOSS_PATTERN, re.I), "it 3 -> 0.250") is None
+    with pytest.raises(tl.errors.MetricsError) as raised:
+        finished(run_dir, tl.runs.DEFAULT_LOSS_PATTERN).metrics()
     message = str(raised.value)
     assert message.startswith("the script wrote no metrics JSON") and "did the run start" not in message, message
-    assert f"no line it printed matched its loss_pattern, DEFAULT_LOSS_PATTERN r'{tl.DEFAULT_LOSS_PATTERN}'" in message
+    assert f"no line it printed matched its loss_pattern, DEFAULT_LOSS_PATTERN r'{tl.runs.DEFAULT_LOSS_PATTERN}'" in message
     assert "(its last printed line: 'it 3 -> 0.250')" in message and "pass loss_pattern=" in message, message
     suggested = re.search(r"e\.g\. r'(.+?)' for", message)[1]  # the example it suggests reads such a line
     assert parse_loss_line(re.compile(suggested), "it 3 -> 0.250") == (3, 0.25)
-    with pytest.raises(tl.MetricsError, match=re.escape(r"matched its loss_pattern, r'epoch (\d+) loss ([\d.]+)'")):
+    with pytest.raises(tl.errors.MetricsError, match=re.escape(r"matched its loss_pattern, r'epoch (\d+) loss ([\d.]+)'")):
         finished(run_dir, r"epoch (\d+) loss ([\d.]+)").metrics()
-    with pytest.raises(tl.MetricsError, match=r"its printed lines were not read for losses \(loss_pattern=None"):
+    with pytest.raises(tl.errors.MetricsError, match=r"its printed lines were not read for losses \(loss_pattern=None"):
         finished(run_dir, None).metrics()
 
 
@@ -252,10 +252,10 @@ def test_metrics_are_still_read_from_json_or_printed_points(tmp_path):
     run_dir = printed_only_run(tmp_path)
     (run_dir / "metrics").mkdir()
     (run_dir / "metrics" / "printed_rank0.jsonl").write_text(json.dumps({"step": 3, "rank": 0, "loss_local": 0.25}) + "\n")
-    assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [3]
+    assert finished(run_dir, tl.runs.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [3]
     for r in (0, 1):
         (run_dir / "metrics" / f"rank{r}.jsonl").write_text(json.dumps({"step": 5, "rank": r, "loss_local": 0.1}) + "\n")
-    assert finished(run_dir, tl.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [5, 5], "metrics JSON wins"
+    assert finished(run_dir, tl.runs.DEFAULT_LOSS_PATTERN).metrics()["step"].tolist() == [5, 5], "metrics JSON wins"
 
 
 def test_a_slurm_job_that_could_never_start_is_named_from_the_folder_alone(tmp_path):

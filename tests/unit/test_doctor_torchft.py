@@ -163,7 +163,7 @@ def causes_of(run_dir):
 
 
 def test_the_records_hold_the_state_send_the_sender_died_in_at_its_last_committed_step():
-    records = tl.read_replica_records(RUNS / "sender-killed-mid-heal" / "metrics")
+    records = tl.runs.read_replica_records(RUNS / "sender-killed-mid-heal" / "metrics")
     deaths = [s for s in records.sends if s.killed_itself]
     assert [(d.replica_group, d.step) for d in deaths] == [(0, 107)] == [(0, records.committed(0)[-1].step)]
     rejoined = records.committed(1, pid=records.starts[1][-1])

@@ -96,7 +96,7 @@ def test_a_quantity_is_read_from_the_observed_records_of_its_rank_and_step():
     assert Quantity("count", "all_gather", rank=1, step=1).measure(both) == 1
     assert Quantity("input_bytes", "all_gather", rank=1, step=2).measure(both) == 96
     assert Quantity("state_bytes", rank=0).measure(both) == 32
-    with pytest.raises(tl.MetricsError, match="took 2 optimizer steps"):
+    with pytest.raises(tl.errors.MetricsError, match="took 2 optimizer steps"):
         Quantity("count", rank=0, step=3).measure(both)
     assert str(Quantity("count", "all_gather", rank=1, name="all-gathers").describe()) == (
         "all-gathers on rank 1 in the last optimizer step")

@@ -1,4 +1,4 @@
-"""tl.plan_hf: a Hugging Face model's training step (train_hf.py's own) traced in fake mode; its configs, its errors,
+"""tl.planning.plan_hf: a Hugging Face model's training step (train_hf.py's own) traced in fake mode; its configs, its errors,
 and the plan held against a published GPU measurement (issue 35, issue 46)."""
 
 import json
@@ -30,7 +30,7 @@ def test_the_shipped_configs_build_the_parameter_counts_their_model_cards_publis
     assert set(published_b) == set(hf_plan.SHIPPED)
     for name, billions in published_b.items():
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(tl.load_hf_config(name))
+            model = AutoModelForCausalLM.from_config(tl.planning.load_hf_config(name))
         n = sum(p.numel() for p in model.parameters())
         assert abs(n / 1e9 - billions) < 0.01, (name, n)
 
@@ -45,27 +45,27 @@ def test_a_bad_config_is_refused_naming_the_file_and_the_field(tmp_path, change,
     path = folder / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
     with pytest.raises(ConfigError) as e:
-        tl.plan_hf(folder, world_size=2)
+        tl.planning.plan_hf(folder, world_size=2)
     assert str(path) in str(e.value) and named in str(e.value)
 
 
 def test_a_missing_config_and_an_unparsable_one_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
-        tl.load_hf_config(tmp_path / "nowhere")
+        tl.planning.load_hf_config(tmp_path / "nowhere")
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
-        tl.load_hf_config(tmp_path)
+        tl.planning.load_hf_config(tmp_path)
 
 
 def test_a_sequence_above_max_position_embeddings_and_a_gpu_count_the_mesh_cannot_use_are_refused(tmp_path):
     folder = tiny_folder(tmp_path)
     with pytest.raises(ConfigError, match="seq_len 513 is above the model's max_position_embeddings 512"):
-        tl.plan_hf(folder, world_size=2, seq_len=513)
+        tl.planning.plan_hf(folder, world_size=2, seq_len=513)
     with pytest.raises(ConfigError, match="6 GPUs do not divide"):
-        tl.plan_hf(folder, world_size=6, replicate_degree=4)
+        tl.planning.plan_hf(folder, world_size=6, replicate_degree=4)
     with pytest.raises(ConfigError, match="layout 'bf8'"):
-        tl.plan_hf(folder, layout="bf8")
-    tl.plan_hf(folder, world_size=4, seq_len=512, replicate_degree=2)  # the control: a mesh that divides plans
+        tl.planning.plan_hf(folder, layout="bf8")
+    tl.planning.plan_hf(folder, world_size=4, seq_len=512, replicate_degree=2)  # the control: a mesh that divides plans
 
 
 def test_the_fake_plan_equals_the_same_step_on_real_tensors_byte_for_byte(tmp_path):
@@ -73,21 +73,21 @@ def test_the_fake_plan_equals_the_same_step_on_real_tensors_byte_for_byte(tmp_pa
     packed-sequence question the fake trace takes another attention path and differs."""
     folder = tiny_folder(tmp_path)
     kwargs = dict(world_size=1, seq_len=128, batch_size=2, layout="fp32")
-    fake = tl.plan_hf(folder, **kwargs)
-    real = tl.plan_hf(folder, **kwargs, _fake=False)
+    fake = tl.planning.plan_hf(folder, **kwargs)
+    real = tl.planning.plan_hf(folder, **kwargs, _fake=False)
     assert dict(fake.peak_bytes) == dict(real.peak_bytes)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(hf_plan, "_no_packing", lambda: __import__("contextlib").nullcontext())
-        unanswered = tl.plan_hf(folder, **kwargs)
+        unanswered = tl.planning.plan_hf(folder, **kwargs)
     assert unanswered.peak_bytes["activations"] > fake.peak_bytes["activations"]
 
 
 def test_state_bytes_are_16_per_parameter_full_and_4_plus_16_per_trained_parameter_under_lora(tmp_path):
     folder = tiny_folder(tmp_path)
-    full = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16")
+    full = tl.planning.plan_hf(folder, world_size=2, seq_len=64, layout="bf16")
     assert full.state_bytes_analytic == 16 * full.n_params / 2
     assert full.peak_bytes["optimizer state"] >= 8 * full.n_params / 2  # AdamW's two fp32 moments of the shards
-    lora = tl.plan_hf(folder, world_size=2, seq_len=64, layout="LoRA r16, bf16 + AC full")
+    lora = tl.planning.plan_hf(folder, world_size=2, seq_len=64, layout="LoRA r16, bf16 + AC full")
     trained = int(lora.notes[1].split()[0])
     assert 0 < trained < lora.n_params
     assert lora.state_bytes_analytic == (4 * lora.n_params + 12 * trained) / 2
@@ -100,18 +100,18 @@ def test_cpu_offload_moves_the_shards_gradients_and_optimizer_state_to_the_host(
     trains) and the optimizer state go to the host; gradient bytes beyond the sharded ones stay on the GPU (issue 46:
     the unsharded gradient a unit holds until its reduce-scatter, which the plan had moved to the host too)."""
     folder = tiny_folder(tmp_path)
-    on_gpu = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full")
-    offload = tl.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full + offload")
+    on_gpu = tl.planning.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full")
+    offload = tl.planning.plan_hf(folder, world_size=2, seq_len=64, layout="bf16 + AC full + offload")
     for gpu, off in [(on_gpu.peak_bytes, offload.peak_bytes),
                      *zip(on_gpu.rank_peak_bytes.values(), offload.rank_peak_bytes.values())]:
         assert off["parameters"] == off["optimizer state"] == 0
         assert off["gradients"] == max(0, gpu["gradients"] - gpu["parameters"])
     peak = on_gpu.peak_bytes  # the tiny model peaks before every gradient exists: no more gradient than parameters
-    assert tl.host_bytes(offload) == peak["parameters"] + min(peak["gradients"], peak["parameters"]) + \
+    assert tl.planning.host_bytes(offload) == peak["parameters"] + min(peak["gradients"], peak["parameters"]) + \
         peak["optimizer state"] > 0
-    assert offload.total_bytes == on_gpu.total_bytes - tl.host_bytes(offload)
-    assert tl.host_bytes(on_gpu) == 0
-    table = tl.read_hf_table()  # the shipped 7B: the head's unsharded gradient (bf16, 1.02 GiB) stays on the GPU
+    assert offload.total_bytes == on_gpu.total_bytes - tl.planning.host_bytes(offload)
+    assert tl.planning.host_bytes(on_gpu) == 0
+    table = tl.planning.read_hf_table()  # the shipped 7B: the head's unsharded gradient (bf16, 1.02 GiB) stays on the GPU
     row = table.query("model == 'qwen2.5-7b' and gpus == 4 and seq_len == 1024 and layout.str.contains('offload')")
     assert abs(row["gradients (GiB)"].iloc[0] - 152064 * 3584 * 2 / 2**30) < 1e-4
 
@@ -122,30 +122,30 @@ def test_the_recommended_layout_has_the_fewest_savers_that_fit():
             for layout, fits, h in [("fp32", False, -3.0), ("bf16", True, 1.0), ("bf16 + AC full", True, 5.0),
                                     ("LoRA r16, bf16 + AC full", True, 9.0)]]
     table = pd.DataFrame(rows)
-    assert tl.recommend_layout(table, "m", 4, 1024) == {"layout": "bf16", "headroom_gib": 1.0,
+    assert tl.planning.recommend_layout(table, "m", 4, 1024) == {"layout": "bf16", "headroom_gib": 1.0,
                                                        "full_fine_tuning": True}
     table.loc[table["layout"] != "LoRA r16, bf16 + AC full", "fits"] = False
-    assert tl.recommend_layout(table, "m", 4, 1024)["layout"] == "LoRA r16, bf16 + AC full"
+    assert tl.planning.recommend_layout(table, "m", 4, 1024)["layout"] == "LoRA r16, bf16 + AC full"
     with pytest.raises(ConfigError, match="model 'm': not a shipped config"):
-        tl.recommend_layout(table, "m", 8, 1024)  # not in the table, and nothing to plan it from
+        tl.planning.recommend_layout(table, "m", 8, 1024)  # not in the table, and nothing to plan it from
 
 
 def test_a_model_folder_gets_a_recommendation_planned_for_it(tmp_path):
     """Issue 46: a folder of one's own was refused (its path lower-cased in the error): now its layouts are planned."""
     folder = tiny_folder(tmp_path / "My-Model")
     planned = []
-    pick = tl.recommend_layout(tl.read_hf_table(), folder, 2, 64, progress=planned.append)
-    assert {row["layout"] for row in planned} == set(tl.HF_LAYOUTS) and {row["model"] for row in planned} == {str(folder)}
+    pick = tl.planning.recommend_layout(tl.planning.read_hf_table(), folder, 2, 64, progress=planned.append)
+    assert {row["layout"] for row in planned} == set(tl.planning.HF_LAYOUTS) and {row["model"] for row in planned} == {str(folder)}
     assert pick == {"layout": "fp32", "headroom_gib": pytest.approx(planned[0]["headroom_gib"]), "full_fine_tuning": True}
-    table = tl.read_hf_table()  # a shipped name in any case is the table's row, not planned again
-    assert tl.recommend_layout(table, "Qwen2.5-0.5B", 4, 1024) == tl.recommend_layout(table, "qwen2.5-0.5b", 4, 1024)
+    table = tl.planning.read_hf_table()  # a shipped name in any case is the table's row, not planned again
+    assert tl.planning.recommend_layout(table, "Qwen2.5-0.5B", 4, 1024) == tl.planning.recommend_layout(table, "qwen2.5-0.5b", 4, 1024)
 
 
 def test_the_shipped_table_covers_every_model_layout_gpu_count_and_length():
-    table = tl.read_hf_table()
-    assert set(table["model"]) == set(hf_plan.SHIPPED) and set(table["layout"]) == set(tl.HF_LAYOUTS)
+    table = tl.planning.read_hf_table()
+    assert set(table["model"]) == set(hf_plan.SHIPPED) and set(table["layout"]) == set(tl.planning.HF_LAYOUTS)
     assert set(table["gpus"]) == {1, 2, 4, 8, 16} and set(table["seq_len"]) == {1024, 4096}
-    assert len(table) == len(hf_plan.SHIPPED) * len(tl.HF_LAYOUTS) * 5 * 2
+    assert len(table) == len(hf_plan.SHIPPED) * len(tl.planning.HF_LAYOUTS) * 5 * 2
     seven = table[(table["model"] == "qwen2.5-7b") & (table["gpus"] == 4)]
     assert not seven[seven["layout"].isin(["fp32", "bf16", "bf16 + AC selective", "bf16 + AC full"])]["fits"].any()
 
@@ -157,7 +157,7 @@ def test_the_headroom_counts_the_largest_collective_buffer_in_every_row():
     capacity minus the peak and the buffer, with the margins; the buffer is the same for a model and layout at every
     GPU count and length (it is one unit, unsharded), and a plan made now counts it as the stored row does."""
     from tutorial_lib.planning.memory_plan import CONTEXT_MARGIN_BYTES, FRAGMENTATION_MARGIN
-    table = tl.read_hf_table()
+    table = tl.planning.read_hf_table()
     capacity = hf_plan.GPU_CAPACITY_BYTES["RTX 4090D 24 GB"] / 2**30  # the CSV keeps 6 digits: 2 MiB on a 120 GiB peak
     expected = capacity - (table["peak_gib"] + table["collective buffer (GiB)"]) * (1 + FRAGMENTATION_MARGIN) \
         - CONTEXT_MARGIN_BYTES / 2**30
@@ -168,7 +168,7 @@ def test_the_headroom_counts_the_largest_collective_buffer_in_every_row():
     assert abs(buffer - 2 * 152064 * 3584 * 4 / 2**30) < 1e-4  # the root's embedding and head, fp32 gradients
     assert eight["headroom_gib"].iloc[0] < 0 <= eight["headroom_gib"].iloc[0] + buffer * (1 + FRAGMENTATION_MARGIN)
     row = table.query("model == 'qwen2.5-0.5b' and gpus == 2 and seq_len == 1024 and layout == 'bf16'").iloc[0]
-    plan = tl.plan_hf("qwen2.5-0.5b", world_size=2, seq_len=1024, layout="bf16")
+    plan = tl.planning.plan_hf("qwen2.5-0.5b", world_size=2, seq_len=1024, layout="bf16")
     assert plan.unsimulated_bytes == plan.collective_buffer_bytes > 0
     assert abs(plan.unsimulated_bytes / 2**30 - row["collective buffer (GiB)"]) < 1e-5
     assert abs(plan.headroom_bytes(hf_plan.GPU_CAPACITY_BYTES["RTX 4090D 24 GB"]) / 2**30 - row["headroom_gib"]) < 1e-3
@@ -209,9 +209,9 @@ def test_every_rank_is_planned_and_cuda_counts_each_storage_rounded_to_512_bytes
 
     folder = tiny_folder(tmp_path)
     with torch.device("meta"):
-        shapes = [tuple(p.shape) for p in AutoModelForCausalLM.from_config(tl.load_hf_config(folder)).parameters()]
-    cpu = tl.plan_hf(folder, world_size=3, seq_len=64, layout="fp32")
-    cuda = tl.plan_hf(folder, world_size=3, seq_len=64, layout="fp32", device="cuda")
+        shapes = [tuple(p.shape) for p in AutoModelForCausalLM.from_config(tl.planning.load_hf_config(folder)).parameters()]
+    cpu = tl.planning.plan_hf(folder, world_size=3, seq_len=64, layout="fp32")
+    cuda = tl.planning.plan_hf(folder, world_size=3, seq_len=64, layout="fp32", device="cuda")
     assert sorted(cpu.rank_peak_bytes) == [0, 1, 2] and any("2 distinct shard sizes" in n for n in cpu.notes)
     # FSDP2 allocates every rank's shard padded to ceil(rows / 3) rows; AdamW's moments hold the rows a rank owns.
     for rank in range(3):
@@ -222,4 +222,4 @@ def test_every_rank_is_planned_and_cuda_counts_each_storage_rounded_to_512_bytes
     assert cpu.for_rank(2)["optimizer state"] < cpu.for_rank(0)["optimizer state"] and cpu.peak_rank == 0
     assert cpu.device == "cpu" and cuda.device == "cuda" and any("rounded up to 512" in n for n in cuda.notes)
     with pytest.raises(ConfigError, match="device must be one of"):
-        tl.plan_hf(folder, world_size=2, seq_len=64, device="gpu")
+        tl.planning.plan_hf(folder, world_size=2, seq_len=64, device="gpu")

@@ -235,7 +235,7 @@ def test_set_language_takes_en_or_zh_and_names_a_bad_value():
 
 
 def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypatch, request):
-    request.addfinalizer(lambda: tl.set_rank_env(None))  # the rank environment set below is process-wide
+    request.addfinalizer(lambda: tl.launcher.environment.set_rank_env(None))  # the rank environment set below is process-wide
     monkeypatch.setenv("TUTORIAL_LIB_WARM", "0")  # no helper process in a unit test
     (tmp_path / "zh").mkdir()
     monkeypatch.chdir(tmp_path / "zh")
@@ -252,7 +252,7 @@ def test_setup_notebook_chooses_chinese_in_a_folder_named_zh(tmp_path, monkeypat
     with pytest.raises(tl.ConfigError, match="klingon"):
         tl.setup_notebook({"B": 2})
     assert (tl.language(), rank_env()) == ("zh", {"A": "1"}), "a refused language sets nothing"
-    tl.set_rank_env(None)  # later tests' launches and plans get no A=1 (test_slurm_plan's command.txt)
+    tl.launcher.environment.set_rank_env(None)  # later tests' launches and plans get no A=1 (test_slurm_plan's command.txt)
 
 
 # --- the doctor's report in both languages, on every recorded failure ---------------------------------------------

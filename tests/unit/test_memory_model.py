@@ -97,10 +97,10 @@ def test_prediction_and_tradeoff_plots_draw_one_bar_pair_per_row_and_start_at_ze
     import pandas as pd
     table = pd.DataFrame({"label": ["DDP rank 0", "FSDP2 rank 0"], "predicted_bytes": [2**21, 2**20],
                           "measured_bytes": [2**21, 2**20]})
-    ax = tl.plot_memory_prediction(table).axes[0]
+    ax = tl.plots.plot_memory_prediction(table).axes[0]
     assert [len(c) for c in ax.containers] == [2, 2] and ax.containers[0][0].get_height() == 2.0  # MiB
     trade = pd.DataFrame({"label": ["plain", "checkpointed"], "activation_bytes": [8 * 2**20, 2**20],
                           "step_time_s": [1.0, 1.3]})
-    ax = tl.plot_tradeoff(trade, "activation_bytes", "step_time_s").axes[0]
+    ax = tl.plots.plot_tradeoff(trade, "activation_bytes", "step_time_s").axes[0]
     assert ax.get_ylim()[0] == 0 and ax.get_xlim()[0] == 0 and ax.get_xlabel() == "activation (MiB)"
     assert [t.get_text() for t in ax.texts] == ["plain", "checkpointed"]

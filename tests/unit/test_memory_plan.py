@@ -21,7 +21,7 @@ LATE_PEAK = ["--n-layers", 1, "--d-model", 32, "--n-heads", 2, "--block-size", 1
 
 
 def test_every_rank_is_planned_and_a_rank_with_a_smaller_shard_holds_less_optimizer_state():
-    plan = tl.plan_memory([*TINY, "--parallel", "fsdp"], world_size=3)  # 3 divides 48 rows, not 256 nor 32
+    plan = tl.planning.plan_memory([*TINY, "--parallel", "fsdp"], world_size=3)  # 3 divides 48 rows, not 256 nor 32
     assert sorted(plan.rank_peak_bytes) == [0, 1, 2]
     r0, r2 = plan.for_rank(0), plan.for_rank(2)
     # torch.chunk: rows 86/86/84 of the embedding's and the head's 256, 11/11/10 of the 32 positions; FSDP2 pads the
@@ -31,22 +31,22 @@ def test_every_rank_is_planned_and_a_rank_with_a_smaller_shard_holds_less_optimi
     assert r0["optimizer state"] - r2["optimizer state"] == 2 * 4 * (2 + 2 + 1) * 48
     assert plan.peak_rank == 0 and plan.peak_bytes == r0 and plan.total_bytes == sum(r0.values())
     assert plan.for_rank(1) == r0
-    table = tl.compare_plan(plan, r2, rank=2)
+    table = tl.planning.compare_plan(plan, r2, rank=2)
     assert (table["difference_bytes"] == 0).all()
-    assert tl.compare_plan(plan, r2).loc["optimizer state", "difference_bytes"] > 0, "rank 0's plan is not rank 2's"
+    assert tl.planning.compare_plan(plan, r2).loc["optimizer state", "difference_bytes"] > 0, "rank 0's plan is not rank 2's"
     with pytest.raises(ConfigError, match="rank must be an int in 0..2"):
         plan.for_rank(3)
 
 
 def test_a_world_that_divides_every_shard_is_traced_once():
-    plan = tl.plan_memory([*TINY, "--parallel", "fsdp"], world_size=2)
+    plan = tl.planning.plan_memory([*TINY, "--parallel", "fsdp"], world_size=2)
     assert len({tuple(p.items()) for p in plan.rank_peak_bytes.values()}) == 1
     assert not any("distinct shard sizes" in note for note in plan.notes)
 
 
 def test_the_ddp_plan_counts_the_gradients_once_where_the_peak_holds_them():
-    one = tl.plan_memory([*LATE_PEAK, "--parallel", "none"], world_size=1)
-    ddp = tl.plan_memory([*LATE_PEAK, "--parallel", "ddp"], world_size=2)
+    one = tl.planning.plan_memory([*LATE_PEAK, "--parallel", "none"], world_size=1)
+    ddp = tl.planning.plan_memory([*LATE_PEAK, "--parallel", "ddp"], world_size=2)
     assert one.peak_bytes["gradients"] == 4 * one.n_params, "the one-process peak already holds every gradient"
     assert ddp.peak_bytes["gradients"] == 4 * ddp.n_params, "DDP's buckets are the gradients: counted once"
     # A real 2-rank DDP run of these flags measured 11298612 bytes, the plan's total, on both ranks (torch 2.13);
@@ -56,8 +56,8 @@ def test_the_ddp_plan_counts_the_gradients_once_where_the_peak_holds_them():
 
 def test_a_cuda_plan_rounds_every_storage_to_512_bytes_and_leaves_adamw_step_on_the_cpu():
     flags = [*TINY, "--parallel", "none", "--precision", "fp32"]
-    cpu = tl.plan_memory(flags, world_size=1)
-    cuda = tl.plan_memory(flags, world_size=1, device="cuda")
+    cpu = tl.planning.plan_memory(flags, world_size=1)
+    cuda = tl.planning.plan_memory(flags, world_size=1, device="cuda")
     shapes = [p.shape for p in tl.import_script("train_lm").GPT(
         tl.import_script("train_lm").model_config(tl.import_script("train_lm").parse_args(
             [str(a) for a in TINY]))).parameters()]
@@ -77,21 +77,21 @@ def test_counting_as_cuda_is_undone_afterwards():
 
 
 def test_a_cuda_plan_defaults_to_bf16_as_the_script_does_on_a_gpu():
-    plan = tl.plan_memory([*TINY, "--parallel", "fsdp"], world_size=2, device="cuda")
-    fp32 = tl.plan_memory([*TINY, "--parallel", "fsdp", "--precision", "fp32"], world_size=2, device="cuda")
+    plan = tl.planning.plan_memory([*TINY, "--parallel", "fsdp"], world_size=2, device="cuda")
+    fp32 = tl.planning.plan_memory([*TINY, "--parallel", "fsdp", "--precision", "fp32"], world_size=2, device="cuda")
     assert plan.peak_bytes["gathered parameters"] < fp32.peak_bytes["gathered parameters"]
 
 
 def test_an_unknown_device_is_refused():
     with pytest.raises(ConfigError, match="device must be one of"):
-        tl.plan_memory(TINY, world_size=2, device="tpu")
+        tl.planning.plan_memory(TINY, world_size=2, device="tpu")
     with pytest.raises(ConfigError, match="device must be one of"):
-        tl.plan_tp_memory([], world_size=2, device="tpu")
+        tl.planning.plan_tp_memory([], world_size=2, device="tpu")
 
 
 def test_a_cuda_tp_plan_rounds_the_shards_as_the_cuda_tracker_does():
-    cpu = tl.plan_tp_memory([], world_size=2)
-    cuda = tl.plan_tp_memory([], world_size=2, device="cuda")
+    cpu = tl.planning.plan_tp_memory([], world_size=2)
+    cuda = tl.planning.plan_tp_memory([], world_size=2, device="cuda")
     assert cuda.peak_bytes["parameters"] > cpu.peak_bytes["parameters"]
     assert cuda.peak_bytes["parameters"] % 512 == 0 and cuda.unsimulated_bytes % 512 == 0
 
@@ -99,7 +99,7 @@ def test_a_cuda_tp_plan_rounds_the_shards_as_the_cuda_tracker_does():
 def test_the_usable_capacity_of_a_24_gb_card_is_below_24_gib():
     assert memory_plan.USABLE_GIB_4090D == 23.6
     import inspect
-    assert inspect.signature(tl.memory_table).parameters["capacity_gib"].default == memory_plan.USABLE_GIB_4090D
+    assert inspect.signature(tl.planning.memory_table).parameters["capacity_gib"].default == memory_plan.USABLE_GIB_4090D
 
 
 def test_largest_bytes_hold_each_category_at_its_largest_whenever_that_was():
@@ -108,8 +108,8 @@ def test_largest_bytes_hold_each_category_at_its_largest_whenever_that_was():
     # dimension here, so shards are exact halves. The control: the default layout frees each block after its forward.
     args = ["--n-layers", 3, "--d-model", 32, "--n-heads", 2, "--block-size", 16, "--batch-size", 1,
             "--corpus-bytes", 65536, "--parallel", "fsdp", "--precision", "fp32"]
-    kept = tl.plan_memory([*args, "--reshard-after-forward", "no"], world_size=2)
-    default = tl.plan_memory(args, world_size=2)
+    kept = tl.planning.plan_memory([*args, "--reshard-after-forward", "no"], world_size=2)
+    default = tl.planning.plan_memory(args, world_size=2)
     n = kept.n_params
     assert kept.largest_bytes["UNSHARDED_PARAM"] == 4 * n  # every unit gathered at once, fp32
     assert default.largest_bytes["UNSHARDED_PARAM"] < 4 * n

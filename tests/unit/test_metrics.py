@@ -3,7 +3,7 @@ import json
 import pytest
 
 import tutorial_lib as tl
-from tutorial_lib import MetricsError
+from tutorial_lib.errors import MetricsError
 from tutorial_lib.runs.metrics import JsonlTail
 
 
@@ -18,21 +18,21 @@ def write_rank(folder, rank, steps):
 def test_read_metrics_joins_ranks_sorted_by_rank_and_step(tmp_path):
     write_rank(tmp_path / "metrics", 1, [2, 1])
     write_rank(tmp_path / "metrics", 0, [1, 2, 3])
-    df = tl.read_metrics(tmp_path, ranks=2)
+    df = tl.runs.read_metrics(tmp_path, ranks=2)
     assert list(zip(df["rank"], df["step"])) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
     assert df.loc[3, "loss_local"] == 2.0
-    assert len(tl.read_metrics(tmp_path / "metrics")) == 5, "the metrics folder itself is accepted too"
+    assert len(tl.runs.read_metrics(tmp_path / "metrics")) == 5, "the metrics folder itself is accepted too"
 
 
 def test_missing_folder_rank_or_lines_are_named(tmp_path):
     with pytest.raises(MetricsError, match="no metrics folder"):
-        tl.read_metrics(tmp_path)
+        tl.runs.read_metrics(tmp_path)
     write_rank(tmp_path / "metrics", 0, [1])
     with pytest.raises(MetricsError, match=r"missing metrics file\(s\) \['rank1.jsonl'\]"):
-        tl.read_metrics(tmp_path, ranks=2)
+        tl.runs.read_metrics(tmp_path, ranks=2)
     (tmp_path / "metrics" / "rank0.jsonl").write_text("")
     with pytest.raises(MetricsError, match="no metrics lines"):
-        tl.read_metrics(tmp_path)
+        tl.runs.read_metrics(tmp_path)
 
 
 def test_a_corrupt_line_is_reported_with_file_and_line_number(tmp_path):
@@ -40,7 +40,7 @@ def test_a_corrupt_line_is_reported_with_file_and_line_number(tmp_path):
     with open(tmp_path / "metrics" / "rank0.jsonl", "a") as f:
         f.write("{not json\n")
     with pytest.raises(MetricsError, match=r"rank0.jsonl:2 is not a JSON line"):
-        tl.read_metrics(tmp_path)
+        tl.runs.read_metrics(tmp_path)
 
 
 def test_tail_returns_only_complete_new_lines(tmp_path):
@@ -57,15 +57,15 @@ def test_tail_returns_only_complete_new_lines(tmp_path):
 
 def test_memory_samples_and_collectives(tmp_path):
     with pytest.raises(MetricsError, match="no memory samples"):
-        tl.read_memory_samples(tmp_path)
+        tl.runs.read_memory_samples(tmp_path)
     with pytest.raises(MetricsError, match="kind must be"):
-        tl.read_memory_samples(tmp_path, "disk")
+        tl.runs.read_memory_samples(tmp_path, "disk")
     (tmp_path / "samples").mkdir()
     (tmp_path / "samples" / "rss.jsonl").write_text('{"time_s": 0.2, "rank": 0, "pid": 5, "rss_bytes": 100}\n')
-    assert tl.read_memory_samples(tmp_path)["rss_bytes"].tolist() == [100]
+    assert tl.runs.read_memory_samples(tmp_path)["rss_bytes"].tolist() == [100]
     with pytest.raises(MetricsError, match="did the script run to the end"):
-        tl.read_collectives(tmp_path)
+        tl.runs.read_collectives(tmp_path)
     (tmp_path / "metrics").mkdir()
     for r in (1, 0):
         (tmp_path / "metrics" / f"collectives_rank{r}.json").write_text(json.dumps({"rank": r}))
-    assert [r["rank"] for r in tl.read_collectives(tmp_path)] == [0, 1]
+    assert [r["rank"] for r in tl.runs.read_collectives(tmp_path)] == [0, 1]

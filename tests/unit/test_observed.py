@@ -77,7 +77,7 @@ ACCUMULATED = [("group", dict(name="0", desc="default_pg", size=2, rank=0, ranks
 def test_counts_per_step_and_per_backward_come_from_the_records(tmp_path):
     for rank in (0, 1):
         write_rank(tmp_path, rank, ACCUMULATED)
-    run = tl.read_observed(tmp_path, ranks=2)
+    run = tl.runs.read_observed(tmp_path, ranks=2)
     rank0 = run[0]
     assert rank0.per_step("all_reduce") == [1, 1] and rank0.per_backward("all_reduce") == [0, 1, 0, 1]
     assert rank0.losses() == [0.5, 0.25, 0.125, None] and rank0.complete and rank0.exit_code == 0
@@ -92,7 +92,7 @@ def test_a_rank_killed_mid_write_leaves_every_earlier_record_readable(tmp_path):
     path = write_rank(tmp_path, 0, ACCUMULATED[:4])
     with open(path, "a") as f:  # what a kill in the middle of a write leaves: a line without its end
         f.write('{"seq": 5, "record": "optimizer_st')
-    rank0 = tl.read_observed(tmp_path)[0]
+    rank0 = tl.runs.read_observed(tmp_path)[0]
     assert len(rank0.backwards) == 2 and len(rank0.collectives) == 1 and rank0.steps == []
     assert not rank0.complete and rank0.exit_code is None
 
@@ -102,12 +102,12 @@ def test_the_steps_recorded_so_far_are_counted_without_reading_the_record(tmp_pa
     a line cut by a kill not counted, 0 before the rank wrote anything."""
     assert observed.observed_steps(tmp_path) == 0
     path = write_rank(tmp_path, 0, ACCUMULATED[:5])
-    assert observed.observed_steps(tmp_path) == 1 == len(tl.read_observed(tmp_path)[0].steps)
+    assert observed.observed_steps(tmp_path) == 1 == len(tl.runs.read_observed(tmp_path)[0].steps)
     with open(path, "a") as f:
         f.write('{"seq": 6, "record": "optimizer_step", "step": 2')
     assert observed.observed_steps(tmp_path) == 1 and observed.observed_steps(tmp_path, rank=1) == 0
     write_rank(tmp_path / "b", 0, ACCUMULATED)
-    assert observed.observed_steps(tmp_path / "b") == 2 == len(tl.read_observed(tmp_path / "b")[0].steps)
+    assert observed.observed_steps(tmp_path / "b") == 2 == len(tl.runs.read_observed(tmp_path / "b")[0].steps)
 
 
 @pytest.mark.parametrize("change, says", [
@@ -122,7 +122,7 @@ def test_a_record_changed_after_it_was_written_is_refused(tmp_path, change, says
     path.chmod(0o644)
     path.write_text("\n".join(change(lines)) + "\n")
     with pytest.raises(MetricsError, match=says):
-        tl.read_observed(tmp_path)
+        tl.runs.read_observed(tmp_path)
 
 
 def test_a_record_of_another_schema_or_rank_is_refused(tmp_path):
@@ -130,25 +130,25 @@ def test_a_record_of_another_schema_or_rank_is_refused(tmp_path):
     path.chmod(0o644)
     path.write_text(path.read_text().replace('"rank": 0', '"rank": 1'))
     with pytest.raises(MetricsError, match="the file is rank 0's"):
-        tl.read_observed(tmp_path)
+        tl.runs.read_observed(tmp_path)
     path.write_text(path.read_text().replace(f'"schema": {observed.SCHEMA}', '"schema": 99'))
     with pytest.raises(MetricsError, match=f"reads schema {observed.SCHEMA}"):
-        tl.read_observed(tmp_path)
+        tl.runs.read_observed(tmp_path)
 
 
 def test_an_unobserved_run_says_how_to_observe_and_a_missing_rank_is_named(tmp_path):
     with pytest.raises(MetricsError, match="launch with observe=True"):
-        tl.read_observed(tmp_path)
+        tl.runs.read_observed(tmp_path)
     write_rank(tmp_path, 0, [])
     with pytest.raises(MetricsError, match="no rank1.jsonl"):
-        tl.read_observed(tmp_path, ranks=2)
+        tl.runs.read_observed(tmp_path, ranks=2)
 
 
 def test_the_last_attempt_is_read_unless_another_is_asked_for(tmp_path):
     write_rank(tmp_path, 0, [("seed", dict(seed=1, function="torch.manual_seed", step=1))])
     write_rank(tmp_path, 0, [("seed", dict(seed=2, function="torch.manual_seed", step=1))], restart=1)
-    assert tl.read_observed(tmp_path)[0].seeds == [2]
-    assert tl.read_observed(tmp_path, restart=0)[0].seeds == [1]
+    assert tl.runs.read_observed(tmp_path)[0].seeds == [2]
+    assert tl.runs.read_observed(tmp_path, restart=0)[0].seeds == [1]
 
 
 def test_the_record_is_created_read_only_and_never_overwritten(tmp_path):
@@ -183,7 +183,7 @@ def test_where_the_script_called_is_recorded_and_read_as_call_sites(tmp_path):
     write_rank(tmp_path, 0, [(kind, {**fields, "stack": stack}) for kind, fields in (collective("barrier", 1, None, 0),
                                                                                       step)])
     write_rank(tmp_path, 1, [collective("barrier", 1, None, 0), step])
-    run = tl.read_observed(tmp_path, ranks=2)
+    run = tl.runs.read_observed(tmp_path, ranks=2)
     site = run[0].collectives[0].stack[-1]
     assert isinstance(site, observed.CallSite) and site.function == "the_scripts_own" and site.line == stack[-1][1]
     assert site.where == f"test_observed.py:{stack[-1][1]}" and run[0].steps[0].stack == run[0].collectives[0].stack
@@ -210,4 +210,4 @@ def test_observe_must_be_true_or_false(tmp_path, value):
 def test_observe_is_refused_on_slurm(tmp_path):
     script = tl.write_script("ddp_train", tl.new_run_dir("observe", tmp_path))
     with pytest.raises(ConfigError, match="observe=True is for launches on this machine"):
-        tl.LaunchSpec(script, observe=True, slurm=tl.SlurmSpec(conf=None)).validate(gpu_count=0)
+        tl.LaunchSpec(script, observe=True, slurm=tl.slurm.SlurmSpec(conf=None)).validate(gpu_count=0)

@@ -25,7 +25,7 @@ def samples():
 
 
 def test_loss_plot_has_one_line_per_rank_and_the_global_mean(metrics):
-    fig = tl.plot_loss(metrics)
+    fig = tl.plots.plot_loss(metrics)
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
     labels = [line.get_label() for line in ax.get_lines()]
@@ -34,45 +34,45 @@ def test_loss_plot_has_one_line_per_rank_and_the_global_mean(metrics):
 
 
 def test_memory_plot_uses_samples_in_mib_or_falls_back_to_metrics(metrics, samples):
-    ax = tl.plot_memory(samples).axes[0]
+    ax = tl.plots.plot_memory(samples).axes[0]
     assert len(ax.get_lines()) == 2 and "RSS" in ax.get_ylabel()
     assert ax.get_lines()[0].get_ydata()[0] == 250
     without_tensor_bytes = metrics.drop(columns=[c for c in ("param_bytes", "grad_bytes") if c in metrics])
-    ax = tl.plot_memory(None, without_tensor_bytes).axes[0]
+    ax = tl.plots.plot_memory(None, without_tensor_bytes).axes[0]
     assert ax.get_xlabel() == "step" and ax.get_lines()[0].get_ydata()[0] == 300
 
 
 def test_on_cpu_the_memory_panel_stacks_what_a_rank_holds_not_rss(metrics, samples):
     """RSS on CPU is mostly `import torch`; the lesson is parameters, gradients, optimizer state (issue 17)."""
     tensors = metrics.assign(param_bytes=2 * 2**20, grad_bytes=2 * 2**20, optimizer_state_bytes=4 * 2**20)
-    ax = tl.plot_run(tensors, samples).axes[1]
+    ax = tl.plots.plot_run(tensors, samples).axes[1]
     assert ax.get_title().startswith("tensor memory per rank") and ax.get_ylabel() == "MiB"
     assert [t.get_text() for t in ax.get_legend().get_texts()][:3] == ["parameters", "gradients", "optimizer state"]
     assert max(line.get_ydata().max() for line in ax.get_lines()) == 8, "the other rank's total: 2 + 2 + 4 MiB"
-    on_gpu = tl.plot_run(tensors, samples.assign(gpu_used_bytes=2**30)).axes[1]
+    on_gpu = tl.plots.plot_run(tensors, samples.assign(gpu_used_bytes=2**30)).axes[1]
     assert "GPU" in on_gpu.get_ylabel(), "on a GPU the sampled device memory stays the panel"
 
 
 def test_gpu_memory_per_process_is_preferred_when_sampled(samples):
-    ax = tl.plot_memory(samples.assign(gpu_used_bytes=2**30)).axes[0]
+    ax = tl.plots.plot_memory(samples.assign(gpu_used_bytes=2**30)).axes[0]
     assert "GPU" in ax.get_ylabel() and ax.get_lines()[0].get_ydata()[0] == 1024
 
 
 def test_run_tensor_bytes_compare_and_bandwidth_figures(metrics, samples):
-    assert len(tl.plot_run(metrics, samples).axes) == 2
-    assert len(tl.plot_run(metrics.iloc[0:0], None).axes) == 2, "an empty run (no step yet) still draws"
-    bars = tl.plot_tensor_bytes(metrics).axes[0].patches
+    assert len(tl.plots.plot_run(metrics, samples).axes) == 2
+    assert len(tl.plots.plot_run(metrics.iloc[0:0], None).axes) == 2, "an empty run (no step yet) still draws"
+    bars = tl.plots.plot_tensor_bytes(metrics).axes[0].patches
     assert [round(b.get_height()) for b in bars] == [4, 4, 4, 4, 8, 8]
-    fig = tl.plot_compare({"a": metrics, "b": metrics.assign(loss_global=0.0)})
+    fig = tl.plots.plot_compare({"a": metrics, "b": metrics.assign(loss_global=0.0)})
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["a", "b"]
     bw = pd.DataFrame({"size_bytes": [4096, 1 << 20], "busbw_GBps": [0.01, 1.0]})
-    assert tl.plot_bandwidth(bw).axes[0].get_xscale() == "log"
+    assert tl.plots.plot_bandwidth(bw).axes[0].get_xscale() == "log"
 
 
 def test_a_run_without_memory_columns_or_samples_still_draws_with_visible_points():
     """Scripts like grad_accum log no memory; a 1-step run must still show its point (regression)."""
     one_step = pd.DataFrame([{"step": 1, "rank": r, "loss_local": 0.4 + r / 10, "loss_global": 0.45} for r in (0, 1)])
-    fig = tl.plot_run(one_step)
+    fig = tl.plots.plot_run(one_step)
     loss_ax, mem_ax = fig.axes
     assert all(line.get_marker() == "o" for line in loss_ax.get_lines())
     assert mem_ax.get_title() == "memory per rank (no memory data)"
@@ -82,7 +82,7 @@ def test_mesh_plot_puts_each_rank_at_its_coordinate_and_colours_one_shard_alike(
     """Notebook 09's 2 x 2 mesh: who holds which shard, which group runs which collective."""
     ranks = pd.DataFrame({"rank": [0, 1, 2, 3], "mesh_coordinate": [(0, 0), (0, 1), (1, 0), (1, 1)],
                           "holds": ["rows 0-31", "rows 32-63"] * 2})
-    ax = tl.plot_mesh(ranks, "all-gather, reduce-scatter", "all-reduce").axes[0]
+    ax = tl.plots.plot_mesh(ranks, "all-gather, reduce-scatter", "all-reduce").axes[0]
     boxes = {(round(p.get_y()), round(p.get_x())): p.get_facecolor() for p in ax.patches}
     assert set(boxes) == {(0, 0), (0, 1), (1, 0), (1, 1)}, "one box per rank at (row, column)"
     assert boxes[(0, 0)] == boxes[(1, 0)] != boxes[(0, 1)] == boxes[(1, 1)], "a column (one shard) shares a colour"
@@ -94,14 +94,14 @@ def test_mesh_plot_puts_each_rank_at_its_coordinate_and_colours_one_shard_alike(
                                                                   "replicate group 1:\nall-reduce"]
     assert ax.yaxis_inverted(), "row 0 on top, as the mesh prints"
     with pytest.raises(ValueError, match="two ranks at one mesh coordinate"):
-        tl.plot_mesh(ranks.assign(mesh_coordinate=[(0, 0)] * 4))
+        tl.plots.plot_mesh(ranks.assign(mesh_coordinate=[(0, 0)] * 4))
 
 
 def test_reshard_tradeoff_plot_draws_held_bytes_and_all_gathers_stacked_by_group_size():
     table = pd.DataFrame({"held_bytes": [200 * 1024, 100 * 1024, 400 * 1024, 200 * 1024],
                           "all_gathers": [{"4": 7}, {"4": 8}, {"4": 4}, {"2": 4, "4": 4}]},
                          index=["default (None)", "True", "False", "2"])
-    held, gathers = tl.plot_reshard_tradeoff(table, unsharded_bytes=400 * 1024).axes
+    held, gathers = tl.plots.plot_reshard_tradeoff(table, unsharded_bytes=400 * 1024).axes
     assert [p.get_height() for p in held.patches] == [200, 100, 400, 200], "KiB held between forward and backward"
     assert [t.get_text() for t in held.get_xticklabels()] == ["default (None)", "True", "False", "2"]
     assert list(held.get_lines()[0].get_ydata()) == [400, 400], "the unsharded model, dashed"
@@ -136,16 +136,16 @@ def _texts(fig):
 def test_the_chinese_edition_glosses_sentence_titles_and_memory_notes_and_draws_them_with_a_cjk_font(chinese, samples):
     assert plots.cjk_font() is not None, "a CJK font is installed here (.ci/run: fonts-wqy-microhei)"
     table = pd.DataFrame({"label": ["a", "b"], "x": [1.0, 2.0], "y": [3.0, 1.0]})
-    fig = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    fig = tl.plots.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
     assert "activation checkpointing: memory vs time\n激活检查点：内存与时间的取舍" in _texts(fig)
-    memory = tl.plot_memory(samples, notes=[PID_MISMATCH_NOTE])
+    memory = tl.plots.plot_memory(samples, notes=[PID_MISMATCH_NOTE])
     note = next(t for t in _texts(memory) if "NVML" in t)
     assert note.startswith("no worker process matched") and "NVML 的进程列表里找不到" in note
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for a character it cannot draw
         fig.canvas.draw()
         memory.canvas.draw()
-    untranslated = tl.plot_tradeoff(table, "x", "y", title="my own title")
+    untranslated = tl.plots.plot_tradeoff(table, "x", "y", title="my own title")
     assert "my own title" in _texts(untranslated), "a title the catalogue does not know stays as given"
 
 
@@ -154,18 +154,18 @@ def test_the_english_edition_and_a_machine_without_a_cjk_font_keep_english_and_s
     table = pd.DataFrame({"label": ["a"], "x": [1.0], "y": [2.0]})
     monkeypatch.setattr(plots, "cjk_font", lambda: None)
     with pytest.warns(UserWarning, match="apt-get install fonts-wqy-microhei") as warned:
-        fig = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+        fig = tl.plots.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
     assert "activation checkpointing: memory vs time" in _texts(fig)
     said = str(warned[0].message)  # issue 45 item 17: the Chinese edition's reader is told in Chinese
     assert has_cjk(said) and "Jupyter 内核" in said and "CJK" in said, said
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per kernel, not on every figure
-        tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+        tl.plots.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
     with pytest.warns(UserWarning, match="^no CJK font is installed"):  # once per language, in that language
         plots._warn_no_cjk_font("en")
     tl.set_language("en")
     monkeypatch.undo()
-    english = tl.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
+    english = tl.plots.plot_tradeoff(table, "x", "y", title="activation checkpointing: memory vs time")
     assert "activation checkpointing: memory vs time" in _texts(english)
 
 
@@ -184,12 +184,12 @@ def _four_steps():
 def _figures_with_legends(metrics):
     table = pd.DataFrame({"label": ["DDP rank 0", "FSDP rank 0"], "predicted_bytes": [2**24, 2**23],
                           "measured_bytes": [2**24, 2**23]})
-    return {"plot_run": tl.plot_run(metrics), "plot_loss": tl.plot_loss(metrics),
-            "plot_memory": tl.plot_memory(None, metrics.drop(columns=["param_bytes", "grad_bytes"])),
-            "plot_tensor_bytes": tl.plot_tensor_bytes(metrics),
-            "plot_compare": tl.plot_compare({"a": metrics, "b": metrics.assign(loss_global=0.0)}),
-            "plot_loss_scale": tl.plot_loss_scale(metrics), "plot_memory_prediction": tl.plot_memory_prediction(table),
-            "plot_resume": tl.plot_resume(metrics, reference=metrics)}
+    return {"plot_run": tl.plots.plot_run(metrics), "plot_loss": tl.plots.plot_loss(metrics),
+            "plot_memory": tl.plots.plot_memory(None, metrics.drop(columns=["param_bytes", "grad_bytes"])),
+            "plot_tensor_bytes": tl.plots.plot_tensor_bytes(metrics),
+            "plot_compare": tl.plots.plot_compare({"a": metrics, "b": metrics.assign(loss_global=0.0)}),
+            "plot_loss_scale": tl.plots.plot_loss_scale(metrics), "plot_memory_prediction": tl.plots.plot_memory_prediction(table),
+            "plot_resume": tl.plots.plot_resume(metrics, reference=metrics)}
 
 
 def test_no_legend_covers_the_data_and_none_leaves_the_figure():
@@ -219,22 +219,22 @@ def test_a_four_step_run_has_whole_step_ticks_on_every_step_axis():
         assert ax.get_xlabel() == "step"
         ticks = _shown_ticks(ax)
         assert ticks == [1, 2, 3, 4] and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
-    one = tl.plot_run(metrics[metrics["step"] == 3])
+    one = tl.plots.plot_run(metrics[metrics["step"] == 3])
     assert [list(ax.get_xticks()) for ax in one.axes] == [[3], [3]], "one step: that step, the only tick"
 
 
 def test_the_loss_legend_says_which_line_is_a_ranks_own_loss_and_which_the_mean_over_ranks():
-    legend = tl.plot_run(_four_steps()).axes[0].get_legend()
+    legend = tl.plots.plot_run(_four_steps()).axes[0].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == [
         "rank 0 local (loss_local)", "rank 1 local (loss_local)", "global (loss_global)"]
     assert legend.get_title().get_text() == ("local: a rank's loss on its own samples\n"
                                              "global: the mean of all ranks' losses")
-    only_local = tl.plot_loss(_four_steps().drop(columns=["loss_global"])).axes[0].get_legend()
+    only_local = tl.plots.plot_loss(_four_steps().drop(columns=["loss_global"])).axes[0].get_legend()
     assert only_local.get_title().get_text() == "", "no global line: nothing to tell apart"
 
 
 def test_the_chinese_edition_glosses_the_loss_legends_key_with_a_cjk_font(chinese):
-    fig = tl.plot_run(_four_steps())
+    fig = tl.plots.plot_run(_four_steps())
     title = fig.axes[0].get_legend().get_title()
     assert title.get_text() == ("local: a rank's loss on its own samples\nglobal: the mean of all ranks' losses\n"
                                 "local：每个 rank 在自己样本上的损失\nglobal：所有 rank 损失的平均值")

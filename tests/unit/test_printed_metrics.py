@@ -77,15 +77,15 @@ def test_printed_points_are_written_per_rank_and_read_back_one_per_step_the_last
         assert writer.take(rank, text, t)["loss_local"] == float(text.rsplit(" ", 1)[1])
     lines = printed_metrics_path(tmp_path, 0).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 2], "every matching line is kept in the file"
-    table = tl.read_printed_metrics(tmp_path)
+    table = tl.runs.read_printed_metrics(tmp_path)
     assert table[["rank", "step", "loss_local"]].values.tolist() == [[0, 1, 3.0], [0, 2, 1.5], [1, 1, 4.0]]
     assert table["line"].tolist()[1] == "iter 2: loss 1.5" and table["time_s"].tolist() == [0.5, 0.8, 0.6]
     assert not list((tmp_path / "metrics").glob("rank*.jsonl")), "read_metrics' files are the scripts' own"
 
 
 def test_a_run_without_printed_points_says_what_to_do(tmp_path):
-    with pytest.raises(tl.MetricsError, match="no line matched the launch's loss_pattern"):
-        tl.read_printed_metrics(tmp_path)
+    with pytest.raises(tl.errors.MetricsError, match="no line matched the launch's loss_pattern"):
+        tl.runs.read_printed_metrics(tmp_path)
 
 
 def test_run_script_runs_a_shipped_name_as_the_lesson_and_a_path_or_a_file_here_as_your_own(tmp_path, monkeypatch):

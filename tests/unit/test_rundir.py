@@ -10,7 +10,7 @@ from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
 def test_shipped_scripts_are_listed():
-    assert {"ddp_train", "collectives_check"} <= set(tl.available_scripts())
+    assert {"ddp_train", "collectives_check"} <= set(tl.runs.available_scripts())
 
 
 def test_run_dirs_are_fresh_and_unique(tmp_path):

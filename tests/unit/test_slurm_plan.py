@@ -21,7 +21,7 @@ def script(tmp_path):
 
 def test_the_plan_is_the_learners_batch_script_with_the_rank_runner_in_front(script, tmp_path):
     spec = tl.LaunchSpec(script, args=["--max-steps", 5], nnodes=2, timeout_s=600, env={"MY_FLAG": "1"},
-                         slurm=tl.SlurmSpec(partition="gpu", account="proj1", sbatch_args=["--qos=debug"]))
+                         slurm=tl.slurm.SlurmSpec(partition="gpu", account="proj1", sbatch_args=["--qos=debug"]))
     plan = plan_slurm_launch(spec)
     assert (plan.device_plan.device, plan.device_plan.backend, plan.device_plan.nproc_per_node) == ("cpu", "gloo", 2)
     assert plan.job_name == "ddp_train" and plan.nodes == (0, 1)
@@ -40,7 +40,7 @@ def test_the_plan_is_the_learners_batch_script_with_the_rank_runner_in_front(scr
 
 
 def test_a_gpu_job_requests_one_gpu_per_rank_on_the_nodes_not_here(script):
-    plan = plan_slurm_launch(tl.LaunchSpec(script, nnodes=2, slurm=tl.SlurmSpec(gpus_per_node=4, conf=None)))
+    plan = plan_slurm_launch(tl.LaunchSpec(script, nnodes=2, slurm=tl.slurm.SlurmSpec(gpus_per_node=4, conf=None)))
     assert (plan.device_plan.device, plan.device_plan.backend, plan.device_plan.nproc_per_node) == ("cuda", "nccl", 4)
     assert "#SBATCH --gpus-per-node=4" in plan.batch_script and "--nproc-per-node 4" in plan.batch_script
 
@@ -50,22 +50,22 @@ def test_a_gpu_job_requests_one_gpu_per_rank_on_the_nodes_not_here(script):
     ({"master_port": 29500}, "master_port=29500 does not apply to a launch on SLURM"),
     ({"warm": True}, "warm=True does not apply to a launch on SLURM"),
     ({"device": "cuda"}, "a CUDA job asks for GPUs"),
-    ({"nproc_per_node": 2, "slurm": tl.SlurmSpec(gpus_per_node=4)}, "one rank per GPU"),
-    ({"slurm": tl.SlurmSpec(gpus_per_node=-1)}, "gpus_per_node must be an integer >= 0"),
-    ({"slurm": tl.SlurmSpec(poll_s=0)}, "poll_s must be a number of seconds > 0"),
-    ({"slurm": tl.SlurmSpec(sbatch_args="--qos=debug")}, "sbatch_args must be a list of sbatch options"),
-    ({"slurm": tl.SlurmSpec(conf="/nonexistent/slurm.conf")}, "is not a file"),
-    ({"slurm": tl.SlurmSpec(job_name="my job")}, "job_name must be 1-64 letters"),
-    ({"slurm": tl.SlurmSpec(partition="a b")}, "partition must be a non-empty name without spaces"),
-    ({"slurm": tl.SlurmSpec(time_limit="1h")}, "time_limit must look like HH:MM:SS"),
+    ({"nproc_per_node": 2, "slurm": tl.slurm.SlurmSpec(gpus_per_node=4)}, "one rank per GPU"),
+    ({"slurm": tl.slurm.SlurmSpec(gpus_per_node=-1)}, "gpus_per_node must be an integer >= 0"),
+    ({"slurm": tl.slurm.SlurmSpec(poll_s=0)}, "poll_s must be a number of seconds > 0"),
+    ({"slurm": tl.slurm.SlurmSpec(sbatch_args="--qos=debug")}, "sbatch_args must be a list of sbatch options"),
+    ({"slurm": tl.slurm.SlurmSpec(conf="/nonexistent/slurm.conf")}, "is not a file"),
+    ({"slurm": tl.slurm.SlurmSpec(job_name="my job")}, "job_name must be 1-64 letters"),
+    ({"slurm": tl.slurm.SlurmSpec(partition="a b")}, "partition must be a non-empty name without spaces"),
+    ({"slurm": tl.slurm.SlurmSpec(time_limit="1h")}, "time_limit must look like HH:MM:SS"),
     ({"slurm": "debug"}, "slurm must be a SlurmSpec or None"),
-    ({"slurm": tl.SlurmSpec(cancel_pending_reasons="Resources")}, "cancel_pending_reasons must be a list"),
-    ({"slurm": tl.SlurmSpec(cancel_pending_reasons=["PartitionConfig", "Resources"])},
+    ({"slurm": tl.slurm.SlurmSpec(cancel_pending_reasons="Resources")}, "cancel_pending_reasons must be a list"),
+    ({"slurm": tl.slurm.SlurmSpec(cancel_pending_reasons=["PartitionConfig", "Resources"])},
      r"cancel_pending_reasons holds \['Resources'\], which can clear by themselves"),
 ])
 def test_bad_values_are_refused_before_anything_is_submitted(script, fields, message):
     with pytest.raises(tl.ConfigError, match=message):
-        plan_slurm_launch(tl.LaunchSpec(script, **{"slurm": tl.SlurmSpec(), **fields}))
+        plan_slurm_launch(tl.LaunchSpec(script, **{"slurm": tl.slurm.SlurmSpec(), **fields}))
 
 
 def test_the_time_limit_leaves_the_launcher_five_minutes_to_stop_the_job_first():
@@ -89,7 +89,7 @@ def test_connect_slurm_says_why_it_cannot_start_the_local_cluster(monkeypatch, t
     target = connect_slurm(state_dir=tmp_path / "cluster")
     assert isinstance(target, SlurmTarget) and not target.available and not target.started
     assert "runs its daemons as root" in target.reason and target.describe().startswith("SLURM unavailable: ")
-    with pytest.raises(tl.SlurmUnavailable, match="no SLURM cluster to submit to: the local SLURM cluster runs"):
+    with pytest.raises(tl.errors.SlurmUnavailable, match="no SLURM cluster to submit to: the local SLURM cluster runs"):
         target.spec()
     assert target.close() is False
 

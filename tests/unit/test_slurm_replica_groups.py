@@ -11,20 +11,20 @@ from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
 def test_a_jobs_output_files_and_torchruns_logs_go_to_its_output_dir_under_the_run_dir():
-    text = tl.slurm_script("ft_train.py", nnodes=1, nproc_per_node=1, run_dir="/shared/run", job_name="ft_1",
+    text = tl.slurm.slurm_script("ft_train.py", nnodes=1, nproc_per_node=1, run_dir="/shared/run", job_name="ft_1",
                            output_dir="group1/attempt2")
     for line in ("#SBATCH --chdir=/shared/run", "#SBATCH --output=group1/attempt2/%x-%j.out",
                  "srun --kill-on-bad-exit=1 --output=group1/attempt2/%x-%j-node%n.out \\\n",
                  """--log-dir "group1/attempt2/logs/node$SLURM_NODEID" "$@"'"""):
         assert line in text, line
-    plain = tl.slurm_script("ft_train.py", nnodes=1, nproc_per_node=1)
+    plain = tl.slurm.slurm_script("ft_train.py", nnodes=1, nproc_per_node=1)
     assert "#SBATCH --output=%x-%j.out" in plain and '--log-dir "logs/node$SLURM_NODEID"' in plain
 
 
 @pytest.mark.parametrize("output_dir", ["my group", "g%j", 'g"1', "", 3])
 def test_an_output_dir_slurm_or_the_script_would_misread_is_refused(output_dir):
     with pytest.raises(ConfigError, match="output_dir must be a folder path of letters"):
-        tl.slurm_script("ft_train.py", nnodes=1, nproc_per_node=1, output_dir=output_dir)
+        tl.slurm.slurm_script("ft_train.py", nnodes=1, nproc_per_node=1, output_dir=output_dir)
 
 
 def test_a_jobs_environment_is_what_torchft_reads_without_the_local_loopback_interface():
@@ -40,10 +40,10 @@ def test_a_jobs_environment_is_what_torchft_reads_without_the_local_loopback_int
     (dict(num_groups=0), "num_groups must be >= 1, got 0"),
     (dict(nproc_per_group=True), "nproc_per_group must be a positive integer, got True"),
     (dict(slurm="local"), "slurm must be a SlurmSpec"),
-    (dict(slurm=tl.SlurmSpec(poll_s=0)), "poll_s must be a number of seconds > 0, got 0"),
+    (dict(slurm=tl.slurm.SlurmSpec(poll_s=0)), "poll_s must be a number of seconds > 0, got 0"),
     (dict(script="nope.py"), r"script '.*nope\.py' does not exist")])
 def test_bad_values_are_refused_before_anything_is_submitted(tmp_path, kwargs, message):
-    values = {"script": LESSONS_DIR / "ft_train.py", "num_groups": 2, "slurm": tl.SlurmSpec(), **kwargs}
+    values = {"script": LESSONS_DIR / "ft_train.py", "num_groups": 2, "slurm": tl.slurm.SlurmSpec(), **kwargs}
     with pytest.raises(ConfigError, match=message):
         start_slurm_replica_groups(values.pop("script"), lighthouse=None, run_dir=tmp_path / "run", **values)
     assert list(tmp_path.iterdir()) == []

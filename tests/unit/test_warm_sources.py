@@ -96,9 +96,9 @@ def test_a_variable_this_launch_sets_names_its_source_and_the_setup_call_the_hel
         _, reason = warm.warm_path(job, sys.executable, 0, warm.env_sources(job, rank_env={"PYTHONHASHSEED": "7"}))
     finally:
         set_rank_env(None)
-    assert ("PYTHONHASHSEED=7 comes from RANK_ENV (tl.setup_notebook or tl.set_rank_env); the helper, started for "
+    assert ("PYTHONHASHSEED=7 comes from RANK_ENV (tl.setup_notebook or tl.launcher.environment.set_rank_env); the helper, started for "
             "the notebook's setup call (tl.setup_notebook), does not have it") in render(reason, "en")
-    assert "来自RANK_ENV（tl.setup_notebook 或 tl.set_rank_env）" in render(reason, "zh")
+    assert "来自RANK_ENV（tl.setup_notebook 或 tl.launcher.environment.set_rank_env）" in render(reason, "zh")
 
 
 def test_a_differing_value_names_both_sources():

@@ -3,7 +3,7 @@
     python slurm_watchdog.py STATE_DIR OWNER_PID OWNER_CREATE_TIME [--poll-s 1.0]
 
 Started by ``tutorial_lib.slurm.owner.start_watchdog`` in its own session, next to the daemons of the cluster in
-``STATE_DIR``, for a cluster that a process owns (a notebook's kernel through ``tl.connect_slurm()``, a test run
+``STATE_DIR``, for a cluster that a process owns (a notebook's kernel through ``tl.slurm.connect_slurm()``, a test run
 through the ``slurm_cluster`` fixture). Every ``--poll-s`` seconds it looks at the owner: the process ``OWNER_PID``
 whose start time (psutil's ``create_time``, seconds since the epoch) is ``OWNER_CREATE_TIME``. A later process that
 reuses the PID has another start time, and a zombie has ended: both count as gone. Once the owner is gone, however it

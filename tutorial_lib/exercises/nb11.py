@@ -16,7 +16,7 @@ MODEL_11_1, GPUS_11_1 = "1.3B", 4
 
 def fewest_savers_that_fit(ctx: Context) -> str:
     """11.1: the first layout of ``memory_plan.LAYOUTS`` (fewest memory savers first) whose stored plan fits the 1.3B
-    GPT on 4 GPUs of 24 GB (``tl.read_memory_table()``, section 8's table)."""
+    GPT on 4 GPUs of 24 GB (``tl.planning.read_memory_table()``, section 8's table)."""
     table = read_memory_table()
     rows = table[(table["model"] == MODEL_11_1) & (table["gpus"] == GPUS_11_1)].set_index("layout")
     return next(layout for layout in LAYOUTS if bool(rows.loc[layout, "fits"]))
@@ -74,8 +74,8 @@ register(Spec("11.1", N_("The layout for a 1.3B GPT on 4 x 24 GB"), solution="11
                      "FSDP2 bf16 + AC": N_("it fits, but so does a layout with fewer savers; activation checkpointing "
                                            "costs a second forward of every block and bf16 changes the numbers"),
                      "FSDP2 bf16": N_("it fits, but so does a layout with fewer savers: fp32 compute already fits")},
-              hints=(N_("Section 8's stored table (tl.read_memory_table()) has one row per model, GPU count and "
-                        "layout, with a fits column. Look at the rows of 1.3B on 4 GPUs."),
+              hints=(N_("Section 8's stored table (tl.planning.read_memory_table()) has one row per model, GPU count "
+                        "and layout, with a fits column. Look at the rows of 1.3B on 4 GPUs."),
                      N_("Take the layouts in the table's order, DDP fp32, FSDP2 fp32, FSDP2 bf16, FSDP2 bf16 + AC "
                         "(each adds a memory saver), and answer the first whose fits is True."))))
 register(Spec("11.2", N_("A loss per token that does not depend on the world size"), solution="11_2_train.py",

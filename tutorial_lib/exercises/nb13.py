@@ -22,8 +22,8 @@ MODEL_13_3, SEQ_13_3 = "qwen2.5-7b", 1024
 
 
 def recommended_layout(ctx: Context) -> str:
-    """13.1: the layout section 3's planner recommends (``tl.recommend_layout`` on the stored table) for Qwen2.5-1.5B
-    on 4 GPUs of 24 GB at 4096 tokens."""
+    """13.1: the layout section 3's planner recommends (``tl.planning.recommend_layout`` on the stored table) for
+    Qwen2.5-1.5B on 4 GPUs of 24 GB at 4096 tokens."""
     return recommend_layout(read_hf_table(), MODEL_13_1, GPUS_13_1, SEQ_13_1)["layout"]
 
 
@@ -67,8 +67,9 @@ register(Spec("13.1", N_("The layout for Qwen2.5-1.5B on 4 x 24 GB at 4096 token
                                           "takes the fewest memory savers"),
                      "LoRA r16, bf16 + AC full": N_("LoRA trains a small adapter, not the model: the recommendation "
                                                     "takes it only when no full fine-tuning layout fits")},
-              hints=(N_("Section 3: tl.read_hf_table() holds the plans, tl.recommend_layout(table, model, gpus, "
-                        "seq_len) picks from them. The model's name in the table is qwen2.5-1.5b."),
+              hints=(N_("Section 3: tl.planning.read_hf_table() holds the plans, "
+                        "tl.planning.recommend_layout(table, model, gpus, seq_len) picks from them. The model's name "
+                        "in the table is qwen2.5-1.5b."),
                      N_("Full fine-tuning layouts in order of memory savers: fp32, bf16, bf16 + AC selective, bf16 + "
                         "AC full, bf16 + AC full + offload. Answer the first whose plan fits at 4096 tokens on 4 "
                         "GPUs."))))
@@ -88,8 +89,8 @@ register(Spec("13.3", N_("The fewest GPUs for Qwen2.5-7B without offload"), solu
                            "about 4 GiB, before their reduce-scatter): the headroom counts it")},
               hints=(N_("Section 3's table has the plans on 1, 2, 4, 8 and 16 GPUs. Leave out the layouts with offload "
                         "and LoRA (LoRA is not full fine-tuning)."),
-                     N_("Filter tl.read_hf_table() to qwen2.5-7b, seq_len 1024, the layouts fp32, bf16, bf16 + AC "
-                        "selective and bf16 + AC full, with fits True, and take the smallest gpus."))))
+                     N_("Filter tl.planning.read_hf_table() to qwen2.5-7b, seq_len 1024, the layouts fp32, bf16, "
+                        "bf16 + AC selective and bf16 + AC full, with fits True, and take the smallest gpus."))))
 
 
 @dataclass(frozen=True)

@@ -159,9 +159,9 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
         nproc_per_group: ranks per group (1 or 2): with 2, each group shards the model over its ranks (fault-tolerant
             HSDP); the drill's phases wait on each group's rank 0 (``records``; rank 1's: ``read_replica_records(
             run_dir / "metrics", group_rank=1)``). Local groups only.
-        slurm: run each group as a job of this SLURM cluster (``SlurmSpec``; ``tl.connect_slurm().spec()``: the local
-            two-node cluster, whose nodes reach the lighthouse on 127.0.0.1), ``run_dir`` being on the filesystem its
-            nodes share (``slurm_replicas``); ``None``: torchrun jobs on this machine.
+        slurm: run each group as a job of this SLURM cluster (``SlurmSpec``; ``tl.slurm.connect_slurm().spec()``: the
+            local two-node cluster, whose nodes reach the lighthouse on 127.0.0.1), ``run_dir`` being on the filesystem
+            its nodes share (``slurm_replicas``); ``None``: torchrun jobs on this machine.
 
     Raises:
         ConfigError: a value out of range, naming it.

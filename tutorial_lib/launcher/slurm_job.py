@@ -1,5 +1,5 @@
 """Launch on SLURM: the same ``LaunchSpec`` submitted with ``sbatch`` through the batch script a learner would submit
-by hand (``tl.slurm_script``), watched from the kernel through the files the job writes on the shared filesystem.
+by hand (``tl.slurm.slurm_script``), watched from the kernel through the files the job writes on the shared filesystem.
 
 ``launch(LaunchSpec(script, nnodes=2, slurm=SlurmSpec(...)))`` comes here (``plan_slurm_launch``, then
 ``run_slurm_plan``). The run directory, which must be on the filesystem every node shares (it is the job's
@@ -76,7 +76,7 @@ class SlurmPlan:
         job_env: the environment sbatch exports to the job (this process's, the rank environment, ``spec.env``,
             ``SLURM_CONF`` when ``SlurmSpec.conf`` is given).
         job_name: ``--job-name``, the prefix of SLURM's output files.
-        batch_script: the text of ``job.sh`` (``tl.slurm_script``).
+        batch_script: the text of ``job.sh`` (``tl.slurm.slurm_script``).
         sbatch_argv: the sbatch command, ``job.sh`` last.
     """
 

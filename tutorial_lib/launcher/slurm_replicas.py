@@ -4,7 +4,7 @@ job submitted again heals from them.
 torchft's own SLURM example (pytorch/torchft, ``torchft/examples/slurm``: ``runner.py`` submits one job per replica
 group, named ``ft_<id>``, with ``TORCHFT_LIGHTHOUSE`` in its environment, and starts a new job for a group whose job
 is gone; ``punisher.py`` cancels one job at a time) on the workbook's SLURM clusters, through the workbook's own SLURM
-pieces: ``tl.slurm_script`` writes each group's batch script (one node, ``nproc_per_group`` ranks under torchrun,
+pieces: ``tl.slurm.slurm_script`` writes each group's batch script (one node, ``nproc_per_group`` ranks under torchrun,
 each rank through the rank runner, as ``tl.launch`` on SLURM), ``tutorial_lib.slurm.submit`` submits it with the
 environment torchft reads exported to the job (``replicas.group_env``: ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID``,
 ``NUM_REPLICA_GROUPS``), ``tutorial_lib.slurm.cancel`` cancels it and waits until it has left the queue.
@@ -28,8 +28,8 @@ ended the healthy group that way while ft_train.py used it.)
 Nothing is left: ``stop()`` cancels every job this object submitted that is not finished, and ``with`` calls it on any
 exit, an error or a KeyboardInterrupt included; ``sbatch`` and each cancel run with a kernel interrupt held back
 until they are done, so no job is submitted without its id being known. A kernel killed outright runs no clean-up:
-on the local cluster it owns (``tl.connect_slurm()``) the cluster's watchdog cancels every job within seconds; on any
-cluster the lighthouse dies with the kernel (its stdin closes), and each group's next quorum request fails after
+on the local cluster it owns (``tl.slurm.connect_slurm()``) the cluster's watchdog cancels every job within seconds;
+on any cluster the lighthouse dies with the kernel (its stdin closes), and each group's next quorum request fails after
 torchft's quorum timeout (``Manager(quorum_timeout=...)``, 60 s by default), which ends its job (two jobs gone 65 s
 after their kernel's SIGKILL on the local cluster, whose owner was not that kernel); at the latest at its ``--time``.
 
@@ -285,7 +285,8 @@ def start_slurm_replica_groups(script: str | os.PathLike, *, lighthouse: Lightho
         num_groups: replica groups (count, >= 1).
         run_dir: the jobs' working folder (``--chdir``) and where their files go (``group<G>/attempt<A>/``), on the
             filesystem every node shares; created if missing.
-        slurm: the cluster and the job options (``SlurmSpec``; ``tl.connect_slurm().spec()`` for the local cluster).
+        slurm: the cluster and the job options (``SlurmSpec``; ``tl.slurm.connect_slurm().spec()`` for the local
+            cluster).
             ``job_name`` is the prefix of the jobs' names (``<job_name>_<G>``; default ``ft``, torchft's example's);
             ``time_limit`` defaults to ``TIME_LIMIT``; ``poll_s`` is the least time between two squeue looks at one
             job while waiting (seconds).
@@ -300,7 +301,8 @@ def start_slurm_replica_groups(script: str | os.PathLike, *, lighthouse: Lightho
     check_positive_int("num_groups", num_groups)
     check_positive_int("nproc_per_group", nproc_per_group)
     if not isinstance(slurm, SlurmSpec):
-        raise ConfigError(f"slurm must be a SlurmSpec (tl.connect_slurm().spec() on the local cluster), got {slurm!r}")
+        raise ConfigError(f"slurm must be a SlurmSpec (tl.slurm.connect_slurm().spec() on the local cluster), "
+                          f"got {slurm!r}")
     slurm.validate()
     script = Path(script).resolve()
     if not script.is_file():

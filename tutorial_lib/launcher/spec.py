@@ -85,7 +85,7 @@ class LaunchSpec:
         observe: record what each rank really does, from torch itself, into the run directory's ``observed/``
             (``tutorial_lib/child/observer.py``: every collective, DDP/FSDP/TP wraps, gradients and parameters at each
             optimizer step, losses, seeds, the process group); read it with ``result.observed()`` or
-            ``tl.read_observed(run_dir)``. For checks and lessons that count or compare what ran; off by default,
+            ``tl.runs.read_observed(run_dir)``. For checks and lessons that count or compare what ran; off by default,
             when it costs nothing. Not on SLURM.
     """
 

@@ -187,7 +187,7 @@ class WarmHelper:
 
 # Where a start-up variable of a launch came from (env_sources), and what the helper was started for.
 SOURCE_ENV_ARG = N_("the launch's own env=")
-SOURCE_RANK_ENV = N_("RANK_ENV (tl.setup_notebook or tl.set_rank_env)")
+SOURCE_RANK_ENV = N_("RANK_ENV (tl.setup_notebook or tl.launcher.environment.set_rank_env)")
 SOURCE_KERNEL = N_("the kernel's environment (os.environ)")
 SOURCE_LAUNCHER = N_("the launcher's defaults for the device plan")
 STARTED_FOR_SETUP = N_("the notebook's setup call (tl.setup_notebook)")

@@ -103,7 +103,7 @@ class MemoryPlan:
         n_params: parameters of the model (count).
         peak_bytes: ``{category: bytes}`` at the peak, categories in ``ORDER`` (bytes), of ``peak_rank``: the rank
             whose total is largest (rank 0 when several tie).
-        state_bytes_analytic: parameters + gradients + AdamW state per rank from ``tl.bytes_per_parameter``
+        state_bytes_analytic: parameters + gradients + AdamW state per rank from ``tl.planning.bytes_per_parameter``
             (16 bytes per parameter, / world size under FSDP; the shard dimension only under HSDP).
         plan_time_s: wall time of the plan (seconds).
         torch_version: the torch that planned it.

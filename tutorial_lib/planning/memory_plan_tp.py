@@ -169,7 +169,7 @@ def propagation_in_its_own_fake_mode():
 
 def read_tp_memory(ranks: Sequence[Mapping], layout: str = "tp") -> list[dict[str, int]]:
     """The peaks a ``tensor_parallel.py --lessons model --track-memory`` run measured, one ``{category: bytes}`` per
-    rank, from its ranks' results (``tl.read_rank_json(run_dir, "tp")``), in their order.
+    rank, from its ranks' results (``tl.runs.read_rank_json(run_dir, "tp")``), in their order.
 
     Raises:
         ConfigError: ``layout`` is not one of ``TP_LAYOUTS``, or the run did not track memory (no ``memory_peak`` in

@@ -5,3 +5,11 @@ The rule: these modules ask the installed torch and the hardware a question and 
 ``attention``: which SDPA backends exist and how fast each is). They run in this process: they start no process,
 display nothing, and import only ``errors`` from the package. ``env``'s report never raises.
 """
+
+# tl.probes: the questions a notebook asks this machine's torch (tl.probes.autocast_op_dtypes(...))
+from .attention import sdpa_backends
+from .env import EnvironmentReport, environment_report
+from .precision import autocast_op_dtypes, autocast_supported, cpu_low_precision_flags, float_formats
+
+__all__ = ["EnvironmentReport", "autocast_op_dtypes", "autocast_supported", "cpu_low_precision_flags",
+           "environment_report", "float_formats", "sdpa_backends"]

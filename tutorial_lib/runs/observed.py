@@ -5,7 +5,7 @@ front of the script (``tutorial_lib/child/observer.py``: how, why that way, and 
 JSON line per event to ``<run_dir>/observed/rank<R>.jsonl``, never to stdout. This module reads them::
 
     result = tl.run_script("my_train.py", nproc_per_node=2, observe=True)
-    run = result.observed()                        # or tl.read_observed(result.run_dir)
+    run = result.observed()                        # or tl.runs.read_observed(result.run_dir)
     rank0 = run[0]
     rank0.per_step("all_reduce")                   # all-reduces between optimizer steps: [3, 3, 3] (3 DDP buckets)
     [c.input_bytes for c in rank0.collectives_of("all_reduce", backward=1)]   # the first backward's bucket sizes

@@ -1,8 +1,9 @@
 """What a finished run's logs say, one named question each: the small readers the notebooks call.
 
-``tl.read_output_log``, ``tl.rank_errors``, ``tl.agent_failures``, ``tl.fatal_errors``, ``tl.collective_fingerprints``,
-``tl.count_log_matches``, ``tl.lost_connection`` and ``tl.workers_started`` read a run directory's ``output.log``
-(every line the ranks and torchrun printed) and torchrun's folders and error files, through ``tutorial_lib.torchrun``.
+``tl.runs.read_output_log``, ``tl.runs.rank_errors``, ``tl.runs.agent_failures``, ``tl.runs.fatal_errors``,
+``tl.runs.collective_fingerprints``, ``tl.runs.count_log_matches``, ``tl.runs.lost_connection`` and
+``tl.runs.workers_started`` read a run directory's ``output.log`` (every line the ranks and torchrun printed) and
+torchrun's folders and error files, through ``tutorial_lib.torchrun``.
 """
 
 from __future__ import annotations

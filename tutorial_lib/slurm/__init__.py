@@ -5,11 +5,15 @@ machine to run them against (``local_cluster``, ``config``, ``target``).
 The rule: these modules may start SLURM's programs (sbatch, squeue, scancel, the local daemons) but never import the
 launcher, which submits through them; of the package they import only ``errors`` and ``notebook/``'s value checks."""
 
+# tl.slurm: what a notebook writes, submits and asks a cluster (tl.slurm.slurm_script(...), tl.slurm.connect_slurm())
+from .batch import node_commands, slurm_script
 from .commands import (FINISHED_STATES, JobInfo, JobState, NeverStarts, cancel, client_env, expand_hostlist, job_info,
                        job_nodes, node_cpus, node_states, queue, run_slurm, submit, wait_for_state, wait_until_finished)
 from .config import PARTITION
 from .local_cluster import NODE_NAMES, STATE_DIR_ENV, LocalCluster, check_can_run, default_state_dir
+from .target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = ["FINISHED_STATES", "JobInfo", "JobState", "LocalCluster", "NODE_NAMES", "NeverStarts", "PARTITION",
            "STATE_DIR_ENV", "cancel", "check_can_run", "client_env", "default_state_dir", "expand_hostlist", "job_info",
            "job_nodes", "node_cpus", "node_states", "queue", "run_slurm", "submit", "wait_for_state", "wait_until_finished"]
+__all__ += ["SlurmSpec", "SlurmTarget", "connect_slurm", "node_commands", "slurm_script"]

@@ -182,7 +182,7 @@ def submit(script: str | os.PathLike, sbatch_args: Sequence[object] = (), *, con
         SlurmError: sbatch refused the job (its message says why: a bad option, more nodes than exist, ...).
     """
     if not Path(script).is_file():
-        raise ConfigError(f"no batch script at {str(script)!r}: write it first (tl.slurm_script)")
+        raise ConfigError(f"no batch script at {str(script)!r}: write it first (tl.slurm.slurm_script)")
     out = run_slurm(["sbatch", "--parsable", *map(str, sbatch_args), str(script)], conf=conf, env=env, cwd=cwd)
     first = out.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
     if not first.isdigit():

@@ -1,6 +1,6 @@
 """Who a local SLURM cluster belongs to, and the watchdog that stops it once its owner is gone.
 
-A cluster that a process starts for itself (a notebook's kernel through ``tl.connect_slurm()``, a test run through
+A cluster that a process starts for itself (a notebook's kernel through ``tl.slurm.connect_slurm()``, a test run through
 the ``slurm_cluster`` fixture) belongs to that process: ``owner.json`` in the state folder records the owner's PID and
 start time (psutil's ``create_time``, which tells it from a later process that reuses the PID), and a watchdog
 (``tutorial_lib/child/slurm_watchdog.py``, run by path in its own session, recorded in ``watchdog.json``) looks at the

@@ -2,8 +2,8 @@
 cluster a notebook uses (``connect_slurm``: the one ``SLURM_CONF`` or the system's configuration points at, else the
 local two-node cluster, started here if it is not up and stopped by ``close`` only if it was started here).
 
-``tl.launch(tl.LaunchSpec(script, nnodes=2, slurm=tl.SlurmSpec(partition="gpu", account="proj1")))`` submits the job
-with ``sbatch`` through the batch script ``tl.slurm_script`` writes (``tutorial_lib.launcher.slurm_job``).
+``tl.launch(tl.LaunchSpec(script, nnodes=2, slurm=tl.slurm.SlurmSpec(partition="gpu", account="proj1")))`` submits the
+job with ``sbatch`` through the batch script ``tl.slurm.slurm_script`` writes (``tutorial_lib.launcher.slurm_job``).
 """
 
 from __future__ import annotations
