@@ -136,7 +136,7 @@ def test_a_launchs_diagnosis_reads_the_output_the_launcher_held_not_output_log(r
     assert str(d) == str(alone), (str(d), str(alone))
     monkeypatch.setattr(io, "open", no_output_log_reads)  # the control: the guard does catch a read of output.log
     with pytest.raises(tl.ConfigError):
-        tl.read_output_log(e.run_dir)
+        tl.runs.read_output_log(e.run_dir)
     assert reads == [e.run_dir / "output.log"], reads
 
 
