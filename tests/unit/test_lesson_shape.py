@@ -10,7 +10,7 @@ import pytest
 
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
-INSTRUMENTED = ["ddp_train", "fsdp_train", "checkpoint_train"]  # the instruments live in _workbook.py
+INSTRUMENTED = ["ddp_train", "fsdp_train", "checkpoint_train", "train_lm"]  # the instruments live in _workbook.py
 MAX_TRAIN_LINES = 60
 
 

@@ -248,6 +248,8 @@ def build_model(args, device, mesh=None, init=True):
         model = GPT(model_config(args))
     model.checkpointing = args.ac_mode
     if args.compile:
+        if args.no_optimize_ddp:
+            torch._dynamo.config.optimize_ddp = False  # DDP's graph split at bucket boundaries off: one graph per block
         for block in model.blocks:
             # In place, before sharding (torchtitan's order: activation checkpointing, compile, FSDP).
             block.compile(backend=args.compile_backend)
@@ -576,8 +578,6 @@ def main():
 
 def train(args, rank, local_rank, world_size, device):
     check_world(args, world_size)
-    if args.compile and args.no_optimize_ddp:
-        torch._dynamo.config.optimize_ddp = False  # DDP's graph split at bucket boundaries off: one graph per block
     data = read_corpus(args.corpus_bytes)
     n_val = int(len(data) * args.val_fraction)
     train_set, val_set = TokenWindows(data[:-n_val], args.block_size), TokenWindows(data[-n_val:], args.block_size)
