@@ -14,8 +14,9 @@ each reached from the lesson in one line marked ``# workbook``:
 Those serve ``ddp_train.py``. The sections after them serve one lesson each: ``ft_train.py``'s per-group records
 (notebook 15), one JSON file of results per rank (``context_parallel_float8.py``, ``tensor_parallel.py``: notebook
 12) and tensor parallelism's collectives, activations and comparisons, ``fsdp_train.py``'s sharded memory,
-activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), and ``checkpoint_train.py``'s
-saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``).
+activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), ``checkpoint_train.py``'s
+saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``), and ``train_lm.py``'s
+tokens/s, MFU, save timings and memory tracker (``add_lm_flags``, ``LMStepRecorder``, ``make_tracker``).
 
 Only torch and the standard library, like the lessons.
 """
