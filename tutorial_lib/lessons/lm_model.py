@@ -111,6 +111,17 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
     @torch.no_grad()
+    def generate(self, idx, n_tokens, generator, temperature=0.8, top_k=20):
+        """``idx`` (1 x T token ids) continued by ``n_tokens`` tokens, each drawn with ``generator`` from the ``top_k``
+        likeliest at ``temperature``, from the last ``block_size`` tokens (nanoGPT's ``generate``)."""
+        for _ in range(n_tokens):
+            logits = self(idx[:, -self.cfg.block_size:])[0, -1].float() / temperature
+            top = torch.topk(logits, top_k)
+            choice = torch.multinomial(F.softmax(top.values, dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, top.indices[choice].view(1, 1)], dim=1)
+        return idx
+
+    @torch.no_grad()
     def init_weights(self, seed):
         """GPT-2's initialisation, run on the model as it is (sharded or not), after ``to_empty``.
 

@@ -34,13 +34,9 @@ What it shows
       (reproducible, but other dropout draws than the uninterrupted run's). The per-rank batch stays --batch-size, so
       the global batch changes with the world size.
 
-The corpus: the files in ``CORPUS_FILES`` (a fixed, sorted list of pure-Python standard-library modules that exist
-in every Python from 3.10 on), concatenated in that order and cut to ``--corpus-bytes``: every rank and every machine
-with the same Python reads the same bytes; another Python version reads text of the same size whose content differs
-a little (the modules change between releases). The last ``--val-fraction`` of it is held out.
-
-The model is in ``lm_model.py`` beside this file (``from lm_model import GPT, GPTConfig``, as nanoGPT's train.py).
-Only torch and the Python standard library are imported, so the two files can be copied to a cluster as they are;
+The model is in ``lm_model.py`` beside this file (``from lm_model import GPT, GPTConfig``, as nanoGPT's train.py), the
+corpus and each rank's batches of it in ``lm_data.py``.
+Only torch and the Python standard library are imported, so the three files can be copied to a cluster as they are;
 checkpoints need numpy installed beside torch (DCP gathers its plans with ``gather_object``, which goes through numpy;
 pip's torch does not install it). In a workbook run, ``_workbook.py`` beside them adds what the notebooks measure,
 each reached from a line marked ``# workbook``: one JSON line per step per rank in ``<metrics-dir>/rank<RANK>.jsonl``
@@ -52,7 +48,6 @@ import contextlib
 import math
 import os
 import sys
-import sysconfig
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -65,8 +60,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.data import Dataset, DistributedSampler
 
+from lm_data import CORPUS_FILES, Batches, TokenWindows, read_corpus  # noqa: F401 (CORPUS_FILES: notebook 11)
 from lm_model import GPT, GPTConfig
 
 try:  # the workbook's instruments, written beside this file in a workbook run; a copy trains without them
@@ -80,10 +75,6 @@ class NoRecorder:  # stands in for _workbook's recorder in a copy without _workb
         return lambda *args, **kwargs: contextlib.nullcontext()  # (and is an empty `with` where one is expected)
 
 
-CORPUS_FILES = ("argparse.py", "ast.py", "calendar.py", "collections/__init__.py", "dataclasses.py", "difflib.py",
-                "enum.py", "fractions.py", "functools.py", "heapq.py", "inspect.py", "json/decoder.py",
-                "json/encoder.py", "logging/__init__.py", "pprint.py", "random.py", "shutil.py", "statistics.py",
-                "string.py", "textwrap.py", "threading.py", "tokenize.py", "typing.py", "weakref.py")
 PARALLEL = ("none", "ddp", "fsdp", "hsdp")
 
 
@@ -311,79 +302,6 @@ def warmup_cosine(args):
         progress = min(1.0, (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))
         return args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return factor
-
-
-# --- Data: the standard library's source as bytes -------------------------------------------------------------------
-
-def read_corpus(n_bytes):
-    """The first ``n_bytes`` of CORPUS_FILES concatenated, as a uint8 tensor (the same on every rank)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    missing = [f for f in CORPUS_FILES if not (root / f).is_file()]
-    if missing:
-        sys.exit(f"the standard library's source is not in {root} (missing {missing[:3]}): this Python ships no .py "
-                 "sources; use a Python that does (python.org builds, pyenv, conda, Debian's python3 all do)")
-    data = b"".join((root / f).read_bytes() for f in CORPUS_FILES)
-    if len(data) < n_bytes:
-        sys.exit(f"--corpus-bytes {n_bytes}: the corpus files hold only {len(data)} bytes here")
-    return torch.frombuffer(bytearray(data[:n_bytes]), dtype=torch.uint8)
-
-
-class TokenWindows(Dataset):
-    """Non-overlapping windows of ``block_size + 1`` bytes: the inputs and, shifted by one, the targets."""
-
-    def __init__(self, data, block_size):
-        self.data, self.block_size = data, block_size
-
-    def __len__(self):
-        return (len(self.data) - 1) // self.block_size
-
-    def __getitem__(self, i):
-        chunk = self.data[i * self.block_size: (i + 1) * self.block_size + 1].long()
-        return chunk[:-1], chunk[1:]
-
-
-class Batches(Stateful):
-    """This rank's batches, and the data position a checkpoint keeps: (epoch, windows of the epoch already read).
-
-    Every epoch has one order of all windows, the same on every rank: ``DistributedSampler``'s shuffle of the whole
-    dataset (one replica). A step reads the next world_size x batch_size windows of that order; rank r takes every
-    world_size-th of them from the r-th on, as ``DistributedSampler(num_replicas=world_size, drop_last=True)`` would
-    deal them, so each rank reads exactly the windows that sampler would give it. Why not that sampler itself: it
-    deals from the start of the epoch, and its position (a rank's batch index) means nothing on another number of
-    ranks. This position is global (windows of the epoch read): a run resumed on another world size reads on from
-    the same place in the same order, so no window of the epoch is skipped or read twice. An epoch ends when fewer
-    than one step's windows are left (drop_last: at most world_size x batch_size - 1 windows of it are not read).
-    A DataLoader's iterator cannot be saved; where it is can. Stateful: DCP saves and restores it by itself.
-    """
-
-    def __init__(self, dataset, batch_size, rank, world_size, seed):
-        # One replica: the sampler shuffles the whole dataset with seed + epoch, the same order on every rank.
-        self.sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
-        self.dataset, self.batch_size, self.rank, self.world_size = dataset, batch_size, rank, world_size
-        self.epoch, self.windows_read, self.order, self.read = 0, 0, None, []
-        if len(dataset) < batch_size * world_size:
-            sys.exit(f"{len(dataset)} training windows are fewer than one step's {world_size} ranks x --batch-size "
-                     f"{batch_size}: lower --batch-size or raise --corpus-bytes")
-
-    def next(self, device):
-        step_windows = self.world_size * self.batch_size  # what all ranks read in one micro-batch
-        if self.windows_read + step_windows > len(self.dataset):
-            self.epoch, self.windows_read, self.order = self.epoch + 1, 0, None  # a new epoch: a new shuffle
-        if self.order is None:
-            self.sampler.set_epoch(self.epoch)  # without it every epoch repeats the same order
-            self.order = list(self.sampler)
-        start = self.windows_read + self.rank
-        picked = self.order[start:self.windows_read + step_windows:self.world_size]
-        self.read.extend(picked)  # workbook: what --log-windows writes
-        self.windows_read += step_windows
-        x, y = zip(*(self.dataset[i] for i in picked))
-        return torch.stack(x).to(device), torch.stack(y).to(device)
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "windows_read": self.windows_read}  # the same on every rank, for any world size
-
-    def load_state_dict(self, state):
-        self.epoch, self.windows_read, self.order = int(state["epoch"]), int(state["windows_read"]), None
 
 
 @torch.no_grad()
@@ -638,17 +556,13 @@ def train(args, rank, local_rank, world_size, device):
 
 @torch.no_grad()
 def generate(model, args, device):
-    """Continue --prompt by --sample-tokens bytes (temperature 0.8, top 20). Every rank runs it (FSDP's forwards are
-    collective) with the same generator, so every rank draws the same bytes."""
+    """Continue --prompt by --sample-tokens bytes. Every rank runs it (FSDP's forwards are collective) with the same
+    generator, so every rank draws the same bytes."""
     model.eval()
-    g = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([list(args.prompt.encode())], device=device)
-    for _ in range(args.sample_tokens):
-        with autocast_for(args, device):
-            logits = model(idx[:, -args.block_size:])[0, -1].float() / 0.8
-        top = torch.topk(logits, 20)
-        choice = torch.multinomial(F.softmax(top.values, dim=-1), 1, generator=g)
-        idx = torch.cat([idx, top.indices[choice].view(1, 1)], dim=1)
+    with autocast_for(args, device):  # DDP's module generates alone: no gradients, nothing to synchronise
+        idx = getattr(model, "module", model).generate(idx, args.sample_tokens,
+                                                       torch.Generator(device=device).manual_seed(args.seed))
     reshard(model)
     model.train()
     return bytes(idx[0].tolist()).decode("utf-8", errors="replace")
