@@ -19,28 +19,23 @@ What it shows
       holds the whole model, which is what lets FSDP train models larger than one device (torchtitan's pattern);
     * a seed checkpoint, written once by one process, so every layout (one process, DDP, FSDP, HSDP) starts from
       the same weights; DCP reads each rank's own shards of it;
-    * real text that is on every machine without a download: the source of the Python standard library, read as
-      bytes (a byte-level vocabulary of 256), cut into windows that the ranks share out of ``DistributedSampler``'s
-      shuffle, from a position every rank agrees on (so a run resumes on another number of ranks);
+    * real text on every machine without a download: the standard library's source as bytes (vocabulary 256), in
+      windows the ranks share out of ``DistributedSampler``'s shuffle from a position all agree on (lm_data.py);
     * bf16 through FSDP's ``MixedPrecisionPolicy`` (fp32 shards, gradients reduced in fp32) or ``torch.autocast``;
       activation checkpointing per block, whole (``full``) or op by op (``selective``: matmul and attention
       outputs kept, the rest recomputed); gradient clipping on (sharded) DTensor gradients; warm-up + cosine LR;
     * the held-out loss as an exact distributed mean (token-loss sums and token counts all-reduced);
-    * DCP checkpoints, ``dcp.save`` or ``dcp.async_save`` on a process group of their own, and an exact resume:
-      model, optimizer, LR scheduler, data position and RNG, so the resumed loss curve equals the uninterrupted one;
-      a checkpoint resumes on another world size too (a job whose allocation changed): DCP reshards the model and
-      optimizer, the data position is global, so the epoch goes on where it stopped, with no window skipped or read
-      twice; only the RNG cannot carry over: every rank then seeds a new stream from --seed, its rank and the step
-      (reproducible, but other dropout draws than the uninterrupted run's). The per-rank batch stays --batch-size, so
-      the global batch changes with the world size.
+    * DCP checkpoints, ``dcp.save`` or ``dcp.async_save`` on a process group of their own, and an exact resume
+      (model, optimizer, LR scheduler, data position, RNG: the resumed loss curve equals the uninterrupted one), on
+      another world size too, where only the RNG is reseeded (lm_checkpoint.py); the per-rank batch stays
+      --batch-size, so the global batch changes with the world size.
 
-The model is in ``lm_model.py`` beside this file (``from lm_model import GPT, GPTConfig``, as nanoGPT's train.py), the
-corpus and each rank's batches of it in ``lm_data.py``.
-Only torch and the Python standard library are imported, so the three files can be copied to a cluster as they are;
-checkpoints need numpy installed beside torch (DCP gathers its plans with ``gather_object``, which goes through numpy;
-pip's torch does not install it). In a workbook run, ``_workbook.py`` beside them adds what the notebooks measure,
-each reached from a line marked ``# workbook``: one JSON line per step per rank in ``<metrics-dir>/rank<RANK>.jsonl``
-(tokens/s, MFU, memory), save timings, the sample, ``--track-memory`` (torch's memory tracker on the second step).
+Beside it, imported plainly as nanoGPT's train.py imports model.py: ``lm_model.py`` (the GPT), ``lm_data.py`` (the
+corpus, each rank's batches) and ``lm_checkpoint.py`` (what a checkpoint holds, resuming it). They import only torch and
+the standard library: copy the four files to a cluster as they are. Checkpoints need numpy beside torch (DCP gathers
+its plans with ``gather_object``, which goes through numpy; pip's torch does not install it). In a workbook run,
+``_workbook.py`` beside them adds what the notebooks measure (per-step JSON lines, tokens/s, MFU, memory, save times,
+``--track-memory``), each reached from a line marked ``# workbook``.
 """
 
 import argparse
@@ -50,17 +45,15 @@ import os
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from lm_checkpoint import (TrainState, checkpoint_state, load_checkpoint, load_initial_weights, resume_path,
+                           save_checkpoint)
 from lm_data import CORPUS_FILES, Batches, TokenWindows, read_corpus  # noqa: F401 (CORPUS_FILES: notebook 11)
 from lm_model import GPT, GPTConfig
 
@@ -75,12 +68,9 @@ class NoRecorder:  # stands in for _workbook's recorder in a copy without _workb
         return lambda *args, **kwargs: contextlib.nullcontext()  # (and is an empty `with` where one is expected)
 
 
-PARALLEL = ("none", "ddp", "fsdp", "hsdp")
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parallel", choices=PARALLEL, default="fsdp",
+    p.add_argument("--parallel", choices=["none", "ddp", "fsdp", "hsdp"], default="fsdp",
                    help="none: one process; ddp: replicas; fsdp: fully_shard over all ranks; hsdp: fully_shard on a "
                         "2-D DeviceMesh (replicate x shard)")
     p.add_argument("--reshard-after-forward", choices=["yes", "no"], default="yes",
@@ -109,49 +99,38 @@ def parse_args(argv=None):
             ("--bucket-cap-mb", 25.0, "ddp: gradient bucket size (MiB)"),
             ("--pg-timeout-s", 120.0, "collective timeout of the process group (s)")]:
         p.add_argument(name, type=float, default=default, help=help)
-    p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm (GPT-2 has them; default off)")
-    p.add_argument("--foreach", action="store_true",
-                   help="AdamW's foreach implementation: faster on GPUs, but temporaries for all parameters at once")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
-                   help="compute dtype (default: bf16 on CUDA, fp32 on CPU, where bf16 matmuls are slow without "
-                        "avx512_bf16/AMX); parameters, gradients and optimizer state stay fp32 either way; fp16: "
-                        "CUDA only, with a gradient scaler")
-    p.add_argument("--grad-scaler", choices=["auto", "on", "off"], default="auto",
-                   help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range)")
-    p.add_argument("--ac-mode", choices=["none", "full", "selective"], default="none",
-                   help="activation checkpointing per block, recomputed in backward: full = the block's whole "
-                        "forward; selective = all but its matmul and attention outputs; none")
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
-    p.add_argument("--compile-backend", type=str, default="inductor",
-                   help="inductor (generates kernels; needs a C++ compiler on CPU), or aot_eager (quick to compile)")
-    p.add_argument("--no-optimize-ddp", action="store_true",
-                   help="ddp + compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels only (torch.use_deterministic_algorithms(True), cuBLAS's workspace "
-                        "setting, no cuDNN autotuning): on CUDA a resumed fp32 run then matches an unbroken one bit "
-                        "for bit, a little slower; an op without a deterministic kernel raises, naming itself")
-    p.add_argument("--create-seed-checkpoint", type=str, default="",
-                   help="write the initial weights to this folder (DCP) and exit; run it as one process")
-    p.add_argument("--init-from", type=str, default="",
-                   help="initial weights: a DCP folder (a seed checkpoint) or a .pt file of a full state dict")
-    p.add_argument("--checkpoint-dir", type=str, default="checkpoints", help="folder of step-N/ checkpoints")
-    p.add_argument("--async-save", action="store_true", help="dcp.async_save: write while training continues")
-    p.add_argument("--save-group", choices=["own", "default"], default="own",
-                   help="--async-save's process group: own (a new gloo group); default: the mistake, training's own "
-                        "group: on gloo its collectives then interleave with the background save's; on an NCCL-only "
-                        "group async_save stops at once (it needs a CPU backend)")
-    p.add_argument("--resume", type=str, default="none",
-                   help="none; latest: the newest complete step-N/ in --checkpoint-dir (fresh if none); or a path")
-    p.add_argument("--prompt", type=str, default="def ", help="text the sample continues")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
-    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                   help="process-group backend; auto: nccl on cuda, gloo on cpu")
+    for name, help in [("--bias", "biases in Linear and LayerNorm (GPT-2 has them)"),
+                       ("--foreach", "AdamW's foreach: faster on GPUs, temporaries for all parameters at once"),
+                       ("--compile", "torch.compile each block"), ("--async-save", "dcp.async_save: write while training"),
+                       ("--no-optimize-ddp", "ddp + compile: optimize_ddp = False (one graph, no split at buckets)"),
+                       ("--deterministic", "deterministic kernels only: a resumed fp32 CUDA run then matches an "
+                                           "unbroken one bit for bit; an op without one raises, naming itself")]:
+        p.add_argument(name, action="store_true", help=help)
+    for name, choices, default, help in [
+            ("--precision", ["fp32", "bf16", "fp16"], None, "compute dtype (default: bf16 on CUDA, fp32 on CPU); "
+             "parameters, gradients and optimizer state stay fp32; fp16: CUDA only, with a gradient scaler"),
+            ("--grad-scaler", ["auto", "on", "off"], "auto", "torch.amp.GradScaler: auto = on for fp16 only"),
+            ("--ac-mode", ["none", "full", "selective"], "none", "activation checkpointing per block: full = its "
+             "whole forward recomputed in backward; selective = all but its matmul and attention outputs"),
+            ("--save-group", ["own", "default"], "own", "--async-save's process group: own (a new gloo group); "
+             "default: the mistake, training's own (on gloo the save's collectives interleave with training's)"),
+            ("--device", ["auto", "cpu", "cuda"], "auto", "auto: cuda:LOCAL_RANK when CUDA is available, else cpu"),
+            ("--backend", ["auto", "nccl", "gloo"], "auto", "process-group backend; auto: nccl on cuda, gloo on cpu")]:
+        p.add_argument(name, choices=choices, default=default, help=help)
+    for name, default, help in [
+            ("--compile-backend", "inductor", "inductor (needs a C++ compiler on CPU), or aot_eager (quick)"),
+            ("--create-seed-checkpoint", "", "write the initial weights to this folder (DCP) and exit; one process"),
+            ("--init-from", "", "initial weights: a DCP folder (a seed checkpoint) or a .pt full state dict"),
+            ("--checkpoint-dir", "checkpoints", "folder of step-N/ checkpoints"),
+            ("--resume", "none", "none; latest: the newest complete step-N/ in --checkpoint-dir; or a path"),
+            ("--prompt", "def ", "text the sample continues")]:
+        p.add_argument(name, type=str, default=default, help=help)
     if workbook:
         workbook.add_lm_flags(p)  # workbook: --metrics-dir, --log-windows, --track-memory
     args = p.parse_args(argv)
     for name in ("n_layers", "d_model", "n_heads", "block_size", "max_steps", "batch_size", "grad_accum_steps",
-                 "corpus_bytes", "eval_windows", "log_every", "replicate_degree", "warmup_steps"):
+                 "corpus_bytes", "eval_windows", "log_every", "replicate_degree", "warmup_steps", "lr", "pg_timeout_s",
+                 "bucket_cap_mb"):
         if getattr(args, name) <= 0:  # refuse bad values before anything starts
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     for name in ("eval_every", "save_every", "stop_at_step", "sample_tokens", "clip_grad_norm", "weight_decay"):
@@ -169,9 +148,6 @@ def parse_args(argv=None):
         if not 0 <= getattr(args, name) < 1 or (name == "val_fraction" and args.val_fraction == 0):
             p.error(f"--{name.replace('_', '-')} must be in {'(0' if name == 'val_fraction' else '[0'}, 1), "
                     f"got {getattr(args, name)}")
-    if not (args.lr > 0 and args.pg_timeout_s > 0 and args.bucket_cap_mb > 0):
-        p.error(f"--lr, --pg-timeout-s and --bucket-cap-mb must be > 0, got {args.lr}, {args.pg_timeout_s}, "
-                f"{args.bucket_cap_mb}")
     if args.block_size * 2 > args.corpus_bytes * args.val_fraction:
         p.error(f"--block-size {args.block_size} leaves fewer than 2 held-out windows in --corpus-bytes "
                 f"{args.corpus_bytes} x --val-fraction {args.val_fraction}")
@@ -204,14 +180,8 @@ def setup(args):
     return rank, local_rank, world_size, device
 
 
-def cleanup():
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def model_config(args):
-    return GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size, n_layers=args.n_layers,
-                     d_model=args.d_model, n_heads=args.n_heads, dropout=args.dropout, bias=args.bias)
+    return GPTConfig(**{name: getattr(args, name) for name in GPTConfig.__dataclass_fields__})  # the same names
 
 
 def compute_dtype(args, device):
@@ -273,18 +243,6 @@ def build_model(args, device, mesh=None, init=True):
     return model
 
 
-def load_initial_weights(model, path):
-    """Weights from a seed checkpoint (DCP: each rank reads its own shards) or a full .pt file (read by rank 0 and
-    sent to every rank's shards with broadcast_from_rank0)."""
-    if Path(path).is_dir():
-        state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=path)
-        set_model_state_dict(model, state["model"])
-    else:
-        full = torch.load(path, map_location="cpu", weights_only=True) if dist.get_rank() == 0 else {}
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-
-
 def build_optimizer(args, model):
     # Built after sharding, so its state is created for the local shards only. Weight decay on matrices only.
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "emb" not in n]
@@ -306,12 +264,9 @@ def warmup_cosine(args):
 
 @torch.no_grad()
 def evaluate(model, dataset, args, rank, world_size, device):
-    """Mean cross-entropy (nats per byte) over the first --eval-windows held-out windows, exact on any world size.
-
-    Rank r takes windows r, r + W, ... (no padding, no duplicate); the loss *sums* and token *counts* are all-reduced,
-    so the mean is over every window exactly once. Under FSDP every forward is collective (it all-gathers), so every
-    rank runs as many batches as the busiest one; a short rank's extra windows carry weight 0.
-    """
+    """Mean cross-entropy (nats per byte) over the first --eval-windows held-out windows, exact on any world size:
+    rank r takes windows r, r + W, ...; loss *sums* and token *counts* are all-reduced. Under FSDP every forward is
+    collective (it all-gathers): every rank runs as many batches as the busiest one, its extra windows weighted 0."""
     model.eval()
     n = min(args.eval_windows, len(dataset))
     mine = list(range(rank, n, world_size))
@@ -377,98 +332,6 @@ def train_step(model, optimizer, scaler, batches, args, device):
     return loss_sum, norm
 
 
-# --- Checkpoints: DCP, every rank writes its own shards -------------------------------------------------------------
-
-class ModelAndOptimizer(Stateful):
-    """Model and optimizer as DCP saves them: keys without DDP's "module." prefix, each rank's own shards."""
-
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = model, optimizer
-
-    def state_dict(self):
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def load_state_dict(self, state):
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-class RNG(Stateful):
-    """This rank's random state (dropout draws differ per rank): saved under the rank's own key, rng_rank<RANK>."""
-
-    def __init__(self, device):
-        self.device = device
-
-    def state_dict(self):
-        state = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
-
-    def load_state_dict(self, state):
-        torch.set_rng_state(state["cpu"])
-        if "cuda" in state:
-            torch.cuda.set_rng_state(state["cuda"], self.device)
-
-
-class TrainState(Stateful):
-    def __init__(self):
-        self.step = 0
-
-    def state_dict(self):
-        return {"step": self.step}
-
-    def load_state_dict(self, state):
-        self.step = int(state["step"])
-
-
-def checkpoint_state(model, optimizer, scheduler, scaler, batches, train_state, rank, device):
-    return {"app": ModelAndOptimizer(model, optimizer), "scheduler": scheduler, "scaler": scaler, "data": batches,
-            "train": train_state, f"rng_rank{rank}": RNG(device)}
-
-
-def load_checkpoint(state, path, args, rank, world_size):
-    """dcp.load every entry of ``state`` from ``path``; returns the world size that saved it.
-
-    On the same world size every rank gets back its own RNG stream. On another one the streams cannot be dealt out
-    again (there are more or fewer of them), so no rank loads one: each seeds a new stream from --seed, its rank and
-    the step. Everything else loads on any world size (DCP reshards the model and optimizer; the data position is
-    global)."""
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # "rng_rank1.cpu", "app.model.head.weight"
-    saved_world = len({key.split(".")[0] for key in saved if key.startswith("rng_rank")})
-    rng_key = f"rng_rank{rank}"
-    dcp.load({k: v for k, v in state.items() if k != rng_key or saved_world == world_size}, checkpoint_id=path)
-    if saved_world != world_size:
-        torch.manual_seed(args.seed + 7919 * (rank + 1) + 104729 * state["train"].step)
-    return saved_world
-
-
-def complete_checkpoints(folder):
-    """{step: path} of the step-N/ folders whose .metadata exists: DCP writes it last, once every rank has written."""
-    return {int(p.name[5:]): p for p in Path(folder).glob("step-*") if p.name[5:].isdigit()
-            and (p / ".metadata").is_file()}
-
-
-def resume_path(args):
-    if args.resume == "none":
-        return None
-    if args.resume == "latest":
-        found = complete_checkpoints(args.checkpoint_dir)
-        return found[max(found)] if found else None
-    if not (Path(args.resume) / ".metadata").is_file():
-        sys.exit(f"--resume {args.resume!r} is not a complete DCP checkpoint folder (no .metadata in it)")
-    return Path(args.resume)
-
-
-def save_checkpoint(state, step, save_group, args):
-    """Save ``state`` to <checkpoint-dir>/step-<step>/ (every rank its own shards); returns the async save in flight."""
-    checkpoint_id = Path(args.checkpoint_dir) / f"step-{step}"
-    if args.async_save:  # copies the state to memory, then writes in a background thread
-        return dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=save_group)
-    dcp.save(state, checkpoint_id=checkpoint_id)
-    return None
-
-
 def create_seed_checkpoint(args, device):
     """One process builds the model, initialises it and saves its weights with DCP: every later run, whatever its
     layout and world size, can start from exactly these weights (torchtitan's seed checkpoint)."""
@@ -491,7 +354,8 @@ def main():
         else:
             train(args, rank, local_rank, world_size, device)
     finally:
-        cleanup()
+        if dist.is_initialized():
+            dist.destroy_process_group()  # also after an error: leave cleanly, the peers see this rank go
 
 
 def train(args, rank, local_rank, world_size, device):
