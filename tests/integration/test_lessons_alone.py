@@ -6,9 +6,10 @@ The Python is a virtual environment made here (no pip) whose site-packages links
 nothing else: no numpy, no tutorial_lib. A lesson that needs more gets only what it says it needs: train_hf.py
 transformers (with everything transformers requires), ft_train.py torchft and numpy, and the lessons in
 ``NUMPY_THROUGH_TORCH`` numpy, which torch's own APIs use there without pip's torch installing it. The folder holds
-only the lesson and the files it imports plainly (``train_lm.py``'s model, ``lm_model.py``), so ``import _workbook``
-(the workbook's sibling module, which a lesson may use only when present) finds nothing. HOME and TMPDIR point at empty folders of their own: afterwards they may hold only the empty folders
-torch itself makes (torchrun's log folder, inductor's cache folder).
+only the lesson and the files it imports plainly (``COPIED_WITH``: ``train_lm.py``'s ``lm_model.py``, ``lm_data.py``
+and ``lm_checkpoint.py``), so ``import _workbook`` (the workbook's sibling module, which a lesson may use only when
+present) finds nothing. HOME and TMPDIR point at empty folders of their own: afterwards they may hold only the empty
+folders torch itself makes (torchrun's log folder, inductor's cache folder).
 
 A launch costs seconds (torchrun and two ranks each import torch), so ``PARALLEL`` lessons run at once, in the
 background, from the first test that needs one; each lesson's test waits for its own. Arguments are each lesson's
@@ -46,9 +47,10 @@ from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts, sibling_mod
 pytestmark = pytest.mark.integration
 
 LESSONS = available_scripts()
-# What a learner copies with a lesson: the files beside it that it imports plainly (train_lm.py's model, lm_model.py, as
+# What a learner copies with a lesson: the files beside it that it imports plainly (train_lm.py's lm_model.py, ..., as
 # nanoGPT's train.py imports model.py), never the workbook's optional instruments (_workbook.py).
-COPIED_WITH = {name: [m for m in sibling_modules(LESSONS_DIR / f"{name}.py") if not m.startswith("_")] for name in LESSONS}
+COPIED_WITH = {name: [m for m in sibling_modules(LESSONS_DIR / f"{name}.py") if not m.startswith("_")]
+               for name in LESSONS}
 CUDA_RANKS = torch.cuda.device_count() >= 2  # each rank a GPU of its own; else the lessons run (or refuse) on CPU
 # Launches at once: one alone keeps less than one of two cores busy (torchrun imports torch before its ranks start;
 # measured: 166 CPU-s in 194 s for all of them one after another).

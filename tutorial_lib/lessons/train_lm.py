@@ -101,7 +101,8 @@ def parse_args(argv=None):
         p.add_argument(name, type=float, default=default, help=help)
     for name, help in [("--bias", "biases in Linear and LayerNorm (GPT-2 has them)"),
                        ("--foreach", "AdamW's foreach: faster on GPUs, temporaries for all parameters at once"),
-                       ("--compile", "torch.compile each block"), ("--async-save", "dcp.async_save: write while training"),
+                       ("--compile", "torch.compile each block"),
+                       ("--async-save", "dcp.async_save: write while training continues"),
                        ("--no-optimize-ddp", "ddp + compile: optimize_ddp = False (one graph, no split at buckets)"),
                        ("--deterministic", "deterministic kernels only: a resumed fp32 CUDA run then matches an "
                                            "unbroken one bit for bit; an op without one raises, naming itself")]:
@@ -352,6 +353,7 @@ def main():
                 sys.exit("--create-seed-checkpoint runs as one process: python train_lm.py --create-seed-checkpoint D")
             create_seed_checkpoint(args, device)
         else:
+            check_world(args, world_size)
             train(args, rank, local_rank, world_size, device)
     finally:
         if dist.is_initialized():
@@ -359,7 +361,6 @@ def main():
 
 
 def train(args, rank, local_rank, world_size, device):
-    check_world(args, world_size)
     data = read_corpus(args.corpus_bytes)
     n_val = int(len(data) * args.val_fraction)
     train_set, val_set = TokenWindows(data[:-n_val], args.block_size), TokenWindows(data[-n_val:], args.block_size)
@@ -382,7 +383,8 @@ def train(args, rank, local_rank, world_size, device):
                      if saved_world != world_size else "")
         sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}{resharded}\n")
     log = (workbook.LMStepRecorder(args, rank, local_rank, world_size, device, model, optimizer, data,  # workbook
-                                   train_state.step, compute_dtype(args, device)) if workbook else NoRecorder())  # workbook
+                                   train_state.step, compute_dtype(args, device))  # workbook
+           if workbook else NoRecorder())  # workbook
     pending = None  # the async save in flight
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
     while train_state.step < last_step:
@@ -404,7 +406,8 @@ def train(args, rank, local_rank, world_size, device):
             log.saved(step, time.perf_counter() - t0)  # workbook: how long training was blocked
         log.step_done(step, loss, loss_global, grad_norm, lr, eval_loss, batches, step_start)  # workbook: JSON line
         if rank == 0 and (step % args.log_every == 0 or step == args.max_steps or eval_loss):
-            tokens_per_s = args.batch_size * args.grad_accum_steps * args.block_size / (time.perf_counter() - step_start)
+            tokens = args.batch_size * args.grad_accum_steps * args.block_size  # this rank's, this step
+            tokens_per_s = tokens / (time.perf_counter() - step_start)
             sys.stdout.write(f"step {step}/{args.max_steps} loss {loss_global.item():.4f}"
                              + (f" eval_loss {eval_loss:.4f}" if eval_loss is not None else "")
                              + f" lr {lr:.2e} tokens/s {tokens_per_s:.0f}\n")
