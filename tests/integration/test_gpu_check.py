@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from tutorial_lib.errors import ConfigError
-from tutorial_lib.runs.rundir import LESSONS_DIR
+from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_SCRIPTS = {p.stem for p in LESSONS_DIR.glob("*.py") if not p.name.startswith("_")}  # the lessons (_workbook.py: their instruments)
+SHIPPED_SCRIPTS = set(available_scripts())  # the lessons (not _workbook.py, their instruments, nor lm_model.py)
 NOTEBOOKS = {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
 
 

@@ -230,13 +230,14 @@ def test_a_plan_is_one_process_with_nothing_left_behind():
 
 def test_peak_flops_come_from_the_device_name_and_the_4090d_is_not_a_4090():
     lm = tl.import_script("train_lm")
-    assert lm.peak_flops("NVIDIA GeForce RTX 4090 D", torch.bfloat16) == 147.1e12
-    assert lm.peak_flops("NVIDIA GeForce RTX 4090", torch.bfloat16) == 165.2e12
-    assert lm.peak_flops("NVIDIA H100 PCIe", torch.float32) == 51.2e12
-    assert lm.peak_flops("cpu", torch.float32) is None and lm.peak_flops("Tesla T4", torch.bfloat16) is None
+    wb = lm.workbook  # the FLOPs and MFU are the workbook's instruments (_workbook.py), the model is lm_model.py's
+    assert wb.peak_flops("NVIDIA GeForce RTX 4090 D", torch.bfloat16) == 147.1e12
+    assert wb.peak_flops("NVIDIA GeForce RTX 4090", torch.bfloat16) == 165.2e12
+    assert wb.peak_flops("NVIDIA H100 PCIe", torch.float32) == 51.2e12
+    assert wb.peak_flops("cpu", torch.float32) is None and wb.peak_flops("Tesla T4", torch.bfloat16) is None
     cfg = lm.GPTConfig(vocab_size=256, block_size=128, n_layers=2, d_model=64, n_heads=4)
     n = sum(p.numel() for p in lm.GPT(cfg).parameters())
-    assert lm.model_flops_per_token(cfg, n) == 6 * (n - 256 * 64 - 128 * 64) + 12 * 2 * 64 * 128
+    assert wb.model_flops_per_token(cfg, n) == 6 * (n - 256 * 64 - 128 * 64) + 12 * 2 * 64 * 128
 
 
 @pytest.mark.parametrize("args, message", [

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 
 from tutorial_lib.notebook.script_source import import_script
-from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts
+from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts, sibling_modules
 
 SCRIPTS = available_scripts()
 
@@ -30,11 +30,19 @@ CLEANUP = {"ft_train": "manager.shutdown("}
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_imports_only_torch_and_the_standard_library(name):
-    tree = ast.parse((LESSONS_DIR / f"{name}.py").read_text())
-    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    # _workbook: the workbook's instruments beside the lesson, imported under try/except ImportError (issue 48)
-    assert modules - set(sys.stdlib_module_names) - {"_workbook"} == {"torch"} | HUGGING_FACE.get(name, set())
+    # and the files beside it that it imports: _workbook, the workbook's instruments, under try/except ImportError;
+    # train_lm.py's lm_model, lm_data and lm_checkpoint, plainly, as nanoGPT's train.py imports model.py (issue 48)
+    siblings = sibling_modules(LESSONS_DIR / f"{name}.py")
+    for file in (f"{name}.py", *siblings):
+        tree = ast.parse((LESSONS_DIR / file).read_text())
+        modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names}
+        modules |= {node.module.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}
+        beside = {sibling.removesuffix(".py") for sibling in siblings}
+        outside = modules - set(sys.stdlib_module_names) - beside
+        allowed = {"torch"} | HUGGING_FACE.get(name, set())  # the lesson imports them all; a file beside it no more
+        assert outside == allowed if file == f"{name}.py" else outside <= {"torch"}, (file, outside)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

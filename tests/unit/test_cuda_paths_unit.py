@@ -6,7 +6,6 @@ branch calls and records the order of the calls.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -17,11 +16,10 @@ from tutorial_lib.runs.rundir import LESSONS_DIR
 
 
 def load_script(name: str):
-    """A shipped script imported as a module (its ``if __name__ == "__main__"`` block does not run)."""
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", LESSONS_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A shipped script imported as a module (its ``if __name__ == "__main__"`` block does not run), the files it
+    imports (train_lm.py's lm_model.py) from beside it, as a rank imports them."""
+    from tutorial_lib.notebook.script_source import import_script
+    return import_script(LESSONS_DIR / f"{name}.py")
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """Run directories and scripts on disk: unique, confined, never overwritten, shown with line numbers."""
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +89,27 @@ def test_write_script_puts_the_instruments_beside_a_lesson_that_imports_them(tmp
     other.mkdir()
     tl.write_script("sampler_demo", other)
     assert sorted(p.name for p in other.glob("*.py")) == ["sampler_demo.py"], "only for a lesson that imports them"
+
+
+def test_a_lessons_plain_imports_travel_with_it_and_are_never_the_script(tmp_path):
+    """train_lm.py imports its model, data and checkpoints as nanoGPT's train.py imports model.py (issue 48)."""
+    siblings = ["lm_checkpoint.py", "lm_data.py", "lm_model.py"]
+    assert not {Path(name).stem for name in siblings} & set(tl.available_scripts()), "modules, not lessons"
+    assert "train_lm" in tl.available_scripts()
+    tl.write_script("train_lm", tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.py")) == ["_workbook.py", *siblings, "train_lm.py"]
+    assert tl.script_path(tmp_path).name == "train_lm.py", "a module the script imports is never the run's script"
+    assert str(tl.show_script(tmp_path / "train_lm.py", "GPT")).startswith("# lm_model.py\n")
+    assert str(tl.show_script(tmp_path / "train_lm.py", "build_model")).startswith("# train_lm.py\n")
+    model = tmp_path / "lm_model.py"
+    model.write_text(model.read_text() + "\nMARK = 'this run folder'\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    tl.write_script("train_lm", other)
+    marked = [("MARK" in tl.import_script(folder / "train_lm.py").GPT.forward.__globals__)
+              for folder in (tmp_path, other, tmp_path)]
+    assert marked == [True, False, True], "each copy's GPT comes from the lm_model.py beside it, never a cached one"
+    assert "lm_model" not in sys.modules, "nothing left behind in sys.modules"
 
 
 def test_import_script_gives_the_scripts_classes_without_running_main(tmp_path):

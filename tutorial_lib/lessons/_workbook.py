@@ -15,8 +15,9 @@ Those serve ``ddp_train.py``. The sections after them serve one lesson each: ``f
 (notebook 15), one JSON file of results per rank (``context_parallel_float8.py``, ``tensor_parallel.py``: notebook
 12) and tensor parallelism's collectives, activations and comparisons, ``fsdp_train.py``'s sharded memory,
 activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), ``checkpoint_train.py``'s
-saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``), and
-``pipeline_parallel.py``'s stage timelines, saved bytes and p2p transfers (``PipelineRecorder``).
+saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``),
+``pipeline_parallel.py``'s stage timelines, saved bytes and p2p transfers (``PipelineRecorder``), and ``train_lm.py``'s
+tokens/s, MFU, save timings and memory tracker (``add_lm_flags``, ``LMStepRecorder``, ``make_tracker``).
 
 Only torch and the standard library, like the lessons.
 """
@@ -27,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import resource
 import signal
 import sys
@@ -1129,3 +1131,176 @@ def compare_with_unsplit(grads, reference, names):
     return {"grad_max_abs_diff": max(diffs.values()),
             "grad_max_abs": max(reference[n].abs().max().item() for n in names),
             "grad_norm_ratio": norm / ref_norm}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# train_lm.py (notebook 11): its per-step record (tokens/s, model FLOPs utilisation, memory), save timings, the windows
+# each step read (--log-windows), the generated sample, and --track-memory (torch's memory tracker on the second step).
+# ---------------------------------------------------------------------------------------------------------------
+
+# Dense bf16 (= fp16) tensor-core peak with FP32 accumulate, and plain fp32 peak, TFLOPS, by device name; the
+# datasheets' boost clock figures. RTX 4090 D: 114 SMs to the 4090's 128 (147.1 vs 165.2 bf16). The longest name is
+# matched first.
+PEAK_TFLOPS = {"H200": (989.4, 66.9), "H100 PCIe": (756.0, 51.2), "H100": (989.4, 66.9), "A100": (312.0, 19.5),
+               "RTX 4090 D": (147.1, 73.5), "RTX 4090": (165.2, 82.6)}
+# What a train_lm.py run writes in --metrics-dir, per rank: a new run removes an earlier run's (start_afresh).
+LM_RUN_FILE = re.compile(r"(?:(?:data|memory|checkpoint|windows|model|sample)_)?rank(\d+)\.jsonl?")
+
+
+def add_lm_flags(p):
+    """Add ``train_lm.py``'s workbook flags to its parser ``p``."""
+    p.add_argument("--metrics-dir", type=str, default="metrics",
+                   help="folder for rank<RANK>.jsonl (created; a new run replaces what an earlier run left there)")
+    p.add_argument("--log-windows", action="store_true",
+                   help="write the indices of the training windows every step read to "
+                        "<metrics-dir>/windows_rank<RANK>.json")
+    p.add_argument("--track-memory", action="store_true",
+                   help="run the second step under torch's memory tracker (FSDPMemTracker under fsdp/hsdp, else "
+                        "MemTracker) and write its peak by category to <metrics-dir>/memory_rank<RANK>.json")
+
+
+def check_lm_flags(p, args):
+    """Refuse a --track-memory run that never reaches the tracked step (``p.error`` exits with 2)."""
+    if args.track_memory and (min(args.max_steps, args.stop_at_step or args.max_steps) < 2
+                              or args.grad_accum_steps != 1):
+        p.error("--track-memory tracks the second step (of one micro-batch): it needs --max-steps >= 2 and "
+                "--grad-accum-steps 1")
+
+
+def model_flops_per_token(cfg, n_params):
+    """Training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's 6 * 2 * layers * d * T
+    (the PaLM paper's appendix B; nanoGPT's estimate_mfu). Embedding tables do no matmul: left out."""
+    n_matmul = n_params - cfg.vocab_size * cfg.d_model - cfg.block_size * cfg.d_model
+    return 6 * n_matmul + 12 * cfg.n_layers * cfg.d_model * cfg.block_size
+
+
+def peak_flops(device_name, dtype):
+    """Peak FLOP/s for ``dtype`` of the device called ``device_name`` (torch.cuda.get_device_name), from
+    PEAK_TFLOPS, or None (a CPU, or a GPU not in the table). "NVIDIA GeForce RTX 4090 D" is a 4090 D, not a 4090."""
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in (device_name or ""):
+            return PEAK_TFLOPS[key][0 if dtype in (torch.bfloat16, torch.float16) else 1] * 1e12
+    return None
+
+
+def start_afresh(metrics_dir, rank, world_size):
+    """Remove what an earlier run left in ``metrics_dir``: this rank's files, and (rank 0) those of ranks this run
+    does not have. Otherwise a learner's second ``python train_lm.py`` in one folder appends its steps to the first
+    run's lines. A torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) continues its run and keeps them. The launcher
+    gives every launch a folder of its own, so there is nothing to remove under it."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    for path in metrics_dir.iterdir():
+        m = LM_RUN_FILE.fullmatch(path.name)
+        if m and (int(m[1]) == rank or (rank == 0 and int(m[1]) >= world_size)):
+            path.unlink(missing_ok=True)
+
+
+class LMStepRecorder:
+    """``train_lm.py``'s metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl``, and once per run
+    ``model_rank0.json`` (parameters, FLOPs per token, the device's peak) and ``data_rank<RANK>.json`` (the corpus this
+    rank read, by hash); rank 0 prints where they are. Keys: tutorial_lib/runs/metrics.py's schema.
+
+    ``dtype`` is the run's compute dtype; the model's ``cfg`` (its ``GPTConfig``) gives the FLOPs per token."""
+
+    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, data, resumed_from, dtype):
+        self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
+        self.metrics_dir = Path(args.metrics_dir)
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        start_afresh(self.metrics_dir, rank, world_size)
+        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # "a": a restart goes on
+        self.windows = []  # --log-windows: [step, epoch, [window indices]] per step
+        if rank == 0:
+            sys.stdout.write(f"metrics: {self.metrics_dir.resolve()}/rank<RANK>.jsonl (one JSON line per step per "
+                             f"rank, this run's only)\n")
+        cfg = getattr(model, "module", model).cfg  # DDP keeps the GPT as .module
+        n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
+        self.flops_per_token = model_flops_per_token(cfg, n_params)
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.peak = peak_flops(device_name, dtype)
+        self.tokens_per_step = args.batch_size * args.grad_accum_steps * args.block_size
+        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
+                       "world_size": world_size, "device": str(device), "strategy": args.parallel,
+                       "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"),
+                       "resumed_from_step": resumed_from}
+        self.save_events = []
+        if rank == 0:
+            (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
+                "rank": 0, "n_params": n_params, "flops_per_token": self.flops_per_token, "device_name": device_name,
+                "peak_flops": self.peak, "config": vars(cfg), "args": vars(args),
+                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}))
+        # Which bytes this rank trains on: every rank must read the same corpus (tests/test_train_lm.py compares).
+        (self.metrics_dir / f"data_rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "corpus_bytes": len(data),
+            "corpus_sha256": hashlib.sha256(bytes(data.tolist())).hexdigest(),  # uint8 values: the bytes
+            "python": sys.version.split()[0]}))
+
+    @contextlib.contextmanager
+    def tracking(self, step):
+        """--track-memory: the tracker watches the second step only. The first one is a warm-up: it creates the
+        optimizer's state, FSDP's lazy initialisation and DTensor's sharding caches (a cold cache allocates
+        global-shape tensors that fake mode counts), so the second is the steady state every later step repeats."""
+        if not (self.args.track_memory and step == self.static["resumed_from_step"] + 2):
+            yield
+            return
+        tracker = make_tracker(self.model, self.optimizer)  # now: it registers the optimizer's state as it is
+        with tracker:
+            yield
+        write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
+
+    def saved(self, step, blocking_s):
+        """A checkpoint of ``step`` was started (async) or written; training waited ``blocking_s`` seconds."""
+        self.save_events.append({"step": step, "async": self.args.async_save, "blocking_s": blocking_s})
+        (self.metrics_dir / f"checkpoint_rank{self.rank}.json").write_text(json.dumps(
+            {"rank": self.rank, "events": self.save_events}))
+
+    def step_done(self, step, loss, loss_global, grad_norm, lr, eval_loss, batches, step_start):
+        """Write the step's JSON line; the step began at ``step_start`` (``time.perf_counter()``)."""
+        epoch, read, batches.read = batches.epoch, batches.read, []
+        if self.args.log_windows:
+            self.windows.append([step, epoch, read])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        step_time_s = time.perf_counter() - step_start
+        row = {"step": step, **self.static, "loss_local": loss.item(), "loss_global": loss_global.item(),
+               "grad_norm": grad_norm.item(), "lr": lr, "epoch": epoch, "step_time_s": step_time_s,
+               "tokens_per_s": self.tokens_per_step / step_time_s, **memory_fields(self.model, self.optimizer,
+                                                                                  self.device)}
+        if self.peak:
+            row["mfu"] = self.flops_per_token * row["tokens_per_s"] / self.peak
+        if eval_loss is not None:
+            row["eval_loss"] = eval_loss
+        self.file.write(json.dumps(row) + "\n")
+
+    def sample(self, text):
+        """Rank 0 writes the generated sample to ``sample_rank0.json``."""
+        if self.rank == 0:
+            (self.metrics_dir / "sample_rank0.json").write_text(json.dumps({"rank": 0, "prompt": self.args.prompt,
+                                                                            "text": text}))
+
+    def close(self):
+        self.file.close()
+        if self.args.log_windows:
+            (self.metrics_dir / f"windows_rank{self.rank}.json").write_text(json.dumps(
+                {"rank": self.rank, "world_size": self.static["world_size"], "steps": self.windows}))
+
+
+def make_tracker(model, optimizer):
+    """torch's own memory tracker: every tensor allocated or freed while it is active, by category (parameters,
+    gradients, optimizer state, activations, temporaries; under FSDP also all-gather and reduce-scatter buffers).
+    ``tutorial_lib.planning.memory_plan`` traces ``train_lm.py``'s step under this same tracker."""
+    from torch.distributed.fsdp import FSDPModule
+    if isinstance(model, FSDPModule):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        return FSDPMemTracker(model, optimizer)
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+def write_memory_snapshot(tracker, path, rank):
+    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.planning.memory_plan reads the same)."""
+    peak = tracker.get_tracker_snapshot("peak")
+    path.write_text(json.dumps({"rank": rank, "peak": {
+        str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))

@@ -19,148 +19,142 @@ What it shows
       holds the whole model, which is what lets FSDP train models larger than one device (torchtitan's pattern);
     * a seed checkpoint, written once by one process, so every layout (one process, DDP, FSDP, HSDP) starts from
       the same weights; DCP reads each rank's own shards of it;
-    * real text that is on every machine without a download: the source of the Python standard library, read as
-      bytes (a byte-level vocabulary of 256), cut into windows that the ranks share out of ``DistributedSampler``'s
-      shuffle, from a position every rank agrees on (so a run resumes on another number of ranks);
+    * real text on every machine without a download: the standard library's source as bytes (vocabulary 256), in
+      windows the ranks share out of ``DistributedSampler``'s shuffle from a position all agree on (lm_data.py);
     * bf16 through FSDP's ``MixedPrecisionPolicy`` (fp32 shards, gradients reduced in fp32) or ``torch.autocast``;
       activation checkpointing per block, whole (``full``) or op by op (``selective``: matmul and attention
       outputs kept, the rest recomputed); gradient clipping on (sharded) DTensor gradients; warm-up + cosine LR;
     * the held-out loss as an exact distributed mean (token-loss sums and token counts all-reduced);
-    * DCP checkpoints, ``dcp.save`` or ``dcp.async_save`` on a process group of their own, and an exact resume:
-      model, optimizer, LR scheduler, data position and RNG, so the resumed loss curve equals the uninterrupted one;
-      a checkpoint resumes on another world size too (a job whose allocation changed): DCP reshards the model and
-      optimizer, the data position is global, so the epoch goes on where it stopped, with no window skipped or read
-      twice; only the RNG cannot carry over: every rank then seeds a new stream from --seed, its rank and the step
-      (reproducible, but other dropout draws than the uninterrupted run's). The per-rank batch stays --batch-size, so
-      the global batch changes with the world size.
+    * DCP checkpoints, ``dcp.save`` or ``dcp.async_save`` on a process group of their own, and an exact resume
+      (model, optimizer, LR scheduler, data position, RNG: the resumed loss curve equals the uninterrupted one), on
+      another world size too, where only the RNG is reseeded (lm_checkpoint.py); the per-rank batch stays
+      --batch-size, so the global batch changes with the world size.
 
-The corpus: the files in ``CORPUS_FILES`` (a fixed, sorted list of pure-Python standard-library modules that exist
-in every Python from 3.10 on), concatenated in that order and cut to ``--corpus-bytes``: every rank and every machine
-with the same Python reads the same bytes; another Python version reads text of the same size whose content differs
-a little (the modules change between releases). The last ``--val-fraction`` of it is held out.
-
-Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook uses to
-measure it (the per-step JSON lines in ``<metrics-dir>/rank<RANK>.jsonl``, memory tracking, FLOPs). Only torch and the
-Python standard library are imported, so the file can be copied to a cluster as is; checkpoints (``--save-every``,
-``--resume``) need numpy installed beside torch (DCP gathers its plans with ``gather_object``, which goes through
-numpy; pip's torch does not install it).
+Beside it, imported plainly as nanoGPT's train.py imports model.py: ``lm_model.py`` (the GPT), ``lm_data.py`` (the
+corpus, each rank's batches) and ``lm_checkpoint.py`` (what a checkpoint holds, resuming it). They import only torch and
+the standard library: copy the four files to a cluster as they are. Checkpoints need numpy beside torch (DCP gathers
+its plans with ``gather_object``, which goes through numpy; pip's torch does not install it). In a workbook run,
+``_workbook.py`` beside them adds what the notebooks measure (per-step JSON lines, tokens/s, MFU, memory, save times,
+``--track-memory``), each reached from a line marked ``# workbook``.
 """
 
 import argparse
 import contextlib
-import functools
-import hashlib
-import json
 import math
 import os
-import re
-import resource
 import sys
-import sysconfig
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-from torch.utils.data import Dataset, DistributedSampler
 
-CORPUS_FILES = ("argparse.py", "ast.py", "calendar.py", "collections/__init__.py", "dataclasses.py", "difflib.py",
-                "enum.py", "fractions.py", "functools.py", "heapq.py", "inspect.py", "json/decoder.py",
-                "json/encoder.py", "logging/__init__.py", "pprint.py", "random.py", "shutil.py", "statistics.py",
-                "string.py", "textwrap.py", "threading.py", "tokenize.py", "typing.py", "weakref.py")
-PARALLEL = ("none", "ddp", "fsdp", "hsdp")
+from lm_checkpoint import (TrainState, checkpoint_state, load_checkpoint, load_initial_weights, resume_path,
+                           save_checkpoint)
+from lm_data import CORPUS_FILES, Batches, TokenWindows, read_corpus  # noqa: F401 (CORPUS_FILES: notebook 11)
+from lm_model import GPT, GPTConfig
+
+try:  # the workbook's instruments, written beside this file in a workbook run; a copy trains without them
+    import _workbook as workbook
+except ImportError:
+    workbook = None
+
+
+class NoRecorder:  # stands in for _workbook's recorder in a copy without _workbook.py: every call does nothing
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: contextlib.nullcontext()  # (and is an empty `with` where one is expected)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parallel", choices=PARALLEL, default="fsdp",
+    p.add_argument("--parallel", choices=["none", "ddp", "fsdp", "hsdp"], default="fsdp",
                    help="none: one process; ddp: replicas; fsdp: fully_shard over all ranks; hsdp: fully_shard on a "
                         "2-D DeviceMesh (replicate x shard)")
     p.add_argument("--reshard-after-forward", choices=["yes", "no"], default="yes",
                    help="fsdp/hsdp: free each block's gathered parameters after its forward (yes: ZeRO stage 3) or "
                         "keep them until its backward (no: one all-gather fewer, the memory of ZeRO stage 2)")
-    p.add_argument("--replicate-degree", type=int, default=2,
-                   help="hsdp: replicas (count; must divide the world size); each shards over world/replicas ranks")
     # The model: GPT-2's shape. 6 x 384 x 6 heads is nanoGPT's small (Shakespeare) configuration; 12 x 768 x 12 with
     # --block-size 1024 --vocab-size 50257 is GPT-2 small's shape: 162.9 M parameters here (163.0 M with --bias), not
     # GPT-2's 124 M, because this head is untied (GPT-2 shares the token embedding's 38.6 M); 32 x 4096 x 32 is 6.4 B.
-    p.add_argument("--n-layers", type=int, default=2, help="transformer blocks (count)")
-    p.add_argument("--d-model", type=int, default=128, help="model width (count)")
-    p.add_argument("--n-heads", type=int, default=4, help="attention heads; must divide --d-model (count)")
-    p.add_argument("--block-size", type=int, default=128, help="tokens per window, the context length (count)")
-    p.add_argument("--vocab-size", type=int, default=256, help="vocabulary (count); >= 256, the byte values")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability (0..1)")
-    p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm (GPT-2 has them; default off)")
-    # Training
-    p.add_argument("--max-steps", type=int, default=100, help="optimizer steps of the whole training (count)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per rank per micro-batch (count)")
-    p.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step (count)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (unitless)")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final learning rate / peak (0..1)")
-    p.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up, then cosine decay (count)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (unitless)")
-    p.add_argument("--clip-grad-norm", type=float, default=1.0, help="clip the global gradient norm (0: off)")
-    p.add_argument("--foreach", action="store_true",
-                   help="AdamW's foreach implementation: faster on GPUs, but temporaries for all parameters at once")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
-                   help="compute dtype (default: bf16 on CUDA, fp32 on CPU, where bf16 matmuls are slow without "
-                        "avx512_bf16/AMX); parameters, gradients and optimizer state stay fp32 either way; fp16: "
-                        "CUDA only, with a gradient scaler")
-    p.add_argument("--grad-scaler", choices=["auto", "on", "off"], default="auto",
-                   help="torch.amp.GradScaler: auto = on for fp16 only (bf16 has fp32's exponent range)")
-    p.add_argument("--ac-mode", choices=["none", "full", "selective"], default="none",
-                   help="activation checkpointing per block, recomputed in backward: full = the block's whole "
-                        "forward; selective = all but its matmul and attention outputs; none")
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
-    p.add_argument("--compile-backend", type=str, default="inductor",
-                   help="torch.compile's backend: inductor (generates kernels; needs a C++ compiler on CPU), or "
-                        "aot_eager (traces forward and backward, runs them eagerly: quick to compile)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="ddp: gradient bucket size (MiB)")
-    p.add_argument("--no-optimize-ddp", action="store_true",
-                   help="ddp + compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
-    # Data and evaluation
-    p.add_argument("--corpus-bytes", type=int, default=1 << 20, help="bytes of standard-library source used")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of the corpus held out (0..1)")
-    p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (count; 0: at the end only)")
-    p.add_argument("--eval-windows", type=int, default=64, help="held-out windows per evaluation (count)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the data order")
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels only (torch.use_deterministic_algorithms(True), cuBLAS's workspace "
-                        "setting, no cuDNN autotuning): on CUDA a resumed fp32 run then matches an unbroken one bit "
-                        "for bit, a little slower; an op without a deterministic kernel raises, naming itself "
-                        "(torch's Reproducibility notes; torchtitan's --debug.deterministic)")
-    # Checkpoints
-    p.add_argument("--create-seed-checkpoint", type=str, default="",
-                   help="write the initial weights to this folder (DCP) and exit; run it as one process")
-    p.add_argument("--init-from", type=str, default="",
-                   help="initial weights: a DCP folder (a seed checkpoint) or a .pt file of a full state dict")
-    p.add_argument("--checkpoint-dir", type=str, default="checkpoints", help="folder of step-N/ checkpoints")
-    p.add_argument("--save-every", type=int, default=0, help="save every N steps and at the end (count; 0: never)")
-    p.add_argument("--async-save", action="store_true", help="dcp.async_save: write while training continues")
-    p.add_argument("--resume", type=str, default="none",
-                   help="none; latest: the newest complete step-N/ in --checkpoint-dir (fresh if none); or a path")
-    p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step, as a job at its time limit")
-    p.add_argument("--sample-tokens", type=int, default=0, help="generate this many bytes at the end (count)")
-    p.add_argument("--prompt", type=str, default="def ", help="text the sample continues")
-    # Where
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
-    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                   help="process-group backend; auto: nccl on cuda, gloo on cpu")
-    p.add_argument("--pg-timeout-s", type=float, default=120.0, help="collective timeout of the process group (s)")
-    p.add_argument("--log-every", type=int, default=10, help="print a line every N steps (count)")
-    add_workbook_flags(p)
-    return check_args(p, p.parse_args(argv))
+    for name, default, help in [
+            ("--replicate-degree", 2, "hsdp: replicas; must divide the world size"), ("--n-layers", 2, "blocks"),
+            ("--d-model", 128, "model width"), ("--n-heads", 4, "attention heads; must divide --d-model"),
+            ("--block-size", 128, "tokens per window, the context length"), ("--vocab-size", 256, ">= 256 bytes"),
+            ("--max-steps", 100, "optimizer steps of the whole training"), ("--batch-size", 8, "windows per rank"),
+            ("--grad-accum-steps", 1, "micro-batches per optimizer step"), ("--warmup-steps", 10, "then cosine"),
+            ("--corpus-bytes", 1 << 20, "bytes of standard-library source"), ("--log-every", 10, "print every N"),
+            ("--eval-every", 0, "evaluate every N steps (0: at the end only)"), ("--seed", 0, "weights, data order"),
+            ("--eval-windows", 64, "held-out windows per evaluation"), ("--sample-tokens", 0, "bytes to generate"),
+            ("--save-every", 0, "save every N steps and at the end (0: never)"),
+            ("--stop-at-step", 0, "stop after this step, as a job at its time limit (0: --max-steps)")]:
+        p.add_argument(name, type=int, default=default, help=f"{help} (count)")
+    for name, default, help in [
+            ("--dropout", 0.0, "probability [0, 1)"), ("--lr", 3e-3, "peak learning rate (> 0)"),
+            ("--min-lr-ratio", 0.1, "final / peak learning rate [0, 1)"), ("--weight-decay", 0.1, "AdamW's (>= 0)"),
+            ("--clip-grad-norm", 1.0, "clip the global gradient norm (0: off)"),
+            ("--val-fraction", 0.1, "share of the corpus held out (0, 1)"),
+            ("--bucket-cap-mb", 25.0, "ddp: gradient bucket size (MiB)"),
+            ("--pg-timeout-s", 120.0, "collective timeout of the process group (s)")]:
+        p.add_argument(name, type=float, default=default, help=help)
+    for name, help in [("--bias", "biases in Linear and LayerNorm (GPT-2 has them)"),
+                       ("--foreach", "AdamW's foreach: faster on GPUs, temporaries for all parameters at once"),
+                       ("--compile", "torch.compile each block"),
+                       ("--async-save", "dcp.async_save: write while training continues"),
+                       ("--no-optimize-ddp", "ddp + compile: optimize_ddp = False (one graph, no split at buckets)"),
+                       ("--deterministic", "deterministic kernels only: a resumed fp32 CUDA run then matches an "
+                                           "unbroken one bit for bit; an op without one raises, naming itself")]:
+        p.add_argument(name, action="store_true", help=help)
+    for name, choices, default, help in [
+            ("--precision", ["fp32", "bf16", "fp16"], None, "compute dtype (default: bf16 on CUDA, fp32 on CPU); "
+             "parameters, gradients and optimizer state stay fp32; fp16: CUDA only, with a gradient scaler"),
+            ("--grad-scaler", ["auto", "on", "off"], "auto", "torch.amp.GradScaler: auto = on for fp16 only"),
+            ("--ac-mode", ["none", "full", "selective"], "none", "activation checkpointing per block: full = its "
+             "whole forward recomputed in backward; selective = all but its matmul and attention outputs"),
+            ("--save-group", ["own", "default"], "own", "--async-save's process group: own (a new gloo group); "
+             "default: the mistake, training's own (on gloo the save's collectives interleave with training's)"),
+            ("--device", ["auto", "cpu", "cuda"], "auto", "auto: cuda:LOCAL_RANK when CUDA is available, else cpu"),
+            ("--backend", ["auto", "nccl", "gloo"], "auto", "process-group backend; auto: nccl on cuda, gloo on cpu")]:
+        p.add_argument(name, choices=choices, default=default, help=help)
+    for name, default, help in [
+            ("--compile-backend", "inductor", "inductor (needs a C++ compiler on CPU), or aot_eager (quick)"),
+            ("--create-seed-checkpoint", "", "write the initial weights to this folder (DCP) and exit; one process"),
+            ("--init-from", "", "initial weights: a DCP folder (a seed checkpoint) or a .pt full state dict"),
+            ("--checkpoint-dir", "checkpoints", "folder of step-N/ checkpoints"),
+            ("--resume", "none", "none; latest: the newest complete step-N/ in --checkpoint-dir; or a path"),
+            ("--prompt", "def ", "text the sample continues")]:
+        p.add_argument(name, type=str, default=default, help=help)
+    if workbook:
+        workbook.add_lm_flags(p)  # workbook: --metrics-dir, --log-windows, --track-memory
+    args = p.parse_args(argv)
+    for name in ("n_layers", "d_model", "n_heads", "block_size", "max_steps", "batch_size", "grad_accum_steps",
+                 "corpus_bytes", "eval_windows", "log_every", "replicate_degree", "warmup_steps", "lr", "pg_timeout_s",
+                 "bucket_cap_mb"):
+        if getattr(args, name) <= 0:  # refuse bad values before anything starts
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("eval_every", "save_every", "stop_at_step", "sample_tokens", "clip_grad_norm", "weight_decay"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.precision == "fp16" and not use_cuda:
+        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
+        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
+    if args.d_model % args.n_heads:
+        p.error(f"--n-heads must divide --d-model, got --d-model {args.d_model} --n-heads {args.n_heads}")
+    if args.vocab_size < 256:
+        p.error(f"--vocab-size must be >= 256 (the byte values), got {args.vocab_size}")
+    for name in ("dropout", "val_fraction", "min_lr_ratio"):
+        if not 0 <= getattr(args, name) < 1 or (name == "val_fraction" and args.val_fraction == 0):
+            p.error(f"--{name.replace('_', '-')} must be in {'(0' if name == 'val_fraction' else '[0'}, 1), "
+                    f"got {getattr(args, name)}")
+    if args.block_size * 2 > args.corpus_bytes * args.val_fraction:
+        p.error(f"--block-size {args.block_size} leaves fewer than 2 held-out windows in --corpus-bytes "
+                f"{args.corpus_bytes} x --val-fraction {args.val_fraction}")
+    if workbook:
+        workbook.check_lm_flags(p, args)  # workbook: --track-memory needs a second step
+    return args
 
 
 def setup(args):
@@ -187,139 +181,8 @@ def setup(args):
     return rank, local_rank, world_size, device
 
 
-def cleanup():
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-# --- The model: GPT-2's decoder (nanoGPT's shape), pre-norm, learned positions, an untied output head -------------
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 256
-    block_size: int = 128
-    n_layers: int = 2
-    d_model: int = 128
-    n_heads: int = 4
-    dropout: float = 0.0
-    bias: bool = False
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.n_heads, self.dropout = cfg.n_heads, cfg.dropout
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        # One matmul for q, k and v, then (b, heads, t, head size) views of each, as nanoGPT: split + transpose, whose
-        # backward is one cat (a permute of a (b, t, 3, heads, head size) view backs up through a stack and a strided
-        # copy: 1% of a step on nanoGPT's small configuration on a CPU).
-        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
-        # One fused kernel (flash / memory-efficient / math, whichever fits) with the causal mask built in.
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(b, t, d)))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
-
-
-class Block(nn.Module):
-    """Pre-norm: x + attn(norm(x)), then x + mlp(norm(x)). One FSDP unit and one checkpointing unit each."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-# Selective (op-level) activation checkpointing: keep the outputs of the expensive ops (matmuls, attention), recompute
-# the cheap ones (norms, GELU, additions) in backward. torchtitan's "op" policy keeps a similar list.
-SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-            *(getattr(torch.ops.aten, name).default for name in (
-                "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
-              if hasattr(torch.ops.aten, name))}
-
-
-def _selective_policy(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-class GPT(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied: the root FSDP unit holds both
-        self.checkpointing = "none"  # "full" or "selective": recompute each block's activations in backward
-
-    def forward(self, idx):
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1], device=idx.device)))
-        for block in self.blocks:
-            if self.checkpointing == "none":
-                x = block(x)
-            else:  # keep only the block's input (full) or its matmul/attention outputs (selective); recompute the rest
-                context_fn = (functools.partial(create_selective_checkpoint_contexts, _selective_policy)
-                              if self.checkpointing == "selective" else None)
-                x = checkpoint(block, x, use_reentrant=False, **({"context_fn": context_fn} if context_fn else {}))
-        return self.head(self.norm(x))
-
-    @torch.no_grad()
-    def init_weights(self, seed):
-        """GPT-2's initialisation, run on the model as it is (sharded or not), after ``to_empty``.
-
-        Each parameter is drawn whole from one generator seeded with ``seed``, in a fixed order, and every rank keeps
-        its own piece (its shard of a DTensor): the same weights whatever the layout or the number of ranks, at the
-        cost of one whole parameter of temporary memory. (torchtitan draws on the shards with DTensor's random ops,
-        which keep the shards distinct on CUDA only; the weights then depend on the layout.)
-        """
-        g = torch.Generator(device=self.head.weight.device).manual_seed(seed)
-        for name, p in self.named_parameters():
-            full = torch.empty(p.shape, dtype=p.dtype, device=p.device)  # a DTensor's shape is the global one
-            if "norm" in name:
-                full.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias"):
-                full.zero_()
-            else:  # residual projections scaled by 1/sqrt(2 * layers), as GPT-2
-                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else 0.02
-                full.normal_(0.0, std, generator=g)
-            copy_into(p, full)
-
-
-def copy_into(param, full):
-    """Copy a whole tensor into a parameter: into its local shard when it is a DTensor (FSDP, HSDP)."""
-    if hasattr(param, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-        # src_data_rank=None: every rank has the whole tensor and cuts its own piece; nothing is sent.
-        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-    param.copy_(full)
-
-
 def model_config(args):
-    return GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size, n_layers=args.n_layers,
-                     d_model=args.d_model, n_heads=args.n_heads, dropout=args.dropout, bias=args.bias)
+    return GPTConfig(**{name: getattr(args, name) for name in GPTConfig.__dataclass_fields__})  # the same names
 
 
 def compute_dtype(args, device):
@@ -347,6 +210,8 @@ def build_model(args, device, mesh=None, init=True):
         model = GPT(model_config(args))
     model.checkpointing = args.ac_mode
     if args.compile:
+        if args.no_optimize_ddp:
+            torch._dynamo.config.optimize_ddp = False  # DDP's graph split at bucket boundaries off: one graph per block
         for block in model.blocks:
             # In place, before sharding (torchtitan's order: activation checkpointing, compile, FSDP).
             block.compile(backend=args.compile_backend)
@@ -379,18 +244,6 @@ def build_model(args, device, mesh=None, init=True):
     return model
 
 
-def load_initial_weights(model, path):
-    """Weights from a seed checkpoint (DCP: each rank reads its own shards) or a full .pt file (read by rank 0 and
-    sent to every rank's shards with broadcast_from_rank0)."""
-    if Path(path).is_dir():
-        state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=path)
-        set_model_state_dict(model, state["model"])
-    else:
-        full = torch.load(path, map_location="cpu", weights_only=True) if dist.get_rank() == 0 else {}
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-
-
 def build_optimizer(args, model):
     # Built after sharding, so its state is created for the local shards only. Weight decay on matrices only.
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "emb" not in n]
@@ -410,87 +263,11 @@ def warmup_cosine(args):
     return factor
 
 
-# --- Data: the standard library's source as bytes -------------------------------------------------------------------
-
-def read_corpus(n_bytes):
-    """The first ``n_bytes`` of CORPUS_FILES concatenated, as a uint8 tensor (the same on every rank)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    missing = [f for f in CORPUS_FILES if not (root / f).is_file()]
-    if missing:
-        sys.exit(f"the standard library's source is not in {root} (missing {missing[:3]}): this Python ships no .py "
-                 "sources; use a Python that does (python.org builds, pyenv, conda, Debian's python3 all do)")
-    data = b"".join((root / f).read_bytes() for f in CORPUS_FILES)
-    if len(data) < n_bytes:
-        sys.exit(f"--corpus-bytes {n_bytes}: the corpus files hold only {len(data)} bytes here")
-    return torch.frombuffer(bytearray(data[:n_bytes]), dtype=torch.uint8)
-
-
-class TokenWindows(Dataset):
-    """Non-overlapping windows of ``block_size + 1`` bytes: the inputs and, shifted by one, the targets."""
-
-    def __init__(self, data, block_size):
-        self.data, self.block_size = data, block_size
-
-    def __len__(self):
-        return (len(self.data) - 1) // self.block_size
-
-    def __getitem__(self, i):
-        chunk = self.data[i * self.block_size: (i + 1) * self.block_size + 1].long()
-        return chunk[:-1], chunk[1:]
-
-
-class Batches(Stateful):
-    """This rank's batches, and the data position a checkpoint keeps: (epoch, windows of the epoch already read).
-
-    Every epoch has one order of all windows, the same on every rank: ``DistributedSampler``'s shuffle of the whole
-    dataset (one replica). A step reads the next world_size x batch_size windows of that order; rank r takes every
-    world_size-th of them from the r-th on, as ``DistributedSampler(num_replicas=world_size, drop_last=True)`` would
-    deal them, so each rank reads exactly the windows that sampler would give it. Why not that sampler itself: it
-    deals from the start of the epoch, and its position (a rank's batch index) means nothing on another number of
-    ranks. This position is global (windows of the epoch read): a run resumed on another world size reads on from
-    the same place in the same order, so no window of the epoch is skipped or read twice. An epoch ends when fewer
-    than one step's windows are left (drop_last: at most world_size x batch_size - 1 windows of it are not read).
-    A DataLoader's iterator cannot be saved; where it is can. Stateful: DCP saves and restores it by itself.
-    """
-
-    def __init__(self, dataset, batch_size, rank, world_size, seed):
-        # One replica: the sampler shuffles the whole dataset with seed + epoch, the same order on every rank.
-        self.sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
-        self.dataset, self.batch_size, self.rank, self.world_size = dataset, batch_size, rank, world_size
-        self.epoch, self.windows_read, self.order, self.read = 0, 0, None, []
-        if len(dataset) < batch_size * world_size:
-            sys.exit(f"{len(dataset)} training windows are fewer than one step's {world_size} ranks x --batch-size "
-                     f"{batch_size}: lower --batch-size or raise --corpus-bytes")
-
-    def next(self, device):
-        step_windows = self.world_size * self.batch_size  # what all ranks read in one micro-batch
-        if self.windows_read + step_windows > len(self.dataset):
-            self.epoch, self.windows_read, self.order = self.epoch + 1, 0, None  # a new epoch: a new shuffle
-        if self.order is None:
-            self.sampler.set_epoch(self.epoch)  # without it every epoch repeats the same order
-            self.order = list(self.sampler)
-        start = self.windows_read + self.rank
-        picked = self.order[start:self.windows_read + step_windows:self.world_size]
-        self.read.extend(picked)  # workbook: what --log-windows writes
-        self.windows_read += step_windows
-        x, y = zip(*(self.dataset[i] for i in picked))
-        return torch.stack(x).to(device), torch.stack(y).to(device)
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "windows_read": self.windows_read}  # the same on every rank, for any world size
-
-    def load_state_dict(self, state):
-        self.epoch, self.windows_read, self.order = int(state["epoch"]), int(state["windows_read"]), None
-
-
 @torch.no_grad()
 def evaluate(model, dataset, args, rank, world_size, device):
-    """Mean cross-entropy (nats per byte) over the first --eval-windows held-out windows, exact on any world size.
-
-    Rank r takes windows r, r + W, ... (no padding, no duplicate); the loss *sums* and token *counts* are all-reduced,
-    so the mean is over every window exactly once. Under FSDP every forward is collective (it all-gathers), so every
-    rank runs as many batches as the busiest one; a short rank's extra windows carry weight 0.
-    """
+    """Mean cross-entropy (nats per byte) over the first --eval-windows held-out windows, exact on any world size:
+    rank r takes windows r, r + W, ...; loss *sums* and token *counts* are all-reduced. Under FSDP every forward is
+    collective (it all-gathers): every rank runs as many batches as the busiest one, its extra windows weighted 0."""
     model.eval()
     n = min(args.eval_windows, len(dataset))
     mine = list(range(rank, n, world_size))
@@ -556,89 +333,6 @@ def train_step(model, optimizer, scaler, batches, args, device):
     return loss_sum, norm
 
 
-# --- Checkpoints: DCP, every rank writes its own shards -------------------------------------------------------------
-
-class ModelAndOptimizer(Stateful):
-    """Model and optimizer as DCP saves them: keys without DDP's "module." prefix, each rank's own shards."""
-
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = model, optimizer
-
-    def state_dict(self):
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def load_state_dict(self, state):
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-class RNG(Stateful):
-    """This rank's random state (dropout draws differ per rank): saved under the rank's own key, rng_rank<RANK>."""
-
-    def __init__(self, device):
-        self.device = device
-
-    def state_dict(self):
-        state = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
-
-    def load_state_dict(self, state):
-        torch.set_rng_state(state["cpu"])
-        if "cuda" in state:
-            torch.cuda.set_rng_state(state["cuda"], self.device)
-
-
-class TrainState(Stateful):
-    def __init__(self):
-        self.step = 0
-
-    def state_dict(self):
-        return {"step": self.step}
-
-    def load_state_dict(self, state):
-        self.step = int(state["step"])
-
-
-def checkpoint_state(model, optimizer, scheduler, scaler, batches, train_state, rank, device):
-    return {"app": ModelAndOptimizer(model, optimizer), "scheduler": scheduler, "scaler": scaler, "data": batches,
-            "train": train_state, f"rng_rank{rank}": RNG(device)}
-
-
-def load_checkpoint(state, path, args, rank, world_size):
-    """dcp.load every entry of ``state`` from ``path``; returns the world size that saved it.
-
-    On the same world size every rank gets back its own RNG stream. On another one the streams cannot be dealt out
-    again (there are more or fewer of them), so no rank loads one: each seeds a new stream from --seed, its rank and
-    the step. Everything else loads on any world size (DCP reshards the model and optimizer; the data position is
-    global)."""
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # "rng_rank1.cpu", "app.model.head.weight"
-    saved_world = len({key.split(".")[0] for key in saved if key.startswith("rng_rank")})
-    rng_key = f"rng_rank{rank}"
-    dcp.load({k: v for k, v in state.items() if k != rng_key or saved_world == world_size}, checkpoint_id=path)
-    if saved_world != world_size:
-        torch.manual_seed(args.seed + 7919 * (rank + 1) + 104729 * state["train"].step)
-    return saved_world
-
-
-def complete_checkpoints(folder):
-    """{step: path} of the step-N/ folders whose .metadata exists: DCP writes it last, once every rank has written."""
-    return {int(p.name[5:]): p for p in Path(folder).glob("step-*") if p.name[5:].isdigit()
-            and (p / ".metadata").is_file()}
-
-
-def resume_path(args):
-    if args.resume == "none":
-        return None
-    if args.resume == "latest":
-        found = complete_checkpoints(args.checkpoint_dir)
-        return found[max(found)] if found else None
-    if not (Path(args.resume) / ".metadata").is_file():
-        sys.exit(f"--resume {args.resume!r} is not a complete DCP checkpoint folder (no .metadata in it)")
-    return Path(args.resume)
-
-
 def create_seed_checkpoint(args, device):
     """One process builds the model, initialises it and saves its weights with DCP: every later run, whatever its
     layout and world size, can start from exactly these weights (torchtitan's seed checkpoint)."""
@@ -659,15 +353,14 @@ def main():
                 sys.exit("--create-seed-checkpoint runs as one process: python train_lm.py --create-seed-checkpoint D")
             create_seed_checkpoint(args, device)
         else:
+            check_world(args, world_size)
             train(args, rank, local_rank, world_size, device)
     finally:
-        cleanup()
+        if dist.is_initialized():
+            dist.destroy_process_group()  # also after an error: leave cleanly, the peers see this rank go
 
 
 def train(args, rank, local_rank, world_size, device):
-    check_world(args, world_size)
-    if args.compile and args.no_optimize_ddp:
-        torch._dynamo.config.optimize_ddp = False  # DDP's graph split at bucket boundaries off: one graph per block
     data = read_corpus(args.corpus_bytes)
     n_val = int(len(data) * args.val_fraction)
     train_set, val_set = TokenWindows(data[:-n_val], args.block_size), TokenWindows(data[-n_val:], args.block_size)
@@ -689,56 +382,54 @@ def train(args, rank, local_rank, world_size, device):
         resharded = (f" (saved on {saved_world} ranks, now {world_size}: data position kept, RNG reseeded)"
                      if saved_world != world_size else "")
         sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}{resharded}\n")
-    log = StepLog(args, rank, local_rank, world_size, device, model, optimizer, data, train_state.step)  # workbook
+    log = (workbook.LMStepRecorder(args, rank, local_rank, world_size, device, model, optimizer, data,  # workbook
+                                   train_state.step, compute_dtype(args, device))  # workbook
+           if workbook else NoRecorder())  # workbook
     pending = None  # the async save in flight
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
     while train_state.step < last_step:
         train_state.step += 1
-        step = train_state.step
-        log.start(step)  # workbook: the step's clock
-        lr = scheduler.get_last_lr()[0]
+        step, step_start, lr = train_state.step, time.perf_counter(), scheduler.get_last_lr()[0]
         with log.tracking(step):  # workbook: --track-memory, torch's memory tracker on the second step
             loss, grad_norm = train_step(model, optimizer, scaler, batches, args, device)
         scheduler.step()
         loss_global = loss.clone()
         dist.all_reduce(loss_global)  # SUM then / world: each rank's loss is over its own windows
         loss_global /= world_size
-        eval_loss = None
-        if (args.eval_every and step % args.eval_every == 0) or step == last_step:
-            eval_loss = evaluate(model, val_set, args, rank, world_size, device)
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == last_step
+        eval_loss = evaluate(model, val_set, args, rank, world_size, device) if evaluating else None
         if args.save_every and (step % args.save_every == 0 or step == last_step):
             if pending is not None:
                 pending.result()  # one save at a time: the previous one must have finished
-            checkpoint_id = Path(args.checkpoint_dir) / f"step-{step}"
             t0 = time.perf_counter()
-            if args.async_save:  # copies the state to memory, then writes in a background thread
-                pending = dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=save_group)
-            else:
-                dcp.save(state, checkpoint_id=checkpoint_id)
+            pending = save_checkpoint(state, step, save_group, args)
             log.saved(step, time.perf_counter() - t0)  # workbook: how long training was blocked
-        log.step_done(step, loss, loss_global, grad_norm, lr, eval_loss, batches)  # workbook: one JSON line
+        log.step_done(step, loss, loss_global, grad_norm, lr, eval_loss, batches, step_start)  # workbook: JSON line
+        if rank == 0 and (step % args.log_every == 0 or step == args.max_steps or eval_loss):
+            tokens = args.batch_size * args.grad_accum_steps * args.block_size  # this rank's, this step
+            tokens_per_s = tokens / (time.perf_counter() - step_start)
+            sys.stdout.write(f"step {step}/{args.max_steps} loss {loss_global.item():.4f}"
+                             + (f" eval_loss {eval_loss:.4f}" if eval_loss is not None else "")
+                             + f" lr {lr:.2e} tokens/s {tokens_per_s:.0f}\n")
     if pending is not None:
         pending.result()
     if args.sample_tokens:
         text = generate(model, args, device)
+        sys.stdout.write(f"sample: {text!r}\n" if rank == 0 else "")
         log.sample(text)  # workbook: metrics/sample_rank0.json
-    log.close()
+    log.close()  # workbook
     dist.barrier()  # nobody tears the process group down while a peer still uses it
 
 
 @torch.no_grad()
 def generate(model, args, device):
-    """Continue --prompt by --sample-tokens bytes (temperature 0.8, top 20). Every rank runs it (FSDP's forwards are
-    collective) with the same generator, so every rank draws the same bytes."""
+    """Continue --prompt by --sample-tokens bytes. Every rank runs it (FSDP's forwards are collective) with the same
+    generator, so every rank draws the same bytes."""
     model.eval()
-    g = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([list(args.prompt.encode())], device=device)
-    for _ in range(args.sample_tokens):
-        with autocast_for(args, device):
-            logits = model(idx[:, -args.block_size:])[0, -1].float() / 0.8
-        top = torch.topk(logits, 20)
-        choice = torch.multinomial(F.softmax(top.values, dim=-1), 1, generator=g)
-        idx = torch.cat([idx, top.indices[choice].view(1, 1)], dim=1)
+    with autocast_for(args, device):  # DDP's module generates alone: no gradients, nothing to synchronise
+        idx = getattr(model, "module", model).generate(idx, args.sample_tokens,
+                                                       torch.Generator(device=device).manual_seed(args.seed))
     reshard(model)
     model.train()
     return bytes(idx[0].tolist()).decode("utf-8", errors="replace")
@@ -749,236 +440,6 @@ def check_world(args, world_size):
         sys.exit(f"--parallel none runs one process, got WORLD_SIZE={world_size}: use ddp, fsdp or hsdp")
     if args.parallel == "hsdp" and world_size % args.replicate_degree:
         sys.exit(f"--replicate-degree {args.replicate_degree} must divide the world size {world_size}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: not needed to train on a cluster.
-# Flag checks, the per-step metrics record (one JSON line per step per rank), the tokens/s and model FLOPs
-# utilisation, save timings, the generated sample, and --track-memory (torch's memory tracker on the second step).
-# ---------------------------------------------------------------------------------------------------------------
-
-# Dense bf16 (= fp16) tensor-core peak with FP32 accumulate, and plain fp32 peak, TFLOPS, by device name; the
-# datasheets' boost clock figures. RTX 4090 D: 114 SMs to the 4090's 128 (147.1 vs 165.2 bf16). The longest name is
-# matched first.
-PEAK_TFLOPS = {"H200": (989.4, 66.9), "H100 PCIe": (756.0, 51.2), "H100": (989.4, 66.9), "A100": (312.0, 19.5),
-               "RTX 4090 D": (147.1, 73.5), "RTX 4090": (165.2, 82.6)}
-
-
-def add_workbook_flags(p):
-    p.add_argument("--metrics-dir", type=str, default="metrics",
-                   help="folder for rank<RANK>.jsonl (created; a new run replaces what an earlier run left there)")
-    p.add_argument("--log-windows", action="store_true",
-                   help="write the indices of the training windows every step read to "
-                        "<metrics-dir>/windows_rank<RANK>.json")
-    p.add_argument("--save-group", choices=["own", "default"], default="own",
-                   help="--async-save's process group: own (a new gloo group); default: the mistake, training's own "
-                        "group: on gloo its collectives then interleave with the background save's; on an NCCL-only "
-                        "group async_save stops at once (it needs a CPU backend)")
-    p.add_argument("--track-memory", action="store_true",
-                   help="run the second step under torch's memory tracker (FSDPMemTracker under fsdp/hsdp, else "
-                        "MemTracker) and write its peak by category to <metrics-dir>/memory_rank<RANK>.json")
-
-
-def check_args(p, args):
-    for name in ("n_layers", "d_model", "n_heads", "block_size", "max_steps", "batch_size", "grad_accum_steps",
-                 "corpus_bytes", "eval_windows", "log_every", "replicate_degree", "warmup_steps"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("eval_every", "save_every", "stop_at_step", "sample_tokens", "clip_grad_norm", "weight_decay"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if args.precision == "fp16" and not use_cuda:
-        # fp16 matmuls on CPU are emulated and extremely slow (a 2048^3 matmul took 43 s on the lesson machine).
-        p.error("--precision fp16 needs CUDA: fp16 compute on CPU is unusably slow; use --precision bf16 on CPU")
-    if args.d_model % args.n_heads:
-        p.error(f"--n-heads must divide --d-model, got --d-model {args.d_model} --n-heads {args.n_heads}")
-    if args.vocab_size < 256:
-        p.error(f"--vocab-size must be >= 256 (the byte values), got {args.vocab_size}")
-    for name in ("dropout", "val_fraction", "min_lr_ratio"):
-        if not 0 <= getattr(args, name) < 1 or (name == "val_fraction" and args.val_fraction == 0):
-            p.error(f"--{name.replace('_', '-')} must be in {'(0' if name == 'val_fraction' else '[0'}, 1), "
-                    f"got {getattr(args, name)}")
-    if not (args.lr > 0 and args.pg_timeout_s > 0 and args.bucket_cap_mb > 0):
-        p.error(f"--lr, --pg-timeout-s and --bucket-cap-mb must be > 0, got {args.lr}, {args.pg_timeout_s}, "
-                f"{args.bucket_cap_mb}")
-    if args.track_memory and (min(args.max_steps, args.stop_at_step or args.max_steps) < 2
-                              or args.grad_accum_steps != 1):
-        p.error("--track-memory tracks the second step (of one micro-batch): it needs --max-steps >= 2 and "
-                "--grad-accum-steps 1")
-    if args.block_size * 2 > args.corpus_bytes * args.val_fraction:
-        p.error(f"--block-size {args.block_size} leaves fewer than 2 held-out windows in --corpus-bytes "
-                f"{args.corpus_bytes} x --val-fraction {args.val_fraction}")
-    return args
-
-
-def model_flops_per_token(cfg, n_params):
-    """Training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's 6 * 2 * layers * d * T
-    (the PaLM paper's appendix B; nanoGPT's estimate_mfu). Embedding tables do no matmul: left out."""
-    n_matmul = n_params - cfg.vocab_size * cfg.d_model - cfg.block_size * cfg.d_model
-    return 6 * n_matmul + 12 * cfg.n_layers * cfg.d_model * cfg.block_size
-
-
-def peak_flops(device_name, dtype):
-    """Peak FLOP/s for ``dtype`` of the device called ``device_name`` (torch.cuda.get_device_name), from
-    PEAK_TFLOPS, or None (a CPU, or a GPU not in the table). "NVIDIA GeForce RTX 4090 D" is a 4090 D, not a 4090."""
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key in (device_name or ""):
-            return PEAK_TFLOPS[key][0 if dtype in (torch.bfloat16, torch.float16) else 1] * 1e12
-    return None
-
-
-def local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def tensor_bytes(tensors):
-    return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
-
-
-# What a run writes in --metrics-dir, per rank: a new run removes an earlier run's (start_afresh).
-RUN_FILE = re.compile(r"(?:(?:data|memory|checkpoint|windows|model|sample)_)?rank(\d+)\.jsonl?")
-
-
-def start_afresh(metrics_dir, rank, world_size):
-    """Remove what an earlier run left in ``metrics_dir``: this rank's files, and (rank 0) those of ranks this run
-    does not have. Otherwise a learner's second ``python train_lm.py`` in one folder appends its steps to the first
-    run's lines. A torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) continues its run and keeps them. The launcher
-    gives every launch a folder of its own, so there is nothing to remove under it."""
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        return
-    for path in metrics_dir.iterdir():
-        m = RUN_FILE.fullmatch(path.name)
-        if m and (int(m[1]) == rank or (rank == 0 and int(m[1]) >= world_size)):
-            path.unlink(missing_ok=True)
-
-
-class StepLog:
-    """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl``; rank 0 prints a line
-    every --log-every steps, and where the metrics are. Keys: tutorial_lib/runs/metrics.py's schema."""
-
-    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, data, resumed_from):
-        self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
-        self.metrics_dir = Path(args.metrics_dir)
-        self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        start_afresh(self.metrics_dir, rank, world_size)
-        self.file = open(self.metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)  # "a": a restart goes on
-        self.windows = []  # --log-windows: [step, epoch, [window indices]] per step
-        if rank == 0:
-            sys.stdout.write(f"metrics: {self.metrics_dir.resolve()}/rank<RANK>.jsonl (one JSON line per step per "
-                             f"rank, this run's only)\n")
-        cfg = model_config(args)
-        n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
-        self.flops_per_token = model_flops_per_token(cfg, n_params)
-        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        self.peak = peak_flops(device_name, compute_dtype(args, device))
-        self.tokens_per_step = args.batch_size * args.grad_accum_steps * args.block_size
-        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
-                       "world_size": world_size, "device": str(device), "strategy": args.parallel,
-                       "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(compute_dtype(args, device),
-                                                                                         "fp32"),
-                       "resumed_from_step": resumed_from}
-        self.save_events, self.t0 = [], time.perf_counter()
-        if rank == 0:
-            (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
-                "rank": 0, "n_params": n_params, "flops_per_token": self.flops_per_token, "device_name": device_name,
-                "peak_flops": self.peak, "config": vars(cfg), "args": vars(args),
-                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}))
-        # Which bytes this rank trains on: every rank must read the same corpus (tests/test_train_lm.py compares).
-        (self.metrics_dir / f"data_rank{rank}.json").write_text(json.dumps({
-            "rank": rank, "corpus_bytes": len(data),
-            "corpus_sha256": hashlib.sha256(bytes(data.tolist())).hexdigest(),  # uint8 values: the bytes
-            "python": sys.version.split()[0]}))
-
-    def start(self, step):
-        self.t0 = time.perf_counter()
-
-    @contextlib.contextmanager
-    def tracking(self, step):
-        """--track-memory: the tracker watches the second step only. The first one is a warm-up: it creates the
-        optimizer's state, FSDP's lazy initialisation and DTensor's sharding caches (a cold cache allocates
-        global-shape tensors that fake mode counts), so the second is the steady state every later step repeats."""
-        if not (self.args.track_memory and step == self.static["resumed_from_step"] + 2):
-            yield
-            return
-        tracker = make_tracker(self.model, self.optimizer)  # now: it registers the optimizer's state as it is
-        with tracker:
-            yield
-        write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
-
-    def saved(self, step, blocking_s):
-        self.save_events.append({"step": step, "async": self.args.async_save, "blocking_s": blocking_s})
-        (self.metrics_dir / f"checkpoint_rank{self.rank}.json").write_text(json.dumps(
-            {"rank": self.rank, "events": self.save_events}))
-
-    def step_done(self, step, loss, loss_global, grad_norm, lr, eval_loss, batches):
-        epoch, read, batches.read = batches.epoch, batches.read, []
-        if self.args.log_windows:
-            self.windows.append([step, epoch, read])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        step_time_s = time.perf_counter() - self.t0
-        row = {"step": step, **self.static, "loss_local": loss.item(), "loss_global": loss_global.item(),
-               "grad_norm": grad_norm.item(), "lr": lr, "epoch": epoch, "step_time_s": step_time_s,
-               "tokens_per_s": self.tokens_per_step / step_time_s, **memory_fields(self.model, self.optimizer,
-                                                                                  self.device)}
-        if self.peak:
-            row["mfu"] = self.flops_per_token * row["tokens_per_s"] / self.peak
-        if eval_loss is not None:
-            row["eval_loss"] = eval_loss
-        self.file.write(json.dumps(row) + "\n")
-        if self.rank == 0 and (step % self.args.log_every == 0 or step == self.args.max_steps or eval_loss):
-            extra = f" eval_loss {eval_loss:.4f}" if eval_loss is not None else ""
-            sys.stdout.write(f"step {step}/{self.args.max_steps} loss {loss_global.item():.4f}{extra} "
-                             f"lr {lr:.2e} tokens/s {row['tokens_per_s']:.0f}\n")
-
-    def sample(self, text):
-        if self.rank == 0:
-            (self.metrics_dir / "sample_rank0.json").write_text(json.dumps({"rank": 0, "prompt": self.args.prompt,
-                                                                            "text": text}))
-            sys.stdout.write(f"sample: {text!r}\n")
-
-    def close(self):
-        self.file.close()
-        if self.args.log_windows:
-            (self.metrics_dir / f"windows_rank{self.rank}.json").write_text(json.dumps(
-                {"rank": self.rank, "world_size": self.static["world_size"], "steps": self.windows}))
-
-
-def memory_fields(model, optimizer, device):
-    """Exact bytes of this rank's parameters, gradients and optimizer state (local shards), plus RSS or CUDA peaks."""
-    params = list(model.parameters())
-    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    fields = {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params),
-              "optimizer_state_bytes": tensor_bytes(state)}
-    if device.type == "cuda":
-        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
-    else:
-        with open("/proc/self/statm") as f:  # Linux; fields are in pages
-            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return fields
-
-
-def make_tracker(model, optimizer):
-    """torch's own memory tracker: every tensor allocated or freed while it is active, by category (parameters,
-    gradients, optimizer state, activations, temporaries; under FSDP also all-gather and reduce-scatter buffers)."""
-    from torch.distributed.fsdp import FSDPModule
-    if isinstance(model, FSDPModule):
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-        return FSDPMemTracker(model, optimizer)
-    from torch.distributed._tools.mem_tracker import MemTracker
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer)
-    return tracker
-
-
-def write_memory_snapshot(tracker, path, rank):
-    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.planning.memory_plan reads the same)."""
-    peak = tracker.get_tracker_snapshot("peak")
-    path.write_text(json.dumps({"rank": rank, "peak": {
-        str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import ConfigError
-from ..runs.rundir import LESSONS_DIR, WORKBOOK_MODULE, available_scripts, closest_script
+from ..runs.rundir import LESSONS_DIR, WORKBOOK_MODULE, available_scripts, closest_script, sibling_modules
 
 
 class ScriptListing:
@@ -62,7 +62,8 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
         path: the script.
         names: top-level functions or classes to show (each with its decorators), in this order;
             none: the lines ``first_line``..``last_line`` (1-based, inclusive; default the whole file). Names
-            the script lacks and the ``_workbook.py`` beside it has (a lesson's instruments) are shown from there.
+            the script lacks and a file beside it that it imports has (``sibling_modules``: a lesson's model in
+            ``lm_model.py``, its instruments in ``_workbook.py``) are shown from the first such file.
         between: ``(start_text, end_text)``: instead, the lines from the first one containing
             ``start_text`` to the next one containing ``end_text`` (inclusive), so an excerpt
             survives edits that move line numbers.
@@ -84,9 +85,11 @@ def show_script(path: str | os.PathLike, *names: str, first_line: int = 1,
     if not names:
         return ScriptListing(path, [(first_line, last_line)])
     spans = _top_level_spans(path)
-    instruments = Path(path).parent / WORKBOOK_MODULE
-    if not set(names) & set(spans) and instruments.is_file() and set(names) <= set(_top_level_spans(instruments)):
-        path, spans = instruments, _top_level_spans(instruments)  # the lesson's instruments, beside it
+    if not set(names) & set(spans):
+        for sibling in sibling_modules(path):  # the lesson's model, its instruments: beside it, as it imports them
+            if set(names) <= set(_top_level_spans(Path(path).parent / sibling)):
+                path, spans = Path(path).parent / sibling, _top_level_spans(Path(path).parent / sibling)
+                break
     for name in names:
         if name not in spans:
             raise ConfigError(f"{Path(path).name} has no top-level function or class {name!r}; has {sorted(spans)}")
@@ -121,16 +124,27 @@ def import_script(script: str | os.PathLike) -> ModuleType:
     if module_spec is None or module_spec.loader is None:
         raise ConfigError(f"{str(path)!r} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(module_spec)
-    # The script's ``import _workbook`` finds the file beside it, as a rank does, or none: not another run's copy.
-    workbook, sys.modules["_workbook"] = sys.modules.pop("_workbook", None), _load(path.parent / WORKBOOK_MODULE)
+    # The script's ``import _workbook`` and ``from lm_model import GPT`` find the files beside it, as a rank does (or
+    # none: ``import _workbook`` then raises ImportError), never another run's copy cached in sys.modules.
+    names = dict.fromkeys([Path(name).stem for name in sibling_modules(path)] + [Path(WORKBOOK_MODULE).stem])
+    before = {name: sys.modules.pop(name, None) for name in names}
     try:
+        for name in names:
+            sys.modules[name] = _load(path.parent / f"{name}.py")
         module_spec.loader.exec_module(module)
     finally:
-        if workbook is None:
-            sys.modules.pop("_workbook", None)
-        else:
-            sys.modules["_workbook"] = workbook
+        for name, cached in before.items():
+            if cached is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = cached
     return module
+
+
+def script_instruments(module: ModuleType) -> ModuleType:
+    """The workbook's instruments of a script from ``import_script``: the ``_workbook.py`` it imported from beside it
+    (its ``workbook``), or, for a copy without one, the shipped ``_workbook.py``."""
+    return getattr(module, "workbook", None) or import_script(LESSONS_DIR / WORKBOOK_MODULE)
 
 
 def _load(path: Path) -> ModuleType | None:

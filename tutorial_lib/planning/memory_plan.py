@@ -74,7 +74,7 @@ from ..errors import ConfigError, MetricsError
 from .memory_model import bytes_per_parameter, shard_rows
 from .tracker_counting import (CUDA_MIN_ALLOCATE, DEVICES, counted_as_cuda, device_snapshot, fake_world,
                                largest_by_category)
-from ..notebook.script_source import import_script
+from ..notebook.script_source import import_script, script_instruments
 
 # The tracker's categories (FSDPMemTracker's _FSDPRefType, MemTracker's _MemRefType) -> the plan's.
 CATEGORIES = {"SHARDED_PARAM": "parameters", "PARAM": "parameters", "UNSHARDED_PARAM": "gathered parameters",
@@ -332,7 +332,7 @@ def _traced_step(module, parsed, world_size: int, *, rank: int = 0, device: str 
             loss_global = loss.clone()  # noqa: F841  (the script's loop keeps these until the next step)
             counting = counted_as_cuda(optimizer) if device == "cuda" else contextlib.nullcontext()
             with counting:  # from before the tracker registers the model and optimizer (MemTracker.track_external)
-                tracker = module.make_tracker(model, optimizer)
+                tracker = script_instruments(module).make_tracker(model, optimizer)  # --track-memory's tracker
                 with tracker:
                     module.train_step(model, optimizer, scaler, batches, parsed, cpu)
             snapshot = device_snapshot(tracker.get_tracker_snapshot("peak"), device)

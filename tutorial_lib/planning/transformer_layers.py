@@ -2,7 +2,7 @@
 
 ``megatron_layer`` follows Megatron-LM's ``ParallelTransformerLayer`` in the order Korthikanti et al. (2022,
 arXiv:2205.05198, §4.1) count its activations; ``tp_plan`` splits it as Megatron's tensor (and sequence) parallelism
-does, for ``parallelize_module``; ``workbook_layer`` is ``train_lm.py``'s ``Block``, imported from the lesson script.
+does, for ``parallelize_module``; ``workbook_layer`` is ``train_lm.py``'s ``Block`` (from ``lm_model.py``).
 Build them inside ``FakeTensorMode`` to measure them without memory.
 """
 
@@ -96,9 +96,11 @@ def megatron_layer(*, h: int, a: int, s: int, dropout: str | None = "mask", p: f
 
 def workbook_layer(*, h: int, a: int, s: int, dtype=None):
     """The workbook's own layer: ``train_lm.py``'s ``Block`` (pre-norm, fused ``scaled_dot_product_attention``, no
-    dropout, no biases), imported from the lesson script, at width ``h``, ``a`` heads, block size ``s``."""
+    dropout, no biases), imported from the lesson's model file ``lm_model.py``, at width ``h``, ``a`` heads, block
+    size ``s``."""
     from ..notebook.script_source import import_script
-    module = import_script("train_lm")
+    from ..runs.rundir import LESSONS_DIR
+    module = import_script(LESSONS_DIR / "lm_model.py")
     cfg = module.GPTConfig(vocab_size=256, block_size=s, n_layers=1, d_model=h, n_heads=a, dropout=0.0, bias=False)
     with _default_dtype(dtype):
         return module.Block(cfg)

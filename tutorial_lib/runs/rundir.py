@@ -60,8 +60,10 @@ and read by the doctor (a run diagnosed from its folder alone), the benchmarks a
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
+import functools
 import json
 import os
 import re
@@ -95,9 +97,55 @@ RUN_DIR_MARKER = ".tutorial-run"
 WORKBOOK_MODULE = "_workbook.py"
 
 
+def sibling_modules(script: str | os.PathLike, folder: str | os.PathLike | None = None) -> list[str]:
+    """The files beside ``script`` that it imports by plain name (``from lm_model import GPT``, ``import _workbook``),
+    in the order it imports them: ``["lm_model.py", "_workbook.py"]`` for ``train_lm.py``.
+
+    Args:
+        script: a Python file.
+        folder: where the imported files are looked for (default: the script's own folder).
+
+    Returns:
+        File names (``<module>.py``) that exist in ``folder``; a file Python cannot parse imports nothing.
+    """
+    script = Path(script)
+    folder = script.parent if folder is None else Path(folder)
+    try:
+        stat = script.stat()
+    except OSError:
+        return []
+    names = _imported_names(str(script), stat.st_mtime_ns, stat.st_size)
+    return [f"{name}.py" for name in names if f"{name}.py" != script.name and (folder / f"{name}.py").is_file()]
+
+
+@functools.lru_cache(maxsize=256)
+def _imported_names(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """The plain module names ``path`` imports, in source order (cached per file version: parsing every lesson on
+    each ``available_scripts()`` call would cost a quarter of a second)."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    imports = sorted((node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))),
+                     key=lambda node: (node.lineno, node.col_offset))
+    names = [name for node in imports for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                                                   else [node.module] if node.level == 0 else [])]
+    return tuple(name for name in dict.fromkeys(names) if name and "." not in name)
+
+
+def helper_modules(folder: str | os.PathLike) -> set[str]:
+    """The ``.py`` files of ``folder`` that are not scripts: names starting with ``_`` and the files another ``.py``
+    file there imports (a lesson's model, ``lm_model.py``, which ``train_lm.py`` imports as nanoGPT's train.py
+    imports ``model.py``)."""
+    files = [p for p in Path(folder).glob("*.py") if p.is_file()]
+    return {p.name for p in files if p.name.startswith("_")} | {name for p in files for name in sibling_modules(p)}
+
+
 def available_scripts() -> list[str]:
-    """Names (without ``.py``) of the lesson scripts shipped with the package (``tutorial_lib/lessons/``)."""
-    return sorted(p.stem for p in LESSONS_DIR.glob("*.py") if not p.name.startswith("_"))
+    """Names (without ``.py``) of the lesson scripts shipped with the package (``tutorial_lib/lessons/``); the modules
+    a lesson imports (``helper_modules``: ``_workbook.py``, ``lm_model.py``) are not scripts."""
+    helpers = helper_modules(LESSONS_DIR)
+    return sorted(p.stem for p in LESSONS_DIR.glob("*.py") if p.name not in helpers)
 
 
 def shipped_script(name: object) -> str:
@@ -228,8 +276,9 @@ def removed_if_refused(run_dir: Path):
 
 
 def write_script(name: str, run_dir: str | os.PathLike) -> Path:
-    """Copy the shipped training script ``name`` unchanged into ``run_dir``, with ``_workbook.py`` (the workbook's
-    instruments, ``WORKBOOK_MODULE``) beside it when the script imports it and the folder has none yet.
+    """Copy the shipped training script ``name`` unchanged into ``run_dir``, with the shipped files it imports beside it
+    (``sibling_modules``: a lesson's model, ``lm_model.py``, and ``_workbook.py``, the workbook's instruments) where the
+    folder has none of that name yet.
 
     Args:
         name: a script name from ``available_scripts()``, e.g. ``"ddp_train"`` (``.py`` optional).
@@ -251,10 +300,10 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
         raise ConfigError(f"{str(target)!r} already exists and is not overwritten; use a new run directory")
     shutil.copyfile(LESSONS_DIR / f"{stem}.py", target)
     copies = [target.name]
-    instruments = run_dir / WORKBOOK_MODULE
-    if "import _workbook" in target.read_text() and not instruments.exists():
-        shutil.copyfile(LESSONS_DIR / WORKBOOK_MODULE, instruments)  # the lesson's optional instruments, beside it
-        copies.append(instruments.name)
+    for module in sibling_modules(LESSONS_DIR / f"{stem}.py"):
+        if not (run_dir / module).exists():  # the lesson's model, its optional instruments: beside it, as it imports
+            shutil.copyfile(LESSONS_DIR / module, run_dir / module)
+            copies.append(module)
     if not (run_dir / RUN_DIR_MARKER).is_file():  # a folder new_run_dir made is a run directory anyway
         with open(run_dir / WRITTEN_SCRIPTS, "a") as written:  # is_lesson_run_dir tells this copy from a learner's
             written.write("".join(name + "\n" for name in copies))
@@ -263,8 +312,8 @@ def write_script(name: str, run_dir: str | os.PathLike) -> Path:
 
 def script_path(run_dir: str | os.PathLike) -> Path:
     """The training script of a run: the one ``*.py`` file at the top of its run directory (the copy ``write_script``
-    put there, exactly what ran), e.g. for ``show_script`` or ``import_script``; a name starting with ``_`` (the
-    lesson's ``_workbook.py``) is a helper, never the script.
+    put there, exactly what ran), e.g. for ``show_script`` or ``import_script``; a module the script imports
+    (``helper_modules``: ``_workbook.py``, ``lm_model.py``) is never the script.
 
     Args:
         run_dir: a run directory (``LaunchResult.run_dir``, ``LaunchError.run_dir``).
@@ -275,7 +324,8 @@ def script_path(run_dir: str | os.PathLike) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} does not exist; pass the run directory of a launch")
-    scripts = sorted(p for p in run_dir.glob("*.py") if p.is_file() and not p.name.startswith("_"))
+    helpers = helper_modules(run_dir)
+    scripts = sorted(p for p in run_dir.glob("*.py") if p.is_file() and p.name not in helpers)
     if len(scripts) != 1:
         found = ", ".join(p.name for p in scripts) or "none"
         raise ConfigError(f"{str(run_dir)!r} should hold exactly one script (*.py), the one that ran; found {found}")
