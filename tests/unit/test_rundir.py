@@ -94,8 +94,8 @@ def test_write_script_puts_the_instruments_beside_a_lesson_that_imports_them(tmp
 def test_a_lessons_plain_imports_travel_with_it_and_are_never_the_script(tmp_path):
     """train_lm.py imports its model, data and checkpoints as nanoGPT's train.py imports model.py (issue 48)."""
     siblings = ["lm_checkpoint.py", "lm_data.py", "lm_model.py"]
-    assert not {Path(name).stem for name in siblings} & set(tl.available_scripts()), "modules, not lessons"
-    assert "train_lm" in tl.available_scripts()
+    assert not {Path(name).stem for name in siblings} & set(tl.runs.available_scripts()), "modules, not lessons"
+    assert "train_lm" in tl.runs.available_scripts()
     tl.write_script("train_lm", tmp_path)
     assert sorted(p.name for p in tmp_path.glob("*.py")) == ["_workbook.py", *siblings, "train_lm.py"]
     assert tl.script_path(tmp_path).name == "train_lm.py", "a module the script imports is never the run's script"
