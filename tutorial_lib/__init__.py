@@ -41,7 +41,6 @@ from .launcher.replicas import start_lighthouse, start_replica_groups
 from .launcher.slurm_replicas import start_slurm_replica_groups
 from .launcher.live import enable_inline_figures
 from .launcher.run import launch, run_script, setup_notebook
-from .launcher.slurm_job import SlurmJob
 from .launcher.spawn import SpawnOutcome, spawn_with_timeout
 from .launcher.spec import LaunchResult, LaunchSpec
 from .notebook.parameters import check_parameters
@@ -75,6 +74,7 @@ from .runs.run_logs import (FatalError, agent_failures, collective_fingerprints,
                             lost_connection, rank_errors, read_output_log, workers_started)
 from .runs.rundir import available_scripts, new_run_dir, read_command, script_path, write_script
 from .slurm.batch import node_commands, slurm_script
+from .slurm.commands import SlurmJob
 from .slurm.target import SlurmSpec, SlurmTarget, connect_slurm
 
 __all__ = [
