@@ -92,7 +92,7 @@ class LaunchError(TutorialError):
             After a collective timeout the rank that timed out is the *waiting* one: the culprit is the rank
             whose stack is not in a collective.
         where: ``{rank: "file:line in function"}``: the innermost frame of each of those stacks.
-        job: the SLURM job of a launch on SLURM (``tutorial_lib.launcher.slurm_job.SlurmJob``: its id, final state
+        job: the SLURM job of a launch on SLURM (``tutorial_lib.slurm.commands.SlurmJob``: its id, final state
             and pending reason, nodes, each node's ranks), else ``None``.
         diagnosis: the doctor's report (``tutorial_lib.diagnosis.report.Diagnosis``), made once when the launch failed, from
             the ranks' evidence: ``tl.diagnose(error)`` returns it without reading the run directory again (``None``

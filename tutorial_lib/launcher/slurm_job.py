@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +71,7 @@ CANCEL_TIMEOUT_S = 120.0  # the longest wait for a cancelled job to leave the qu
 
 @dataclass(frozen=True)
 class SlurmPlan:
-    """What ``run_slurm_plan`` will submit, decided before anything runs (``plan_slurm_launch``; writes nothing).
+    """What a ``SubmittedJob`` will submit, decided before anything runs (``plan_slurm_launch``; writes nothing).
 
     Attributes:
         spec: the launch's ``LaunchSpec`` (``spec.slurm`` set).
