@@ -211,7 +211,7 @@ class RunningJob(Job):
                start: str, store: object) -> None:
         """Hold what ``start`` started and start watching it: the readers of each agent's output, the sampler."""
         plan = self.plan
-        self.pump, self.procs = pump, procs
+        self.pump = pump
         self.commands, self.command, self.started_as = commands, commands[plan.nodes[0]], start
         self.store = store  # simulated nodes: the rendezvous store, hosted here until every agent is gone
         self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
@@ -229,6 +229,7 @@ class RunningJob(Job):
                         for node, proc in procs.items()]
         for reader in self.readers:
             reader.start()
+        self.procs = procs  # started: from here on the loop stops and closes it
         log.info("launched %s (pids %s) in %s", shlex.join(self.command), [p.pid for p in procs.values()],
                  plan.run_dir)
 
