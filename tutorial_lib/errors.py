@@ -96,7 +96,7 @@ class LaunchError(TutorialError):
             ``Frame`` with ``file``, ``line`` and ``function``; ``str()``: ``"train.py:12 in main"``).
         output: every line of ``output.log`` as the launcher wrote it (labelled, ``tutorial_lib.torchrun.output_lines``),
             held in memory: the doctor reads these, not the file (``[]`` for an error the launcher did not raise).
-        job: the SLURM job of a launch on SLURM (``tutorial_lib.launcher.slurm_job.SlurmJob``: its id, final state
+        job: the SLURM job of a launch on SLURM (``tutorial_lib.slurm.commands.SlurmJob``: its id, final state
             and pending reason, nodes, each node's ranks), else ``None``.
         diagnosis: the doctor's report (``tutorial_lib.diagnosis.report.Diagnosis``), made once when the launch failed, from
             the ranks' evidence: ``tl.diagnose(error)`` returns it without reading the run directory again (``None``

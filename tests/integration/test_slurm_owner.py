@@ -62,7 +62,7 @@ def stamps(cluster: LocalCluster) -> list[ProcessStamp]:
 
 
 def watchdogs(cluster: LocalCluster):
-    return [p for p in job_processes(str(cluster.state_dir)) if "slurm_watchdog.py" in " ".join(p.cmdline())]
+    return [p for p in job_processes(str(cluster.state_dir)) if str(ownership.WATCHDOG) in p.cmdline()]
 
 
 def wait_until_none_lives(cluster: LocalCluster, processes: list[ProcessStamp], within_s: float, *,

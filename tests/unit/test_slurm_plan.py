@@ -8,8 +8,8 @@ import pytest
 
 import tutorial_lib as tl
 from tutorial_lib.launcher.plan import RANK_RUNNER
-from tutorial_lib.launcher.slurm_job import plan_slurm_launch, time_limit
-from tutorial_lib.launcher.slurm_outcome import node_exit_codes
+from tutorial_lib.launcher.slurm_job import node_exit_codes, plan_slurm_launch
+from tutorial_lib.slurm.batch import time_limit
 from tutorial_lib.slurm.target import SlurmTarget, connect_slurm
 from tutorial_lib.slurm import local_cluster
 
@@ -114,7 +114,7 @@ def test_a_queued_job_is_shown_pending_with_its_reason_until_it_runs():
 
 
 def test_what_to_change_names_the_request_and_what_the_nodes_have():
-    from tutorial_lib.launcher.slurm_outcome import Request, what_to_change
+    from tutorial_lib.slurm.target import Request, what_to_change
     from tutorial_lib.slurm import NeverStarts
 
     nodes = {"node0": 2, "node1": 2}

@@ -25,9 +25,9 @@ from pathlib import Path
 from ..errors import ConfigError, LaunchError, MetricsError
 from ..runs.replica_records import HealRecord, ReplicaRecords, read_replica_records, write_kill_record
 from ..runs.rundir import LESSONS_DIR, new_run_dir
+from ..slurm.batch import time_limit
 from ..slurm.target import SlurmSpec
 from .replicas import Lighthouse, ReplicaGroups, leftover_processes, start_lighthouse, start_replica_groups
-from .slurm_job import time_limit
 from .slurm_replicas import SlurmReplicaGroups, leftover_jobs, start_slurm_replica_groups
 
 FT_SCRIPT = LESSONS_DIR / "ft_train.py"

@@ -1,9 +1,10 @@
 """Start a planned launch and watch it: the rendezvous, ``command.txt``, the torchrun agents, their output readers,
 the memory sampler, the limits, the stack dump, and the stop that leaves no process behind.
 
-``start_job(plan, view, printer)`` is the start step: everything a ``LaunchPlan`` leaves undone (it picks the port,
-hosts the rendezvous store for simulated nodes, writes ``command.txt``, asks the warm-start helper, starts each node's
-agent) happens here and nowhere before. Everything a job holds is its own: launches from several threads at once each
+``RunningJob(plan, view, printer)`` is a local launch as the one run loop drives it (``interface.Job``); its
+``start`` is the start step: everything a ``LaunchPlan`` leaves undone (it picks the port, hosts the rendezvous store
+for simulated nodes, writes ``command.txt``, asks the warm-start helper, starts each node's agent) happens there and
+nowhere before. Everything a job holds is its own: launches from several threads at once each
 get their own run directory, port, output and limits.
 """
 
@@ -31,6 +32,7 @@ from ..runs.rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
 from ..torchrun.formats import STACK_LINE
 from . import warm
 from .environment import rank_env
+from .interface import Job, LimitReached, Stopped
 from .live import safe_draw
 from .output import OutputPump, ThrottledPrinter
 from .plan import LOOPBACK, RANK_RUNNER, LaunchPlan
@@ -123,14 +125,6 @@ def catches_signal(pid: int, sig: int) -> bool:
     return bool(mask >> (int(sig) - 1) & 1)
 
 
-class LimitReached(Exception):
-    """A limit of the job was reached; ``limit`` names it (``"timeout_s"`` or ``"stall_timeout_s"``)."""
-
-    def __init__(self, limit: str = "timeout_s") -> None:
-        super().__init__(limit)
-        self.limit = limit
-
-
 def limit_reached(spec, elapsed: float, progress_at: float | None) -> str | None:
     """The limit the job has gone past ``elapsed`` s after its start (``"timeout_s"`` or ``"stall_timeout_s"``), or
     ``None``; ``progress_at``: when a rank last logged a metrics line (``None``: none yet, no stall possible)."""
@@ -160,58 +154,66 @@ def sigint_deferred():
             raise KeyboardInterrupt
 
 
-def start_job(plan: LaunchPlan, view, printer: ThrottledPrinter) -> RunningJob:
-    """The start step: host the rendezvous, write ``command.txt``, open ``output.log``, and start every node's agent
-    (warm or cold) with its output readers and the memory sampler.
-
-    Raises:
-        ConfigError: ``command.txt`` could not be written (nothing was started).
-    """
-    started_at = time.monotonic()
-    store, port = host_rendezvous(plan)
-    commands = plan.commands(port)
-    write_command_txt(plan, commands)
-    pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, printer, open(plan.run_dir / OUTPUT_LOG, "w"),
-                      log_dirs={node: plan.node_log_dir(node) for node in plan.nodes})
-    safe_draw(view.start)
-    procs: dict[int, subprocess.Popen] = {}
-    try:
-        starts, start = start_commands(plan, commands, printer, wait_s=plan.spec.timeout_s)
-        for node in plan.nodes:
-            procs[node] = subprocess.Popen(
-                starts[node][0], cwd=plan.cwd, env=starts[node][1], stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its kernel
-                # died stopped its ranks, then hung at exit joining its tee threads (never told to stop; it ran with
-                # --tee 3 then), an orphan for good. Its ranks die with it all the same (the rank runner's own
-                # PDEATHSIG). The signal fires when the thread that starts the agent ends: this one, which waits for
-                # the job until every agent is gone (launch returns, or raises, only then), so never while it runs.
-                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
-            )
-    except BaseException:
-        for proc in procs.values():
-            ProcessTree(proc.pid).stop(proc, plan.spec.shutdown_grace_s)
-        pump.close()
-        raise
-    return RunningJob(plan, pump, view, procs, commands, start, store, started_at)
-
-
-class RunningJob:
-    """The started torchrun agents (one per node), their process tree, output readers and memory sampler.
+class RunningJob(Job):
+    """A launch on this machine (``interface.Job``): the torchrun agents (one per node), their process tree, output
+    readers and memory sampler.
 
     Attributes:
         plan: the ``LaunchPlan``.
-        pump: the job's ``OutputPump``.
+        pump: the job's ``OutputPump`` (once started).
         commands: each node's torchrun argv (cold form); ``command``: the first node's.
-        start: ``"warm"`` or ``"cold"``: how the agents and ranks were started.
+        started_as: ``"warm"`` or ``"cold"``: how the agents and ranks were started.
     """
 
-    def __init__(self, plan: LaunchPlan, pump: OutputPump, view, procs: dict[int, subprocess.Popen],
-                 commands: dict[int, list[str]], start: str, store: object, started_at: float) -> None:
-        self.plan, self.pump, self.view, self.procs = plan, pump, view, procs
-        self.commands, self.command, self.start = commands, commands[plan.nodes[0]], start
+    def __init__(self, plan: LaunchPlan, view, printer: ThrottledPrinter) -> None:
+        self.plan, self.view, self.printer = plan, view, printer
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.started_at = time.monotonic()
+
+    def start(self) -> None:
+        """The start step: host the rendezvous, write ``command.txt``, open ``output.log``, and start every node's
+        agent (warm or cold) with its output readers and the memory sampler.
+
+        Raises:
+            ConfigError: ``command.txt`` could not be written (nothing was started).
+        """
+        plan, self.started_at = self.plan, time.monotonic()
+        store, port = host_rendezvous(plan)
+        commands = plan.commands(port)
+        write_command_txt(plan, commands)
+        pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, self.printer,
+                          open(plan.run_dir / OUTPUT_LOG, "w"),
+                          log_dirs={node: plan.node_log_dir(node) for node in plan.nodes})
+        safe_draw(self.view.start)
+        procs: dict[int, subprocess.Popen] = {}
+        try:
+            starts, start = start_commands(plan, commands, self.printer, wait_s=plan.spec.timeout_s)
+            for node in plan.nodes:
+                procs[node] = subprocess.Popen(
+                    starts[node][0], cwd=plan.cwd, env=starts[node][1], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                    # The kernel killed outright: SIGKILL, not SIGTERM. Seen here: torchrun SIGTERMed while its kernel
+                    # died stopped its ranks, then hung at exit joining its tee threads (never told to stop; it ran
+                    # with --tee 3 then), an orphan for good. Its ranks die with it all the same (the rank runner's own
+                    # PDEATHSIG). The signal fires when the thread that starts the agent ends: this one, which waits
+                    # for the job until every agent is gone (launch returns, or raises, only then), so never while it
+                    # runs.
+                    preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
+                )
+        except BaseException:
+            for proc in procs.values():
+                ProcessTree(proc.pid).stop(proc, plan.spec.shutdown_grace_s)
+            pump.close()
+            raise
+        self._watch(pump, procs, commands, start, store)
+
+    def _watch(self, pump: OutputPump, procs: dict[int, subprocess.Popen], commands: dict[int, list[str]],
+               start: str, store: object) -> None:
+        """Hold what ``start`` started and start watching it: the readers of each agent's output, the sampler."""
+        plan = self.plan
+        self.pump = pump
+        self.commands, self.command, self.started_as = commands, commands[plan.nodes[0]], start
         self.store = store  # simulated nodes: the rendezvous store, hosted here until every agent is gone
-        self.started_at = started_at
         self.metrics_tail = JsonlTail(plan.run_dir / METRICS_SUBDIR, "rank*.jsonl")
         # Loss points from the ranks' printed lines (a script of your own): drawn while no metrics JSON has come.
         self.printed = PrintedMetricsWriter(plan.run_dir, compile_loss_pattern(plan.spec.loss_pattern))
@@ -227,8 +229,24 @@ class RunningJob:
                         for node, proc in procs.items()]
         for reader in self.readers:
             reader.start()
+        self.procs = procs  # started: from here on the loop stops and closes it
         log.info("launched %s (pids %s) in %s", shlex.join(self.command), [p.pid for p in procs.values()],
                  plan.run_dir)
+
+    @property
+    def started(self) -> bool:
+        """Whether every node's agent was started."""
+        return bool(self.procs)
+
+    @property
+    def rss_samples(self) -> list:
+        """The memory sampler's RSS samples (the view's last figure)."""
+        return self.sampler.rss_samples
+
+    @property
+    def loss_pattern(self):
+        """The ``loss_pattern`` the ranks' printed lines were read with."""
+        return self.plan.spec.loss_pattern
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started_at
@@ -292,9 +310,10 @@ class RunningJob:
                 stacks.setdefault(rank, []).append(text)
         return {rank: "\n".join(text).strip("\n") for rank, text in sorted(stacks.items())}
 
-    def stop(self, ask_for_stacks: bool) -> tuple[list[int], dict[int, str], int]:
+    def stop(self, ask_for_stacks: bool) -> Stopped:
         """Stop the whole job (after asking its ranks for their stacks if ``ask_for_stacks``): the ranks that were
-        still running, their stacks, and how many processes needed SIGKILL. A second interrupt waits until the end."""
+        still running, their stacks, the first agent's exit code and how many processes needed SIGKILL. A second
+        interrupt waits until the end."""
         ranks_running = self.tree.ranks_alive()
         stacks = {}
         if ask_for_stacks:
@@ -303,11 +322,14 @@ class RunningJob:
         with sigint_deferred():  # a second interrupt must not cut the cleanup short
             killed = self.tree.stop(list(self.procs.values()), self.plan.spec.shutdown_grace_s)
             self.pump.read_rank_logs(final=True)  # every rank is gone: what they printed as they stopped, to the end
-        return ranks_running, stacks, killed
+        return Stopped(ranks_running, stacks, self.procs[self.plan.nodes[0]].returncode,
+                       f"stopped torchrun and its workers ({killed} needed SIGKILL); nothing is left running")
 
     def close(self) -> None:
         """On every path: stop sampling, kill leftovers, read the last lines (torchrun's, and the ranks' files to their
-        end), close the log, the files, the pipes and the rendezvous store."""
+        end), close the log, the files, the pipes and the rendezvous store. Nothing to do if it never started."""
+        if not self.procs:
+            return
         self.sampler.stop()
         self.tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
         for reader in self.readers:

@@ -1,6 +1,10 @@
 """How a launch ended: the ``Outcome`` the live view draws, the ``LaunchError`` or ``LaunchTimeout`` the caller gets,
 and the ``run.json`` record. Builders only: they take what the job left (its plan, its output pump, exit codes,
 stacks) and return values; the launcher decides when to draw, write and raise (``tutorial_lib.launcher.run``).
+
+Each builder takes ``told``, the job (``tutorial_lib.launcher.interface.Job``), and asks it what it knows beyond
+torchrun's output before the error is made: its SLURM job, the node a rank ran on, how SLURM ended it. ``told=None``:
+a local job's answers.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ def output_tail(transcript: Sequence[str], n: int = 30) -> list[str]:
 
 
 def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int], wall_time_s: float, *,
-                  command: list[str], start: str = "cold") -> tuple[LaunchError, RunRecord, Outcome]:
+                  command: list[str], start: str = "cold", told=None) -> tuple[LaunchError, RunRecord, Outcome]:
     """The ``LaunchError`` of a job where some agent exited non-zero, its run.json (not yet written) and its outcome
     for the live view: the rank that failed first (or torchrun's own failure, explained), and where the stopped
     ranks were (in the error and run.json; the view's box says it in its own lines).
@@ -143,6 +147,8 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
         wall_time_s: seconds from the launch to its end.
         command: the first node's torchrun argv (its rendezvous port is named if the port was taken).
         start: ``"warm"`` or ``"cold"``, for run.json.
+        told: the job (``interface.Job``: its ``said_failure`` words the headline and summary, its ``slurm_job`` goes
+            into the error and run.json); ``None``: a local job's words, no SLURM job.
     """
     spec, script = plan.spec, plan.script
     failed = [node for node in plan.nodes if returncodes[node] != 0]
@@ -160,8 +166,6 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
                                        command_port(command))
         if reason is not None:
             headline = Message(N_("{failed}: {reason}"), {"failed": headline, "reason": reason})
-    summary = str(headline)
-    outcome = Outcome(RunStatus.FAILED, wall_time_s, headline)
     # The other ranks' stacks, printed when torchrun stopped them (faulthandler on SIGTERM): after a
     # collective timeout the failing rank is the one that waited, and these show where the culprit was.
     stacks = stopped_ranks_stacks(pump.ranked, plan.run_dir / LOGS, one_node=spec.nnodes == 1,
@@ -169,13 +173,15 @@ def failure_error(plan: LaunchPlan, pump: OutputPump, returncodes: dict[int, int
                                   failed_themselves=_failed_themselves(failure))
     stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
     where = places(stacks)
-    summary += when_stopped(where)
+    headline, summary = (told.said_failure(headline, where, failure) if told is not None
+                         else (headline, f"{headline}{when_stopped(where)}"))
+    job = told.slurm_job() if told is not None else None
     record = RunRecord(RunStatus.FAILED, wall_time_s, **plan.shape(start), returncode=returncode, summary=summary,
-                       where=where)
+                       where=where, slurm_job=job.as_dict() if job is not None else None)
     error = LaunchError(summary, run_dir=plan.run_dir, command=command, returncode=returncode, failure=failure,
-                        output_tail=output_tail(pump.transcript), stacks=stacks, headline=headline,
+                        output_tail=output_tail(pump.transcript), stacks=stacks, headline=headline, job=job,
                         output=pump.transcript)
-    return error, record, outcome
+    return error, record, Outcome(RunStatus.FAILED, wall_time_s, headline)
 
 
 def limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, Message]:
@@ -193,8 +199,10 @@ def limit_text(spec: LaunchSpec, limit: str) -> tuple[float, str, Message]:
 
 def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float, ranks_running: list[int],
                   last_steps: dict[int, int], stacks: dict[int, str], returncode: int | None, *,
-                  command: list[str], start: str = "cold") -> tuple[LaunchTimeout, RunRecord, Outcome]:
-    """The ``LaunchTimeout`` of a job stopped at ``limit``, its run.json (not yet written) and its outcome."""
+                  command: list[str], start: str = "cold", told=None) -> tuple[LaunchTimeout, RunRecord, Outcome]:
+    """The ``LaunchTimeout`` of a job stopped at ``limit``, its run.json (not yet written) and its outcome; ``told``:
+    the job (``interface.Job``: its ``said_stopped`` adds what it knows, its ``slurm_job`` is carried), ``None``: a
+    local job."""
     limit_s, what, short = limit_text(plan.spec, limit)
     stacks = {rank: learner_stack(stack) for rank, stack in stacks.items()}  # the runner's frames stay in the log
     summary = (f"{plan.script.name} {what} and was stopped; "
@@ -203,24 +211,30 @@ def timeout_error(plan: LaunchPlan, pump: OutputPump, limit: str, elapsed: float
     if stacks:
         summary += "; where each rank was: " + "; ".join(
             f"rank {rank} in {where.get(rank, '')}" for rank in sorted(stacks))
+    headline = Message(N_("{script} {what} and was stopped"), {"script": plan.script.name, "what": short})
+    if told is not None:
+        headline, summary = told.said_stopped(headline, summary)
+    job = told.slurm_job() if told is not None else None
     error = LaunchTimeout(summary, timeout_s=limit_s, limit=limit, last_steps=last_steps, stacks=stacks,
                           run_dir=plan.run_dir, command=command, returncode=returncode,
-                          output_tail=output_tail(pump.transcript), output=pump.transcript,
-                          headline=Message(N_("{script} {what} and was stopped"), {"script": plan.script.name, "what": short}))
+                          output_tail=output_tail(pump.transcript), output=pump.transcript, headline=headline, job=job)
     record = RunRecord(RunStatus.TIMEOUT, elapsed, **plan.shape(start), summary=summary, timeout_s=limit_s, limit=limit,
-                       where=where)
+                       where=where, slurm_job=job.as_dict() if job is not None else None)
     return error, record, Outcome(RunStatus.TIMEOUT, elapsed, short)
 
 
 def stopped_outcome(plan: LaunchPlan, exc: BaseException, elapsed: float, *,
-                    start: str = "cold") -> tuple[RunRecord, Outcome]:
-    """The run.json and outcome of a job stopped by an interrupt (``KeyboardInterrupt``) or another exception."""
+                    start: str = "cold", told=None) -> tuple[RunRecord, Outcome]:
+    """The run.json and outcome of a job stopped by an interrupt (``KeyboardInterrupt``) or another exception
+    (``told``: the job, whose ``slurm_job`` run.json records; ``None``: none)."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     what = (Message(N_("interrupted")) if interrupted
             else Message(N_("stopped by {error}"), {"error": type(exc).__name__}))
     status = RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED
     stopped_by = "" if interrupted else type(exc).__name__
-    return (RunRecord(status, elapsed, **plan.shape(start), summary=str(what), stopped_by=stopped_by),
+    job = told.slurm_job() if told is not None else None
+    return (RunRecord(status, elapsed, **plan.shape(start), summary=str(what), stopped_by=stopped_by,
+                      slurm_job=job.as_dict() if job is not None else None),
             Outcome(status, elapsed, what))
 
 

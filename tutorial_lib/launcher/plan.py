@@ -2,7 +2,7 @@
 
 ``plan_launch(spec)`` is pure: it validates the spec, resolves the device, and builds each node's torchrun command
 and environment, and it writes nothing, binds no socket and starts nothing. The start step
-(``tutorial_lib.launcher.job.start_job``) then picks the port, hosts the rendezvous, writes ``command.txt`` and
+(``tutorial_lib.launcher.job.RunningJob.start``) then picks the port, hosts the rendezvous, writes ``command.txt`` and
 starts the processes. The command builders are unit-tested without launching, as accelerate does for its launchers.
 """
 

@@ -5,9 +5,11 @@ group, never forking the kernel and never through a shell, on a free loopback po
 into the cell prefixed by rank; memory is sampled; the live view shows progress and the loss/memory plot. On error,
 timeout or KeyboardInterrupt (a kernel interrupt) the whole process tree is stopped and reaped.
 
-A launch is four named steps: ``plan_launch`` (pure: every command and environment), ``start_job`` (the port,
-``command.txt``, the processes), ``RunningJob.wait`` (pump the output, watch the limits), and the outcome
-(``tutorial_lib.launcher.outcome``: the result, or the error to raise, its run.json and the view's last word).
+A launch is four named steps: ``plan_launch`` (pure: every command and environment), ``Job.start`` (the port,
+``command.txt``, the processes), ``Job.wait`` (pump the output, watch the limits), and the outcome
+(``tutorial_lib.launcher.outcome``: the result, or the error to raise, its run.json and the view's last word). A launch
+on SLURM takes the same steps: ``plan_slurm_launch``, then a ``SubmittedJob`` (sbatch, squeue, scancel) in place of
+the local ``RunningJob``; ``run_job`` is the one loop both go through (the job interface: ``interface.Job``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from ..runs.rundir import (OUTPUT_LOG, RunRecord, RunStatus, available_scripts, 
 from . import warm
 from .devices import DevicePlan
 from .environment import build_env, set_rank_env
-from .job import LimitReached, RunningJob, start_job
+from .interface import Job, LimitReached
+from .job import RunningJob
 from .live import Outcome, enable_inline_figures, make_view, safe_draw
 from .outcome import failure_error, stopped_outcome, timeout_error, with_diagnosis
 from .output import ThrottledPrinter
 from .plan import LaunchPlan, plan_launch
-from .slurm_job import plan_slurm_launch, run_slurm_plan
+from .slurm_job import SlurmPlan, SubmittedJob, plan_slurm_launch
 from .spec import LaunchResult, LaunchSpec, check_spec_fields, folder_given_as_script
 
 # run_script's own arguments: given to it, never as LaunchSpec fields.
@@ -61,8 +64,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         KeyboardInterrupt: re-raised after the job was stopped (a kernel interrupt).
         In every case no process of the job survives.
 
-    With ``spec.slurm`` (a ``SlurmSpec``) the job is submitted to SLURM instead (``slurm_job.run_slurm_plan``): the same
-    result and errors, and an interrupt or a limit cancels the job (``scancel``).
+    With ``spec.slurm`` (a ``SlurmSpec``) the job is submitted to SLURM instead (``slurm_job.SubmittedJob``, run by the
+    same loop, ``run_job``): the same result and errors, and an interrupt or a limit cancels the job (``scancel``).
     """
     fresh = fresh_run_dir_for(spec)
     if fresh is None:
@@ -77,9 +80,14 @@ def _plan_any(spec: LaunchSpec):
     return plan_slurm_launch(spec) if spec.slurm is not None else plan_launch(spec)
 
 
-def _run_any(plan) -> LaunchResult:
-    """Run a plan ``_plan_any`` made, on SLURM or here."""
-    return run_slurm_plan(plan) if plan.spec.slurm is not None else run_plan(plan)
+def _run_any(plan: LaunchPlan | SlurmPlan) -> LaunchResult:
+    """Run a plan ``_plan_any`` made, on SLURM or here: the one loop (``run_job``) with the plan's job."""
+    view = make_view(plan.spec.live, run_dir=plan.run_dir, cwd=plan.cwd)
+    printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=plan.spec.max_output_lines_per_s,
+                               log_name=str(plan.run_dir / OUTPUT_LOG),
+                               keeps_full_tracebacks=view.log_stream is not None)  # the widget view's output area
+    job_class = SubmittedJob if isinstance(plan, SlurmPlan) else RunningJob
+    return run_job(job_class(plan, view, printer))
 
 
 def fresh_run_dir_for(spec: LaunchSpec) -> Path | None:
@@ -107,14 +115,20 @@ def _run_label(stem: str) -> str:
     return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9._-]", "", stem)[:80] or "script"
 
 
-def run_plan(plan: LaunchPlan) -> LaunchResult:
-    """Start a planned launch (``plan_launch``), wait for it and return (or raise) its outcome, as ``launch`` does."""
-    view = make_view(plan.spec.live, run_dir=plan.run_dir, cwd=plan.cwd)
-    printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=plan.spec.max_output_lines_per_s,
-                               log_name=str(plan.run_dir / OUTPUT_LOG),
-                               keeps_full_tracebacks=view.log_stream is not None)  # the widget view's output area
-    job = start_job(plan, view, printer)
+def run_job(job: Job) -> LaunchResult:
+    """The one run loop of every launch, local or on SLURM (``interface.Job`` gives the order of its calls): start the
+    job, wait for it, stop it on any exception (asking its ranks for their stacks first at a limit), and finish.
+
+    Returns:
+        ``LaunchResult`` of a job that succeeded.
+
+    Raises:
+        LaunchError: the job failed, or can never run as asked; LaunchTimeout: it was stopped at a limit (each with
+            the doctor's diagnosis, ``with_diagnosis``). Anything else (an interrupt, a refused start) is re-raised
+            after the job was stopped.
+    """
     try:
+        job.start()
         returncodes = job.wait()
     except BaseException as exc:
         error = _stop(job, exc)
@@ -126,47 +140,54 @@ def run_plan(plan: LaunchPlan) -> LaunchResult:
     return _finish(job, returncodes)
 
 
-def _stop(job: RunningJob, exc: BaseException):
-    """Stop the job (asking its ranks for their stacks first at a limit) and report why: the ``LaunchTimeout`` to
-    raise, or ``None`` after saying that an interrupt or another exception stopped it (it is re-raised)."""
+def _stop(job: Job, exc: BaseException):
+    """Stop the job (asking its ranks for their stacks first at a limit) and report why: the ``LaunchTimeout`` (or the
+    job's own ``LaunchError``: ``cannot_run``) to raise, or ``None`` after saying that an interrupt or another
+    exception stopped it (it is re-raised)."""
     plan, view = job.plan, job.view
+    if not job.started:  # nothing runs: a bad run directory, a refused submission
+        job.not_started(exc)
+        return None
     at_limit = isinstance(exc, LimitReached)
-    ranks_running, stacks, killed = job.stop(ask_for_stacks=at_limit)
+    stopped = job.stop(ask_for_stacks=at_limit)
     elapsed = job.elapsed()
     view.add(job.read_records())
-    if at_limit:
+    built = job.cannot_run(exc, elapsed)
+    if built is None and at_limit:
         last_steps = {rank: r["step"] for rank, r in view.latest.items()}
-        error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, ranks_running, last_steps, stacks,
-                                               job.procs[plan.nodes[0]].returncode, command=job.command,
-                                               start=job.start)
+        built = timeout_error(plan, job.pump, exc.limit, elapsed, stopped.ranks_running, last_steps, stopped.stacks,
+                              stopped.returncode, command=job.command, start=job.started_as, told=job)
+    if built is not None:
+        error, record, outcome = built
         record.write(plan.run_dir)
-        safe_draw(view.finish, job.sampler.rss_samples, outcome)
-        safe_draw(view.fail, error)  # the live view says where each rank was
+        safe_draw(view.finish, job.rss_samples, outcome)
+        safe_draw(view.fail, error)  # the live view says where each rank was, or why the job cannot run
         return error
-    record, outcome = stopped_outcome(plan, exc, elapsed, start=job.start)
+    record, outcome = stopped_outcome(plan, exc, elapsed, start=job.started_as, told=job)
     record.write(plan.run_dir)
-    safe_draw(view.finish, job.sampler.rss_samples, outcome)
-    sys.stdout.write(f"[launcher] {outcome.cause}: stopped torchrun and its workers "
-                     f"({killed} needed SIGKILL); nothing is left running. Logs: {plan.run_dir}\n")
+    safe_draw(view.finish, job.rss_samples, outcome)
+    sys.stdout.write(f"[launcher] {outcome.cause}: {stopped.how}. Logs: {plan.run_dir}\n")
     return None
 
 
-def _finish(job: RunningJob, returncodes: dict[int, int]) -> LaunchResult:
-    """The ``LaunchResult`` of a job that exited; raises its ``LaunchError`` if an agent failed."""
+def _finish(job: Job, returncodes: dict[int, int]) -> LaunchResult:
+    """The ``LaunchResult`` of a job that ended; raises its ``LaunchError`` if a node failed."""
     plan, view = job.plan, job.view
     wall_time_s = job.elapsed()
     view.add(job.read_records())
     if any(returncodes[node] != 0 for node in plan.nodes):
         error, record, outcome = failure_error(plan, job.pump, returncodes, wall_time_s, command=job.command,
-                                               start=job.start)
-        safe_draw(view.finish, job.sampler.rss_samples, outcome)
+                                               start=job.started_as, told=job)
+        safe_draw(view.finish, job.rss_samples, outcome)
         record.write(plan.run_dir)
         safe_draw(view.fail, error)  # the live view names the rank, the cause and the logs
         raise with_diagnosis(error)
-    safe_draw(view.finish, job.sampler.rss_samples, Outcome(RunStatus.FINISHED, wall_time_s))
-    RunRecord(RunStatus.FINISHED, wall_time_s, **plan.shape(job.start), returncode=0).write(plan.run_dir)
+    slurm_job = job.slurm_job()
+    safe_draw(view.finish, job.rss_samples, Outcome(RunStatus.FINISHED, wall_time_s))
+    RunRecord(RunStatus.FINISHED, wall_time_s, **plan.shape(job.started_as), returncode=0,
+              slurm_job=slurm_job.as_dict() if slurm_job is not None else None).write(plan.run_dir)
     return LaunchResult(run_dir=plan.run_dir, command=job.command, returncode=0, wall_time_s=wall_time_s,
-                        plan=plan.device_plan, loss_pattern=plan.spec.loss_pattern)
+                        plan=plan.device_plan, job=slurm_job, loss_pattern=job.loss_pattern)
 
 
 def run_script(script: str | os.PathLike, args: Sequence[object] = (), *, runs_dir: str | os.PathLike | None = None,

@@ -1,9 +1,12 @@
 """Launch on SLURM: the same ``LaunchSpec`` submitted with ``sbatch`` through the batch script a learner would submit
 by hand (``tl.slurm.slurm_script``), watched from the kernel through the files the job writes on the shared filesystem.
 
-``launch(LaunchSpec(script, nnodes=2, slurm=SlurmSpec(...)))`` comes here (``plan_slurm_launch``, then
-``run_slurm_plan``). The run directory, which must be on the filesystem every node shares (it is the job's
-``--chdir``), then holds what a local launch leaves: ``command.txt`` (the sbatch command and the batch script, also
+``launch(LaunchSpec(script, nnodes=2, slurm=SlurmSpec(...)))`` comes here: ``plan_slurm_launch``, then a
+``SubmittedJob`` (the job interface, ``interface.Job``) driven by the one run loop every launch goes through
+(``tutorial_lib.launcher.run.run_job``), which builds the error once with what this job knows (its ``SlurmJob``, the
+node a failed rank ran on, how SLURM ended it, that it was cancelled, that it can never start).
+
+The run directory, which must be on the filesystem every node shares (it is the job's ``--chdir``), then holds what a local launch leaves: ``command.txt`` (the sbatch command and the batch script, also
 written as ``job.sh``), ``output.log`` (every rank's lines as ``[rank R] ...``, each node's torchrun's as ``[torchrun
 node N] ...``, the batch script's own as ``[batch] ...``),
 ``logs/node<N>/`` (node N's torchrun ``--log-dir``: N is SLURM's index of the node, ``$SLURM_NODEID``; torchrun's node
@@ -33,40 +36,42 @@ after ``KillWait``). A job whose kernel was killed outright runs on until its ``
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..slurm.batch import slurm_script
 from ..errors import ConfigError, LaunchError, SlurmError
 from ..i18n import N_, Message
 from ..runs.metrics import JsonlTail
 from ..runs.rundir import COMMAND_TXT, LOGS, METRICS_SUBDIR, OUTPUT_LOG, RunRecord, RunStatus
-from ..slurm.commands import (JobInfo, JobState, cancel, client_env, expand_hostlist, job_info, node_cpus, run_slurm,
-                              submit)
+from ..slurm.batch import slurm_script, time_limit
+from ..slurm.commands import (JobInfo, JobState, SlurmJob, cancel, client_env, expand_hostlist, job_info, node_cpus,
+                              run_slurm, submit)
+from ..slurm.target import CANNOT_START, Request, what_to_change
+from ..torchrun.output_lines import BATCH_LABEL
+from ..torchrun.root_cause import RankFailure
 from ..torchrun.stacks import STACK_HEADER, stacks_by_rank
 from .devices import DevicePlan
 from .environment import rank_env
-from .job import STACK_DUMP_WAIT_S, LimitReached, limit_reached, sigint_deferred
-from .live import Outcome, Queued, make_view, safe_draw
-from .outcome import failure_error, stopped_outcome, timeout_error, with_diagnosis
+from .interface import Job, LimitReached, Stopped
+from .job import STACK_DUMP_WAIT_S, limit_reached, sigint_deferred
+from .live import Outcome, Queued, safe_draw
+from .outcome import when_stopped
 from .output import OutputPump, ThrottledPrinter
 from .plan import RANK_RUNNER, command_text
-from .slurm_outcome import (BATCH_PREFIX, Request, SlurmJob, attach_job, cannot_start_error, failure_summary,
-                            node_exit_codes, where_it_was)
-from .spec import LaunchResult, LaunchSpec
+from .spec import LaunchSpec
 
 JOB_SCRIPT = "job.sh"
+BATCH_PREFIX = BATCH_LABEL  # the batch script's own lines in output.log
+_SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): task (?P<task>\d+): (?P<what>.*)$")
 CANCEL_TIMEOUT_S = 120.0  # the longest wait for a cancelled job to leave the queue (KillWait is 30 s by default)
 
 
 @dataclass(frozen=True)
 class SlurmPlan:
-    """What ``run_slurm_plan`` will submit, decided before anything runs (``plan_slurm_launch``; writes nothing).
+    """What a ``SubmittedJob`` will submit, decided before anything runs (``plan_slurm_launch``; writes nothing).
 
     Attributes:
         spec: the launch's ``LaunchSpec`` (``spec.slurm`` set).
@@ -99,6 +104,11 @@ class SlurmPlan:
         """Node ``node``'s torchrun ``--log-dir``: ``logs/node<N>`` (the batch script's ``$SLURM_NODEID``)."""
         return self.run_dir / LOGS / f"node{node}"
 
+    @property
+    def cwd(self) -> None:
+        """The ranks' working folder as the live view names it: none apart (the job's ``--chdir`` is ``run_dir``)."""
+        return None
+
     def node_output(self, job_id: int, node: int) -> Path:
         """Node ``node``'s torchrun's own output (srun's ``--output=%x-%j-node%n.out``; its ranks' lines are in their
         files under ``node_log_dir``)."""
@@ -118,13 +128,6 @@ class SlurmPlan:
         environment), then the batch script."""
         line = command_text(self.sbatch_argv, self.job_env, self.run_dir, os.environ)
         return f"{line}# {JOB_SCRIPT}, submitted by the line above:\n{self.batch_script}"
-
-
-def time_limit(timeout_s: float) -> str:
-    """SLURM's ``--time`` for a launch limited to ``timeout_s``: 5 minutes more, whole minutes (``D-HH:MM:SS``)."""
-    minutes = math.ceil((timeout_s + 300) / 60)
-    days, minutes = divmod(minutes, 24 * 60)
-    return (f"{days}-" if days else "") + f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
 def plan_slurm_launch(spec: LaunchSpec) -> SlurmPlan:
@@ -148,6 +151,20 @@ def plan_slurm_launch(spec: LaunchSpec) -> SlurmPlan:
     env = client_env(slurm.conf, {**os.environ, **rank_env(), **spec.env})
     return SlurmPlan(spec, device_plan, script, run_dir, tuple(range(spec.nnodes)), env, job_name, batch,
                      ["sbatch", "--parsable", *slurm.sbatch_args, JOB_SCRIPT])
+
+
+def node_exit_codes(batch_lines: list[str], nodes: tuple[int, ...], job_exit_code: int | None) -> dict[int, int]:
+    """Each node task's exit status from srun's ``srun: error: <host>: task <N>: Exited with exit code <C>`` lines
+    (one task per node: task N is node N; another ending, e.g. a signal, counts as 1); a node srun says nothing of
+    exited 0. If srun named none, every node gets the job's exit code (0 when unknown)."""
+    codes = {node: 0 for node in nodes}
+    named = False
+    for line in batch_lines:
+        m = _SRUN_TASK.match(line.removeprefix(BATCH_PREFIX))
+        if m is not None and int(m["task"]) in codes:
+            exit_code = re.match(r"Exited with exit code (\d+)", m["what"])
+            codes[int(m["task"])], named = int(exit_code.group(1)) if exit_code else 1, True
+    return codes if named else {node: job_exit_code or 0 for node in nodes}
 
 
 class CannotStart(Exception):
@@ -182,16 +199,21 @@ class FileTail:
         return [line.decode("utf-8", errors="replace").rstrip("\r") for line in lines]
 
 
-class SubmittedJob:
-    """A submitted SLURM job and what the kernel reads of it: its state, its output files, its metrics.
+class SubmittedJob(Job):
+    """A launch on SLURM (``interface.Job``): the submitted job and what the kernel reads of it: its state, its output
+    files, its metrics; and what it knows of its end, for the error the run loop builds once.
 
     Attributes:
         plan: the ``SlurmPlan``; job_id: SLURM's id; info: the last ``JobInfo`` (``None`` before the first look);
-        pump: the ``OutputPump`` every node's lines go through; node_ranks: ``{node: global ranks}`` seen so far.
+        pump: the ``OutputPump`` every node's lines go through; node_ranks: ``{node: global ranks}`` seen so far;
+        command: the sbatch command; started_as: ``"cold"`` (SLURM's nodes have no warm-start helper).
     """
 
     def __init__(self, plan: SlurmPlan, view, printer: ThrottledPrinter) -> None:
         self.plan, self.view, self.printer = plan, view, printer
+        self.command, self.started_as = plan.sbatch_argv, "cold"
+        self.srun_named = False  # srun named the node task that failed (else SLURM itself ended the job)
+        self.cancelled: Message | None = None  # that the launcher cancelled it, and while it did what
         self.job_id: int | None = None
         self.info: JobInfo | None = None
         self.node_names: tuple[str, ...] = ()
@@ -204,7 +226,7 @@ class SubmittedJob:
         self.tails: dict[int | None, FileTail] = {}
         self.pump: OutputPump | None = None
 
-    def submit(self) -> None:
+    def start(self) -> None:
         """Write ``command.txt`` and ``job.sh`` (never over existing files), open ``output.log`` and submit.
 
         Raises:
@@ -280,8 +302,13 @@ class SubmittedJob:
         self.info = info
         return info
 
-    def wait(self) -> JobInfo:
-        """Stream the output and the metrics until the job has finished; its final ``JobInfo``.
+    def read_records(self) -> list[dict]:
+        """The metrics records the ranks wrote since the last call (no loss is read from their printed lines)."""
+        return self.metrics_tail.read_new()
+
+    def wait(self) -> dict[int, int]:
+        """Stream the output and the metrics until the job has finished; each node task's exit code
+        (``exit_codes``).
 
         Raises ``LimitReached`` past ``timeout_s`` (from the submission) or ``stall_timeout_s``, ``CannotStart`` at the
         first look that finds the job pending for a reason of ``SlurmSpec.cancel_pending_reasons``."""
@@ -312,7 +339,17 @@ class SubmittedJob:
             time.sleep(0.1)
         self.read_output(final=True)  # the files are complete once the job has finished
         self.view.add(self.metrics_tail.read_new())
-        return self.info
+        return self.exit_codes(self.info)
+
+    def exit_codes(self, info: JobInfo) -> dict[int, int]:
+        """Each node task's exit code once the job has finished: 0 for every node of a job that completed; else what
+        srun says of each task (``node_exit_codes``), or 1 for every node where srun named none (SLURM ended it:
+        TIMEOUT, NODE_FAIL, cancelled by someone)."""
+        if info.state == JobState.COMPLETED and not info.exit_code:
+            return {node: 0 for node in self.plan.nodes}
+        codes = node_exit_codes(self.pump.transcript, self.plan.nodes, info.exit_code)
+        self.srun_named = any(codes.values())
+        return codes if self.srun_named else {node: 1 for node in self.plan.nodes}
 
     def request_stacks(self) -> dict[int, str]:
         """Ask every rank of a running job for its Python stack (``scancel --signal=USR1``: the job's steps, where
@@ -337,24 +374,99 @@ class SubmittedJob:
             time.sleep(0.1)
         return stacks_by_rank(self.pump.ranked[mark:])
 
-    def cancel(self) -> None:
-        """``scancel`` the job and wait until it has left the queue (every process of it stopped), reading its
-        output meanwhile. A second interrupt waits until the end."""
-        if self.job_id is None:
-            return
+    def stop(self, ask_for_stacks: bool) -> Stopped:
+        """Ask every rank for its stack if ``ask_for_stacks`` (``request_stacks``), then ``scancel`` the job and wait
+        until it has left the queue (every process of it stopped), reading its output meanwhile; a cancel that fails
+        is said with the command to end the job. A second interrupt waits until the end."""
         with sigint_deferred():
-            final = cancel(self.job_id, conf=self.plan.conf, timeout_s=CANCEL_TIMEOUT_S)
-            if final is not None:
-                self.info = final
-            self.read_output(final=True)
+            stacks = self.request_stacks() if ask_for_stacks else {}
+        try:
+            with sigint_deferred():
+                final = cancel(self.job_id, conf=self.plan.conf, timeout_s=CANCEL_TIMEOUT_S)
+                if final is not None:
+                    self.info = final
+                self.read_output(final=True)
+        except SlurmError as e:  # slurmctld not answering: say what is left and how to end it
+            self.printer.note(f"could not cancel SLURM job {self.job_id}: {e}; cancel it with: scancel {self.job_id}")
+        self.cancelled = Message(N_("SLURM job {job_id} was cancelled (scancel) while {where}"),
+                                 {"job_id": self.job_id, "where": self.slurm_job().where_it_was()})
+        return Stopped(sorted(stacks), stacks, None,
+                       f"{self.cancelled}; it has left the queue, SLURM stopped every process of it")
 
-    def job(self) -> SlurmJob:
-        """The ``SlurmJob`` as last seen."""
+    @property
+    def started(self) -> bool:
+        """Whether sbatch accepted the job (it has an id)."""
+        return self.job_id is not None
+
+    def not_started(self, exc: BaseException) -> None:
+        """Nothing was submitted: a refusal of sbatch's is recorded (run.json's status ``refused`` with sbatch's
+        message, which the doctor shows) and the view ended."""
+        if self.refused is not None and exc is self.refused:
+            plan, elapsed = self.plan, self.elapsed()
+            said = exc.stderr or exc.message
+            last = said.strip().splitlines()[-1] if said.strip() else "no message"
+            headline = Message(N_("{script} was not submitted: sbatch refused the job ({said})"),
+                               {"script": plan.script.name, "said": last})
+            RunRecord(RunStatus.REFUSED, elapsed, **plan.shape("cold"), summary=str(headline),
+                      submit_error=said).write(plan.run_dir)
+            safe_draw(self.view.finish, [], Outcome(RunStatus.REFUSED, elapsed, headline))
+
+    def slurm_job(self) -> SlurmJob | None:
+        """The ``SlurmJob`` as last seen (``None`` before it was submitted)."""
+        if self.job_id is None:
+            return None
         info = self.info
         return SlurmJob(self.job_id, info.state.value if info else "UNKNOWN", info.reason if info else "",
                         self.node_names, {node: sorted(ranks) for node, ranks in self.node_ranks.items() if ranks},
                         info.exit_code if info else None, info.signal if info else None, self.waited_for,
                         self.never_starts)
+
+    def said_failure(self, headline: Message, where: dict[int, str],
+                     failure: RankFailure | None) -> tuple[Message, str]:
+        """The launcher's headline with the node (and host) the failed rank ran on, and a summary that adds how SLURM
+        ended the job; a job no node task of which failed (SLURM ended it) is named by how SLURM ended it alone."""
+        info, job = self.info, self.slurm_job()
+        ended = Message(N_("SLURM job {job_id} ended {state} (reason {reason}, exit code {code})"),
+                        {"job_id": job.job_id, "state": info.state.value, "reason": info.reason,
+                         "code": info.exit_code})
+        if failure is not None and failure.rank is not None:
+            node = next((n for n, ranks in job.node_ranks.items() if failure.rank in ranks), None)
+            if node is not None and node < len(job.nodes):
+                headline = Message(N_("{failed} on node {node} ({host})"),
+                                   {"failed": headline, "node": node, "host": job.nodes[node]})
+            return headline, f"{headline}{when_stopped(where)}; {ended}"
+        if self.srun_named:  # torchrun itself failed on a node (its rendezvous, a bad command): the headline says which
+            return headline, f"{headline}{when_stopped(where)}; {ended}"
+        headline = Message(N_("{script} failed: {ended}"), {"script": self.plan.script.name, "ended": ended})
+        return headline, str(headline)
+
+    def said_stopped(self, headline: Message, summary: str) -> tuple[Message, str]:
+        """The launcher's words for a job stopped at a limit, with that it was cancelled and where it was."""
+        return (Message(N_("{failed}; {cancelled}"), {"failed": headline, "cancelled": self.cancelled}),
+                f"{summary}; {self.cancelled}")
+
+    def cannot_run(self, exc: BaseException, elapsed: float):
+        """For a job cancelled as pending for a reason it never starts for (``CannotStart``): the ``LaunchError``
+        naming the job, the reason, what it means and what to change (from the nodes ``sinfo`` lists, when it
+        answers), its run.json (not yet written) and its outcome; else ``None``."""
+        if not isinstance(exc, CannotStart):
+            return None
+        plan, reason, job = self.plan, exc.info.never_starts, self.slurm_job()
+        try:
+            cpus = node_cpus(conf=plan.conf, partition=plan.spec.slurm.partition)
+        except SlurmError:  # what to change is then said without the nodes' figures
+            cpus = {}
+        request = Request(plan.spec.nnodes, plan.spec.slurm.cpus_per_task, cpus)
+        headline = Message(N_("{script} cannot start: SLURM job {job_id} was pending with reason {reason} ({why}); "
+                              "it was cancelled (scancel); to start it, {change}"),
+                           {"script": plan.script.name, "job_id": job.job_id, "reason": reason.value,
+                            "why": Message(CANNOT_START[reason]), "change": what_to_change(reason, request)})
+        error = LaunchError(str(headline), run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=None,
+                            output_tail=self.pump.transcript[-30:], job=job, headline=headline)
+        record = RunRecord(RunStatus.FAILED, elapsed, **plan.shape("cold"), summary=str(headline),
+                           slurm_job=job.as_dict())
+        short = Message(N_("cannot start: {reason}"), {"reason": reason.value})
+        return error, record, Outcome(RunStatus.FAILED, elapsed, short)
 
     def close(self) -> None:
         """On every path: the last lines, ``output.log`` closed, what the printer held back shown."""
@@ -363,110 +475,3 @@ class SubmittedJob:
         self.read_output(final=True)
         self.pump.close()
         self.pump.finish()
-
-
-def run_slurm_plan(plan: SlurmPlan) -> LaunchResult:
-    """Submit a planned SLURM launch (``plan_slurm_launch``), follow it and return (or raise) its outcome, as
-    ``launch`` does; an interrupt or a limit cancels the job (see the module docstring)."""
-    view = make_view(plan.spec.live, run_dir=plan.run_dir)
-    printer = ThrottledPrinter(stream=view.log_stream, max_lines_per_s=plan.spec.max_output_lines_per_s,
-                               log_name=str(plan.run_dir / OUTPUT_LOG), keeps_full_tracebacks=view.log_stream is not None)
-    job = SubmittedJob(plan, view, printer)
-    try:
-        job.submit()
-        info = job.wait()
-    except BaseException as exc:
-        error = _stop(job, exc)
-        if error is not None:
-            raise with_diagnosis(error) from None
-        raise
-    finally:
-        job.close()
-    return _finish(job, info)
-
-
-def _stop(job: SubmittedJob, exc: BaseException) -> LaunchError | None:
-    """Cancel the job (every rank's stack first at a limit) and say why: the ``LaunchTimeout`` to raise, or ``None``
-    after saying that an interrupt or another exception stopped it (it is re-raised)."""
-    plan, view = job.plan, job.view
-    if job.job_id is None:  # nothing was submitted: a bad run directory, or sbatch refused the job
-        if job.refused is not None and exc is job.refused:
-            _refused(job, job.refused)
-        return None
-    at_limit = isinstance(exc, LimitReached)
-    with sigint_deferred():
-        stacks = job.request_stacks() if at_limit else {}
-    try:
-        job.cancel()
-    except SlurmError as e:  # slurmctld not answering: say what is left and how to end it
-        job.printer.note(f"could not cancel SLURM job {job.job_id}: {e}; cancel it with: scancel {job.job_id}")
-    elapsed, slurm_job = job.elapsed(), job.job()
-    view.add(job.metrics_tail.read_new())
-    cancelled = Message(N_("SLURM job {job_id} was cancelled (scancel) while {where}"),
-                        {"job_id": job.job_id, "where": where_it_was(slurm_job)})
-    if isinstance(exc, CannotStart):
-        try:
-            cpus = node_cpus(conf=plan.conf, partition=plan.spec.slurm.partition)
-        except SlurmError:  # what to change is then said without the nodes' figures
-            cpus = {}
-        request = Request(plan.spec.nnodes, plan.spec.slurm.cpus_per_task, cpus)
-        error, record, outcome = cannot_start_error(plan, exc.info.never_starts, request, elapsed, slurm_job,
-                                                    job.pump.transcript[-30:])
-        record.write(plan.run_dir)
-        safe_draw(view.finish, [], outcome)
-        safe_draw(view.fail, error)
-        return error
-    if at_limit:
-        last_steps = {rank: r["step"] for rank, r in view.latest.items()}
-        error, record, outcome = timeout_error(plan, job.pump, exc.limit, elapsed, sorted(stacks), last_steps, stacks,
-                                               None, command=plan.sbatch_argv, start="cold")
-        attach_job(error, record, f"{error.summary}; {cancelled}", slurm_job,
-                   Message(N_("{failed}; {cancelled}"), {"failed": error.headline, "cancelled": cancelled}))
-        record.write(plan.run_dir)
-        safe_draw(view.finish, [], outcome)
-        safe_draw(view.fail, error)
-        return error
-    record, outcome = stopped_outcome(plan, exc, elapsed, start="cold")
-    record.slurm_job = slurm_job.as_dict()
-    record.write(plan.run_dir)
-    safe_draw(view.finish, [], outcome)
-    sys.stdout.write(f"[launcher] {outcome.cause}: {cancelled}; it has left the queue, SLURM stopped every process "
-                     f"of it. Logs: {plan.run_dir}\n")
-    return None
-
-
-def _refused(job: SubmittedJob, error: SlurmError) -> None:
-    """Record that sbatch refused the job (run.json's status ``refused`` with sbatch's message, which the doctor
-    shows) and end the view; the ``SlurmError`` itself is re-raised by the caller."""
-    plan, elapsed = job.plan, job.elapsed()
-    said = error.stderr or error.message
-    last = said.strip().splitlines()[-1] if said.strip() else "no message"
-    headline = Message(N_("{script} was not submitted: sbatch refused the job ({said})"),
-                       {"script": plan.script.name, "said": last})
-    RunRecord(RunStatus.REFUSED, elapsed, **plan.shape("cold"), summary=str(headline),
-              submit_error=said).write(plan.run_dir)
-    safe_draw(job.view.finish, [], Outcome(RunStatus.REFUSED, elapsed, headline))
-
-
-def _finish(job: SubmittedJob, info: JobInfo) -> LaunchResult:
-    """The ``LaunchResult`` of a job that completed; raises its ``LaunchError`` if it did not."""
-    plan, view, slurm_job = job.plan, job.view, job.job()
-    wall_time_s = job.elapsed()
-    if info.state == JobState.COMPLETED and not info.exit_code:
-        safe_draw(view.finish, [], Outcome(RunStatus.FINISHED, wall_time_s))
-        RunRecord(RunStatus.FINISHED, wall_time_s, **plan.shape("cold"), returncode=0,
-                  slurm_job=slurm_job.as_dict()).write(plan.run_dir)
-        return LaunchResult(run_dir=plan.run_dir, command=plan.sbatch_argv, returncode=0, wall_time_s=wall_time_s,
-                            plan=plan.device_plan, job=slurm_job)
-    codes = node_exit_codes(job.pump.transcript, plan.nodes, info.exit_code)
-    srun_named = any(codes.values())
-    if not srun_named:  # SLURM ended it (TIMEOUT, NODE_FAIL, cancelled by someone): no node task failed
-        codes = {node: 1 for node in plan.nodes}
-    error, record, _outcome = failure_error(plan, job.pump, codes, wall_time_s, command=plan.sbatch_argv,
-                                            start="cold")
-    summary, headline = failure_summary(plan, error, info, slurm_job, srun_named)
-    attach_job(error, record, summary, slurm_job, headline)
-    safe_draw(view.finish, [], Outcome(RunStatus.FAILED, wall_time_s, headline))
-    record.write(plan.run_dir)
-    safe_draw(view.fail, error)
-    raise with_diagnosis(error)

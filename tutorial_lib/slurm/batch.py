@@ -11,6 +11,7 @@ static vs c10d rendezvous), the SLURM multi-node example of pytorch/examples
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -238,3 +239,10 @@ def _network_lines(gpus_per_node: int, socket_ifname: str | None) -> str:
     return "# Ranks talk over gloo (CPU).\n" + (
         f"export GLOO_SOCKET_IFNAME={socket_ifname}\n" if socket_ifname else
         "# export GLOO_SOCKET_IFNAME=eth0  # the network interface between nodes, if gloo picks the wrong one\n")
+
+
+def time_limit(timeout_s: float) -> str:
+    """SLURM's ``--time`` for a launch limited to ``timeout_s``: 5 minutes more, whole minutes (``D-HH:MM:SS``)."""
+    minutes = math.ceil((timeout_s + 300) / 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    return (f"{days}-" if days else "") + f"{minutes // 60:02d}:{minutes % 60:02d}:00"

@@ -19,11 +19,12 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
 from ..errors import ConfigError, JobWaitTimeout, SlurmError, SlurmUnavailable
+from ..i18n import N_, Message
 
 INSTALL_HINT = "apt-get install -y --no-install-recommends slurm-wlm"
 
@@ -121,6 +122,55 @@ class JobInfo:
         """Why a ``PENDING`` job waits (``"Resources"``, ``"Priority"``, ``"PartitionConfig"``, ...); ``""`` while
         the scheduler has given no reason yet, and for a job that is not pending."""
         return self.reason if self.state == JobState.PENDING and self.reason != NO_REASON_YET else ""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A launch's SLURM job as the launcher last saw it.
+
+    Attributes:
+        job_id: SLURM's job id.
+        state: its last ``JobState`` value (``"COMPLETED"``, ``"FAILED"``, ``"CANCELLED"``, ...).
+        reason: squeue's reason (why it waited, or how it ended: ``"None"``, ``"NonZeroExitCode"``,
+            ``"PartitionNodeLimit"``, ...).
+        nodes: the allocated nodes' names in SLURM's order (``()`` if it never ran): node ``N`` (``$SLURM_NODEID``)
+            is ``nodes[N]``, its torchrun's output ``<job>-<id>-node<N>.out``, its ranks' logs ``logs/node<N>/``.
+        node_ranks: ``{N: global ranks}`` whose folders node N's torchrun log directory holds (``logs/node<N>/``,
+            each named by the rank runner's record): the ranks it ran.
+        exit_code, signal: the batch script's ``ExitCode=code:signal`` once finished (``None`` before).
+        waited_for: the last reason squeue gave while the job was pending (``"Resources"``, ``"Priority"``,
+            ``"PartitionNodeLimit"``: more nodes than the partition has, ...); ``""`` if it gave none.
+        never_starts: the ``NeverStarts`` reason for which the launcher cancelled the pending job (it could not
+            start as submitted), else ``None``.
+    """
+
+    job_id: int
+    state: str
+    reason: str
+    nodes: tuple[str, ...] = ()
+    node_ranks: dict[int, list[int]] = field(default_factory=dict)
+    exit_code: int | None = None
+    signal: int | None = None
+    waited_for: str = ""
+    never_starts: NeverStarts | None = None
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the job ran on."""
+        return len(self.nodes)
+
+    def as_dict(self) -> dict:
+        """The job as ``run.json``'s ``slurm_job``."""
+        return asdict(self) | {"nodes": list(self.nodes)}
+
+    def where_it_was(self) -> Message:
+        """What the job was doing when it was cancelled, worded when shown: ``"it ran on node0, node1"``, ``"it waited
+        in the queue (Resources)"``."""
+        if self.nodes:
+            return Message(N_("it ran on {nodes}"), {"nodes": ", ".join(self.nodes)})
+        if self.waited_for:
+            return Message(N_("it waited in the queue ({reason})"), {"reason": self.waited_for})
+        return Message(N_("it waited in the queue"))
 
 
 def client_env(conf: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -3,7 +3,7 @@
 A cluster that a process starts for itself (a notebook's kernel through ``tl.slurm.connect_slurm()``, a test run through
 the ``slurm_cluster`` fixture) belongs to that process: ``owner.json`` in the state folder records the owner's PID and
 start time (psutil's ``create_time``, which tells it from a later process that reuses the PID), and a watchdog
-(``tutorial_lib/child/slurm_watchdog.py``, run by path in its own session, recorded in ``watchdog.json``) looks at the
+(``tutorial_lib/slurm/watchdog.py``, run by path in its own session, recorded in ``watchdog.json``) looks at the
 owner every second and, once it is gone however it ended (SIGKILL and SIGTERM included), runs ``python -m tutorial_lib
 slurm down`` on the folder. ``LocalCluster.up`` finding a cluster whose owner is gone (its watchdog killed too) stops
 it and starts afresh. A cluster started by ``python -m tutorial_lib slurm up`` (``make slurm``) belongs to nobody: no
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 OWNER_FILE = "owner.json"
 WATCHDOG_FILE = "watchdog.json"
-WATCHDOG = Path(__file__).resolve().parent.parent / "child" / "slurm_watchdog.py"
+WATCHDOG = Path(__file__).resolve().parent / "watchdog.py"  # run by path: it imports nothing of the package
 WATCHDOG_POLL_S = 1.0  # seconds between two looks at the owner: the owner's end is noticed within this
 
 _WATCHDOGS: dict[int, subprocess.Popen] = {}  # watchdogs this process started: reaped by stop_watchdog

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
-from ..i18n import N_
+from ..i18n import N_, Message
 from ..notebook.parameters import check_positive_int
 from .batch import this_torchrun
 from .commands import NeverStarts, node_states
 from .local_cluster import LocalCluster
 
 # What each NeverStarts reason means, a gettext message (tutorial_lib.i18n) for the launcher's error.
-# PartitionConfig's "what to change" is worked out from the request and the nodes (slurm_outcome.what_to_change).
+# PartitionConfig's "what to change" is worked out from the request and the nodes (what_to_change).
 CANNOT_START = {
     NeverStarts.PARTITION_CONFIG: N_("no node of its partition has what it asks for per node (CPUs, memory, GPUs)"),
     NeverStarts.PARTITION_NODE_LIMIT: N_("it asks for more nodes than its partition has (or some of them are down or "
@@ -36,6 +36,52 @@ CANNOT_START = {
     NeverStarts.BAD_CONSTRAINTS: N_("no node has the features (--constraint) it asks for"),
     NeverStarts.DEPENDENCY_NEVER_SATISFIED: N_("a job it depends on (--dependency) ended so that the dependency can "
                                                "never hold"),
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a job asked of the cluster and what the cluster has, for ``what_to_change`` (the launcher fills it when
+    it cancels a job that cannot start).
+
+    Attributes:
+        nnodes: nodes asked for (``LaunchSpec.nnodes``).
+        cpus_per_task: CPUs per node asked for (``SlurmSpec.cpus_per_task``; ``None``: the cluster's default).
+        node_cpus: ``{node name: CPUs}`` of the partition's nodes (``sinfo``); empty if unknown.
+    """
+
+    nnodes: int
+    cpus_per_task: int | None = None
+    node_cpus: dict[str, int] = field(default_factory=dict)
+
+
+def what_to_change(reason: NeverStarts, request: Request) -> Message:
+    """What to change so that a job pending for ``reason`` can start, worded when shown (``str()``: English); pure."""
+    most_cpus = max(request.node_cpus.values(), default=None)
+    n = len(request.node_cpus)
+    partition = reason in (NeverStarts.PARTITION_CONFIG, NeverStarts.PARTITION_NODE_LIMIT)
+    if partition and request.node_cpus and request.nnodes > n:  # SLURM says PartitionConfig first, then NodeLimit
+        return Message(N_("ask for at most {n} nodes: nnodes={nnodes}, but sinfo lists {n}"),
+                       {"n": n, "nnodes": request.nnodes})
+    if reason == NeverStarts.PARTITION_CONFIG:
+        asked = request.cpus_per_task
+        if asked is not None and most_cpus is not None and asked > most_cpus:
+            return Message(N_("ask for at most {most} CPUs per task: SlurmSpec.cpus_per_task={asked}, but the "
+                              "partition's nodes have at most {most} CPUs"), {"most": most_cpus, "asked": asked})
+        return Message(N_("ask for less per node than one node has (SlurmSpec.cpus_per_task, --mem or --gres in "
+                          "SlurmSpec.sbatch_args; sinfo -N -o '%N %c %m %G' lists what each node has)"))
+    return Message(WHAT_TO_CHANGE[reason])
+
+
+# The change that lets a job pending for each other NeverStarts reason start (gettext messages).
+WHAT_TO_CHANGE = {
+    NeverStarts.PARTITION_NODE_LIMIT: N_("ask for fewer nodes (nnodes; sinfo lists the partition's)"),
+    NeverStarts.PARTITION_TIME_LIMIT: N_("a smaller SlurmSpec.time_limit (or timeout_s), or another partition"),
+    NeverStarts.INVALID_ACCOUNT: N_("another SlurmSpec.account (sacctmgr show assoc user=$USER lists yours)"),
+    NeverStarts.INVALID_QOS: N_("another --qos in SlurmSpec.sbatch_args (sacctmgr show assoc user=$USER)"),
+    NeverStarts.BAD_CONSTRAINTS: N_("a --constraint some node has (sinfo -N -o '%N %f' lists the features)"),
+    NeverStarts.DEPENDENCY_NEVER_SATISFIED: N_("drop the --dependency from SlurmSpec.sbatch_args, or depend on a job "
+                                               "that can still satisfy it"),
 }
 
 # Where Debian's and SchedMD's packages put the system's configuration (used when SLURM_CONF is not set).

@@ -1,6 +1,6 @@
 """The watchdog of a local SLURM cluster: stops the cluster once the process that owns it is gone.
 
-    python slurm_watchdog.py STATE_DIR OWNER_PID OWNER_CREATE_TIME [--poll-s 1.0]
+    python watchdog.py STATE_DIR OWNER_PID OWNER_CREATE_TIME [--poll-s 1.0]
 
 Started by ``tutorial_lib.slurm.owner.start_watchdog`` in its own session, next to the daemons of the cluster in
 ``STATE_DIR``, for a cluster that a process owns (a notebook's kernel through ``tl.slurm.connect_slurm()``, a test run
@@ -16,7 +16,8 @@ nothing else: the state folder, its munge key and the logs stay. A SIGTERM (what
 the cluster itself) ends it.
 
 Standard library and psutil only: it runs by path and imports nothing of the package (the package's ``__init__``
-costs seconds and memory, and the watchdog waits for hours).
+costs seconds and memory, and the watchdog waits for hours), nor any module beside it in ``slurm/`` (run by path, this
+folder is the first entry of its ``sys.path``; no module here shares a name with one of the standard library's).
 """
 
 from __future__ import annotations
