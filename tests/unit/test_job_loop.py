@@ -75,7 +75,7 @@ class ScriptedJob(Job):
         self.calls.append(f"not_started({type(exc).__name__})")
 
     def slurm_job(self):
-        return tl.SlurmJob(7, "CANCELLED", "None", ("node0",)) if self.knows_slurm else None
+        return tl.launcher.slurm_job.SlurmJob(7, "CANCELLED", "None", ("node0",)) if self.knows_slurm else None
 
     def said_stopped(self, headline, summary):
         return (Message("{failed}; and more", {"failed": headline}), f"{summary}; and more") if self.knows_slurm \
