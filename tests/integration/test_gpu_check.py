@@ -93,7 +93,7 @@ def test_model_parallel_check_gives_each_rank_its_own_gpus(gpus):
 
 
 def test_a_script_without_a_gpu_check_stops_the_plan(monkeypatch):
-    monkeypatch.setattr(gpu_check.tl, "available_scripts", lambda: sorted(SHIPPED_SCRIPTS) + ["new_lesson"])
+    monkeypatch.setattr(gpu_check.tl.runs, "available_scripts", lambda: sorted(SHIPPED_SCRIPTS) + ["new_lesson"])
     with pytest.raises(KeyError, match="new_lesson.py is shipped but has no GPU check: add an entry"):
         gpu_check.plan_checks(2)
 
