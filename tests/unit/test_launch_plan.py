@@ -100,6 +100,24 @@ def test_free_port_is_bindable_on_loopback():
         s.bind(("127.0.0.1", port))
 
 
+def test_free_port_is_below_the_kernels_ephemeral_range(monkeypatch, tmp_path):
+    """The kernel hands out ephemeral ports to any bind(0) and outgoing connection on the machine: a port picked
+    there can be taken before torchrun binds it (EADDRINUSE). free_port picks below that range, and falls back to
+    port 0 (inside it) when there is no room below."""
+    from tutorial_lib.launcher import job
+
+    span = job.ephemeral_ports()
+    if span is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range: not Linux")
+    ports = {free_port() for _ in range(20)}
+    assert all(job.FREE_PORT_LOW <= p < span[0] for p in ports), (ports, span)
+    assert len(ports) > 1  # random, not one port every launch would share
+    squeezed = tmp_path / "range"
+    squeezed.write_text(f"{job.FREE_PORT_LOW - 1000}\t60999\n")  # no room below: the kernel's choice
+    monkeypatch.setattr(job, "EPHEMERAL_RANGE", str(squeezed))
+    assert job.FREE_PORT_LOW - 1000 <= free_port() <= 60999
+
+
 @pytest.fixture
 def script(tmp_path):
     return write_script("ddp_train", tmp_path)
