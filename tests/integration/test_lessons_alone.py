@@ -211,9 +211,13 @@ class Run:
 def learner_environment(home: Path, tmp: Path) -> dict[str, str]:
     """This process's environment without PYTHONPATH, PYTHONHOME, VIRTUAL_ENV or any of the workbook's variables
     (TUTORIAL_*: runs folder, live view, observer, warm starts); HOME and TMPDIR empty folders of their own.
-    PYTHONWARNINGS stays: as in every script the tests launch, torch's deprecations are errors."""
+    PYTHONWARNINGS stays: as in every script the tests launch, torch's deprecations are errors.
+    PYTHONUNBUFFERED goes (this machine's environment sets it): in a terminal a rank's stdout is line-buffered, but
+    unbuffered into one pipe ``print`` writes its text and its newline apart and the other rank's line can fall
+    between them (CI: "batches_committed 2group 0 step 2 ..."); block-buffered, each rank's lines arrive whole."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TUTORIAL_") and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+           if not k.startswith("TUTORIAL_")
+           and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONUNBUFFERED")}
     env.update(HOME=str(home), TMPDIR=str(tmp))
     return env
 
@@ -498,7 +502,8 @@ def test_every_lesson_has_a_command_and_a_check():
 @pytest.mark.parametrize("name", LESSONS)
 def test_the_lesson_runs_copied_alone(launcher, name):
     run = launcher.run(name)
-    print(f"{name}: {run.seconds:.1f} s ({', '.join(f'{c.seconds:.1f}' for c in run.commands)})")
+    print(f"{name}: {run.seconds:.1f} s ({', '.join(f'{c.seconds:.1f}' for c in run.commands)}), stdout "
+          f"{', '.join(str(len(c.stdout)) for c in run.commands)} chars")
     assert run.listing_before == sorted([f"{name}.py", *COPIED_WITH[name]]), "the folder holds only the lesson"
     numpy = "numpy" in PACKAGES.get(name, ()) or "transformers" in PACKAGES.get(name, ())
     assert run.importable == {"_workbook": False, "tutorial_lib": False, "numpy": numpy,
