@@ -60,3 +60,17 @@ def test_every_shipped_lesson_gets_a_row_and_the_targets_are_the_issues():
     assert {n: r["max_lines"] for n, r in rows.items() if r["max_lines"]} == {"ddp_train": 200, "train_lm": 450}
     assert all(0 < r["lesson_share"] <= 1 and r["lesson_lines"] + r["scaffold_lines"] == r["code_lines"]
                for r in rows.values())
+
+
+def test_a_file_a_lesson_imports_by_plain_name_is_that_lessons_module_not_a_lesson():
+    roles = {r["name"]: r["role"] for r in lesson_stats.table()}
+    assert {n: r for n, r in roles.items() if r != "lesson"} == {
+        "lm_model": "module of train_lm", "lm_data": "module of train_lm", "lm_checkpoint": "module of train_lm",
+        "_workbook": "instruments"}
+
+
+def test_plain_imports_finds_the_files_beside_it_and_nothing_else(tmp_path):
+    (tmp_path / "helper.py").write_text("X = 1\n")
+    (tmp_path / "lesson.py").write_text("import os\nimport helper\nfrom helper import X\nfrom . import nothing\n"
+                                        "from missing import Y\n")
+    assert lesson_stats.plain_imports(tmp_path / "lesson.py") == {"helper"}
