@@ -10,7 +10,8 @@ import pytest
 
 from tutorial_lib.runs.rundir import LESSONS_DIR
 
-INSTRUMENTED = ["ddp_train", "fsdp_train", "checkpoint_train", "pipeline_parallel", "train_lm"]  # in _workbook.py
+# their instruments are in _workbook.py
+INSTRUMENTED = ["ddp_train", "fsdp_train", "checkpoint_train", "pipeline_parallel", "train_lm", "train_hf"]
 TRAINERS = ["ddp_train", "fsdp_train", "checkpoint_train", "train_lm"]  # the lessons with a training loop, train()
 MAX_TRAIN_LINES = 60
 

@@ -16,8 +16,9 @@ Those serve ``ddp_train.py``. The sections after them serve one lesson each: ``f
 12) and tensor parallelism's collectives, activations and comparisons, ``fsdp_train.py``'s sharded memory,
 activations, FSDP units and collectives (``add_fsdp_flags``, ``FSDPStepRecorder``), ``checkpoint_train.py``'s
 saves, loads and failures on purpose (``add_checkpoint_flags``, ``CheckpointStepRecorder``),
-``pipeline_parallel.py``'s stage timelines, saved bytes and p2p transfers (``PipelineRecorder``), and ``train_lm.py``'s
-tokens/s, MFU, save timings and memory tracker (``add_lm_flags``, ``LMStepRecorder``, ``make_tracker``).
+``pipeline_parallel.py``'s stage timelines, saved bytes and p2p transfers (``PipelineRecorder``), ``train_lm.py``'s
+tokens/s, MFU, save timings and memory tracker (``add_lm_flags``, ``LMStepRecorder``, ``make_tracker``), and
+``train_hf.py``'s per-step record and memory tracker (``add_hf_flags``, ``HFStepRecorder``).
 
 Only torch and the standard library, like the lessons.
 """
@@ -33,6 +34,7 @@ import resource
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -1304,3 +1306,82 @@ def write_memory_snapshot(tracker, path, rank):
     peak = tracker.get_tracker_snapshot("peak")
     path.write_text(json.dumps({"rank": rank, "peak": {
         str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# train_hf.py (notebook 13): its per-step record (loss, gradient norm, learning rate, memory) and --track-memory
+# (torch's FSDPMemTracker on the second step, as train_lm.py's).
+# ---------------------------------------------------------------------------------------------------------------
+
+def add_hf_flags(p):
+    """Add ``train_hf.py``'s workbook flags to its parser ``p``."""
+    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
+    p.add_argument("--track-memory", action="store_true",
+                   help="run the second step under torch's FSDPMemTracker and write its peak by category to "
+                        "<metrics-dir>/memory_rank<RANK>.json")
+
+
+def check_hf_flags(p, args):
+    """Refuse a --track-memory run that never reaches the tracked step (``p.error`` exits with 2)."""
+    if args.track_memory and min(args.max_steps, args.stop_at_step or args.max_steps) < 2:
+        p.error("--track-memory tracks the second step: it needs --max-steps >= 2")
+
+
+class HFStepRecorder:
+    """``train_hf.py``'s metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` (tutorial_lib/runs/
+    metrics.py's schema), and once per run ``model_rank0.json`` (parameters, trainable parameters, the flags).
+
+    A fresh run starts a fresh file (a second run in the same folder does not mix with the first); a resumed run
+    (``resumed_from`` > 0) continues the file it resumes. ``dtype`` is the run's compute dtype."""
+
+    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, resumed_from, dtype):
+        self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
+        self.metrics_dir = Path(args.metrics_dir)
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.resumed_from = resumed_from
+        path = self.metrics_dir / f"rank{rank}.jsonl"
+        self.file = open(path, "a" if resumed_from else "w", buffering=1)
+        if rank == 0:
+            sys.stdout.write(f"metrics: {path.parent.resolve()}/rank<RANK>.jsonl\n")
+        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
+                       "world_size": world_size, "device": str(device),
+                       "strategy": "hsdp" if args.replicate_degree > 1 else "fsdp",
+                       "precision": "bf16" if dtype == torch.bfloat16 else "fp32", "resumed_from_step": resumed_from}
+        if rank == 0:
+            n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
+            n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
+                "rank": 0, "n_params": n_params, "n_trainable": n_trainable, "args": vars(args),
+                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}))
+
+    @contextlib.contextmanager
+    def tracking(self, step):
+        """--track-memory: torch's FSDPMemTracker (``make_tracker``) watches the second step of this run (the first
+        one creates the optimizer's state and FSDP's lazy initialisation), as train_lm.py's does."""
+        if not (self.args.track_memory and step == self.resumed_from + 2):
+            yield
+            return
+        tracker = make_tracker(self.model, self.optimizer)  # the model is an FSDP2 unit: FSDPMemTracker
+        # With the kernels package (a dependency from transformers 5.25 on), transformers calls its rotary embedding
+        # through two modules of one class name, "Func", that are not the model's submodules: the tracker takes the
+        # inner call for the outer one entered again and warns "module hierarchy tracking maybe be messed up". The
+        # bytes it counts do not depend on module names; that warning alone is dropped (and the warning format the
+        # tracker replaces for the whole process is put back).
+        formatwarning = warnings.formatwarning
+        try:
+            with tracker, warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+                yield
+        finally:
+            warnings.formatwarning = formatwarning
+        write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
+
+    def step_done(self, step, loss, loss_global, grad_norm, lr, epoch, step_time_s):
+        """Write the step's JSON line (``step_time_s``: seconds the step took, measured by the lesson)."""
+        row = {"step": step, **self.static, "loss_local": loss.item(), "loss_global": loss_global.item(),
+               "grad_norm": grad_norm.item(), "lr": lr, "epoch": epoch, "step_time_s": step_time_s,
+               **memory_fields(self.model, self.optimizer, self.device)}
+        self.file.write(json.dumps(row) + "\n")
+
+    def close(self):
+        self.file.close()

@@ -42,9 +42,9 @@ What it shows
 The data: ``--data FILE`` (text), else the Python standard library's source (on every machine, no download),
 tokenised by the folder's tokenizer when it has one, else as bytes (the tiny models' vocabulary is 256).
 
-Everything above the "Workbook instrumentation" section is the training script; below it is what the workbook uses to
-measure it (per-step JSON lines in ``<metrics-dir>/rank<RANK>.jsonl``, ``--track-memory``). It needs torch and
-transformers (and peft for ``--lora-rank``), so the file can be copied to a cluster as is.
+It needs torch and transformers (and peft for ``--lora-rank``), so the file can be copied to a cluster as is. In a
+workbook run, ``_workbook.py`` beside it adds what the notebooks measure (per-step JSON lines in
+``<metrics-dir>/rank<RANK>.jsonl``, ``--track-memory``), each reached from a line marked ``# workbook``.
 """
 
 import argparse
@@ -53,7 +53,6 @@ import json
 import inspect
 import math
 import os
-import resource
 import shutil
 import sys
 import sysconfig
@@ -71,6 +70,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+try:  # the workbook's instruments (metrics, --track-memory), written beside this file in a workbook run
+    import _workbook as workbook
+except ImportError:  # a copy alone trains without them
+    workbook = None
 
 # Architectures this script was checked with (config.json's "model_type"); others of the same family (a decoder-only
 # transformers model with rotary embeddings) usually work: add them here after a small run.
@@ -147,8 +151,43 @@ def parse_args(argv=None):
                    help="process group backend (auto: nccl on CUDA, gloo on CPU)")
     p.add_argument("--pg-timeout-s", type=float, default=120.0, help="collective timeout of the process group (s)")
     p.add_argument("--log-every", type=int, default=1, help="print a line every N steps (count)")
-    add_workbook_flags(p)
+    if workbook:
+        workbook.add_hf_flags(p)  # workbook: --metrics-dir, --track-memory
     return check_args(p, p.parse_args(argv))
+
+
+def check_args(p, args):
+    """Refuse bad flag values before anything starts (``p.error`` exits with 2); returns ``args``."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): use "
+                "--device cpu, or a machine with a GPU and a CUDA build of torch")
+    if not args.model and not args.create_tiny_model:
+        p.error("--model FOLDER is required (a folder with config.json and *.safetensors), or --create-tiny-model")
+    for name in ("seq_len", "batch_size", "max_steps", "corpus_bytes", "log_every", "replicate_degree"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("save_every", "stop_at_step", "lora_rank", "warmup_steps", "clip_grad_norm", "weight_decay"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not (args.lr > 0 and args.pg_timeout_s > 0):
+        p.error(f"--lr and --pg-timeout-s must be > 0, got {args.lr}, {args.pg_timeout_s}")
+    if args.export_from and not args.export:
+        p.error("--export-from CHECKPOINT needs --export FOLDER (where the Hugging Face folder goes)")
+    if args.export_from and "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        p.error("--export-from runs in one process: run it with python, not torchrun")
+    if args.export_adapter and not (args.lora_rank or args.export_from):
+        p.error("--export-adapter exports LoRA adapters: it needs --lora-rank N (or --export-from a LoRA checkpoint)")
+    if not args.export_shard_gb > 0:
+        p.error(f"--export-shard-gb must be > 0, got {args.export_shard_gb}")
+    if args.export and Path(args.export).expanduser().exists() and any(Path(args.export).expanduser().iterdir()):
+        p.error(f"--export {args.export!r} exists and is not empty: export into a new folder (nothing is overwritten)")
+    if args.data and not Path(args.data).is_file():
+        p.error(f"--data {args.data!r}: no such file")
+    if args.data and Path(args.data).stat().st_size == 0:
+        p.error(f"--data {args.data!r} is empty: give it the text to train on")
+    if workbook:
+        workbook.check_hf_flags(p, args)  # workbook: --track-memory needs a second step
+    return args
 
 
 def process_group_backend(device_type, cpu_offload, backend="auto"):
@@ -821,14 +860,15 @@ def train(args, rank, local_rank, world_size, device):
         dcp.load(state, checkpoint_id=path)  # each rank reads its own shards, on any number of ranks
         train_state.world_size = world_size  # saved from now on: this run's
         sys.stdout.write(f"rank {rank}: resumed from {path} at step {train_state.step}\n")
-    log = StepLog(args, rank, local_rank, world_size, device, model, optimizer, train_state.step)  # workbook
+    log = (workbook.HFStepRecorder(args, rank, local_rank, world_size, device, model, optimizer,  # workbook
+                                   train_state.step, compute_dtype(args, device)) if workbook else None)  # workbook
     last_step = min(args.max_steps, args.stop_at_step or args.max_steps)
     while train_state.step < last_step:
         train_state.step += 1
         step = train_state.step
         t0 = time.perf_counter()
         lr = scheduler.get_last_lr()[0]
-        with log.tracking(step):  # workbook: --track-memory, torch's memory tracker on the second step
+        with log.tracking(step) if log else contextlib.nullcontext():  # workbook: --track-memory, second step
             loss, grad_norm = train_step(model, optimizer, windows, args, rank, world_size, device)
         scheduler.step()
         loss_global = loss.clone()
@@ -836,150 +876,15 @@ def train(args, rank, local_rank, world_size, device):
         loss_global /= world_size
         if args.save_every and (step % args.save_every == 0 or step == last_step):
             dcp.save(state, checkpoint_id=Path(args.checkpoint_dir) / f"step-{step}")
-        log.step_done(step, loss, loss_global, grad_norm, lr, windows.epoch, time.perf_counter() - t0)  # workbook
+        if log:  # workbook
+            log.step_done(step, loss, loss_global, grad_norm, lr, windows.epoch, time.perf_counter() - t0)  # workbook
+        if rank == 0 and (step % args.log_every == 0 or step == args.max_steps):
+            sys.stdout.write(f"step {step}/{args.max_steps} loss {loss_global.item():.4f} lr {lr:.2e}\n")
     if args.export:
         export(model, config, args.export, args)
-    log.close()
+    if log:  # workbook
+        log.close()  # workbook
     dist.barrier()  # nobody tears the process group down while a peer still uses it
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Workbook instrumentation: not needed to train on a cluster.
-# Flag checks, the per-step metrics record (one JSON line per step per rank), --track-memory (torch's memory
-# tracker on the second step, the same as train_lm.py's).
-# ---------------------------------------------------------------------------------------------------------------
-
-def add_workbook_flags(p):
-    p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
-    p.add_argument("--track-memory", action="store_true",
-                   help="run the second step under torch's FSDPMemTracker and write its peak by category to "
-                        "<metrics-dir>/memory_rank<RANK>.json")
-
-
-def check_args(p, args):
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device cuda, but torch.cuda.is_available() is False here (torch {torch.__version__}): use "
-                "--device cpu, or a machine with a GPU and a CUDA build of torch")
-    if not args.model and not args.create_tiny_model:
-        p.error("--model FOLDER is required (a folder with config.json and *.safetensors), or --create-tiny-model")
-    for name in ("seq_len", "batch_size", "max_steps", "corpus_bytes", "log_every", "replicate_degree"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("save_every", "stop_at_step", "lora_rank", "warmup_steps", "clip_grad_norm", "weight_decay"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not (args.lr > 0 and args.pg_timeout_s > 0):
-        p.error(f"--lr and --pg-timeout-s must be > 0, got {args.lr}, {args.pg_timeout_s}")
-    if args.track_memory and min(args.max_steps, args.stop_at_step or args.max_steps) < 2:
-        p.error("--track-memory tracks the second step: it needs --max-steps >= 2")
-    if args.export_from and not args.export:
-        p.error("--export-from CHECKPOINT needs --export FOLDER (where the Hugging Face folder goes)")
-    if args.export_from and "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        p.error("--export-from runs in one process: run it with python, not torchrun")
-    if args.export_adapter and not (args.lora_rank or args.export_from):
-        p.error("--export-adapter exports LoRA adapters: it needs --lora-rank N (or --export-from a LoRA checkpoint)")
-    if not args.export_shard_gb > 0:
-        p.error(f"--export-shard-gb must be > 0, got {args.export_shard_gb}")
-    if args.export and Path(args.export).expanduser().exists() and any(Path(args.export).expanduser().iterdir()):
-        p.error(f"--export {args.export!r} exists and is not empty: export into a new folder (nothing is overwritten)")
-    if args.data and not Path(args.data).is_file():
-        p.error(f"--data {args.data!r}: no such file")
-    if args.data and Path(args.data).stat().st_size == 0:
-        p.error(f"--data {args.data!r} is empty: give it the text to train on")
-    return args
-
-
-class StepLog:
-    """This rank's metrics: one JSON line per step in ``<metrics-dir>/rank<RANK>.jsonl`` (tutorial_lib/runs/
-    metrics.py's schema); rank 0 prints a line every --log-every steps."""
-
-    def __init__(self, args, rank, local_rank, world_size, device, model, optimizer, resumed_from):
-        self.args, self.rank, self.device, self.model, self.optimizer = args, rank, device, model, optimizer
-        self.metrics_dir = Path(args.metrics_dir)
-        self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        self.resumed_from = resumed_from
-        # A fresh file for a fresh run (a second run in the same folder does not mix with the first); a resumed run
-        # continues the file it resumes.
-        path = self.metrics_dir / f"rank{rank}.jsonl"
-        self.file = open(path, "a" if resumed_from else "w", buffering=1)
-        if rank == 0:
-            sys.stdout.write(f"metrics: {path.parent.resolve()}/rank<RANK>.jsonl\n")
-        dtype = compute_dtype(args, device)
-        self.static = {"max_steps": args.max_steps, "rank": rank, "local_rank": local_rank,
-                       "world_size": world_size, "device": str(device),
-                       "strategy": "hsdp" if args.replicate_degree > 1 else "fsdp",
-                       "precision": "bf16" if dtype == torch.bfloat16 else "fp32", "resumed_from_step": resumed_from}
-        if rank == 0:
-            n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the global one
-            n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            (self.metrics_dir / "model_rank0.json").write_text(json.dumps({
-                "rank": 0, "n_params": n_params, "n_trainable": n_trainable, "args": vars(args),
-                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}))
-
-    @contextlib.contextmanager
-    def tracking(self, step):
-        """--track-memory: torch's FSDPMemTracker watches the second step of this run (the first one creates the
-        optimizer's state and FSDP's lazy initialisation), as train_lm.py's does."""
-        if not (self.args.track_memory and step == self.resumed_from + 2):
-            yield
-            return
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-        tracker = FSDPMemTracker(self.model, self.optimizer)
-        # With the kernels package (a dependency from transformers 5.25 on), transformers calls its rotary embedding
-        # through two modules of one class name, "Func", that are not the model's submodules: the tracker takes the
-        # inner call for the outer one entered again and warns "module hierarchy tracking maybe be messed up". The
-        # bytes it counts do not depend on module names; that warning alone is dropped (and the warning format the
-        # tracker replaces for the whole process is put back).
-        formatwarning = warnings.formatwarning
-        try:
-            with tracker, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
-                yield
-        finally:
-            warnings.formatwarning = formatwarning
-        write_memory_snapshot(tracker, self.metrics_dir / f"memory_rank{self.rank}.json", self.rank)
-
-    def step_done(self, step, loss, loss_global, grad_norm, lr, epoch, step_time_s):
-        row = {"step": step, **self.static, "loss_local": loss.item(), "loss_global": loss_global.item(),
-               "grad_norm": grad_norm.item(), "lr": lr, "epoch": epoch, "step_time_s": step_time_s,
-               **memory_fields(self.model, self.optimizer, self.device)}
-        self.file.write(json.dumps(row) + "\n")
-        if self.rank == 0 and (step % self.args.log_every == 0 or step == self.args.max_steps):
-            sys.stdout.write(f"step {step}/{self.args.max_steps} loss {loss_global.item():.4f} lr {lr:.2e}\n")
-
-    def close(self):
-        self.file.close()
-
-
-def local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def tensor_bytes(tensors):
-    return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
-
-
-def memory_fields(model, optimizer, device):
-    """Exact bytes of this rank's parameters, gradients and optimizer state (local shards), plus RSS or CUDA peaks."""
-    params = list(model.parameters())
-    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    fields = {"param_bytes": tensor_bytes(params), "grad_bytes": tensor_bytes(p.grad for p in params),
-              "optimizer_state_bytes": tensor_bytes(state)}
-    if device.type == "cuda":
-        fields["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        fields["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
-    else:
-        with open("/proc/self/statm") as f:  # Linux; fields are in pages
-            fields["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        fields["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return fields
-
-
-def write_memory_snapshot(tracker, path, rank):
-    """The tracker's peak, {category: bytes} per device, as JSON (tutorial_lib.planning reads the same)."""
-    peak = tracker.get_tracker_snapshot("peak")
-    path.write_text(json.dumps({"rank": rank, "peak": {
-        str(dev): {getattr(k, "name", str(k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}}))
 
 
 if __name__ == "__main__":
