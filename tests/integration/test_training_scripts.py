@@ -96,8 +96,10 @@ def test_collectives_check_runs_as_a_world_of_one(tmp_path):
     (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be > 0, got 0.0"),
     (["--no-optimize-ddp"], "--no-optimize-ddp changes how torch.compile splits the graph: it needs --compile"),
 ])
-def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message):
-    out = run([LESSONS_DIR / "ddp_train.py", *args], tmp_path)
+def test_bad_flags_fail_fast_with_the_value_named(tmp_path, args, message, forked_python):
+    python, env = forked_python  # the arguments' check is the point, not the start-up: torch imported once
+    out = subprocess.run([*python, str(LESSONS_DIR / "ddp_train.py"), *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=env)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "metrics").exists()
 
