@@ -6,7 +6,6 @@ Every test uses ``run_root``, which fails the test if any process of its jobs su
 """
 
 import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
