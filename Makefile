@@ -64,7 +64,7 @@ $(info pip index (PIP_INDEX_URL): $(shell printf '%s' '$(PIP_INDEX_URL)' | sed -
 	$(strip $(PIP_EXTRA_INDEX_URL)), and PIP_EXTRA_INDEX_URL: $(shell printf '%s' '$(PIP_EXTRA_INDEX_URL)' | sed -E 's#//[^/@ ]*@#//***@#g')))
 endif
 
-.PHONY: help install workbook test lab kernel env bench compat compat-venv slurm slurm-down clean-outputs drift lock
+.PHONY: help install workbook test lab kernel env bench compat compat-venv compat-torch slurm slurm-down clean-outputs drift lock
 
 install: $(STAMP)
 
@@ -100,6 +100,12 @@ $(COMPAT_STAMP): pyproject.toml $(LOCK)
 
 # The compat venv alone (.ci/run builds it before it runs the two legs side by side).
 compat-venv: $(COMPAT_STAMP)
+
+# Its torch alone (.ci/run installs it beside the test venv, then makes the compat venv: the two editable installs,
+# which both write the checkout's egg-info, one after the other).
+compat-torch:
+	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet "$(COMPAT_TORCH_SPEC)"
 
 compat: $(COMPAT_STAMP)  ## the whole workbook on torch 2.8 + Python 3.10 (COMPAT_TORCH_SPEC, COMPAT_PYTHON) into outputs/compat/
 	$(COMPAT_VENV)/bin/python -m pip install --quiet "$(COMPAT_TORCH_SPEC)"

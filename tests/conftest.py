@@ -194,6 +194,25 @@ def python() -> str:
     return sys.executable
 
 
+@pytest.fixture(scope="module")
+def forked_python():
+    """``[python, warm_start.py, "run"]`` and the environment that makes it fork from a warm-start helper of this
+    module's own (torch imported once, not in every process): ``subprocess.run([*command, script, *args],
+    env=env)`` runs ``python script args`` as a launch's rank would, with the same exit status, stdout and stderr.
+    For tests that start many short script processes whose point is the script's output, not its start-up. A
+    request the helper refuses runs cold (the client execs ``python`` itself), never differently."""
+    from tutorial_lib.child import protocol
+    from tutorial_lib.launcher import warm
+
+    helper = warm.WarmHelper(sys.executable, dict(os.environ))
+    try:
+        assert helper.wait_ready() is None, helper.failure
+        yield ([sys.executable, str(warm.WARM_START), protocol.CLIENT_COMMAND],
+               {**os.environ, protocol.SOCKET_ENV: helper.socket_path})
+    finally:
+        helper.close()
+
+
 SLURM_TEST_PREFIX = "tutorial_lib-slurm-test-"  # the state folders of the clusters the tests start (.ci/run checks)
 
 

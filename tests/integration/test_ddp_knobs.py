@@ -150,16 +150,18 @@ def test_device_cuda_without_cuda_fails_naming_the_flag(tmp_path):
     assert "AttributeError" not in out.stderr, out.stderr[-500:]
 
 
-def test_help_shows_the_whole_first_paragraph_of_the_docstring(tmp_path):
-    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_knobs.py", "--help"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
+def test_help_shows_the_whole_first_paragraph_of_the_docstring(tmp_path, forked_python):
+    python, env = forked_python  # the script's output is the point, not its start-up: torch imported once
+    out = subprocess.run([*python, LESSONS_DIR / "ddp_knobs.py", "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=env)
     assert out.returncode == 0 and "left out of the loss." in " ".join(out.stdout.split()), out.stdout[:800]
 
 
-def test_ddp_knobs_refuses_bad_flags_naming_the_value(tmp_path):
+def test_ddp_knobs_refuses_bad_flags_naming_the_value(tmp_path, forked_python):
+    python, env = forked_python
     for args, message in [(["--max-steps", "2"], "--max-steps must be >= 3"),
                           (["--bucket-caps-mb", "1", "0"], "--bucket-caps-mb must all be > 0"),
                           (["--lessons", "zero"], "invalid choice: 'zero'")]:
-        out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_knobs.py", *args], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run([*python, LESSONS_DIR / "ddp_knobs.py", *args], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120, env=env)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr[-500:])

@@ -292,7 +292,9 @@ def test_a_timeout_shows_the_learners_frames_not_the_runners(run_root):
     run_dir = tl.new_run_dir("sleeper", run_root)
     script = shutil.copy(FIXTURES / "sleeper.py", run_dir)
     with pytest.raises(tl.LaunchTimeout) as info:
-        tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, live="off", timeout_s=40))
+        # 30 s: the sleeper's ranks import no torch, and both were asleep within 12 s here (a 12 s limit found both
+        # at sleeper.py:9); test_launch's hang needs two torch imports and 3 DDP steps in 25 s on a busy 2-core machine.
+        tl.launch(tl.LaunchSpec(script, device="cpu", nproc_per_node=2, live="off", timeout_s=30))
     e = info.value
     assert set(e.where) == {0, 1} and all(str(w) == "sleeper.py:9 in main" for w in e.where.values()), e.where
     assert {(w.innermost.name, w.innermost.line, w.innermost.function) for w in e.where.values()} == {

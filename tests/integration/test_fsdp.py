@@ -203,18 +203,22 @@ def test_fsdp_knobs_counts_and_gradients_on_two_ranks(tmp_path):
         assert clip["norm_full"] == pytest.approx(clip["ddp_norm"], rel=1e-5) and clip["max_clipped_grad_diff_vs_ddp"] < 1e-6
 
 
-def test_fsdp_knobs_refuses_hsdp_without_four_ranks(tmp_path):
-    out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL), "--lessons", "hsdp"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def test_fsdp_knobs_refuses_hsdp_without_four_ranks(tmp_path, forked_python):
+    python, env = forked_python  # the script's output is the point, not its start-up: torch imported once
+    out = subprocess.run([*python, LESSONS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL), "--lessons", "hsdp"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 1 and "--lessons hsdp needs an even world of at least 4 ranks, got WORLD_SIZE=1" in out.stderr
 
 
-def test_fsdp_knobs_checks_the_world_before_the_first_lesson_and_says_what_it_skips(tmp_path):
-    script = [sys.executable, LESSONS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL)]
-    out = subprocess.run([*script, "--lessons", "reshard", "hsdp"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def test_fsdp_knobs_checks_the_world_before_the_first_lesson_and_says_what_it_skips(tmp_path, forked_python):
+    python, env = forked_python
+    script = [*python, LESSONS_DIR / "fsdp_knobs.py", *map(str, KNOBS_SMALL)]
+    out = subprocess.run([*script, "--lessons", "reshard", "hsdp"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=env)
     assert out.returncode == 1 and "WORLD_SIZE=1 (--lessons reshard hsdp" in out.stderr, out.stderr[-2000:]
     assert "reshard (rank 0" not in out.stdout, "reshard ran before the refusal"
-    out = subprocess.run([*script, "--lessons", "reshard", "averaging"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*script, "--lessons", "reshard", "averaging"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "reshard: the int variant (reshard_after_forward=WORLD_SIZE // 2) is skipped: WORLD_SIZE=1" in out.stdout
     assert "reshard (rank 0 of 1): reshard_after_forward=True: 0 all-gathers" in out.stdout
@@ -223,7 +227,8 @@ def test_fsdp_knobs_checks_the_world_before_the_first_lesson_and_says_what_it_sk
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_fsdp_knobs_refuses_device_cuda_without_cuda(tmp_path):
-    out = subprocess.run([sys.executable, LESSONS_DIR / "fsdp_knobs.py", "--device", "cuda"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def test_fsdp_knobs_refuses_device_cuda_without_cuda(tmp_path, forked_python):
+    python, env = forked_python
+    out = subprocess.run([*python, LESSONS_DIR / "fsdp_knobs.py", "--device", "cuda"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "--device cuda, but torch.cuda.is_available() is False" in out.stderr, out.stderr

@@ -43,17 +43,19 @@ NO_STEP_RECORDS = {"fsdp_knobs",  # needs 2 or 4 ranks; writes one JSON per rank
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    """{script: [(args, record), ...]} from every run in RUNS: each rank0.jsonl line, parsed."""
+def records(tmp_path_factory, forked_python):
+    """{script: [(args, record), ...]} from every run in RUNS: each rank0.jsonl line, parsed. Each run forked from
+    a warm-start helper, as a launch's ranks are (18 processes: torch imported once, not 18 times)."""
+    python, env = forked_python
     out = {}
     for name, variants in RUNS.items():
         for n, args in enumerate(variants):
             cwd = tmp_path_factory.mktemp(f"{name}{n}")
             if name in PREPARE:
-                subprocess.run([sys.executable, str(LESSONS_DIR / f"{name}.py"), *PREPARE[name]], cwd=cwd, check=True,
-                               capture_output=True, timeout=180)
-            proc = subprocess.run([sys.executable, str(LESSONS_DIR / f"{name}.py"), *map(str, args), "--metrics-dir",
-                                   "m"], cwd=cwd, capture_output=True, text=True, timeout=180)
+                subprocess.run([*python, str(LESSONS_DIR / f"{name}.py"), *PREPARE[name]], cwd=cwd, check=True,
+                               capture_output=True, timeout=180, env=env)
+            proc = subprocess.run([*python, str(LESSONS_DIR / f"{name}.py"), *map(str, args), "--metrics-dir", "m"],
+                                  cwd=cwd, capture_output=True, text=True, timeout=180, env=env)
             assert proc.returncode == 0, (name, args, proc.stderr[-2000:])
             lines = [json.loads(line) for f in sorted((cwd / "m").glob("rank*.jsonl"))
                      for line in f.read_text().splitlines()]
@@ -103,11 +105,20 @@ def test_every_documented_key_is_written_by_each_of_its_writers(records):
 
 
 def test_a_loss_scale_is_one_key_in_every_script(records):
+    """One contract for the per-step lines: a loss scale is ``loss_scale`` (the scale the step's backward used) and
+    ``grad_scaler`` says whether a scaler ran, in ddp_train.py and fsdp_train.py alike, beside the same shared keys."""
+    shared = {"step", "max_steps", "rank", "world_size", "device", "precision", "loss_local", "loss_global",
+              "step_time_s", "samples_per_s", "grad_scaler", "loss_scale", "param_bytes", "grad_bytes",
+              "optimizer_state_bytes", "rss_bytes", "peak_rss_bytes"}
     for name in ("ddp_train", "fsdp_train"):
         scaled = [row for args, row in records[name] if "--grad-scaler" in args]
         plain = [row for args, row in records[name] if "--grad-scaler" not in args]
         assert scaled[0]["grad_scaler"] is True and scaled[0]["loss_scale"] == 2.0**16, name
         assert plain[0]["grad_scaler"] is False and plain[0]["loss_scale"] == 1.0, name
+        for row in scaled:
+            assert shared <= set(row), (name, shared - set(row))
+            assert row["grad_scaler"] is True and row["loss_scale"] == 2.0**16, (name, row)
+            assert not {"grad_scale", "scale", "accum_steps"} & set(row), (name, row)
     assert not {"grad_scale", "scale", "zero_grad_elements"} & set().union(*(r for rows in records.values()
                                                                              for _, r in rows))
 

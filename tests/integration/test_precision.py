@@ -95,9 +95,10 @@ def test_a_scaler_changes_nothing_in_bf16(tmp_path):
     (["--clip-grad-norm", "-1"], "--clip-grad-norm must be >= 0"),
     (["--clip-before-unscale"], "--clip-before-unscale needs --clip-grad-norm > 0"),
 ])
-def test_bad_precision_flags_fail_before_training(tmp_path, args, message):
-    out = subprocess.run([sys.executable, LESSONS_DIR / "ddp_train.py", *args], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+def test_bad_precision_flags_fail_before_training(tmp_path, args, message, forked_python):
+    python, env = forked_python  # the refusal is the point, not the start-up: torch imported once
+    out = subprocess.run([*python, LESSONS_DIR / "ddp_train.py", *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env=env)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "metrics").exists()
 

@@ -6,7 +6,6 @@ Every test uses ``run_root``, which fails the test if any process of its jobs su
 """
 
 import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
@@ -143,9 +142,10 @@ def test_context_parallel_and_float8_under_torchrun_on_cpu_ranks_say_why_on_ever
     ("pipeline_parallel", ["--batch-size", 10, "--microbatches", 2, 3], "got [3]; 10 in 3 would be [4, 3, 3]"),
     ("context_parallel_float8", ["--matmul-size", 100], "--matmul-size must be a multiple of 16"),
 ])
-def test_bad_input_is_refused_with_the_value_named(tmp_path, script, args, message):
-    out = subprocess.run([sys.executable, LESSONS_DIR / f"{script}.py", *map(str, args)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+def test_bad_input_is_refused_with_the_value_named(tmp_path, script, args, message, forked_python):
+    python, env = forked_python  # the refusal is the point, not the start-up: torch imported once
+    out = subprocess.run([*python, LESSONS_DIR / f"{script}.py", *map(str, args)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode in (1, 2) and message in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "metrics").exists()
 

@@ -187,14 +187,32 @@ def test_an_unwritable_runs_folder_and_a_notebook_without_exercises_are_named(tm
 
 
 def test_two_kernels_recording_at_once_lose_no_update(tmp_path):
+    """Three processes record attempts into one progress file at once (the store's lock); none is lost. Each records
+    through ``store.record_attempt``, what every counted check calls (the check itself is tested above), and all
+    start recording together: each waits, once it has imported the package, until all three are ready."""
     import subprocess
     import sys
+    import time
 
-    code = ("import sys, tutorial_lib as tl\n"
-            "for _ in range(40): tl.exercise('01.2', sys.argv[1]).check(1)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)]) for _ in range(3)]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
-    assert tl.progress(tmp_path).loc["01.2", "checks"] == 120
+    code = ("import pathlib, sys, time\n"
+            "from tutorial_lib.exercises import store\n"
+            "root = pathlib.Path(sys.argv[1])\n"
+            "(root / f'ready{sys.argv[2]}').touch()\n"
+            "while not (root / 'go').exists(): time.sleep(0.005)\n"
+            "for _ in range(100): store.record_attempt(root, '01.2', False)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(n)]) for n in range(3)]
+    try:
+        deadline = time.monotonic() + 300
+        while not all((tmp_path / f"ready{n}").exists() for n in range(3)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.poll() for p in procs]
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert tl.progress(tmp_path).loc["01.2", "checks"] == 300
 
 
 def test_records_the_check_cannot_compare_are_named_not_raised(tmp_path, monkeypatch):
