@@ -386,3 +386,16 @@ def test_a_collective_timeout_while_a_peer_compiles_names_the_compiling_rank(tmp
         path.write_text(path.read_text().replace("torch/_dynamo/", "torch/dynamo/").replace("torch/_inductor/",
                                                                                             "torch/inductor/"))
     assert tl.diagnose(control).cause_id == CauseId.COLLECTIVE_TIMEOUT
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv "
+    "operation to complete",
+    "torch.distributed.DistBackendError: Wait timeout after 10000ms",
+    # gloo, when its pair's timeout fires first (CI, 2026-12-07: an async save on the training group, rank 0)
+    "RuntimeError: Application timeout caused pair closure",
+])
+def test_a_gloo_timeout_message_is_a_collective_timeout_and_no_earlier_cause(line):
+    from tutorial_lib.diagnosis.causes import CAUSES
+    first = next(c for c in CAUSES if c.pattern.search(line))
+    assert first.id == CauseId.COLLECTIVE_TIMEOUT, first.id

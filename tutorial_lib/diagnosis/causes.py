@@ -261,7 +261,7 @@ CAUSES = (
              "node, and start at most torch.cuda.device_count() ranks per node (--nproc-per-node; CUDA_VISIBLE_DEVICES "
              "limits what a node shows) (06, section 2 'The GPU comes from LOCAL_RANK, never from RANK')")),
     Cause(CauseId.COLLECTIVE_TIMEOUT, N_("collective timeout (hang)"), re.compile(r"[Tt]imed out|[Ww]ait timeout|collective operation timeout|"
-                                                  r"Socket Timeout"),
+                                                  r"Socket Timeout|Application timeout caused pair closure"),
           N_("a rank waited in a collective that a peer never joined: compare the ranks' last steps and stacks to "
              "find the rank that is elsewhere; keep init_process_group(timeout=...) short so a hang becomes an "
              "error (07, section 1 'Hang'; uneven inputs: 02, section 4)")),
