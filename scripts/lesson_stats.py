@@ -14,7 +14,8 @@ What is counted, per ``tutorial_lib/lessons/<name>.py``:
   ``code_lines``.
 
 The targets come from issue 48: ``ddp_train.py`` at most 200 lines, ``train_lm.py`` at most 450, every lesson at
-least 75% lesson code. Counting reads the files only (``ast`` and ``tokenize``); nothing is imported or run.
+least 75% lesson code. Counting reads the files only (``ast`` and ``tokenize``; the lessons' own modules by
+``tutorial_lib.runs.rundir.sibling_modules``, which parses them); no lesson is imported or run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import io
 import sys
 import tokenize
 from pathlib import Path
+
+from tutorial_lib.runs.rundir import sibling_modules
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "tutorial_lib" / "lessons"
 BANNER = "# Workbook instrumentation"
@@ -71,24 +74,14 @@ def lesson_stats(path: str | Path) -> dict:
             "lesson_share": (len(code) - len(scaffold)) / len(code) if code else 1.0}
 
 
-def plain_imports(path: Path) -> set[str]:
-    """The files beside ``path`` that it imports by plain name (``from lm_model import GPT`` -> ``lm_model``)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return {name for name in names if (path.parent / f"{name}.py").is_file()}
-
-
 def table(lessons_dir: Path = LESSONS_DIR) -> list[dict]:
     """One row per file: its name, ``lesson_stats``, its ``role`` and whether it meets issue 48's targets. A file that
     a lesson imports by plain name (``lm_model.py``, imported by ``train_lm.py``) is that lesson's module (role
     ``module of train_lm``) and meets the same share target; ``_workbook.py`` (the lessons' instruments, not a lesson)
     is counted on a row of its own at the end, with no target."""
     paths = sorted(lessons_dir.glob("*.py"), key=lambda p: (p.name.startswith("_"), p.name))
-    owner = {name: path.stem for path in paths if not path.name.startswith("_") for name in plain_imports(path)}
+    owner = {Path(file).stem: path.stem for path in paths if not path.name.startswith("_")
+             for file in sibling_modules(path)}
     rows = []
     for path in paths:
         stats = lesson_stats(path)

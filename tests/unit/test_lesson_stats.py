@@ -69,8 +69,8 @@ def test_a_file_a_lesson_imports_by_plain_name_is_that_lessons_module_not_a_less
         "_workbook": "instruments"}
 
 
-def test_plain_imports_finds_the_files_beside_it_and_nothing_else(tmp_path):
+def test_a_lessons_modules_are_the_files_beside_it_that_it_imports_and_nothing_else(tmp_path):
     (tmp_path / "helper.py").write_text("X = 1\n")
     (tmp_path / "lesson.py").write_text("import os\nimport helper\nfrom helper import X\nfrom . import nothing\n"
                                         "from missing import Y\n")
-    assert lesson_stats.plain_imports(tmp_path / "lesson.py") == {"helper"}
+    assert lesson_stats.sibling_modules(tmp_path / "lesson.py") == ["helper.py"]
