@@ -28,7 +28,7 @@ Sections (targets in brackets; a ratio over its target is printed as MISSED, and
                where the kernel's own work is a larger share of a shorter whole]
     gpu        when CUDA exists: nccl all_reduce bus bandwidth for a size sweep, bf16 vs fp32 step time,
                FSDP2 vs DDP peak allocated memory per GPU
-    nanogpt    (only when asked: ``--only nanogpt``, or ``compile``, its old name; about 25 minutes on 2 cores at the
+    nanogpt    (only when asked: ``--only nanogpt``, or ``compile``, its old name; about 40 minutes on 2 cores at the
                defaults) train_lm.py against nanoGPT's ``train.py`` at nanoGPT's small configuration
                (``config/train_shakespeare_char.py``: 6 x 384, block 256, batch 64, dropout 0.2), fp32, one CPU process
                each with ``OMP_NUM_THREADS`` equal (``--threads``, 1), on the same bytes, eager and compiled
@@ -57,6 +57,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -526,6 +527,9 @@ def line_times(command: list, cwd: Path, env: dict, pattern: re.Pattern, log: Pa
             rc = proc.wait()
         finally:
             timer.cancel()
+            if proc.poll() is None:  # interrupted (Ctrl-C, SIGTERM): the program goes with the benchmark
+                proc.kill()
+                proc.wait()
     if rc:
         raise RuntimeError(f"{' '.join(map(str, command))} failed ({rc}): {log.read_text()[-2000:]}")
     return wall, cpu, "".join(lines)
@@ -635,6 +639,9 @@ def bench_nanogpt(root: Path, nanogpt: Path, steps: int, rounds: int, warmup: di
 
 
 def main() -> int:
+    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so every ``finally`` runs and no program this started
+    # outlives the benchmark.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS))
     parser.add_argument("--soak-launches", type=int, default=200, help="soak: launches of each script (count)")
@@ -646,9 +653,12 @@ def main() -> int:
     parser.add_argument("--nanogpt-steps", "--compile-steps", dest="nanogpt_steps", type=int, default=3,
                         help="nanogpt: steps measured per run, after the warm-up (count)")
     parser.add_argument("--nanogpt-rounds", type=int, default=3, help="nanogpt: alternated rounds (count)")
-    parser.add_argument("--nanogpt-warmup", type=int, nargs=2, default=[1, 2], metavar=("EAGER", "COMPILED"),
-                        help="nanogpt: steps before the measured ones, eager and compiled (the first compiled ones "
-                             "compile) (count, >= 1: a step is the time between its line and the one before)")
+    parser.add_argument("--nanogpt-warmup", type=int, nargs=2, default=[5, 2], metavar=("EAGER", "COMPILED"),
+                        help="nanogpt: steps before the measured ones, eager and compiled (count, >= 1: a step is the "
+                             "time between its line and the one before). Eager 5: a process's first steps fault in "
+                             "fresh pages while glibc's heap settles (on this CPU, 1.4 M, 0.8 M, 0.5 M, 0.4 M page "
+                             "faults in steps 1-4, each step faster than the last), and nanoGPT's own MFU skips its "
+                             "first 5 iterations for the same reason; compiled 2: the first ones compile")
     parser.add_argument("--nanogpt-modes", nargs="+", choices=NANOGPT_MODES, default=list(NANOGPT_MODES),
                         help="nanogpt: eager, compiled (torch.compile, inductor) or both")
     parser.add_argument("--threads", type=int, default=1, help="nanogpt: OMP_NUM_THREADS of each process (count)")
