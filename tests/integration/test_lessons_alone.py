@@ -212,9 +212,9 @@ def learner_environment(home: Path, tmp: Path) -> dict[str, str]:
     """This process's environment without PYTHONPATH, PYTHONHOME, VIRTUAL_ENV or any of the workbook's variables
     (TUTORIAL_*: runs folder, live view, observer, warm starts); HOME and TMPDIR empty folders of their own.
     PYTHONWARNINGS stays: as in every script the tests launch, torch's deprecations are errors.
-    PYTHONUNBUFFERED goes (this machine's environment sets it): in a terminal a rank's stdout is line-buffered, but
-    unbuffered into one pipe ``print`` writes its text and its newline apart and the other rank's line can fall
-    between them (CI: "batches_committed 2group 0 step 2 ..."); block-buffered, each rank's lines arrive whole."""
+    PYTHONUNBUFFERED goes (this machine's environment sets it; a learner's shell need not). torchrun runs its ranks
+    with ``python -u`` anyway, so a lesson whose ranks print writes each line in one write: ``print`` writes its text
+    and its newline apart, and another rank's line can fall between them (CI: "batches_committed 2group 0 step 2")."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TUTORIAL_")
            and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONUNBUFFERED")}

@@ -251,9 +251,11 @@ def main(argv=None):
                     if recorder:  # workbook
                         recorder.step(manager, committed, loss)  # workbook
                     if committed and manager.current_step() % args.log_every == 0:
-                        print(f"group {REPLICA_GROUP_ID} step {manager.current_step()} loss {loss.item():.5f} "
-                              f"participants {manager.num_participants()} "
-                              f"batches_committed {manager.batches_committed()}", flush=True)
+                        # One write per line (torchrun runs ranks unbuffered, ``python -u``: print's text and
+                        # newline would be two writes, and another rank's line could fall between them).
+                        sys.stdout.write(f"group {REPLICA_GROUP_ID} step {manager.current_step()} loss "
+                                         f"{loss.item():.5f} participants {manager.num_participants()} "
+                                         f"batches_committed {manager.batches_committed()}\n")
                     if manager.current_step() * steps_per_commit >= args.max_steps:
                         break
                 epoch += 1
