@@ -656,9 +656,8 @@ def main() -> int:
     parser.add_argument("--nanogpt-warmup", type=int, nargs=2, default=[5, 2], metavar=("EAGER", "COMPILED"),
                         help="nanogpt: steps before the measured ones, eager and compiled (count, >= 1: a step is the "
                              "time between its line and the one before). Eager 5: a process's first steps fault in "
-                             "fresh pages while glibc's heap settles (on this CPU, 1.4 M, 0.8 M, 0.5 M, 0.4 M page "
-                             "faults in steps 1-4, each step faster than the last), and nanoGPT's own MFU skips its "
-                             "first 5 iterations for the same reason; compiled 2: the first ones compile")
+                             "fresh pages while its heap settles, each faster than the last (docs/benchmarks.md), and "
+                             "nanoGPT's own MFU skips its first 5 iterations too; compiled 2: the first ones compile")
     parser.add_argument("--nanogpt-modes", nargs="+", choices=NANOGPT_MODES, default=list(NANOGPT_MODES),
                         help="nanogpt: eager, compiled (torch.compile, inductor) or both")
     parser.add_argument("--threads", type=int, default=1, help="nanogpt: OMP_NUM_THREADS of each process (count)")
