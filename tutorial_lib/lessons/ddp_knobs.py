@@ -373,9 +373,9 @@ def main():
                   "args": vars(args)}
         for name in args.lessons:
             if name == "unused_head" and rank == 0:
-                print("unused_head: expect DDP's warning (once per rank) that find_unused_parameters=True found no "
-                      "unused parameters: head_b's output is returned, so the graph walk from the outputs reaches it",
-                      flush=True)  # C++ TORCH_WARN_ONCE on stderr, not a Python warning
+                sys.stdout.write("unused_head: expect DDP's warning (once per rank) that find_unused_parameters=True "
+                                 "found no unused parameters: head_b's output is returned, so the graph walk from the "
+                                 "outputs reaches it\n")  # C++ TORCH_WARN_ONCE on stderr, not a Python warning
             result[name] = lessons[name](args, rank, device)
             dist.barrier()
             sys.stdout.write(f"rank {rank}: {name} done\n")
@@ -384,7 +384,8 @@ def main():
         path.write_text(json.dumps(result, indent=1))
         if rank == 0:
             where = f"every rank's measurements: {path.parent.resolve()}/ddp_knobs_rank<RANK>.json"
-            print("\n".join([*summary_lines(result), where]), flush=True)
+            sys.stdout.write("".join(f"{line}\n" for line in [*summary_lines(result), where]))  # one write: no other
+            # rank's line lands inside it (torchrun runs python -u, where print's text and newline are two writes)
     finally:
         dist.destroy_process_group()
 
@@ -517,3 +518,5 @@ def allreduced_tensors():
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()  # and leave without Python's teardown, where a gloo thread still tidying up can abort the
+    os._exit(0)         # finished run (torch 2.13 on CPU: "terminate called without an active exception", SIGABRT)
