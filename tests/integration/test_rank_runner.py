@@ -24,6 +24,9 @@ CASES = {
     "sys.exit(3)": ("import sys\nprint('before')\nsys.exit(3)\n", 3),
     "sys.exit(message)": ("import sys\nsys.exit('a message for stderr')\n", 1),
     "raises": ("def f():\n    raise ValueError('bad batch shape')\nf()\n", 1),
+    # every lesson's ending: os._exit skips atexit handlers in both; the runner still records the code and leaves
+    "os._exit(5)": ("import atexit, os, sys\natexit.register(lambda: print('atexit ran'))\nprint('before')\n"
+                    "sys.stdout.flush()\nos._exit(5)\n", 5),
     "argparse error": ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--n', type=int)\n"
                        "p.parse_args()\n", 2),
 }
@@ -45,6 +48,8 @@ def test_the_runner_behaves_exactly_like_python(tmp_path, case):
     assert (ran.returncode, ran.stdout) == (plain.returncode, plain.stdout)
     # Tracebacks name the runner's frames in between; the last line (the exception) is the same.
     assert ran.stderr.strip().splitlines()[-1:] == plain.stderr.strip().splitlines()[-1:]
+    if case == "os._exit(5)":
+        assert plain.stdout == "before\n"
     if case == "finishes":
         assert plain.stdout == "__main__ ['a', 'b'] True\natexit ran\n"
 

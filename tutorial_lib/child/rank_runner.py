@@ -58,6 +58,7 @@ import re
 import runpy
 import signal
 import sys
+import threading
 import time
 
 
@@ -215,12 +216,37 @@ def _watch_process_groups() -> None:
         sys.meta_path.insert(0, _OnC10dImport())
 
 
+class _ScriptLeft(BaseException):
+    """The script called ``os._exit(code)`` in its main thread (``_exit_for_the_script``)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _exit_for_the_script(exit_process):
+    """``os._exit`` as the script sees it: in this process's main thread it ends the script with its code, as
+    ``python`` would (no ``atexit`` handlers), and ``run`` returns that code, so the runner still records how the
+    script ended and leaves itself; elsewhere (another thread, a forked child) it is ``exit_process``, unchanged.
+    Every lesson script ends with ``os._exit(0)`` after its last flush (the gloo abort at teardown, above)."""
+    pid, thread = os.getpid(), threading.get_ident()
+
+    @functools.wraps(exit_process)
+    def _exit(code):
+        if os.getpid() == pid and threading.get_ident() == thread:
+            raise _ScriptLeft(code)
+        exit_process(code)
+
+    return _exit
+
+
 def run(argv: list[str], observer=None) -> int:
     """Run ``argv`` as ``python ARGV`` would: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]`` as ``__main__``.
 
     The exit status ``python`` would give: 0, the ``SystemExit`` code (1 with the message on stderr for a
     non-integer one), 1 with the traceback printed for an uncaught exception, ``-SIGINT`` for an uncaught
-    ``KeyboardInterrupt``; ``atexit`` handlers run. Shared by this runner and the warm-start helper's children.
+    ``KeyboardInterrupt``; ``atexit`` handlers run, except after the script's own ``os._exit(code)`` (as in
+    ``python``; ``_exit_for_the_script``). Shared by this runner and the warm-start helper's children.
     ``observer``: the rank's observer (``_start_observer``), told how the script ended after its ``atexit`` handlers.
 
     What the script leaves is not freed: its namespace (and an uncaught exception's frames) stays referenced
@@ -236,6 +262,8 @@ def run(argv: list[str], observer=None) -> int:
     """
     argv = list(argv)
     _watch_process_groups()
+    exit_process, os._exit = os._exit, _exit_for_the_script(os._exit)
+    run_atexit = True
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -248,6 +276,9 @@ def run(argv: list[str], observer=None) -> int:
             sys.path[0] = os.path.dirname(script)
             _KEPT.append(runpy.run_path(script, run_name="__main__"))
         code = 0
+    except _ScriptLeft as e:  # os._exit(code): no atexit handlers, as in python
+        _KEPT.append(e)
+        code, run_atexit = e.code, False
     except SystemExit as e:
         _KEPT.append(e)
         if e.code is None or isinstance(e.code, int):
@@ -264,7 +295,10 @@ def run(argv: list[str], observer=None) -> int:
         # torch.distributed's hook adds "[rankN]:"
         sys.excepthook(type(e), *_cut(e))
         code = 1
-    atexit._run_exitfuncs()  # what the interpreter runs before its teardown
+    finally:
+        os._exit = exit_process
+    if run_atexit:
+        atexit._run_exitfuncs()  # what the interpreter runs before its teardown
     if observer is not None:
         observer.finish(code)
     return code
