@@ -68,6 +68,20 @@ def test_what_the_script_leaves_is_not_freed_before_the_exit(tmp_path):
     assert (ran.returncode, ran.stdout) == (1, "") and "ValueError: at the end" in ran.stderr
 
 
+def test_a_program_running_a_lesson_inside_its_own_goes_on_after_the_lessons_os_exit(tmp_path):
+    """Every lesson ends with os._exit(0); under the runner that ends the lesson as sys.exit(0) would, so a program
+    that runs it with runpy (an exercise check's interrupted_once.py) goes on and ends with its own code. Plain
+    python would end the whole process at the lesson's os._exit: the one place the runner differs, on purpose."""
+    (tmp_path / "lesson.py").write_text("import os, sys\nprint('lesson done')\nsys.stdout.flush()\nos._exit(0)\n")
+    (tmp_path / "wrapper.py").write_text("import runpy, sys\ntry:\n"
+                                         "    runpy.run_path('lesson.py', run_name='__main__')\n"
+                                         "except SystemExit as e:\n    print('lesson exit', e.code)\nsys.exit(75)\n")
+    ran = run([sys.executable, str(RANK_RUNNER), str(tmp_path / "wrapper.py")], cwd=tmp_path)
+    assert (ran.returncode, ran.stdout) == (75, "lesson done\nlesson exit 0\n"), ran.stderr
+    plain = run([sys.executable, str(tmp_path / "wrapper.py")], cwd=tmp_path)
+    assert (plain.returncode, plain.stdout) == (0, "lesson done\n")
+
+
 def test_a_script_without_arguments_is_a_usage_error():
     ran = run([sys.executable, str(RANK_RUNNER)])
     assert ran.returncode == 2 and "usage: python rank_runner.py SCRIPT" in ran.stderr

@@ -216,12 +216,10 @@ def _watch_process_groups() -> None:
         sys.meta_path.insert(0, _OnC10dImport())
 
 
-class _ScriptLeft(BaseException):
-    """The script called ``os._exit(code)`` in its main thread (``_exit_for_the_script``)."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
+class _ScriptLeft(SystemExit):
+    """The script called ``os._exit(code)`` in its main thread (``_exit_for_the_script``): a ``SystemExit``, so a
+    program that runs a script inside its own (``runpy``, as exercise checks do) goes on after it as after
+    ``sys.exit(code)``."""
 
 
 def _exit_for_the_script(exit_process):
