@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import tutorial_lib as tl
+from tutorial_lib.launcher import job
 from tutorial_lib.diagnosis.causes import CAUSES, CauseId, cause_by_id, exit_code_meaning, signal_name
 from tutorial_lib.torchrun.stacks import last_traceback
 
@@ -548,6 +549,54 @@ def test_a_taken_port_fails_fast_and_the_default_free_port_works(run_root):
         result = tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], runs_dir=run_root,
                                device="cpu", live="off", timeout_s=60)
     assert not tl.diagnose(result.run_dir).failed
+
+
+def _picks_taken_first(monkeypatch, taken: int, times: int) -> list[int]:
+    """Make the launcher's ``free_port`` return ``taken`` (a port this test holds) ``times`` times, then a real free
+    port: the race a port picked as free loses when another process binds it first. The picks, as made."""
+    real, picks = job.free_port, []
+
+    def pick(*args, **kwargs):
+        picks.append(taken if len(picks) < times else real(*args, **kwargs))
+        return picks[-1]
+
+    monkeypatch.setattr(job, "free_port", pick)
+    return picks
+
+
+@pytest.mark.integration
+def test_a_picked_port_taken_before_torchrun_binds_it_is_replaced(run_root, monkeypatch):
+    """A port picked as free (master_port=None) was taken by another launch before torchrun bound it: notebook 09
+    failed so in CI with both legs launching side by side (EADDRINUSE). The launch starts again on a new port,
+    before any rank ran, and says so in the cell and in output.log."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks = _picks_taken_first(monkeypatch, port, times=1)
+        result = tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], runs_dir=run_root,
+                               device="cpu", live="off", timeout_s=60)
+    assert picks[0] == port and len(picks) == 2 and picks[1] != port
+    assert f"--master-port {picks[1]}" in (result.run_dir / "command.txt").read_text(), "the command that ran"
+    log = (result.run_dir / "output.log").read_text()
+    assert re.search(r"EADDRINUSE|address already in use", log, re.I), "the first attempt's failure is kept"
+    assert f"port {port}, picked as free" in log and f"started again on port {picks[1]} (retry 1 of 2)" in log
+    assert not tl.diagnose(result.run_dir).failed
+
+
+@pytest.mark.integration
+def test_a_launch_whose_every_picked_port_is_taken_fails_naming_the_last(run_root, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks = _picks_taken_first(monkeypatch, port, times=1 + job.PORT_RETRIES)
+        with pytest.raises(tl.LaunchError) as info:
+            tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], runs_dir=run_root,
+                          device="cpu", live="off", timeout_s=60)
+    assert picks == [port] * (1 + job.PORT_RETRIES), "one pick, then PORT_RETRIES new ones, then no more"
+    assert info.value.rank is None and f"port {port}, picked as free for this launch" in str(info.value)
+    assert tl.diagnose(info.value).cause_id == CauseId.PORT_IN_USE
 
 
 @pytest.mark.integration

@@ -25,12 +25,14 @@ from datetime import timedelta
 import psutil
 
 from ..child.protocol import SOCKET_ENV, set_parent_death_signal
+from ..diagnosis.causes import CauseId, agent_failure
 from ..errors import ConfigError
-from ..i18n import Message, render
+from ..i18n import Message, _, render
 from ..runs.metrics import JsonlTail
 from ..runs.printed_metrics import PrintedMetricsWriter, compile_loss_pattern
 from ..runs.rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
 from ..torchrun.formats import STACK_LINE
+from ..torchrun.output_lines import torchrun_output
 from . import warm
 from .environment import rank_env
 from .interface import Job, LimitReached, Stopped
@@ -49,6 +51,7 @@ STACK_DUMP_WAIT_S = 10.0  # the longest wait for every rank's stack; ends 0.5 s 
 
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"  # Linux: the ports the kernel hands out by itself
 FREE_PORT_LOW = 20000  # the lowest port free_port picks: above the well-known services' usual ports
+PORT_RETRIES = 2  # new ports a launch tries when the one it picked was taken before torchrun bound it
 
 
 def ephemeral_ports() -> tuple[int, int] | None:
@@ -81,7 +84,7 @@ def free_port(host: str = LOOPBACK, tries: int = 64) -> int:
     """
     span = ephemeral_ports()
     if span is not None and span[0] > FREE_PORT_LOW:
-        for _ in range(tries):
+        for _try in range(tries):
             port = FREE_PORT_LOW + secrets.randbelow(span[0] - FREE_PORT_LOW)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
@@ -110,14 +113,15 @@ def host_rendezvous(plan: LaunchPlan) -> tuple[object, int]:
     return store, port
 
 
-def write_command_txt(plan: LaunchPlan, commands: dict[int, list[str]]) -> None:
-    """Write ``command.txt``, never over one that exists (a second launch into the same run directory is refused).
+def write_command_txt(plan: LaunchPlan, commands: dict[int, list[str]], again: bool = False) -> None:
+    """Write ``command.txt``, never over one that exists (a second launch into the same run directory is refused),
+    unless ``again``: this launch's own, rewritten when it starts again on a new port (``RunningJob.wait``).
 
     Raises:
         ConfigError: the run directory already holds a launch, or cannot be written.
     """
     try:
-        with open(plan.run_dir / COMMAND_TXT, "x") as f:
+        with open(plan.run_dir / COMMAND_TXT, "w" if again else "x") as f:
             f.write(plan.command_txt(commands))
     except FileExistsError:
         raise ConfigError(already_launched(plan.run_dir)) from None
@@ -218,14 +222,21 @@ class RunningJob(Job):
         Raises:
             ConfigError: ``command.txt`` could not be written (nothing was started).
         """
-        plan, self.started_at = self.plan, time.monotonic()
+        self.started_at, self.port_retries = time.monotonic(), 0
+        self._start_agents(again=False)
+
+    def _start_agents(self, again: bool) -> None:
+        """Pick the port and start every node's agent; ``again``: a relaunch of this same launch on a new port
+        (``wait``), which rewrites ``command.txt`` with it and goes on writing ``output.log``."""
+        plan = self.plan
         store, port = host_rendezvous(plan)
         commands = plan.commands(port)
-        write_command_txt(plan, commands)
+        write_command_txt(plan, commands, again=again)
         pump = OutputPump(plan.spec.nnodes, plan.run_dir, plan.nodes, self.printer,
-                          open(plan.run_dir / OUTPUT_LOG, "w"),
+                          open(plan.run_dir / OUTPUT_LOG, "a" if again else "w"),
                           log_dirs={node: plan.node_log_dir(node) for node in plan.nodes})
-        safe_draw(self.view.start)
+        if not again:
+            safe_draw(self.view.start)
         procs: dict[int, subprocess.Popen] = {}
         try:
             starts, start = start_commands(plan, commands, self.printer, wait_s=plan.spec.timeout_s)
@@ -246,6 +257,7 @@ class RunningJob(Job):
                 ProcessTree(proc.pid).stop(proc, plan.spec.shutdown_grace_s)
             pump.close()
             raise
+        self.port = port
         self._watch(pump, procs, commands, start, store)
 
     def _watch(self, pump: OutputPump, procs: dict[int, subprocess.Popen], commands: dict[int, list[str]],
@@ -307,7 +319,53 @@ class RunningJob(Job):
     def wait(self) -> dict[int, int]:
         """Pump output and update the view until every agent exited and its output is read; the return codes.
 
+        A port the launcher picked (``master_port=None``) can be taken by another process between the pick and
+        torchrun's bind of it (``free_port``): torchrun then exits with EADDRINUSE before any rank started. That
+        launch is started again on a new free port, at most ``PORT_RETRIES`` times (``port_taken_before_start``);
+        a port the caller named is never replaced.
+
         Raises ``LimitReached`` past a limit (``limit_reached``)."""
+        while True:
+            returncodes = self._wait_agents()
+            if not self.port_taken_before_start(returncodes):
+                return returncodes
+            taken = self.port
+            self._end_attempt()
+            self.port_retries += 1
+            self._start_agents(again=True)
+            note = _("port {taken}, picked as free, was taken by another process before torchrun bound it "
+                     "(EADDRINUSE): torchrun started again on port {port} (retry {n} of {most}), before any rank ran",
+                     taken=taken, port=self.port, n=self.port_retries, most=PORT_RETRIES)
+            self.printer.note(note)
+            self.pump.output_log.write(f"[launcher] {note}\n")  # not in the transcript: the doctor reads torchrun's
+
+    def port_taken_before_start(self, returncodes: dict[int, int]) -> bool:
+        """Whether the attempt that just ended is one ``wait`` starts again: one node, its port picked here (not the
+        caller's ``master_port``), retries left, every agent failed, no rank wrote a line, and torchrun's own
+        output says the port was in use (the doctor's ``CauseId.PORT_IN_USE``)."""
+        spec = self.plan.spec
+        if spec.master_port is not None or spec.nnodes > 1 or self.port_retries >= PORT_RETRIES:
+            return False
+        if any(code == 0 for code in returncodes.values()) or any(rank is not None for rank, text in self.pump.ranked):
+            return False
+        cause = agent_failure(torchrun_output("\n".join(self.pump.transcript)))
+        return cause is not None and cause.id == CauseId.PORT_IN_USE
+
+    def _end_attempt(self) -> None:
+        """Close what an attempt that ended before any rank ran holds (``close`` does it for the last one)."""
+        self.sampler.stop()
+        self.tree.kill_leftovers()
+        for reader in self.readers:
+            reader.join(timeout=5)
+        self.pump.read_lines(0)
+        self.pump.close()
+        for proc in self.procs.values():
+            if proc.stdout:
+                proc.stdout.close()
+        self.procs = {}
+
+    def _wait_agents(self) -> dict[int, int]:
+        """``wait`` for one attempt: until its agents exited and their output is read."""
         last_view, progress_at, exited_at = 0.0, None, None
         while self.pump.open_streams or any(proc.poll() is None for proc in self.procs.values()):
             self.pump.read_lines(0.1)
