@@ -530,7 +530,10 @@ def test_an_allocation_larger_than_the_machine_fails_cleanly(run_root):
 
 
 @pytest.mark.integration
-def test_a_taken_port_fails_fast_and_the_default_free_port_works(run_root):
+@pytest.mark.parametrize("max_restarts", [0, 1], ids=["static", "c10d"])
+def test_a_taken_port_fails_fast_and_the_default_free_port_works(run_root, max_restarts):
+    """With restarts the rendezvous is c10d's: before is_host=true, its agent took the taken port for a store to join
+    and waited until timeout_s (a hang, diagnosed as one)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -538,7 +541,7 @@ def test_a_taken_port_fails_fast_and_the_default_free_port_works(run_root):
         start = time.monotonic()
         with pytest.raises((tl.LaunchError, tl.ConfigError)) as info:
             tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], runs_dir=run_root,
-                          device="cpu", live="off", timeout_s=60, master_port=port)
+                          device="cpu", live="off", timeout_s=60, master_port=port, max_restarts=max_restarts)
         assert time.monotonic() - start < 30, "fails fast, not at a rendezvous timeout"
         if isinstance(info.value, tl.LaunchError):
             assert info.value.rank is None, "torchrun itself failed, no rank started"
@@ -565,7 +568,8 @@ def _picks_taken_first(monkeypatch, taken: int, times: int) -> list[int]:
 
 
 @pytest.mark.integration
-def test_a_picked_port_taken_before_torchrun_binds_it_is_replaced(run_root, monkeypatch):
+@pytest.mark.parametrize("max_restarts", [0, 1], ids=["static", "c10d"])
+def test_a_picked_port_taken_before_torchrun_binds_it_is_replaced(run_root, monkeypatch, max_restarts):
     """A port picked as free (master_port=None) was taken by another launch before torchrun bound it: notebook 09
     failed so in CI with both legs launching side by side (EADDRINUSE). The launch starts again on a new port,
     before any rank ran, and says so in the cell and in output.log."""
@@ -575,9 +579,10 @@ def test_a_picked_port_taken_before_torchrun_binds_it_is_replaced(run_root, monk
         port = taken.getsockname()[1]
         picks = _picks_taken_first(monkeypatch, port, times=1)
         result = tl.run_script("collectives_check", ["--sizes-bytes", 4096, "--iters", 1], runs_dir=run_root,
-                               device="cpu", live="off", timeout_s=60)
+                               device="cpu", live="off", timeout_s=60, max_restarts=max_restarts)
     assert picks[0] == port and len(picks) == 2 and picks[1] != port
-    assert f"--master-port {picks[1]}" in (result.run_dir / "command.txt").read_text(), "the command that ran"
+    flag = "--master-port " if max_restarts == 0 else "--rdzv-endpoint 127.0.0.1:"
+    assert f"{flag}{picks[1]}" in (result.run_dir / "command.txt").read_text(), "the command that ran"
     log = (result.run_dir / "output.log").read_text()
     assert re.search(r"EADDRINUSE|address already in use", log, re.I), "the first attempt's failure is kept"
     assert f"port {port}, picked as free" in log and f"started again on port {picks[1]} (retry 1 of 2)" in log

@@ -33,7 +33,10 @@ def test_restarts_use_the_c10d_rendezvous_so_each_attempt_gets_fresh_store_keys(
     """Issue 6: with the static rendezvous a restarted group read the dead attempt's gloo addresses."""
     cmd = build_command(tmp_path / "x.py", [], CPU2, master_port=29555, log_dir=tmp_path / "logs", max_restarts=1)
     joined = shlex.join(cmd)
-    for part in ["--rdzv-backend c10d", "--rdzv-endpoint 127.0.0.1:29555", "--max-restarts 1", "--redirects 3"]:
+    # is_host=true: the agent hosts the store or fails; left to guess, a taken port made it a client of whatever
+    # listened there (a hang until timeout_s, seen with a plain socket on the port).
+    for part in ["--rdzv-backend c10d", "--rdzv-endpoint 127.0.0.1:29555", "--rdzv-conf is_host=true",
+                 "--max-restarts 1", "--redirects 3"]:
         assert part in joined
     assert "--master-port" not in joined and "--master-addr" not in joined
 

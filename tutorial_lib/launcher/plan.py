@@ -135,7 +135,9 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
       hands every attempt the same store keys, so a restarted group read the dead attempt's gloo
       addresses ("Gloo connectFullMesh failed ... Connection refused") or hung (torch 2.8 and 2.13: 1 and 2
       of 5 restarts recovered); c10d starts each attempt in a fresh round, with
-      ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (``build_env``; pytorch/pytorch#135712);
+      ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (``build_env``; pytorch/pytorch#135712). ``is_host=true``: the agent
+      hosts the store, and fails (EADDRINUSE) where the port is taken; left to guess, torch's c10d backend would
+      connect to whatever listens there as a client, another job's store included;
     * ``nnodes > 1``: every agent joins the ``c10d`` rendezvous at ``127.0.0.1:master_port`` as a client
       (``is_host=false``: the launcher hosts that store, so it outlives every agent) and waits at most
       ``rendezvous_timeout_s`` for the others (``join_timeout``); node ranks follow arrival order.
@@ -146,7 +148,7 @@ def build_command(script: str | os.PathLike, args: Sequence[object], plan: Devic
                       "--rdzv-conf", f"is_host=false,join_timeout={rendezvous_timeout_s:g}"]
     elif max_restarts > 0:
         rendezvous = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{master_port}",
-                      "--rdzv-id", rendezvous_id]
+                      "--rdzv-id", rendezvous_id, "--rdzv-conf", "is_host=true"]
     else:
         rendezvous = ["--nnodes", "1", "--master-addr", LOOPBACK, "--master-port", str(master_port)]
     return [
