@@ -322,7 +322,9 @@ class RunningJob(Job):
         A port the launcher picked (``master_port=None``) can be taken by another process between the pick and
         torchrun's bind of it (``free_port``): torchrun then exits with EADDRINUSE before any rank started. That
         launch is started again on a new free port, at most ``PORT_RETRIES`` times (``port_taken_before_start``);
-        a port the caller named is never replaced.
+        a port the caller named is never replaced. torch's own distributed tests do the same
+        (``torch.testing._internal.common_utils.retry_on_connect_failures``); torchrun's static rendezvous takes no
+        socket bound in advance, which would close the gap instead.
 
         Raises ``LimitReached`` past a limit (``limit_reached``)."""
         while True:
