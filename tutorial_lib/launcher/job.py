@@ -38,7 +38,7 @@ from .environment import rank_env
 from .interface import Job, LimitReached, Stopped
 from .live import safe_draw
 from .output import OutputPump, ThrottledPrinter
-from .plan import LOOPBACK, RANK_RUNNER, LaunchPlan
+from .plan import LOOPBACK, RANK_RUNNER, LaunchPlan, command_port
 from .processes import ProcessTree
 from .sampler import MemorySampler
 from .spec import already_launched
@@ -257,7 +257,6 @@ class RunningJob(Job):
                 ProcessTree(proc.pid).stop(proc, plan.spec.shutdown_grace_s)
             pump.close()
             raise
-        self.port = port
         self._watch(pump, procs, commands, start, store)
 
     def _watch(self, pump: OutputPump, procs: dict[int, subprocess.Popen], commands: dict[int, list[str]],
@@ -331,13 +330,13 @@ class RunningJob(Job):
             returncodes = self._wait_agents()
             if not self.port_taken_before_start(returncodes):
                 return returncodes
-            taken = self.port
-            self._end_attempt()
-            self.port_retries += 1
+            taken = command_port(self.command)
+            self._release_attempt()
+            self.procs, self.port_retries = {}, self.port_retries + 1
             self._start_agents(again=True)
             note = _("port {taken}, picked as free, was taken by another process before torchrun bound it "
                      "(EADDRINUSE): torchrun started again on port {port} (retry {n} of {most}), before any rank ran",
-                     taken=taken, port=self.port, n=self.port_retries, most=PORT_RETRIES)
+                     taken=taken, port=command_port(self.command), n=self.port_retries, most=PORT_RETRIES)
             self.printer.note(note)
             self.pump.output_log.write(f"[launcher] {note}\n")  # not in the transcript: the doctor reads torchrun's
 
@@ -353,18 +352,20 @@ class RunningJob(Job):
         cause = agent_failure(torchrun_output("\n".join(self.pump.transcript)))
         return cause is not None and cause.id == CauseId.PORT_IN_USE
 
-    def _end_attempt(self) -> None:
-        """Close what an attempt that ended before any rank ran holds (``close`` does it for the last one)."""
+    def _release_attempt(self) -> None:
+        """Stop sampling, kill leftovers, read the attempt's last lines (torchrun's, and the ranks' files to their
+        end), close its log, files and pipes: the end of every attempt (``close``, and ``wait`` before it starts
+        again)."""
         self.sampler.stop()
-        self.tree.kill_leftovers()
+        self.tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
         for reader in self.readers:
             reader.join(timeout=5)
-        self.pump.read_lines(0)
+        self.pump.read_lines(0)  # lines that arrived after the loop ended
+        self.pump.read_rank_logs(final=True)  # nothing of the job runs any more: the ranks' files are complete
         self.pump.close()
         for proc in self.procs.values():
             if proc.stdout:
                 proc.stdout.close()
-        self.procs = {}
 
     def _wait_agents(self) -> dict[int, int]:
         """``wait`` for one attempt: until its agents exited and their output is read."""
@@ -431,15 +432,6 @@ class RunningJob(Job):
         end), close the log, the files, the pipes and the rendezvous store. Nothing to do if it never started."""
         if not self.procs:
             return
-        self.sampler.stop()
-        self.tree.kill_leftovers()  # e.g. a worker's own child processes orphaned by a crash
-        for reader in self.readers:
-            reader.join(timeout=5)
-        self.pump.read_lines(0)  # lines that arrived after the loop ended
-        self.pump.read_rank_logs(final=True)  # nothing of the job runs any more: the ranks' files are complete
-        self.pump.close()
-        for proc in self.procs.values():
-            if proc.stdout:
-                proc.stdout.close()
+        self._release_attempt()
         self.pump.finish()
         self.store = None  # closes the rendezvous store (and its socket) once every agent is gone
