@@ -24,7 +24,7 @@ RUNS = {
     "model_parallel": [["--max-steps", 1]],
     "collective_mismatch": [["--max-steps", 2]],
     "uneven_inputs": [[]],
-    "unused_params": [["--loss-uses", "both", "--max-steps", 2, "--count-allreduces"]],
+    "unused_params": [["--loss-uses", "both", "--max-steps", 2]],
     "collectives_check": [["--sizes-bytes", 4096, "--iters", 1]],
     "sampler_demo": [[]],
     "dataloader_bench": [["--dataset-size", 8, "--epochs", 1, "--num-workers", 0]],

@@ -5,7 +5,6 @@ Run card
     torchrun --nproc-per-node 2 unused_params.py --loss-uses a                          # fails on step 2
     torchrun --nproc-per-node 2 unused_params.py --loss-uses a --find-unused-parameters  # fix 1 (costs time)
     torchrun --nproc-per-node 2 unused_params.py --loss-uses both                        # fix 2: use every output
-    torchrun --nproc-per-node 2 unused_params.py --loss-uses both --find-unused-parameters --count-allreduces
 
 The model has a shared trunk and two heads; with ``--loss-uses a`` its forward skips head ``b``, as a
 conditionally used branch would. DDP waits during backward for a gradient of *every* parameter before
@@ -15,13 +14,11 @@ one". ``find_unused_parameters=True`` makes DDP walk the autograd graph from the
 forward to mark parameters that will get no gradient (extra work every step); using every module in
 the loss (or not creating the unused one) needs no flag. The flag also costs an all_reduce per step: DDP
 all-reduces a map of the parameters each rank used, so that a parameter unused on one rank but used on
-another is handled right. ``--count-allreduces`` counts every all_reduce a rank issues in its last step
-(``torch.profiler``, DDP's own included) and logs it as ``all_reduce_calls``.
+another is handled right (notebook 01 counts them from what each rank issued, seen by the workbook's observer).
 Writes ``<metrics-dir>/rank<RANK>.jsonl``. Only torch and the standard library.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -43,8 +40,6 @@ def parse_args(argv=None):
                    help="a: the forward skips head b (the mistake); both: both heads feed the loss")
     p.add_argument("--find-unused-parameters", action="store_true", help="DDP(find_unused_parameters=True)")
     p.add_argument("--hidden-dim", type=int, default=256, help="width of trunk and heads (count)")
-    p.add_argument("--count-allreduces", action="store_true",
-                   help="profile the last step (torch.profiler) and log its all_reduce calls as all_reduce_calls")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     p.add_argument("--pg-timeout-s", type=float, default=60.0, help="collective timeout (seconds)")
@@ -105,45 +100,24 @@ def train(args, device):
     log = open(Path(args.metrics_dir) / f"rank{rank}.jsonl", "a", buffering=1)
     g = torch.Generator().manual_seed(rank)
     for step in range(1, args.max_steps + 1):
-        profiled = args.count_allreduces and step == args.max_steps
         t0 = time.perf_counter()
-        with allreduce_counter() if profiled else contextlib.nullcontext() as calls:
-            x = torch.randn(64, 32, generator=g).to(device)
-            a, b = model(x)
-            loss = (a - 1).pow(2).mean()
-            if b is not None:
-                loss = loss + (b + 1).pow(2).mean()  # every module feeds the loss: every parameter gets a gradient
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        x = torch.randn(64, 32, generator=g).to(device)
+        a, b = model(x)
+        loss = (a - 1).pow(2).mean()
+        if b is not None:
+            loss = loss + (b + 1).pow(2).mean()  # every module feeds the loss: every parameter gets a gradient
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         record = {"step": step, "max_steps": args.max_steps, "rank": rank,
                   "world_size": dist.get_world_size(), "loss_local": loss.item(),
                   "step_time_s": time.perf_counter() - t0}
-        if profiled:
-            record["all_reduce_calls"] = calls["all_reduce_calls"]
         log.write(json.dumps(record) + "\n")
     log.close()
     sys.stdout.write(f"rank {rank}: {args.max_steps} steps done\n")
     dist.barrier()
-
-
-# ---- Workbook instrumentation -------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def allreduce_counter():
-    """Profile the block and count the all_reduce calls this rank issued in it (each is one ``c10d::allreduce_``
-    op, whoever calls it: DDP's buckets, DDP's map of used parameters, your own). Yields a dict that holds
-    ``all_reduce_calls`` once the block has ended."""
-    from torch.profiler import ProfilerActivity, profile
-
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's own log lines (start/stop, no GPU) off
-    counted = {}
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        yield counted
-    counted["all_reduce_calls"] = sum(e.name == "c10d::allreduce_" for e in prof.events())
 
 
 if __name__ == "__main__":
