@@ -26,11 +26,11 @@ CONFIGS = {
     "fsdp2": ["--strategy", "fsdp2"],
     "fsdp2_ac": ["--strategy", "fsdp2", "--activation-checkpointing"],
     "fsdp2_bf16_fine": ["--strategy", "fsdp2", "--precision", "bf16", "--wrap", "fine"],
-    "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2,
-                            "--count-collectives"],
+    "fsdp2_offload_accum": ["--strategy", "fsdp2", "--cpu-offload", "--grad-accum-steps", 2, "--batch-size", 2],
     "fsdp1_fine_ac_bf16": ["--strategy", "fsdp1", "--wrap", "fine", "--activation-checkpointing",
                            "--precision", "bf16"],
 }
+OBSERVED = {"fsdp2_offload_accum"}  # launched with observe=True: what each rank issued, as torch saw it
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,12 @@ def runs(tmp_path_factory):
     def get(name):
         if name not in cache:
             result = tl.run_script("fsdp_train", SMALL + CONFIGS[name], runs_dir=root, label=name, device="cpu",
-                                   nproc_per_node=2, timeout_s=120, live="off")
-            cache[name] = (result.metrics(), tl.runs.read_rank_json(result.run_dir, "model"))
-        return cache[name]
+                                   nproc_per_node=2, timeout_s=120, live="off", observe=name in OBSERVED)
+            cache[name] = (result.metrics(), tl.runs.read_rank_json(result.run_dir, "model"),
+                           result.observed() if name in OBSERVED else None)
+        return cache[name][:2]
 
+    get.observed = lambda name: get(name) and cache[name][2]
     yield get
     left = wait_no_job_processes(str(root))
     assert not left, f"processes left behind: {[(p.pid, p.info['cmdline']) for p in left]}"
@@ -98,11 +100,14 @@ def test_cpu_offload_and_accumulation_keep_the_state_and_the_loss(runs):
     assert (offload["activation_bytes"] < 0.6 * plain["activation_bytes"]).all(), "half the micro-batch"
     # two micro-batches of 2 are the same samples as one batch of 4: the same mean loss
     assert (offload["loss_global"] - plain["loss_global"]).abs().max() < 1e-4
-    # 3 units (2 blocks + root), counted by torch.profiler: per micro-step 2 * 3 - 1 all-gathers (the root stays
-    # gathered between its forward and backward) and 3 reduce-scatters; the loss all-reduce is outside the count
-    assert (offload["all_gather_calls"] == 2 * 5).all() and (offload["reduce_scatter_calls"] == 2 * 3).all()
-    assert (offload["all_reduce_calls"] == 0).all()
-    assert "all_gather_calls" not in plain, "counted only when asked"
+    # 3 units (2 blocks + root), as the launch's observer saw each rank issue them: per micro-step 2 * 3 - 1
+    # all-gathers (the root stays gathered between its forward and backward) and 3 reduce-scatters, in every step
+    observed = runs.observed("fsdp2_offload_accum")
+    counts = observed.per_step_counts("all_gather", "reduce_scatter", "all_reduce")
+    assert [(c["rank"], c["step"]) for c in counts] == [(r, s) for r in (0, 1) for s in (1, 2, 3)], counts
+    assert all(c["all_gather"] == 2 * 5 and c["reduce_scatter"] == 2 * 3 for c in counts), counts
+    # the one all-reduce: the script's loss all-reduce after each optimizer step, counted in the next step's
+    assert [c["all_reduce"] for c in counts] == [0, 1, 1] * 2, counts
 
 
 def test_fsdp1_with_the_auto_wrap_policy_bound_by_partial_and_its_mixed_precision(runs):

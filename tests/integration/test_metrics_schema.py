@@ -16,7 +16,7 @@ from tutorial_lib.runs.rundir import LESSONS_DIR, available_scripts
 # Each script as plain python (a world of one), small; variants reach the keys written only sometimes.
 RUNS = {
     "ddp_train": [["--max-steps", 2], ["--max-steps", 2, "--precision", "bf16", "--grad-scaler", "on"]],
-    "fsdp_train": [["--max-steps", 1, "--dim", 32, "--n-layers", 1, "--count-collectives"],
+    "fsdp_train": [["--max-steps", 1, "--dim", 32, "--n-layers", 1],
                    ["--max-steps", 1, "--dim", 32, "--n-layers", 1, "--strategy", "ddp", "--precision", "bf16",
                     "--grad-scaler", "on"]],
     "checkpoint_train": [["--max-steps", 2, "--save-every", 1]],

@@ -88,6 +88,14 @@ def test_counts_per_step_and_per_backward_come_from_the_records(tmp_path):
     assert run.gathered(1, 0, "value").tolist() == [1.0, 2.0]  # replicated: rank 0's
 
 
+def test_the_per_step_table_has_a_row_per_rank_and_step_with_each_kinds_count(tmp_path):
+    write_rank(tmp_path, 0, ACCUMULATED)
+    write_rank(tmp_path, 1, ACCUMULATED[:4] + [collective("all_reduce", 1, 2)] + ACCUMULATED[4:])  # one more in step 1
+    rows = tl.runs.read_observed(tmp_path, ranks=2).per_step_counts("all_reduce", "barrier")
+    assert rows == [{"rank": rank, "step": step, "all_reduce": n, "barrier": 0}
+                    for rank, step, n in [(0, 1, 1), (0, 2, 1), (1, 1, 2), (1, 2, 1)]]  # the barrier: after step 2
+
+
 def test_a_rank_killed_mid_write_leaves_every_earlier_record_readable(tmp_path):
     path = write_rank(tmp_path, 0, ACCUMULATED[:4])
     with open(path, "a") as f:  # what a kill in the middle of a write leaves: a line without its end

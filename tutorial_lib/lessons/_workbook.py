@@ -659,16 +659,13 @@ class SavedByModule:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# fsdp_train.py: sharded memory per rank, the bytes each forward keeps for backward, the blocks' forward calls, the
-# FSDP units and the collectives each step runs (--count-collectives).
+# fsdp_train.py: sharded memory per rank, the bytes each forward keeps for backward, the blocks' forward calls and
+# the FSDP units (the collectives each rank issues: the launch's observer, observe=True).
 # ---------------------------------------------------------------------------------------------------------------
 
 def add_fsdp_flags(p):
     """Add ``fsdp_train.py``'s workbook flags to its parser ``p``."""
     p.add_argument("--metrics-dir", type=str, default="metrics", help="folder for rank<RANK>.jsonl (created)")
-    p.add_argument("--count-collectives", action="store_true",
-                   help="count each step's all-gathers, reduce-scatters and all-reduces with torch.profiler "
-                        "(metric keys all_gather_calls, reduce_scatter_calls, all_reduce_calls)")
 
 
 class FSDPStepRecorder:
@@ -696,13 +693,11 @@ class FSDPStepRecorder:
             "n_params": sum(math.prod(s) for s in shapes.values()), "fsdp_units": len(self.units),
             "unit_params": self.units, "args": vars(args)}))
         self.file = open(metrics_dir / f"rank{rank}.jsonl", "a", buffering=1)
-        self.collectives = CollectiveCounter(args.count_collectives)
 
     def count_block_forward(self, module, inputs):
         self.block_forwards += 1
 
     def step_start(self):
-        self.collectives.start()  # --count-collectives: this step's forward, backward and optimizer step
         self.saved_bytes, self.zero_grads, self.block_forwards = 0, None, 0
 
     @contextlib.contextmanager
@@ -718,9 +713,6 @@ class FSDPStepRecorder:
             self.zero_grads = sum(int((local(p.grad) == 0).sum()) for p in self.model.parameters() if p.grad is not None)
         self.loss_scale = self.scaler.get_scale() if self.scaler else 1.0  # the scale this step's backward used
 
-    def optimizer_done(self):
-        self.collectives.stop()  # (the loss all-reduce after it is the workbook's, not training's)
-
     def step_done(self, step, loss_sum, loss_global, step_time_s):
         args = self.args
         row = {"step": step, "max_steps": args.max_steps, "rank": self.rank, "world_size": self.world_size,
@@ -730,8 +722,7 @@ class FSDPStepRecorder:
                "fsdp_units": len(self.units), "activation_bytes": self.saved_bytes, "block_forwards": self.block_forwards,
                "grad_scaler": self.scaler is not None, "loss_scale": self.loss_scale,
                **memory_fields(self.model, self.optimizer, self.device),
-               "param_device": str(local(next(self.model.parameters())).device),  # cpu under --cpu-offload
-               **self.collectives.counts}
+               "param_device": str(local(next(self.model.parameters())).device)}  # cpu under --cpu-offload
         if self.zero_grads is not None:
             row["grad_zero_elements"] = self.zero_grads
         self.file.write(json.dumps(row) + "\n")
@@ -787,36 +778,6 @@ class SavedActivations:
     def take(self):
         total, self.storages = sum(self.storages.values()), {}
         return total
-
-
-class CollectiveCounter:
-    """Counts the collectives between ``start()`` and ``stop()`` with torch.profiler, into ``counts``.
-
-    Every c10d collective is a dispatcher op whatever the backend: ``c10d::_allgather_base_`` (an all-gather;
-    ``c10d::allgather_`` for a list of outputs), ``c10d::_reduce_scatter_base_`` (a reduce-scatter),
-    ``c10d::allreduce_`` (an all-reduce)."""
-
-    OPS = {"c10d::_allgather_base_": "all_gather_calls", "c10d::allgather_": "all_gather_calls",  # FSDP1 on gloo
-           "c10d::_reduce_scatter_base_": "reduce_scatter_calls",
-           "c10d::allreduce_": "all_reduce_calls"}
-
-    def __init__(self, enabled):
-        self.enabled, self.counts, self.profiler = enabled, {}, None
-        if enabled:  # torch 2.13's profiler logs each start and stop; 2.8's CUDA wheel without a GPU, an error
-            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-
-    def start(self):
-        if self.enabled:
-            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            self.profiler.start()
-
-    def stop(self):
-        if self.enabled:
-            self.profiler.stop()
-            self.counts = dict.fromkeys(self.OPS.values(), 0)
-            for event in self.profiler.events():
-                if event.name in self.OPS:
-                    self.counts[self.OPS[event.name]] += 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ Only torch and the Python standard library are used, so the file can be copied t
 line per step per rank in ``<metrics-dir>/rank<RANK>.jsonl`` with the exact bytes of this rank's parameters, gradients
 and optimizer state (local shards), the bytes saved for backward (activations), RSS on CPU and the allocator peak on
 CUDA; ``<metrics-dir>/model_rank<RANK>.json`` with the parameter shapes (for the analytic memory model) and the FSDP
-units; and with ``--count-collectives`` the step's all-gathers, reduce-scatters and all-reduces (torch.profiler).
+units.
 """
 
 import argparse
@@ -101,7 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--no-optimize-ddp", action="store_true",
                    help="ddp + compile: torch._dynamo.config.optimize_ddp = False (one graph, no split at buckets)")
     if workbook:  # workbook
-        workbook.add_fsdp_flags(p)  # workbook: --metrics-dir, --count-collectives
+        workbook.add_fsdp_flags(p)  # workbook: --metrics-dir
     return check_args(p, p.parse_args(argv))
 
 
@@ -325,7 +325,7 @@ def train(args, rank, world_size, device):
                 if workbook else NoRecorder())  # workbook
     for step in range(1, args.max_steps + 1):
         t0 = time.perf_counter()
-        recorder.step_start()  # workbook: --count-collectives starts counting this step's collectives
+        recorder.step_start()  # workbook: this step's measurements start from zero
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
         xs, ys = global_batch(step, args, world_size)
@@ -349,7 +349,6 @@ def train(args, rank, world_size, device):
             scaler.update()
         else:
             optimizer.step()
-        recorder.optimizer_done()  # workbook: the collectives counted are training's, not the loss all-reduce's
         loss_global = loss_sum.clone()
         if dist.is_initialized():
             dist.all_reduce(loss_global)  # the rank's loss is local; the global mean needs a collective

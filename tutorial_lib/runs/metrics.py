@@ -54,10 +54,7 @@ every line. ``STEP_METRICS`` holds the same table for code, ``check_step_record`
     block_forwards         int   -     fsdp_train                     block forwards this step (recomputed ones too)
     accumulation           str   -     grad_accum                     every_micro_step or no_sync (--accumulation)
     grad_accum_steps       int   -     grad_accum                     micro-batches per optimizer step
-    all_reduce_calls       int   -     grad_accum, fsdp_train (counted)
-                                                                      all-reduces in this step (DDP: one per gradient bucket)
-    all_gather_calls       int   -     fsdp_train (counted)           all-gathers in this step (FSDP: parameter unshards)
-    reduce_scatter_calls   int   -     fsdp_train (counted)           reduce-scatters in this step (FSDP: gradient shards)
+    all_reduce_calls       int   -     grad_accum                     all-reduces in this step (DDP: one per gradient bucket)
     attempt                int   -     checkpoint_train               restart attempt (TORCHELASTIC_RESTART_COUNT)
     resumed_from_step      int   -     checkpoint_train, train_lm, train_hf
                                                                       step of the checkpoint loaded (0: none)
@@ -104,7 +101,6 @@ ALL = ("ddp_train", "fsdp_train", "checkpoint_train", "grad_accum", "model_paral
 TRAINERS = ("ddp_train", "fsdp_train", "checkpoint_train", "train_lm", "train_hf")  # the scripts that log memory
 # The conditions of keys not always written; every one names what decides it.
 WHEN = {"cpu": "device is cpu", "cuda": "device is cuda", "fp16": "--precision fp16",
-        "counted": "grad_accum: every step; fsdp_train: with --count-collectives",
         "eval": "on evaluation steps (--eval-every N, and the last step)",
         "known gpu": "on a CUDA device whose peak FLOP/s the script knows (train_lm.py's PEAK_TFLOPS)"}
 
@@ -156,11 +152,7 @@ STEP_METRICS: tuple[MetricKey, ...] = (
     MetricKey("accumulation", "str", "-", "every_micro_step or no_sync (--accumulation)", ("grad_accum",)),
     MetricKey("grad_accum_steps", "int", "-", "micro-batches per optimizer step", ("grad_accum",)),
     MetricKey("all_reduce_calls", "int", "-", "all-reduces in this step (DDP: one per gradient bucket)",
-              ("grad_accum", "fsdp_train"), "counted"),
-    MetricKey("all_gather_calls", "int", "-", "all-gathers in this step (FSDP: parameter unshards)",
-              ("fsdp_train",), "counted"),
-    MetricKey("reduce_scatter_calls", "int", "-", "reduce-scatters in this step (FSDP: gradient shards)",
-              ("fsdp_train",), "counted"),
+              ("grad_accum",)),
     MetricKey("attempt", "int", "-", "restart attempt (TORCHELASTIC_RESTART_COUNT)", ("checkpoint_train",)),
     MetricKey("resumed_from_step", "int", "-", "step of the checkpoint loaded (0: none)",
               ("checkpoint_train", "train_lm", "train_hf")),

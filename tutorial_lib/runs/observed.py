@@ -8,6 +8,7 @@ JSON line per event to ``<run_dir>/observed/rank<R>.jsonl``, never to stdout. Th
     run = result.observed()                        # or tl.runs.read_observed(result.run_dir)
     rank0 = run[0]
     rank0.per_step("all_reduce")                   # all-reduces between optimizer steps: [3, 3, 3] (3 DDP buckets)
+    run.per_step_counts("all_gather", "reduce_scatter")  # [{"rank": 0, "step": 1, "all_gather": 9, ...}, ...]
     [c.input_bytes for c in rank0.collectives_of("all_reduce", backward=1)]   # the first backward's bucket sizes
     rank0.ddp_settings()["find_unused_parameters"] # False: the DDP wrap as torch holds it
     rank0.steps[0].params[0].grad.tensor()         # the first parameter's gradient at the first step, exactly
@@ -338,6 +339,13 @@ class ObservedRun:
 
     def __len__(self) -> int:
         return len(self.ranks)
+
+    def per_step_counts(self, *kinds: str) -> list[dict]:
+        """One row per rank and optimizer step, ``{"rank": r, "step": s, kind: count, ...}``: the collectives of each
+        family in ``kinds`` that led up to the step (``ObservedRank.per_step``), e.g. for ``pandas.DataFrame``."""
+        return [{"rank": observed.rank, "step": step, **{kind: counts[kind][step - 1] for kind in kinds}}
+                for observed in self for counts in [{kind: observed.per_step(kind) for kind in kinds}]
+                for step in range(1, len(observed.steps) + 1)]
 
     def gathered(self, step: int, index: int, what: str = "grad"):
         """One parameter's gradient (``what="grad"``) or value (``"value"``) at optimizer step ``step``, whole: a
