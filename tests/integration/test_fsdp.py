@@ -46,7 +46,11 @@ def runs(tmp_path_factory):
                            result.observed() if name in OBSERVED else None)
         return cache[name][:2]
 
-    get.observed = lambda name: get(name) and cache[name][2]
+    def observed(name):  # the observer's records of an OBSERVED config
+        get(name)
+        return cache[name][2]
+
+    get.observed = observed
     yield get
     left = wait_no_job_processes(str(root))
     assert not left, f"processes left behind: {[(p.pid, p.info['cmdline']) for p in left]}"

@@ -343,9 +343,12 @@ class ObservedRun:
     def per_step_counts(self, *kinds: str) -> list[dict]:
         """One row per rank and optimizer step, ``{"rank": r, "step": s, kind: count, ...}``: the collectives of each
         family in ``kinds`` that led up to the step (``ObservedRank.per_step``), e.g. for ``pandas.DataFrame``."""
-        return [{"rank": observed.rank, "step": step, **{kind: counts[kind][step - 1] for kind in kinds}}
-                for observed in self for counts in [{kind: observed.per_step(kind) for kind in kinds}]
-                for step in range(1, len(observed.steps) + 1)]
+        rows = []
+        for observed in self:
+            counts = {kind: observed.per_step(kind) for kind in kinds}  # element s - 1: step s
+            rows += [{"rank": observed.rank, "step": s + 1, **{kind: n[s] for kind, n in counts.items()}}
+                     for s in range(len(observed.steps))]
+        return rows
 
     def gathered(self, step: int, index: int, what: str = "grad"):
         """One parameter's gradient (``what="grad"``) or value (``"value"``) at optimizer step ``step``, whole: a
