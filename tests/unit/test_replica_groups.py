@@ -158,3 +158,19 @@ def test_the_lighthouse_program_loads_torchfts_server_without_importing_torch():
              "server = lighthouse.lighthouse_server_class(); print(server.__name__, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["LighthouseServer", "False"], out
+
+
+def test_a_commit_after_the_heal_counts_once_every_group_has_recorded_it(tmp_path):
+    """The drill's last phase (the race CI hit on torch 2.8): the healed group wrote its record of step 4 before
+    the live group wrote its own, so the drill stopped with a step only one side held; only steps both files hold
+    count, and only those after the heal of the restart, not the killed process's."""
+    from tutorial_lib.launcher.failure_drill import commits_after_heal
+    heal = {"event": "heal", "replica_group": 1, "pid": 12, "time_s": 5.0, "step": 2, "source_group": 0}
+    write(tmp_path / "group0.jsonl", [step(0, s, float(s)) for s in (1, 2, 3)])
+    write(tmp_path / "group1.jsonl", [step(1, 1, 1.0, pid=11), heal, step(1, 3, 6.0, pid=12),
+                                      step(1, 4, 7.0, pid=12)])
+    records = read_replica_records(tmp_path)
+    assert commits_after_heal(records, 1, after_s=4.0) == 1  # step 3: step 4 is in group 1's file only
+    assert commits_after_heal(records, 1, after_s=5.0) == 0  # no heal after the restart yet
+    write(tmp_path / "group0.jsonl", [step(0, s, float(s)) for s in (1, 2, 3, 4)])
+    assert commits_after_heal(read_replica_records(tmp_path), 1, after_s=4.0) == 2

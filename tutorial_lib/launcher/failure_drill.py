@@ -82,10 +82,24 @@ class FailureDrill:
         return read_replica_records(self.run_dir / "metrics", group_rank=group_rank)
 
 
+def commits_after_heal(records: ReplicaRecords, group: int, after_s: float) -> int:
+    """The steps ``group`` committed after its first heal since ``after_s`` (seconds since the epoch) that every
+    group has recorded as committed: the steps on which a drill can compare the healed group's weights with a live
+    group's. A commit is one quorum's, but each group writes its record of it at its own pace, so a step the healed
+    group recorded may not be in a live group's file yet; 0 when it has not healed since ``after_s``.
+    """
+    heals = [h for h in records.heals if h.replica_group == group and h.time_s > after_s]
+    if not heals:
+        return 0
+    everywhere = set.intersection(*({s.step for s in records.committed(g)} for g in records.steps))
+    return sum(s.step > heals[0].step and s.step in everywhere for s in records.committed(group))
+
+
 def wait_for_records(groups: ReplicaGroups | SlurmReplicaGroups, what: str,
                      state: Callable[[ReplicaRecords], bool], timeout_s: float, poll_s: float = 0.1,
-                     expected_ends: Sequence[int] = ()) -> ReplicaRecords:
+                     expected_ends: Sequence[int] = (), group_rank: int = 0) -> ReplicaRecords:
     """Read the groups' records every ``poll_s`` seconds until ``state(records)`` is true; return those records.
+    ``group_rank``: whose records (each group's rank 0, or its rank 1 in an HSDP group: ``read_replica_records``).
 
     Raises:
         LaunchError: a group's torchrun (on SLURM: its job) ended that was neither killed on purpose nor in
@@ -96,7 +110,7 @@ def wait_for_records(groups: ReplicaGroups | SlurmReplicaGroups, what: str,
     metrics = groups.run_dir / "metrics"
     while True:
         try:
-            records = read_replica_records(metrics)
+            records = read_replica_records(metrics, group_rank=group_rank)
             if state(records):
                 return records
             so_far = {g: len(records.committed(g)) for g in sorted(records.steps)}
@@ -143,7 +157,8 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
     2. group ``kill_group`` is SIGKILLed (torchrun and rank: its machine dying; on SLURM its job is cancelled, and
        the group leaves at the end of its current step); the others must commit ``steps_alone`` steps without it;
     3. it is started again (on SLURM: submitted again); it must heal (take its state from a live group) and commit
-       ``steps_after_heal`` steps;
+       ``steps_after_heal`` steps that every group has recorded as committed (``commits_after_heal``), on each rank
+       of a group of 2;
     4. everything is stopped (groups, then the lighthouse) and the records read.
 
     Args:
@@ -157,8 +172,8 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
         timeout_s: the longest wait for one phase (seconds).
         args: more arguments for ``ft_train.py``.
         nproc_per_group: ranks per group (1 or 2): with 2, each group shards the model over its ranks (fault-tolerant
-            HSDP); the drill's phases wait on each group's rank 0 (``records``; rank 1's: ``read_replica_records(
-            run_dir / "metrics", group_rank=1)``). Local groups only.
+            HSDP); phases 1 and 2 wait on each group's rank 0, phase 3 on both ranks (``records``: rank 0's; rank
+            1's: ``FailureDrill.records_of(1)``). Local groups only.
         slurm: run each group as a job of this SLURM cluster (``SlurmSpec``; ``tl.slurm.connect_slurm().spec()``: the
             local two-node cluster, whose nodes reach the lighthouse on 127.0.0.1), ``run_dir`` being on the filesystem
             its nodes share (``slurm_replicas``); ``None``: torchrun jobs on this machine.
@@ -195,13 +210,11 @@ def run_failure_drill(*, runs_dir: str | os.PathLike | None = None, label: str =
                                                for s in r.committed(g)) >= steps_alone for g in others), timeout_s)
             restarted_at_s = time.time()
             groups.restart(kill_group)
-
-            def healed(r: ReplicaRecords) -> bool:
-                heals = [h for h in r.heals if h.replica_group == kill_group and h.time_s > restarted_at_s]
-                return bool(heals) and sum(s.step > heals[0].step for s in r.committed(kill_group)) >= steps_after_heal
-
-            wait_for_records(groups, f"group {kill_group} healed and {steps_after_heal} commits after it", healed,
-                             timeout_s)
+            for group_rank in range(nproc_per_group):  # each rank writes its own records, each at its own pace
+                wait_for_records(groups, f"group {kill_group} healed and {steps_after_heal} commits after it, "
+                                 f"recorded by every group's rank {group_rank}",
+                                 lambda r: commits_after_heal(r, kill_group, restarted_at_s) >= steps_after_heal,
+                                 timeout_s, group_rank=group_rank)
         lighthouse.stop()
     records = read_replica_records(run_dir / "metrics")
     heal = next(h for h in records.heals if h.replica_group == kill_group and h.time_s > restarted_at_s)
