@@ -73,7 +73,7 @@ import torch  # noqa: E402
 
 import tutorial_lib as tl  # noqa: E402
 from tutorial_lib.launcher.environment import build_env  # noqa: E402
-from tutorial_lib.launcher.job import free_port  # noqa: E402
+from tutorial_lib.probes.ports import free_port  # noqa: E402
 from tutorial_lib.launcher.plan import build_command  # noqa: E402
 
 SECTIONS = ("lessons", "launcher", "warm", "metrics", "observe", "memory", "plan", "workbook", "gpu", "soak", "matrix",

@@ -44,7 +44,7 @@ FOLDER_RULES = {
     "diagnosis": ({"errors", "i18n", "runs", "torchrun", "diagnosis"}, (STARTS_A_PROCESS - {"signal"}) | DISPLAYS),
     "notebook": ({"errors", "i18n", "runs", "notebook"}, STARTS_A_PROCESS),  # i18n: the figures' Chinese glosses
     "planning": ({"errors", "runs", "notebook", "planning"}, STARTS_A_PROCESS | DISPLAYS),
-    "slurm": ({"errors", "i18n", "notebook", "slurm"}, DISPLAYS),
+    "slurm": ({"errors", "i18n", "notebook", "probes", "slurm"}, DISPLAYS),  # probes: free ports for the daemons
     # exercises/ launches a learner's script through the launcher, as a cell would; it starts nothing itself
     "exercises": ({"errors", "i18n", "runs", "torchrun", "diagnosis", "notebook", "planning", "launcher", "exercises"},
                   STARTS_A_PROCESS | DISPLAYS),

@@ -2,6 +2,7 @@
 
 import os
 import shlex
+import socket
 import sys
 
 import pytest
@@ -107,18 +108,39 @@ def test_free_port_is_below_the_kernels_ephemeral_range(monkeypatch, tmp_path):
     """The kernel hands out ephemeral ports to any bind(0) and outgoing connection on the machine: a port picked
     there can be taken before torchrun binds it (EADDRINUSE). free_port picks below that range, and falls back to
     port 0 (inside it) when there is no room below."""
-    from tutorial_lib.launcher import job
+    from tutorial_lib.probes import ports as probe
 
-    span = job.ephemeral_ports()
+    span = probe.ephemeral_ports()
     if span is None:
         pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range: not Linux")
     ports = {free_port() for _ in range(20)}
-    assert all(job.FREE_PORT_LOW <= p < span[0] for p in ports), (ports, span)
+    assert all(probe.FREE_PORT_LOW <= p < span[0] for p in ports), (ports, span)
     assert len(ports) > 1  # random, not one port every launch would share
     squeezed = tmp_path / "range"
-    squeezed.write_text(f"{job.FREE_PORT_LOW - 1000}\t60999\n")  # no room below: the kernel's choice
-    monkeypatch.setattr(job, "EPHEMERAL_RANGE", str(squeezed))
-    assert job.FREE_PORT_LOW - 1000 <= free_port() <= 60999
+    squeezed.write_text(f"{probe.FREE_PORT_LOW - 1000}\t60999\n")  # no room below: the kernel's choice
+    monkeypatch.setattr(probe, "EPHEMERAL_RANGE", str(squeezed))
+    assert probe.FREE_PORT_LOW - 1000 <= free_port() <= 60999
+
+
+def test_the_local_clusters_ports_are_distinct_free_and_below_the_ephemeral_range(monkeypatch):
+    """slurmctld's and each slurmd's port (``LocalCluster``'s slurm.conf): the same pick as torchrun's, held bound
+    until all are found so no two coincide, even when the random draw repeats itself."""
+    from tutorial_lib.probes import ports as probe
+
+    span = probe.ephemeral_ports()
+    if span is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range: not Linux")
+    picked = probe.free_ports(3)
+    assert len(set(picked)) == 3 and all(probe.FREE_PORT_LOW <= p < span[0] for p in picked), picked
+    for port in picked:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    first, second = (p - probe.FREE_PORT_LOW for p in picked[:2])  # free a moment ago
+    draws = iter([first, first, second])  # the second port's first draw repeats the first port: taken, drawn again
+    monkeypatch.setattr(probe.secrets, "randbelow", lambda n: next(draws))
+    assert probe.free_ports(2) == picked[:2]
+    with pytest.raises(ValueError, match="count must be >= 1, got 0"):
+        probe.free_ports(0)
 
 
 @pytest.fixture

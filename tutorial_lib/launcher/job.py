@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import secrets
 import shlex
 import signal
 import socket
@@ -28,6 +27,7 @@ from ..child.protocol import SOCKET_ENV, set_parent_death_signal
 from ..diagnosis.causes import CauseId, agent_failure
 from ..errors import ConfigError
 from ..i18n import Message, _, render
+from ..probes.ports import free_port
 from ..runs.metrics import JsonlTail
 from ..runs.printed_metrics import PrintedMetricsWriter, compile_loss_pattern
 from ..runs.rundir import COMMAND_TXT, METRICS_SUBDIR, OUTPUT_LOG
@@ -47,54 +47,7 @@ log = logging.getLogger(__name__)
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 STACK_DUMP_WAIT_S = 10.0  # the longest wait for every rank's stack; ends 0.5 s after the last rank answered
-
-
-EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"  # Linux: the ports the kernel hands out by itself
-FREE_PORT_LOW = 20000  # the lowest port free_port picks: above the well-known services' usual ports
 PORT_RETRIES = 2  # new ports a launch tries when the one it picked was taken before torchrun bound it
-
-
-def ephemeral_ports() -> tuple[int, int] | None:
-    """The kernel's ephemeral port range, (low, high) inclusive, or ``None`` where it cannot be read (not Linux)."""
-    try:
-        with open(EPHEMERAL_RANGE) as f:
-            low, high = map(int, f.read().split())
-    except (OSError, ValueError):
-        return None
-    return low, high
-
-
-def free_port(host: str = LOOPBACK, tries: int = 64) -> int:
-    """A TCP port on ``host`` that is free now and that the kernel does not hand out on its own.
-
-    ``torchrun`` binds the port we give it a moment after we pick it. A port picked by binding port 0 comes from the
-    kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default), which every
-    outgoing connection and every other bind to port 0 on the machine draws from too, so in that moment another
-    process can get it and torchrun fails with EADDRINUSE (seen when two test sessions ran side by side). A port
-    below that range is only ever taken by a process that asks for it by number: this picks a random one there
-    (``FREE_PORT_LOW`` up to the range's start) that binds now, and falls back to port 0 where there is no room
-    below the range or ``tries`` random ports were all taken.
-
-    Args:
-        host: the address the port must be free on.
-        tries: random ports to try below the ephemeral range before falling back to port 0 (count).
-
-    Returns:
-        The port number.
-    """
-    span = ephemeral_ports()
-    if span is not None and span[0] > FREE_PORT_LOW:
-        for _try in range(tries):
-            port = FREE_PORT_LOW + secrets.randbelow(span[0] - FREE_PORT_LOW)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def host_rendezvous(plan: LaunchPlan) -> tuple[object, int]:

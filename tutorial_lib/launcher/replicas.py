@@ -45,7 +45,7 @@ from ..runs.replica_records import write_kill_record
 from ..runs.rundir import observed_dir
 from .devices import DevicePlan
 from .environment import build_env, with_observer
-from .job import free_port
+from ..probes.ports import free_port
 from .plan import LOOPBACK, build_command
 from .processes import ProcessTree, is_alive, wait_dead
 

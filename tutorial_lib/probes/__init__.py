@@ -2,7 +2,8 @@
 
 The rule: these modules ask the installed torch and the hardware a question and return the answer as a value
 (``env``: versions, backends, GPUs and their peer access; ``precision``: the dtype each op runs in under autocast;
-``attention``: which SDPA backends exist and how fast each is). They run in this process: they start no process,
+``attention``: which SDPA backends exist and how fast each is; ``ports``: TCP ports free for a program to bind, below
+the kernel's ephemeral range). They run in this process: they start no process,
 display nothing, and import only ``errors`` from the package. ``env``'s report never raises.
 """
 

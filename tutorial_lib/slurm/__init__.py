@@ -7,7 +7,7 @@ never start (``target.what_to_change``).
 The rule: these modules may start SLURM's programs (sbatch, squeue, scancel, the local daemons) but never import the
 launcher, which submits through them (its one SLURM job class, ``launcher/slurm_job.py``'s ``SubmittedJob``, stands
 behind the launcher's job interface: a ``LaunchSpec`` holds a ``SlurmSpec``, so this folder is below the launcher); of
-the package they import only ``errors``, ``i18n`` and ``notebook/``'s value checks. ``watchdog.py`` is a program run
+the package they import only ``errors``, ``i18n``, ``notebook/``'s value checks and ``probes/``'s free ports. ``watchdog.py`` is a program run
 by path: it imports nothing of the package, not even its neighbours here (a test checks it)."""
 
 # tl.slurm: what a notebook writes, submits and asks a cluster (tl.slurm.slurm_script(...), tl.slurm.connect_slurm())

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 import psutil
 
 from ..errors import ConfigError, SlurmError, SlurmUnavailable
+from ..probes.ports import free_ports
 from .commands import INSTALL_HINT, cancel, node_states, queue, run_slurm
 from .config import render_slurm_conf
 from .owner import read_owner, record_owner, start_watchdog, stop_watchdog
@@ -90,19 +90,6 @@ def check_can_run() -> dict[str, str]:
                                f"{', '.join(SBIN_DIRS)}): on Debian/Ubuntu run `{INSTALL_HINT}` (it starts no "
                                "service), then `python -m tutorial_lib slurm up`")
     return {name: str(path) for name, path in paths.items()}
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now (the kernel's choice; another process may take
-    one before the daemon binds it: ``up`` then fails with the daemon's message and can be run again)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def check_socket_folder(folder: Path) -> None:
