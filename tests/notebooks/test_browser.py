@@ -37,6 +37,7 @@ import pytest
 
 from conftest import job_processes
 from tutorial_lib.child.protocol import set_parent_death_signal
+from tutorial_lib.probes.ports import free_port  # below the ephemeral range: the Jupyter server binds it a moment later
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -60,14 +61,6 @@ def sync_playwright_or_skip():
     except ImportError as e:
         pytest.skip(f"the playwright package is not importable ({e}): pip install -e '.[test]'")
     return sync_playwright
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str):
