@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tutorial_lib.errors import LaunchError
+from tutorial_lib.launcher.failure_drill import commits_after_heal
 from tutorial_lib.launcher.replicas import leftover_processes, start_lighthouse, start_replica_groups
 from tutorial_lib.runs.replica_records import read_replica_records
 from tutorial_lib.runs.rundir import LESSONS_DIR
@@ -77,9 +78,8 @@ def ft_run(tmp_path_factory):
             restarted_at_s = time.time()
             groups.restart(1)
 
-            def healed_and_together(r):
-                heals = [h for h in r.heals if h.replica_group == 1 and h.time_s > restarted_at_s]
-                return heals and len([s for s in r.committed(1) if s.step > heals[0].step]) >= STEPS_TOGETHER
+            def healed_and_together(r):  # in both groups' files: each writes its record at its own pace
+                return commits_after_heal(r, 1, restarted_at_s) >= STEPS_TOGETHER
 
             wait_for("the restarted group healed and committing", healed_and_together, groups)
         lighthouse.stop()

@@ -34,7 +34,7 @@ def free_ports(count: int, host: str = LOOPBACK, tries: int = 64) -> list[int]:
 
     Each is a random port from ``FREE_PORT_LOW`` up to the ephemeral range's start that binds now; all of them stay
     bound until the last is found, so they differ. Where there is no room below the range, or ``tries`` random ports
-    in a row were taken, the kernel's choice (port 0) is used for the rest.
+    in a row were taken, the kernel's choice (port 0) is used for that port.
 
     Args:
         count: ports wanted (>= 1).
